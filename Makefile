@@ -1,0 +1,41 @@
+# The project's entry points. Each target creates .venv when it is missing and
+# installs what it needs, so on a fresh machine `make run` and `make test` are
+# all the set-up there is.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PY     := $(BIN)/python
+
+.PHONY: run test lint typecheck fbs bench clean system-deps
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+# One stamp per set of extras; reinstalls when pyproject.toml changes.
+$(VENV)/.installed-%: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e ".[$*]"
+	touch $@
+
+system-deps:
+	bash scripts/install-system-deps.sh
+
+run: $(VENV)/.installed-dev
+	$(PY) -c "from sbp.frames import encode_frame, decode_frame; f = encode_frame(1, 0, 0); print('PING frame:', f.hex(), '->', decode_frame(f))"
+
+test: $(VENV)/.installed-dev system-deps
+	$(PY) -m pytest
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/mypy sbp storage client
+
+# Regenerate the FlatBuffers Python code in sbp/_fbs from fbs/*.fbs.
+fbs: $(VENV)/.installed-dev
+	$(PY) -m sbp.codegen sbp/_fbs
+
+bench: $(VENV)/.installed-dev
+	$(PY) -m bench all
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,100 @@
+"""Wire enumerations (SPEC §2, §1 flags, §3 ClientRole, §6 error codes)."""
+
+from __future__ import annotations
+
+from enum import IntEnum, IntFlag
+
+
+class Opcode(IntEnum):
+    PING = 0x0001
+    GOAWAY = 0x0002
+    HEARTBEAT = 0x0003
+    APPEND = 0x1001
+    FETCH = 0x1002
+    LIST_RANGES = 0x2001
+    SEAL_RANGES = 0x2002
+    SYNC_RANGES = 0x2003
+    DESCRIBE_RANGES = 0x2004
+    CREATE_STREAMS = 0x3001
+    DELETE_STREAMS = 0x3002
+    UPDATE_STREAMS = 0x3003
+    GET_STREAMS = 0x3004
+    TRIM_STREAMS = 0x3005
+    REPORT_METRICS = 0x4001
+    DESCRIBE_CLUSTER = 0x4002
+
+
+#: every opcode value a receiver knows; anything else is an unknown opcode
+KNOWN_OPCODES: frozenset[int] = frozenset(int(op) for op in Opcode)
+
+
+class Flags(IntFlag):
+    NONE = 0
+    RESPONSE = 0x01
+    RESPONSE_END = 0x02
+    SYSTEM_ERROR = 0x04
+
+
+#: the bits that mean something; others are sent as 0 and ignored on receipt
+KNOWN_FLAGS = Flags.RESPONSE | Flags.RESPONSE_END | Flags.SYSTEM_ERROR
+
+
+class ClientRole(IntEnum):
+    UNKNOWN = 0
+    PM = 1
+    DATA_NODE = 2
+    CLIENT = 3
+
+
+class ErrorCode(IntEnum):
+    NONE = 0
+    UNKNOWN = 1
+    INVALID_REQUEST = 2
+    UNSUPPORTED_VERSION = 3
+    CHECKSUM_MISMATCH = 4
+    NOT_LEADER = 5
+    TIMEOUT = 6
+    THROTTLED = 7
+    UNSUPPORTED_OPERATION = 8
+    SHUTTING_DOWN = 9
+    FRAME_TOO_LARGE = 10
+    STREAM_NOT_FOUND = 100
+    RANGE_NOT_FOUND = 101
+    RANGE_SEALED = 102
+    OFFSET_OUT_OF_RANGE = 103
+    STREAM_DELETED = 104
+    INVALID_RECORD_BATCH = 105
+    STORAGE_FULL = 106
+    NOT_PRIMARY = 107
+    EPOCH_FENCED = 108
+    NO_AVAILABLE_DATA_NODE = 200
+    DATA_NODE_NOT_FOUND = 201
+
+    @property
+    def retriable(self) -> bool:
+        """Whether the same request may succeed when sent again (SPEC §6)."""
+        return self in _RETRIABLE
+
+    @classmethod
+    def coerce(cls, value: int) -> ErrorCode | int:
+        """The enum member for a wire value, or the bare int when it is unknown."""
+        try:
+            return cls(value)
+        except ValueError:
+            return value
+
+
+_RETRIABLE = frozenset(
+    {
+        ErrorCode.CHECKSUM_MISMATCH,
+        ErrorCode.NOT_LEADER,
+        ErrorCode.TIMEOUT,
+        ErrorCode.THROTTLED,
+        ErrorCode.SHUTTING_DOWN,
+        ErrorCode.RANGE_NOT_FOUND,
+        ErrorCode.RANGE_SEALED,
+        ErrorCode.STORAGE_FULL,
+        ErrorCode.NOT_PRIMARY,
+        ErrorCode.NO_AVAILABLE_DATA_NODE,
+    }
+)

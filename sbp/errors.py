@@ -1,0 +1,175 @@
+"""One exception tree for the whole project.
+
+``SBPError`` is the root. Errors that travel on the wire are ``ProtocolError``
+subclasses carrying their ``ErrorCode``; ``for_code`` maps a code received in a
+response to the exception class to raise (unknown codes map to
+``ProtocolError`` itself), and ``retriable`` says whether sending the same
+request again may succeed.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from .enums import ErrorCode
+
+
+class SBPError(Exception):
+    """Root of every error this project raises on purpose."""
+
+
+class ProtocolError(SBPError):
+    """An error with a wire ``ErrorCode``."""
+
+    code: ClassVar[ErrorCode | int] = ErrorCode.UNKNOWN
+
+    def __init__(self, message: str = "", *, code: ErrorCode | int | None = None) -> None:
+        if code is not None:
+            self.code = ErrorCode.coerce(code)  # type: ignore[misc]
+        self.message = message
+        super().__init__(message or self.code_name)
+
+    @property
+    def code_name(self) -> str:
+        return self.code.name if isinstance(self.code, ErrorCode) else f"ERROR_{self.code}"
+
+    @property
+    def retriable(self) -> bool:
+        return isinstance(self.code, ErrorCode) and self.code.retriable
+
+    def __str__(self) -> str:
+        return f"{self.code_name}: {self.message}" if self.message else self.code_name
+
+
+class UnknownServerError(ProtocolError):
+    code = ErrorCode.UNKNOWN
+
+
+class InvalidRequestError(ProtocolError):
+    code = ErrorCode.INVALID_REQUEST
+
+
+class UnsupportedVersionError(ProtocolError):
+    code = ErrorCode.UNSUPPORTED_VERSION
+
+
+class ChecksumMismatchError(ProtocolError):
+    code = ErrorCode.CHECKSUM_MISMATCH
+
+
+class NotLeaderError(ProtocolError):
+    code = ErrorCode.NOT_LEADER
+
+
+class RequestTimeoutError(ProtocolError):
+    code = ErrorCode.TIMEOUT
+
+
+class ThrottledError(ProtocolError):
+    code = ErrorCode.THROTTLED
+
+
+class UnsupportedOperationError(ProtocolError):
+    code = ErrorCode.UNSUPPORTED_OPERATION
+
+
+class ShuttingDownError(ProtocolError):
+    code = ErrorCode.SHUTTING_DOWN
+
+
+class FrameTooLargeError(ProtocolError):
+    code = ErrorCode.FRAME_TOO_LARGE
+
+
+class StreamNotFoundError(ProtocolError):
+    code = ErrorCode.STREAM_NOT_FOUND
+
+
+class RangeNotFoundError(ProtocolError):
+    code = ErrorCode.RANGE_NOT_FOUND
+
+
+class RangeSealedError(ProtocolError):
+    code = ErrorCode.RANGE_SEALED
+
+
+class OffsetOutOfRangeError(ProtocolError):
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+class StreamDeletedError(ProtocolError):
+    code = ErrorCode.STREAM_DELETED
+
+
+class InvalidRecordBatchError(ProtocolError):
+    code = ErrorCode.INVALID_RECORD_BATCH
+
+
+class StorageFullError(ProtocolError):
+    code = ErrorCode.STORAGE_FULL
+
+
+class NotPrimaryError(ProtocolError):
+    code = ErrorCode.NOT_PRIMARY
+
+
+class EpochFencedError(ProtocolError):
+    code = ErrorCode.EPOCH_FENCED
+
+
+class NoAvailableDataNodeError(ProtocolError):
+    code = ErrorCode.NO_AVAILABLE_DATA_NODE
+
+
+class DataNodeNotFoundError(ProtocolError):
+    code = ErrorCode.DATA_NODE_NOT_FOUND
+
+
+class HeaderDecodeError(InvalidRequestError):
+    """A FlatBuffers header that does not decode as its opcode's table, or
+    lacks a required field. Every decode failure becomes this one error."""
+
+
+class ConnectionClosed(SBPError):
+    """The connection is gone; every request still pending on it fails with this."""
+
+
+_BY_CODE: dict[int, type[ProtocolError]] = {
+    cls.code: cls
+    for cls in (
+        UnknownServerError,
+        InvalidRequestError,
+        UnsupportedVersionError,
+        ChecksumMismatchError,
+        NotLeaderError,
+        RequestTimeoutError,
+        ThrottledError,
+        UnsupportedOperationError,
+        ShuttingDownError,
+        FrameTooLargeError,
+        StreamNotFoundError,
+        RangeNotFoundError,
+        RangeSealedError,
+        OffsetOutOfRangeError,
+        StreamDeletedError,
+        InvalidRecordBatchError,
+        StorageFullError,
+        NotPrimaryError,
+        EpochFencedError,
+        NoAvailableDataNodeError,
+        DataNodeNotFoundError,
+    )
+}
+
+
+def for_code(code: ErrorCode | int) -> type[ProtocolError]:
+    """The exception class for a wire error code (``ProtocolError`` if unknown)."""
+    return _BY_CODE.get(int(code), ProtocolError)
+
+
+def error_for(code: ErrorCode | int, message: str = "") -> ProtocolError:
+    """An exception instance for a wire error code and message."""
+    cls = for_code(code)
+    if cls is ProtocolError:
+        return ProtocolError(message, code=code)
+    return cls(message)

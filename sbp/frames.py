@@ -1,0 +1,257 @@
+"""The SBP frame codec (SPEC §1), sans-IO.
+
+``encode_frame`` builds the bytes of one frame. ``FrameDecoder`` is fed
+arbitrary chunks of a byte stream and returns one event per frame:
+
+========================  =====================================================
+event                     what the receiver does
+========================  =====================================================
+``Frame``                 a well-formed frame with a known opcode: handle it
+``DiscardedFrame``        bad magic or unknown opcode: drop it, count it
+``RejectedFrame``         bad header format, a header longer than the frame, or
+                          a checksum mismatch: answer with a SYSTEM_ERROR
+                          response carrying ``error_code`` (unless the frame was
+                          itself a response), apply nothing
+``FatalFrameError``       frame_length out of bounds: the stream cannot be
+                          resynchronised; send GOAWAY with ``error_code`` and
+                          close. The decoder accepts nothing after it.
+========================  =====================================================
+
+The length limit is checked as soon as the 4-byte length is in, before any of
+the body is buffered, so a peer cannot make a receiver hold more than one
+frame of at most ``max_frame_length`` bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+import zlib
+from dataclasses import dataclass
+
+from .constants import (
+    CHECKSUM,
+    CHECKSUM_SIZE,
+    DEFAULT_MAX_FRAME_LENGTH,
+    FIXED_HEADER,
+    FIXED_HEADER_SIZE,
+    FRAME_OVERHEAD,
+    HEADER_FORMAT_FLATBUFFERS,
+    HEADER_PRELUDE,
+    LENGTH_FIELD_SIZE,
+    MAGIC,
+    MAX_HEADER_LENGTH,
+    MAX_STREAM_ID,
+    MIN_FRAME_LENGTH,
+)
+from .enums import KNOWN_OPCODES, ErrorCode, Flags
+
+#: offset of the header within a whole frame
+_HEADER_START = FIXED_HEADER_SIZE + HEADER_PRELUDE.size  # 16
+_LENGTH = CHECKSUM  # a big-endian uint32, like the checksum
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One well-formed frame. ``header`` is the raw FlatBuffers table (empty
+    when the frame has none); ``payload`` is a view into the received bytes,
+    so that large payloads are not copied again on their way to storage."""
+
+    opcode: int
+    flags: Flags
+    stream_id: int
+    header: bytes = b""
+    payload: bytes | memoryview = b""
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flags & Flags.RESPONSE)
+
+    @property
+    def is_end(self) -> bool:
+        return bool(self.flags & Flags.RESPONSE_END)
+
+    @property
+    def is_system_error(self) -> bool:
+        return bool(self.flags & Flags.SYSTEM_ERROR)
+
+    def encode(self) -> bytes:
+        return encode_frame(self.opcode, self.flags, self.stream_id, self.header, self.payload)
+
+
+class DiscardReason(enum.Enum):
+    BAD_MAGIC = "bad_magic"
+    UNKNOWN_OPCODE = "unknown_opcode"
+
+
+@dataclass(frozen=True, slots=True)
+class DiscardedFrame:
+    """A frame skipped whole: count it, keep the connection."""
+
+    reason: DiscardReason
+    opcode: int
+    stream_id: int
+    frame_length: int
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedFrame:
+    """A frame that gets a SYSTEM_ERROR answer and is otherwise not applied."""
+
+    opcode: int
+    flags: Flags
+    stream_id: int
+    error_code: ErrorCode
+    message: str
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flags & Flags.RESPONSE)
+
+
+@dataclass(frozen=True, slots=True)
+class FatalFrameError:
+    """The byte stream cannot be resynchronised: GOAWAY (when possible), close."""
+
+    error_code: ErrorCode
+    message: str
+
+
+FrameEvent = Frame | DiscardedFrame | RejectedFrame | FatalFrameError
+
+
+def encode_frame(
+    opcode: int,
+    flags: int,
+    stream_id: int,
+    header: bytes | bytearray | memoryview = b"",
+    payload: bytes | bytearray | memoryview = b"",
+) -> bytes:
+    """The wire bytes of one frame (header_format FlatBuffers)."""
+    header_length = len(header)
+    payload_length = len(payload)
+    if header_length > MAX_HEADER_LENGTH:
+        raise ValueError(f"header of {header_length} bytes exceeds {MAX_HEADER_LENGTH}")
+    if not 0 <= stream_id <= MAX_STREAM_ID:
+        raise ValueError(f"stream id {stream_id} out of range")
+    frame_length = MIN_FRAME_LENGTH + header_length + payload_length
+    checksum = zlib.crc32(payload) if payload_length else 0
+    return b"".join(
+        (
+            FIXED_HEADER.pack(frame_length, MAGIC, opcode, flags, stream_id),
+            HEADER_PRELUDE.pack((HEADER_FORMAT_FLATBUFFERS << 24) | header_length),
+            header,
+            payload,
+            CHECKSUM.pack(checksum),
+        )
+    )
+
+
+class FrameDecoder:
+    """Incremental decoder: ``feed`` chunks, get back the events of every
+    frame completed so far; a partial frame stays buffered."""
+
+    def __init__(self, max_frame_length: int = DEFAULT_MAX_FRAME_LENGTH) -> None:
+        if max_frame_length < MIN_FRAME_LENGTH:
+            raise ValueError(f"max_frame_length must be at least {MIN_FRAME_LENGTH}")
+        self.max_frame_length = max_frame_length
+        self._buffer = bytearray()
+        self._failed = False
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet part of a returned event."""
+        return len(self._buffer)
+
+    @property
+    def failed(self) -> bool:
+        """True once a FatalFrameError was returned; nothing more is decoded."""
+        return self._failed
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[FrameEvent]:
+        if self._failed:
+            return []
+        buffer = self._buffer
+        buffer += data
+        events: list[FrameEvent] = []
+        while len(buffer) >= LENGTH_FIELD_SIZE:
+            (frame_length,) = _LENGTH.unpack_from(buffer, 0)
+            if frame_length < MIN_FRAME_LENGTH or frame_length > self.max_frame_length:
+                events.append(self._fail(frame_length))
+                break
+            total = frame_length + LENGTH_FIELD_SIZE
+            if len(buffer) < total:
+                break
+            # One copy out of the receive buffer; header and payload are views
+            # into it, so the buffer itself can be compacted right away.
+            with memoryview(buffer) as view:
+                raw = bytes(view[:total])
+            del buffer[:total]
+            events.append(_decode_whole_frame(raw))
+        return events
+
+    def _fail(self, frame_length: int) -> FatalFrameError:
+        self._failed = True
+        self._buffer.clear()
+        if frame_length > self.max_frame_length:
+            return FatalFrameError(
+                ErrorCode.FRAME_TOO_LARGE,
+                f"frame_length {frame_length} exceeds the limit of {self.max_frame_length}",
+            )
+        return FatalFrameError(
+            ErrorCode.INVALID_REQUEST,
+            f"frame_length {frame_length} is below the minimum of {MIN_FRAME_LENGTH}",
+        )
+
+
+def _decode_whole_frame(raw: bytes) -> FrameEvent:
+    """Classify one complete frame (``raw`` includes the length field)."""
+    frame_length, magic, opcode, flags_value, stream_id = FIXED_HEADER.unpack_from(raw, 0)
+    if magic != MAGIC:
+        return DiscardedFrame(DiscardReason.BAD_MAGIC, opcode, stream_id, frame_length)
+    if opcode not in KNOWN_OPCODES:
+        return DiscardedFrame(DiscardReason.UNKNOWN_OPCODE, opcode, stream_id, frame_length)
+    flags = Flags(flags_value & 0x07)
+    (prelude,) = HEADER_PRELUDE.unpack_from(raw, FIXED_HEADER_SIZE)
+    header_format = prelude >> 24
+    header_length = prelude & 0xFFFFFF
+    if header_format != HEADER_FORMAT_FLATBUFFERS:
+        return RejectedFrame(
+            opcode,
+            flags,
+            stream_id,
+            ErrorCode.INVALID_REQUEST,
+            f"unsupported header_format 0x{header_format:02x}",
+        )
+    payload_end = len(raw) - CHECKSUM_SIZE
+    payload_start = _HEADER_START + header_length
+    if payload_start > payload_end:
+        return RejectedFrame(
+            opcode,
+            flags,
+            stream_id,
+            ErrorCode.INVALID_REQUEST,
+            f"header_length {header_length} exceeds the frame "
+            f"({frame_length + LENGTH_FIELD_SIZE - FRAME_OVERHEAD} bytes for header and payload)",
+        )
+    view = memoryview(raw)
+    payload = view[payload_start:payload_end]
+    (checksum,) = CHECKSUM.unpack_from(raw, payload_end)
+    actual = zlib.crc32(payload) if len(payload) else 0
+    if actual != checksum:
+        return RejectedFrame(
+            opcode,
+            flags,
+            stream_id,
+            ErrorCode.CHECKSUM_MISMATCH,
+            f"payload checksum 0x{actual:08x} does not match 0x{checksum:08x}",
+        )
+    header = raw[_HEADER_START:payload_start]
+    return Frame(opcode, flags, stream_id, header, payload)
+
+
+def decode_frame(data: bytes | bytearray | memoryview) -> FrameEvent:
+    """Decode exactly one whole frame (for tests and tools)."""
+    events = FrameDecoder(max_frame_length=max(len(data), MIN_FRAME_LENGTH)).feed(data)
+    if len(events) != 1:
+        raise ValueError(f"expected exactly one frame, got {len(events)} events")
+    return events[0]
