@@ -1,0 +1,27 @@
+"""The data node's storage engine: streams, ranges and record batches in LMDB.
+
+No sockets and no event loop here (a test enforces it): the data node adapts
+``StorageEngine`` to trio. See docs/storage.md.
+"""
+
+from .engine import DEFAULT_MAP_SIZE, StorageEngine, SyncMode
+from .model import (
+    AppendItem,
+    AppendOutcome,
+    AppendResult,
+    RangeInfo,
+    ReplicaInfo,
+    StorageStats,
+)
+
+__all__ = [
+    "DEFAULT_MAP_SIZE",
+    "AppendItem",
+    "AppendOutcome",
+    "AppendResult",
+    "RangeInfo",
+    "ReplicaInfo",
+    "StorageEngine",
+    "StorageStats",
+    "SyncMode",
+]

@@ -1,0 +1,429 @@
+"""The storage engine of a data node: record batches of streams, in ranges, in LMDB.
+
+``StorageEngine`` is the whole public surface. It knows record batches
+(SPEC §4) and ranges (SPEC §5), not sockets; the data node adapts it to trio.
+
+Threads: every change goes through the group-commit writer thread (see
+``storage.writer``); ``submit`` is non-blocking and completes on that thread.
+Reads, listings and ``next_offset`` run on the caller's thread and see only
+committed, published state. The blocking helpers (``append``, ``seal_range``,
+``trim`` ...) wait for the writer, so an event loop should call them through
+a worker thread, or use ``submit`` / ``submit_command``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Literal, TypeVar
+
+import lmdb
+
+from sbp.batches import Buffer, stamp_base_offset
+from sbp.errors import (
+    InvalidRequestError,
+    OffsetOutOfRangeError,
+    ProtocolError,
+    RangeNotFoundError,
+)
+
+from . import layout, writes
+from .layout import BATCH_KEY, INDEX_VALUE
+from .model import (
+    AppendItem,
+    AppendOutcome,
+    AppendResult,
+    RangeInfo,
+    StorageStats,
+    StreamState,
+    hosts,
+)
+from .writer import (
+    DEFAULT_MAX_GROUP_BYTES,
+    DEFAULT_MAX_GROUP_OPS,
+    AppendCallback,
+    AppendOp,
+    CommandOp,
+    GroupCommitWriter,
+    wall_clock_ms,
+)
+from .writes import Store, WriteContext
+
+T = TypeVar("T")
+
+#: LMDB's own default map is 10 MiB: never what a data node wants. The map is
+#: address space, not disk: the file grows with the data it holds.
+DEFAULT_MAP_SIZE: Final = 4 * 1024**3
+#: part of the map kept free of appends, so that trims, deletes and seals (which
+#: need fresh pages before they free any) still work when appends hit the limit
+MIN_RESERVE_BYTES: Final = 256 * 1024
+MAX_RESERVE_BYTES: Final = 64 * 1024 * 1024
+RESERVE_FRACTION: Final = 0.05
+
+SyncMode = Literal["always", "never"]
+
+_RECORD_COUNT_OFFSET: Final = 19  # record_count within a batch header (SPEC §4)
+
+
+class StorageEngine:
+    """Streams, ranges and record batches of one data directory (one LMDB environment).
+
+    ``node_id`` is this data node's id: appends go only to ranges it is the
+    primary of, reads only to ranges it hosts. None hosts and leads every range
+    (tests and tools).
+
+    ``sync="always"`` (the default) fsyncs every commit; ``"never"`` leaves
+    flushing to the OS: a process crash loses nothing, a machine crash may lose
+    the latest commits. For benchmarks and throwaway nodes.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        map_size: int = DEFAULT_MAP_SIZE,
+        sync: SyncMode = "always",
+        node_id: int | None = None,
+        clock: Callable[[], int] = wall_clock_ms,
+        max_group_bytes: int = DEFAULT_MAX_GROUP_BYTES,
+        max_group_ops: int = DEFAULT_MAX_GROUP_OPS,
+    ) -> None:
+        if sync not in ("always", "never"):
+            raise ValueError(f"sync must be 'always' or 'never', not {sync!r}")
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self.path = Path(path)
+        self.sync: SyncMode = sync
+        durable = sync == "always"
+        env = lmdb.open(
+            str(path),
+            map_size=map_size,
+            max_dbs=len(layout.ALL_DBS),
+            sync=durable,
+            metasync=durable,
+            # writemap made synced commits 2-4x slower here; meminit off saves
+            # zeroing pages that are overwritten anyway
+            writemap=False,
+            meminit=False,
+            readahead=False,
+        )
+        try:
+            dbs = {name: env.open_db(name) for name in layout.ALL_DBS}
+            dbs[b""] = env.open_db(None)
+            page_size = env.stat()["psize"]
+            reserve = min(
+                MAX_RESERVE_BYTES, max(MIN_RESERVE_BYTES, int(map_size * RESERVE_FRACTION))
+            )
+            self._store = Store(
+                env=env,
+                dbs=dbs,
+                node_id=node_id,
+                map_size=map_size,
+                page_size=page_size,
+                append_limit_pages=max(0, map_size - reserve) // page_size,
+            )
+            self._recover()
+        except BaseException:
+            env.close()
+            raise
+        self._writer = GroupCommitWriter(
+            self._store, clock=clock, max_group_bytes=max_group_bytes, max_group_ops=max_group_ops
+        )
+        self._writer.start()
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Rebuild the catalog from disk: stream and range records, and each
+        stream's next offset from its last index entry (one seek per stream)."""
+        store = self._store
+        env = store.env
+        with env.begin(write=True) as txn:
+            meta = store.dbs[layout.META_DB]
+            version = txn.get(layout.FORMAT_KEY, db=meta)
+            if version is None:
+                txn.put(layout.FORMAT_KEY, layout.COUNTER.pack(layout.FORMAT_VERSION), db=meta)
+            elif layout.COUNTER.unpack(version)[0] != layout.FORMAT_VERSION:
+                raise RuntimeError(f"{self.path}: unknown storage format {version.hex()}")
+        with env.begin() as txn:
+            streams: dict[int, StreamState] = {}
+            for key, value in txn.cursor(db=store.dbs[layout.STREAMS_DB]):
+                stream_id = layout.STREAM_KEY.unpack(key)[0]
+                record = layout.decode_stream(value)
+                streams[stream_id] = StreamState(
+                    stream_id,
+                    first_offset=record.first_offset,
+                    next_offset=record.first_offset,
+                    deleted=record.deleted,
+                    retention_period_ms=record.retention_period_ms,
+                )
+            for key, value in txn.cursor(db=store.dbs[layout.RANGES_DB]):
+                info = layout.decode_range(key, value)
+                state = streams.setdefault(info.stream_id, StreamState(info.stream_id))
+                state.ranges = (*state.ranges, info)
+            index = txn.cursor(db=store.dbs[layout.INDEX_DB])
+            for stream_id, state in streams.items():
+                floor = state.first_offset
+                if state.ranges:
+                    last = state.ranges[-1]
+                    floor = max(floor, last.end_offset if last.sealed else last.start_offset)
+                last_batch_end = 0
+                if seek_floor(index, layout.batch_key(stream_id, layout.MAX_OFFSET_KEY)):
+                    key_stream, base_offset = BATCH_KEY.unpack(index.key())
+                    if key_stream == stream_id:
+                        last_batch_end = base_offset + INDEX_VALUE.unpack(index.value())[1]
+                state.next_offset = max(floor, last_batch_end)
+            store.streams = streams
+            batches = txn.cursor(db=store.dbs[layout.BATCHES_DB])
+            store.last_batch_key = batches.key() if batches.last() else b""
+            counter = txn.get(layout.STORED_BYTES_KEY, db=store.dbs[layout.META_DB])
+            store.stored_bytes = layout.COUNTER.unpack(counter)[0] if counter else 0
+            store.stored_batches = txn.stat(store.dbs[layout.BATCHES_DB])["entries"]
+
+    def close(self) -> None:
+        """Finish everything submitted, then close the environment. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._writer.close()
+        self._store.env.close()
+
+    def __enter__(self) -> StorageEngine:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- appends ------------------------------------------------------------
+
+    def submit(self, items: Sequence[AppendItem], callback: AppendCallback) -> None:
+        """Queue one request's appends; never blocks.
+
+        ``items`` are ``AppendItem(stream_id, batch)``, each batch one whole
+        record batch (any buffer; a memoryview of the receive buffer is stored
+        without an intermediate copy). The buffers must stay unchanged until the
+        callback runs. All items go into one transaction. ``callback`` is called
+        ON THE WRITER THREAD once that transaction is durable, with one outcome
+        per item, in order: an ``AppendResult`` or the ``ProtocolError`` that
+        item failed with (InvalidRecordBatchError, RangeNotFoundError,
+        RangeSealedError, StreamDeletedError, NotPrimaryError, StorageFullError).
+        Items of one stream are applied in submission order. Raises
+        ShuttingDownError after ``close``.
+        """
+        self._writer.submit(AppendOp(items, callback))
+
+    def append(self, stream_id: int, batch: Buffer) -> AppendResult:
+        """Append one batch and wait until it is durable (for tests and tools)."""
+        done: Future[AppendOutcome] = Future()
+        self._check_not_writer()
+        self.submit([AppendItem(stream_id, batch)], lambda outcomes: done.set_result(outcomes[0]))
+        outcome = done.result()
+        if isinstance(outcome, ProtocolError):
+            raise outcome
+        return outcome
+
+    # -- other changes --------------------------------------------------------
+
+    def submit_command(self, fn: Callable[[WriteContext], T]) -> Future[T]:
+        """Queue a change to run in the writer's transaction, ordered after every
+        append submitted before it. The future completes after the commit."""
+        op = CommandOp(fn)
+        self._writer.submit(op)
+        return op.future
+
+    def _run(self, fn: Callable[[WriteContext], T]) -> T:
+        self._check_not_writer()
+        return self.submit_command(fn).result()
+
+    def _check_not_writer(self) -> None:
+        if self._writer.on_writer_thread:
+            raise RuntimeError("blocking storage calls cannot run on the writer thread")
+
+    def sync_ranges(self, stream_id: int, ranges: Sequence[RangeInfo]) -> list[RangeInfo]:
+        """Apply the PM's view of a stream's ranges (SYNC_RANGES); see ``writes.sync_ranges``.
+
+        Creates or updates range records; a range is sealed when its end offset
+        is not -1; ranges left out are forgotten and data below the first range's
+        start offset is freed. Returns the ranges with live next offsets.
+        """
+        _check_stream_id(stream_id)
+        ranges = list(ranges)
+        return self._run(lambda ctx: writes.sync_ranges(ctx, stream_id, ranges))
+
+    def seal_range(self, stream_id: int, range_index: int) -> RangeInfo:
+        """Stop appends to a range; its end offset becomes the stream's next offset.
+
+        Every append submitted before the seal is inside the range. Sealing a
+        sealed range returns it unchanged.
+        """
+        return self._run(lambda ctx: writes.seal_range(ctx, stream_id, range_index))
+
+    def trim(self, stream_id: int, trim_offset: int) -> int:
+        """Free the batches wholly below ``trim_offset``; returns the new first offset.
+
+        The first offset never passes the next offset. A batch that straddles
+        the trim offset is kept whole (readers skip its early records).
+        """
+        return self._run(lambda ctx: writes.trim_stream(ctx, stream_id, trim_offset))
+
+    def delete_stream(self, stream_id: int) -> None:
+        """Mark the stream deleted, refuse its appends and reads, free its data."""
+        _check_stream_id(stream_id)
+        self._run(lambda ctx: writes.delete_stream(ctx, stream_id))
+
+    def set_retention(self, stream_id: int, retention_period_ms: int) -> None:
+        """Keep the stream's batches this long after they were appended (0: forever)."""
+        self._run(lambda ctx: writes.set_retention(ctx, stream_id, retention_period_ms))
+
+    def apply_retention(self) -> dict[int, int]:
+        """Drop every batch older than its stream's retention period, by append time.
+
+        Returns the new first offset of each stream that lost batches.
+        """
+
+        def expire(ctx: WriteContext) -> dict[int, int]:
+            risen: dict[int, int] = {}
+            for stream_id in list(ctx.store.streams):
+                first_offset = writes.expire_stream(ctx, stream_id)
+                if first_offset is not None:
+                    risen[stream_id] = first_offset
+            return risen
+
+        return self._run(expire)
+
+    # -- reads ----------------------------------------------------------------
+
+    def read(self, stream_id: int, offset: int, max_bytes: int) -> bytearray:
+        """Whole batches from the one holding ``offset``, up to ``max_bytes`` (at
+        least one batch), with their base offsets stamped. Empty at the open tail.
+
+        Raises OffsetOutOfRangeError (below the first offset or above the next),
+        RangeNotFoundError (offset in a range not hosted here, or unknown stream),
+        RangeSealedError (the end of a sealed range whose successor is not here),
+        StreamDeletedError.
+        """
+        state = self._state(stream_id)
+        holder = state.read_range(offset, self._store.node_id)
+        if holder is None:
+            return bytearray()
+        # a sealed range ends the read, so a gap to a later range hosted here is never crossed
+        stop = holder.end_offset if holder.sealed else state.next_offset
+        store = self._store
+        with store.env.begin(db=store.dbs[layout.BATCHES_DB], buffers=True) as txn:
+            cursor = txn.cursor()
+            if not seek_floor(cursor, layout.batch_key(stream_id, offset)):
+                raise _trimmed(stream_id, offset)
+            key_stream, base_offset = BATCH_KEY.unpack(cursor.key())
+            value = cursor.value()
+            count = int.from_bytes(value[_RECORD_COUNT_OFFSET : _RECORD_COUNT_OFFSET + 4], "big")
+            if key_stream != stream_id or not base_offset <= offset < base_offset + count:
+                raise _trimmed(stream_id, offset)
+            # The views point into LMDB's map and die with the transaction, so the
+            # batches are copied once, into the buffer returned; nothing else is.
+            views = [value]
+            bases = [base_offset]
+            total = len(value)
+            while cursor.next():
+                key_stream, base_offset = BATCH_KEY.unpack(cursor.key())
+                value = cursor.value()
+                if key_stream != stream_id or base_offset >= stop or total + len(value) > max_bytes:
+                    break
+                views.append(value)
+                bases.append(base_offset)
+                total += len(value)
+            out = bytearray().join(views)
+        position = 0
+        for base_offset, view in zip(bases, views, strict=True):
+            stamp_base_offset(out, base_offset, position)
+            position += len(view)
+        return out
+
+    # -- what the node hosts --------------------------------------------------
+
+    def _state(self, stream_id: int) -> StreamState:
+        state = self._store.streams.get(stream_id)
+        if state is None:
+            raise RangeNotFoundError(f"stream {stream_id} is unknown here")
+        return state
+
+    def next_offset(self, stream_id: int) -> int | None:
+        """The stream's next offset as of the last commit (None if unknown). Thread-safe."""
+        state = self._store.streams.get(stream_id)
+        return None if state is None else state.next_offset
+
+    def first_offset(self, stream_id: int) -> int | None:
+        """The lowest readable offset of the stream (None if unknown). Thread-safe."""
+        state = self._store.streams.get(stream_id)
+        return None if state is None else state.first_offset
+
+    def describe_range(self, stream_id: int, range_index: int) -> RangeInfo:
+        """One range with its live next offset."""
+        state = self._state(stream_id)
+        return state.live(state.find_range(range_index))
+
+    def list_ranges(self, stream_id: int | None = None) -> list[RangeInfo]:
+        """Ranges hosted here (of one stream, or of all), with live next offsets."""
+        node_id = self._store.node_id
+        if stream_id is not None:
+            states = [self._state(stream_id)]
+        else:
+            states = [self._store.streams[k] for k in sorted(list(self._store.streams))]
+        return [s.live(r) for s in states for r in s.ranges if hosts(r, node_id) and not r.deleted]
+
+    def stream_ids(self) -> list[int]:
+        """Every stream this node has a record of, deleted ones included."""
+        return sorted(list(self._store.streams))
+
+    def stats(self) -> StorageStats:
+        """A snapshot of sizes and writer counters (cheap: one read transaction)."""
+        store = self._store
+        writer = self._writer
+        with store.env.begin() as txn:
+            used_pages = store.pages_in_use(txn)
+        info: dict[str, Any] = store.env.info()
+        streams = list(store.streams.values())
+        return StorageStats(
+            stored_bytes=store.stored_bytes,
+            stored_batches=store.stored_batches,
+            map_size=store.map_size,
+            used_bytes=used_pages * store.page_size,
+            file_bytes=(info["last_pgno"] + 1) * store.page_size,
+            commits_total=writer.commits_total,
+            commit_seconds_total=writer.commit_seconds_total,
+            last_commit_seconds=writer.last_commit_seconds,
+            appends_total=writer.appends_total,
+            last_group_size=writer.last_group_size,
+            max_group_size=writer.max_group_size,
+            appends_waiting=writer.appends_waiting,
+            appends_in_commit=writer.appends_in_commit,
+            streams=len(streams),
+            ranges=sum(len(s.ranges) for s in streams),
+        )
+
+
+def seek_floor(cursor: Any, key: bytes) -> bool:
+    """Put ``cursor`` on the largest key <= ``key``; False if there is none."""
+    if cursor.set_range(key):
+        return cursor.key() == key or bool(cursor.prev())
+    return bool(cursor.last())
+
+
+def _check_stream_id(stream_id: int) -> None:
+    if not 0 <= stream_id <= layout.MAX_STREAM_ID:
+        raise InvalidRequestError(f"stream id {stream_id} out of range")
+
+
+def _trimmed(stream_id: int, offset: int) -> ProtocolError:
+    # the catalog said the offset exists but its batch is gone: trimmed meanwhile
+    return OffsetOutOfRangeError(f"offset {offset} of stream {stream_id} is no longer stored")

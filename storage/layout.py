@@ -1,0 +1,105 @@
+"""How the engine lays data out in LMDB: database names, keys and records.
+
+Keys are big-endian so that LMDB's byte order is numeric order:
+
+=============  ==========================  ==========================================
+database       key                         value
+=============  ==========================  ==========================================
+``batches``    stream_id u64, base u64     the record batch exactly as appended
+``index``      stream_id u64, base u64     append_time_ms i64, record_count i32, size i32
+``ranges``     stream_id u64, index u32    JSON range record (``RangeInfo``)
+``streams``    stream_id u64               JSON stream record (first offset, deleted, retention)
+``meta``       name                        engine-wide counters and the format version
+=============  ==========================  ==========================================
+
+The batch holding an offset is one ``set_range`` seek plus at most one step
+back. ``index`` mirrors ``batches`` with the small per-batch facts, so that a
+stream's next offset (its last index entry), trims and retention never touch
+the batch values.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any, Final
+
+from .model import RangeInfo, ReplicaInfo, StreamRecord
+
+BATCHES_DB: Final = b"batches"
+INDEX_DB: Final = b"index"
+RANGES_DB: Final = b"ranges"
+STREAMS_DB: Final = b"streams"
+META_DB: Final = b"meta"
+ALL_DBS: Final = (BATCHES_DB, INDEX_DB, RANGES_DB, STREAMS_DB, META_DB)
+
+FORMAT_VERSION: Final = 1
+FORMAT_KEY: Final = b"format"
+STORED_BYTES_KEY: Final = b"stored_bytes"
+
+BATCH_KEY: Final = struct.Struct(">QQ")
+RANGE_KEY: Final = struct.Struct(">QI")
+STREAM_KEY: Final = struct.Struct(">Q")
+INDEX_VALUE: Final = struct.Struct(">qii")
+COUNTER: Final = struct.Struct(">q")
+
+MAX_STREAM_ID: Final = (1 << 63) - 1
+#: sorts after every base offset of a stream
+MAX_OFFSET_KEY: Final = (1 << 64) - 1
+
+
+def batch_key(stream_id: int, base_offset: int) -> bytes:
+    return BATCH_KEY.pack(stream_id, base_offset)
+
+
+def stream_key(stream_id: int) -> bytes:
+    return STREAM_KEY.pack(stream_id)
+
+
+def range_key(stream_id: int, range_index: int) -> bytes:
+    return RANGE_KEY.pack(stream_id, range_index)
+
+
+def encode_range(info: RangeInfo) -> bytes:
+    record: dict[str, Any] = {
+        "start_offset": info.start_offset,
+        "end_offset": info.end_offset,
+        "epoch": info.epoch,
+        "deleted": info.deleted,
+        "replicas": [[r.node_id, r.address, r.is_primary] for r in info.replicas],
+    }
+    return json.dumps(record, separators=(",", ":")).encode()
+
+
+def decode_range(key: bytes, value: bytes) -> RangeInfo:
+    stream_id, range_index = RANGE_KEY.unpack(key)
+    record = json.loads(value)
+    return RangeInfo(
+        stream_id=stream_id,
+        range_index=range_index,
+        start_offset=record["start_offset"],
+        end_offset=record["end_offset"],
+        epoch=record["epoch"],
+        replicas=tuple(ReplicaInfo(n, a, p) for n, a, p in record["replicas"]),
+        deleted=record["deleted"],
+    )
+
+
+def encode_stream(record: StreamRecord) -> bytes:
+    return json.dumps(
+        {
+            "first_offset": record.first_offset,
+            "deleted": record.deleted,
+            "retention_period_ms": record.retention_period_ms,
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def decode_stream(value: bytes) -> StreamRecord:
+    record = json.loads(value)
+    return StreamRecord(
+        first_offset=record["first_offset"],
+        deleted=record["deleted"],
+        retention_period_ms=record["retention_period_ms"],
+    )

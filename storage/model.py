@@ -1,0 +1,215 @@
+"""What the engine knows about streams and ranges, and the rules that follow.
+
+``StreamState`` answers "which range does this append go to" and "which range
+serves a read at this offset" (SPEC §5, data node), raising the wire error for
+each refusal. Published states are never mutated: the writer copies a state,
+changes the copy inside its transaction and publishes it after the commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from sbp.batches import Buffer
+from sbp.constants import OPEN_END_OFFSET
+from sbp.errors import (
+    NotPrimaryError,
+    OffsetOutOfRangeError,
+    ProtocolError,
+    RangeNotFoundError,
+    RangeSealedError,
+    StreamDeletedError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    """A data node holding a copy of a range."""
+
+    node_id: int
+    address: str
+    is_primary: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RangeInfo:
+    """One range of a stream: ``[start_offset, end_offset)``, open while end is -1.
+
+    ``next_offset`` is a snapshot the engine fills in when it returns a range
+    (the live next offset of an open range, the end offset of a sealed one).
+    """
+
+    stream_id: int
+    range_index: int
+    start_offset: int
+    end_offset: int = OPEN_END_OFFSET
+    epoch: int = 0
+    replicas: tuple[ReplicaInfo, ...] = ()
+    deleted: bool = False
+    next_offset: int = 0
+
+    @property
+    def sealed(self) -> bool:
+        return self.end_offset != OPEN_END_OFFSET
+
+    @property
+    def primary_node_id(self) -> int | None:
+        return next((r.node_id for r in self.replicas if r.is_primary), None)
+
+    def contains(self, offset: int) -> bool:
+        return self.start_offset <= offset and (not self.sealed or offset < self.end_offset)
+
+
+class StreamRecord(NamedTuple):
+    """The persisted per-stream facts that are not derived from ranges or batches."""
+
+    first_offset: int
+    deleted: bool
+    retention_period_ms: int
+
+
+@dataclass(slots=True)
+class StreamState:
+    """A stream as this node sees it. ``next_offset`` is the next offset to assign."""
+
+    stream_id: int
+    first_offset: int = 0
+    next_offset: int = 0
+    deleted: bool = False
+    retention_period_ms: int = 0
+    #: sorted by range_index; every range of the stream the PM told this node about
+    ranges: tuple[RangeInfo, ...] = ()
+
+    def copy(self) -> StreamState:
+        return dataclasses.replace(self)
+
+    def record(self) -> StreamRecord:
+        return StreamRecord(self.first_offset, self.deleted, self.retention_period_ms)
+
+    def live(self, info: RangeInfo) -> RangeInfo:
+        """``info`` with its next_offset filled in."""
+        next_offset = info.end_offset if info.sealed else max(self.next_offset, info.start_offset)
+        return dataclasses.replace(info, next_offset=next_offset)
+
+    def find_range(self, range_index: int) -> RangeInfo:
+        for info in self.ranges:
+            if info.range_index == range_index:
+                return info
+        raise RangeNotFoundError(f"stream {self.stream_id} has no range {range_index} here")
+
+    def append_range(self, node_id: int | None) -> RangeInfo:
+        """The range an append to this stream goes to, or the wire error refusing it.
+
+        ``node_id`` None means this engine hosts and leads every range (tests, tools).
+        """
+        if self.deleted:
+            raise StreamDeletedError(f"stream {self.stream_id} is deleted")
+        if not self.ranges:
+            raise RangeNotFoundError(f"stream {self.stream_id} has no range here")
+        last = self.ranges[-1]
+        if last.sealed:
+            raise RangeSealedError(
+                f"range {last.range_index} of stream {self.stream_id} is sealed "
+                f"at {last.end_offset}"
+            )
+        if not hosts(last, node_id):
+            # the open range lives elsewhere; any range here is an earlier, sealed one
+            if any(hosts(info, node_id) for info in self.ranges):
+                raise RangeSealedError(
+                    f"stream {self.stream_id} is open in range {last.range_index}, "
+                    "which this node does not host"
+                )
+            raise RangeNotFoundError(f"stream {self.stream_id} has no range on this node")
+        if node_id is not None and last.primary_node_id != node_id:
+            raise NotPrimaryError(
+                f"node {node_id} is not the primary of range {last.range_index} "
+                f"of stream {self.stream_id} (primary: {last.primary_node_id})"
+            )
+        return last
+
+    def read_range(self, offset: int, node_id: int | None) -> RangeInfo | None:
+        """The hosted range a read at ``offset`` is served from, None at the open tail.
+
+        Raises the wire error of SPEC §5 (FETCH) when the read cannot be served here.
+        """
+        if self.deleted:
+            raise StreamDeletedError(f"stream {self.stream_id} is deleted")
+        if offset < self.first_offset or not self.ranges or offset < self.ranges[0].start_offset:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is below the first offset {self.first_offset} "
+                f"of stream {self.stream_id}"
+            )
+        holder = next((r for r in self.ranges if r.contains(offset)), None)
+        if holder is not None and hosts(holder, node_id):
+            if holder.sealed:
+                return holder
+            if offset > self.next_offset:
+                raise OffsetOutOfRangeError(
+                    f"offset {offset} is above the next offset {self.next_offset} "
+                    f"of stream {self.stream_id}"
+                )
+            return None if offset == self.next_offset else holder
+        if any(r.sealed and r.end_offset == offset and hosts(r, node_id) for r in self.ranges):
+            raise RangeSealedError(
+                f"offset {offset} is the end of a sealed range of stream {self.stream_id}; "
+                "read on in the next range"
+            )
+        if holder is None:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is beyond the ranges of stream {self.stream_id}"
+            )
+        raise RangeNotFoundError(
+            f"offset {offset} of stream {self.stream_id} is in range {holder.range_index}, "
+            "which this node does not host"
+        )
+
+
+def hosts(info: RangeInfo, node_id: int | None) -> bool:
+    """Whether the node ``node_id`` holds a replica of ``info`` (None: every range)."""
+    return node_id is None or any(r.node_id == node_id for r in info.replicas)
+
+
+class AppendItem(NamedTuple):
+    """One batch to append: a whole, single record batch (SPEC §4)."""
+
+    stream_id: int
+    batch: Buffer
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """A durable append: the batch's records got offsets base_offset .. +record_count-1."""
+
+    base_offset: int
+    record_count: int
+    append_time_ms: int
+
+
+#: one per submitted item: the result, or the error that item failed with
+AppendOutcome = AppendResult | ProtocolError
+
+
+@dataclass(frozen=True, slots=True)
+class StorageStats:
+    """A snapshot of the engine's counters, for metrics.
+
+    Counters ending in ``_total`` only grow; rates come from differences.
+    """
+
+    stored_bytes: int
+    stored_batches: int
+    map_size: int
+    used_bytes: int
+    file_bytes: int
+    commits_total: int
+    commit_seconds_total: float
+    last_commit_seconds: float
+    appends_total: int
+    last_group_size: int
+    max_group_size: int
+    appends_waiting: int
+    appends_in_commit: int
+    streams: int
+    ranges: int

@@ -1,0 +1,266 @@
+"""The group-commit writer: one thread, one write transaction per group.
+
+Callers on any thread submit operations (appends, seals, trims, ...) to a
+queue. The writer takes everything waiting, up to a byte and count budget,
+applies it in one LMDB write transaction, commits (an fsync unless the store
+runs with sync off), publishes the new stream states, and only then completes
+each operation. One sync thus serves every append that arrived while the
+previous one was running: the busier the node, the bigger the groups.
+
+The thread exists because an LMDB write transaction must stay on the thread
+that began it, and so that no event loop ever waits for a sync.
+
+If a group's transaction fails as a whole (the map is full, or something
+unexpected), it is rolled back and its operations are run again one
+transaction each, so that only the operations that fail on their own fail.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Final, Generic, TypeVar
+
+import lmdb
+
+from sbp.errors import ProtocolError, ShuttingDownError, StorageFullError, UnknownServerError
+
+from .model import AppendItem, AppendOutcome
+from .writes import Store, WriteContext
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: one transaction holds at most this many batch bytes, which bounds commit
+#: latency and the dirty pages LMDB keeps in memory
+DEFAULT_MAX_GROUP_BYTES: Final = 32 * 1024 * 1024
+DEFAULT_MAX_GROUP_OPS: Final = 4096
+
+AppendCallback = Callable[[list[AppendOutcome]], None]
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class WriteOp(ABC):
+    """Something the writer applies inside a transaction and completes after it."""
+
+    #: how many appends this operation carries (for statistics)
+    appends: int = 0
+    #: bytes it writes, roughly (for the group budget)
+    size: int = 0
+
+    @abstractmethod
+    def apply(self, ctx: WriteContext) -> None:
+        """Write into the transaction. Raising aborts the whole group."""
+
+    @abstractmethod
+    def complete(self) -> None:
+        """Deliver the outcome; called on the writer thread after the commit."""
+
+    @abstractmethod
+    def fail(self, error: ProtocolError) -> None:
+        """Deliver ``error``: the operation's transaction could not be committed."""
+
+
+class AppendOp(WriteOp):
+    """A request's appends: applied in one transaction, answered by one callback."""
+
+    def __init__(self, items: Sequence[AppendItem], callback: AppendCallback) -> None:
+        self.items = items
+        self.callback = callback
+        self.appends = len(items)
+        self.size = sum(len(item.batch) for item in items)
+        self.outcomes: list[AppendOutcome] = []
+
+    def apply(self, ctx: WriteContext) -> None:
+        self.outcomes = []
+        for stream_id, batch in self.items:
+            try:
+                outcome: AppendOutcome = ctx.append(stream_id, batch)
+            except ProtocolError as error:
+                outcome = error
+            self.outcomes.append(outcome)
+
+    def complete(self) -> None:
+        self.callback(self.outcomes)
+
+    def fail(self, error: ProtocolError) -> None:
+        # items that were refused on their own keep their own error
+        own: list[AppendOutcome] = [
+            o if isinstance(o, ProtocolError) else error for o in self.outcomes
+        ]
+        self.callback(own + [error] * (len(self.items) - len(own)))
+
+
+class CommandOp(WriteOp, Generic[T]):
+    """Any other change (seal, trim, sync ranges ...), answered through a future."""
+
+    def __init__(self, fn: Callable[[WriteContext], T]) -> None:
+        self.fn = fn
+        self.future: Future[T] = Future()
+        self._result: T | None = None
+        self._error: ProtocolError | None = None
+
+    def apply(self, ctx: WriteContext) -> None:
+        try:
+            self._result, self._error = self.fn(ctx), None
+        except ProtocolError as error:
+            self._result, self._error = None, error
+
+    def complete(self) -> None:
+        if self._error is not None:
+            self.future.set_exception(self._error)
+        else:
+            self.future.set_result(self._result)  # type: ignore[arg-type]
+
+    def fail(self, error: ProtocolError) -> None:
+        self.future.set_exception(error)
+
+
+class _Stop:
+    pass
+
+
+_STOP: Final = _Stop()
+
+
+class GroupCommitWriter:
+    """The single writer of a store. Thread-safe ``submit``; ``close`` drains the queue."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        clock: Callable[[], int] = wall_clock_ms,
+        max_group_bytes: int = DEFAULT_MAX_GROUP_BYTES,
+        max_group_ops: int = DEFAULT_MAX_GROUP_OPS,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.max_group_bytes = max_group_bytes
+        self.max_group_ops = max_group_ops
+        self._queue: queue.SimpleQueue[WriteOp | _Stop] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._last_time_ms = 0
+        self._thread = threading.Thread(target=self._run, name="storage-writer", daemon=True)
+        # statistics: written by the writer thread, read by anyone
+        self.appends_waiting = 0
+        self.appends_in_commit = 0
+        self.commits_total = 0
+        self.commit_seconds_total = 0.0
+        self.last_commit_seconds = 0.0
+        self.appends_total = 0
+        self.last_group_size = 0
+        self.max_group_size = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def on_writer_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def submit(self, op: WriteOp) -> None:
+        with self._lock:
+            if self._closed:
+                raise ShuttingDownError("the storage engine is closed")
+            self.appends_waiting += op.appends
+            self._queue.put(op)
+
+    def close(self) -> None:
+        """Apply everything already submitted, then stop the thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(_STOP)
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if isinstance(first, _Stop):
+                return
+            group = [first]
+            size = first.size
+            while size < self.max_group_bytes and len(group) < self.max_group_ops:
+                try:
+                    op = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(op, _Stop):
+                    stopping = True
+                    break
+                group.append(op)
+                size += op.size
+            appends = sum(op.appends for op in group)
+            with self._lock:
+                self.appends_waiting -= appends
+            self.appends_in_commit = appends
+            try:
+                self._run_group(group)
+            except Exception:  # never let the writer die; _run_group already isolates
+                log.exception("storage writer: unexpected failure")
+            self.appends_in_commit = 0
+
+    def _run_group(self, group: list[WriteOp]) -> None:
+        try:
+            self._commit(group)
+        except Exception as exc:
+            if len(group) > 1:
+                for op in group:
+                    self._run_group([op])
+                return
+            if isinstance(exc, lmdb.MapFullError):
+                error: ProtocolError = StorageFullError(
+                    f"storage full: the {self.store.map_size}-byte map has no room left"
+                )
+            else:
+                log.exception("storage writer: transaction failed")
+                error = UnknownServerError(f"storage write failed: {exc}")
+            self._deliver(group[0].fail, error)
+            return
+        for op in group:
+            self._deliver(op.complete)
+
+    def _commit(self, group: list[WriteOp]) -> None:
+        started = time.perf_counter()
+        now_ms = self._last_time_ms = max(self.clock(), self._last_time_ms)
+        txn = self.store.env.begin(write=True)
+        try:
+            ctx = WriteContext(self.store, txn, now_ms)
+            for op in group:
+                op.apply(ctx)
+            ctx.save_counters()
+        except BaseException:
+            txn.abort()
+            raise
+        # the durability point: after this returns, the group survives a crash
+        txn.commit()
+        ctx.publish()
+        elapsed = time.perf_counter() - started
+        appends = sum(op.appends for op in group)
+        self.commits_total += 1
+        self.commit_seconds_total += elapsed
+        self.last_commit_seconds = elapsed
+        self.appends_total += appends
+        self.last_group_size = appends
+        self.max_group_size = max(self.max_group_size, appends)
+
+    @staticmethod
+    def _deliver(action: Callable[..., None], *args: ProtocolError) -> None:
+        try:
+            action(*args)
+        except Exception:  # a caller's callback must not take the writer down
+            log.exception("storage writer: completion callback failed")

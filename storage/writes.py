@@ -1,0 +1,351 @@
+"""Everything that changes the store, as steps inside one LMDB write transaction.
+
+A ``WriteContext`` wraps the writer's current transaction. Stream states are
+copied on first change and published only after the commit, so readers never
+see an offset whose batch is not durable, and an aborted transaction leaves
+the published catalog as it was.
+
+Each operation checks everything that can refuse it before its first write:
+a ``ProtocolError`` raised by an operation means "nothing was written", which
+is what lets one bad item fail alone inside a shared transaction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sbp.batches import Buffer, validate_batch
+from sbp.constants import OPEN_END_OFFSET
+from sbp.errors import (
+    InvalidRequestError,
+    RangeNotFoundError,
+    StorageFullError,
+    StreamDeletedError,
+)
+
+from . import layout
+from .layout import BATCH_KEY, INDEX_VALUE, batch_key, range_key, stream_key
+from .model import AppendResult, RangeInfo, StreamState
+
+
+@dataclass(slots=True)
+class Store:
+    """The open environment and what the writer and readers share about it."""
+
+    env: Any  # lmdb.Environment (py-lmdb ships no type hints)
+    dbs: dict[bytes, Any]
+    node_id: int | None
+    map_size: int
+    page_size: int
+    #: appends are refused once the pages in use would pass this; the rest of
+    #: the map stays free for trims, deletes, seals and LMDB's own bookkeeping,
+    #: which all need fresh pages (copy-on-write) even when they free space
+    append_limit_pages: int
+    #: the published catalog: replaced per stream after each commit, never mutated
+    streams: dict[int, StreamState] = field(default_factory=dict)
+    #: >= the largest key in ``batches``: a larger key can use MDB_APPEND
+    last_batch_key: bytes = b""
+    stored_bytes: int = 0
+    stored_batches: int = 0
+
+    def pages_in_use(self, txn: Any) -> int:
+        """Pages the databases occupy as ``txn`` sees them (free pages excluded)."""
+        total = 2  # the two meta pages
+        for db in self.dbs.values():  # the main database (key b"") included
+            stat = txn.stat(db)
+            total += stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+        return total
+
+    def estimate_pages(self, batch_size: int) -> int:
+        """A generous bound on the pages one batch and its index entry take.
+
+        Values over about half a page go to overflow pages of their own; smaller
+        ones share leaf pages, counted here as if those pages were half full.
+        """
+        if batch_size > self.page_size // 2:
+            return -(-(batch_size + 16) // self.page_size) + 1
+        return -(-2 * (batch_size + 96) // self.page_size)
+
+
+class WriteContext:
+    """One write transaction of the group-commit writer."""
+
+    def __init__(self, store: Store, txn: Any, now_ms: int) -> None:
+        self.store = store
+        self.txn = txn
+        self.now_ms = now_ms
+        self.pending: dict[int, StreamState | None] = {}
+        self.last_batch_key = store.last_batch_key
+        self.stored_bytes = store.stored_bytes
+        self.stored_batches = store.stored_batches
+        self.used_pages: int | None = None
+        self._batches = store.dbs[layout.BATCHES_DB]
+        self._index = store.dbs[layout.INDEX_DB]
+
+    # -- stream states ----------------------------------------------------
+
+    def current(self, stream_id: int) -> StreamState | None:
+        """The stream as this transaction sees it (do not mutate; see ``for_update``)."""
+        if stream_id in self.pending:
+            return self.pending[stream_id]
+        return self.store.streams.get(stream_id)
+
+    def for_update(self, stream_id: int) -> StreamState:
+        """A private copy of the stream to change; RangeNotFoundError if unknown."""
+        state = self.current(stream_id)
+        if state is None:
+            raise RangeNotFoundError(f"stream {stream_id} is unknown here")
+        if self.pending.get(stream_id) is not state:
+            state = state.copy()
+            self.pending[stream_id] = state
+        return state
+
+    def save_stream(self, state: StreamState) -> None:
+        self.txn.put(
+            stream_key(state.stream_id),
+            layout.encode_stream(state.record()),
+            db=self.store.dbs[layout.STREAMS_DB],
+        )
+
+    def save_range(self, info: RangeInfo) -> None:
+        self.txn.put(
+            range_key(info.stream_id, info.range_index),
+            layout.encode_range(info),
+            db=self.store.dbs[layout.RANGES_DB],
+        )
+
+    def delete_range(self, info: RangeInfo) -> None:
+        self.txn.delete(
+            range_key(info.stream_id, info.range_index), db=self.store.dbs[layout.RANGES_DB]
+        )
+
+    # -- batches ----------------------------------------------------------
+
+    def append(self, stream_id: int, batch: Buffer) -> AppendResult:
+        """Append one batch to the stream's open range; the wire error if refused."""
+        state = self.current(stream_id)
+        if state is None:
+            raise RangeNotFoundError(f"stream {stream_id} is unknown here")
+        target = state.append_range(self.store.node_id)
+        header = validate_batch(batch)
+        self._reserve(len(batch))
+        state = self.for_update(stream_id)
+        base_offset = max(state.next_offset, target.start_offset)
+        key = batch_key(stream_id, base_offset)
+        # MDB_APPEND skips the search when the key sorts after every stored key
+        at_end = key > self.last_batch_key
+        # The batch goes in as received (base_offset still -1): LMDB copies the
+        # caller's buffer straight into its pages, and reads stamp the offset
+        # from the key into the copy they return.
+        self.txn.put(key, batch, db=self._batches, append=at_end)
+        self.txn.put(
+            key,
+            INDEX_VALUE.pack(self.now_ms, header.record_count, len(batch)),
+            db=self._index,
+            append=at_end,
+        )
+        if at_end:
+            self.last_batch_key = key
+        state.next_offset = base_offset + header.record_count
+        self.stored_bytes += len(batch)
+        self.stored_batches += 1
+        return AppendResult(base_offset, header.record_count, self.now_ms)
+
+    def _reserve(self, batch_size: int) -> None:
+        if self.used_pages is None:
+            self.used_pages = self.store.pages_in_use(self.txn)
+        needed = self.store.estimate_pages(batch_size)
+        if self.used_pages + needed > self.store.append_limit_pages:
+            raise StorageFullError(
+                f"storage full: {self.used_pages * self.store.page_size} bytes in use of "
+                f"{self.store.map_size}; a {batch_size}-byte batch does not fit"
+            )
+        self.used_pages += needed
+
+    def index_entries(self, stream_id: int) -> Iterable[tuple[int, int, int, int]]:
+        """(base_offset, append_time_ms, record_count, size) of the stream's batches, in order."""
+        cursor = self.txn.cursor(db=self._index)
+        if not cursor.set_range(batch_key(stream_id, 0)):
+            return
+        for key, value in cursor:
+            key_stream, base_offset = BATCH_KEY.unpack(key)
+            if key_stream != stream_id:
+                return
+            yield (base_offset, *INDEX_VALUE.unpack(value))
+
+    def drop_batches(self, stream_id: int, keep: Callable[[int, int], bool]) -> int:
+        """Delete the stream's batches from the first one ``keep(base, end)`` accepts on.
+
+        Returns the number of batches dropped. Deleted pages return to LMDB's
+        free list and are reused by later transactions.
+        """
+        doomed: list[tuple[int, int]] = []
+        for base_offset, _time, count, size in self.index_entries(stream_id):
+            if keep(base_offset, base_offset + count):
+                break
+            doomed.append((base_offset, size))
+        for base_offset, size in doomed:
+            key = batch_key(stream_id, base_offset)
+            self.txn.delete(key, db=self._batches)
+            self.txn.delete(key, db=self._index)
+            self.stored_bytes -= size
+            self.stored_batches -= 1
+        return len(doomed)
+
+    def publish(self) -> None:
+        """Make this (committed) transaction's changes visible to readers."""
+        store = self.store
+        for stream_id, state in self.pending.items():
+            if state is None:
+                store.streams.pop(stream_id, None)
+            else:
+                store.streams[stream_id] = state
+        store.last_batch_key = max(store.last_batch_key, self.last_batch_key)
+        store.stored_bytes = self.stored_bytes
+        store.stored_batches = self.stored_batches
+
+    def save_counters(self) -> None:
+        if self.stored_bytes != self.store.stored_bytes:
+            self.txn.put(
+                layout.STORED_BYTES_KEY,
+                layout.COUNTER.pack(self.stored_bytes),
+                db=self.store.dbs[layout.META_DB],
+            )
+
+
+# -- operations other than appends (run by the writer, in submission order) --
+
+
+def _live_stream(ctx: WriteContext, stream_id: int) -> StreamState:
+    state = ctx.for_update(stream_id)
+    if state.deleted:
+        raise StreamDeletedError(f"stream {stream_id} is deleted")
+    return state
+
+
+def seal_range(ctx: WriteContext, stream_id: int, range_index: int) -> RangeInfo:
+    """Seal a range at the stream's next offset; a sealed range is returned as is."""
+    state = _live_stream(ctx, stream_id)
+    info = state.find_range(range_index)
+    if info.sealed:
+        return state.live(info)
+    sealed = dataclasses.replace(info, end_offset=max(state.next_offset, info.start_offset))
+    state.ranges = tuple(sealed if r is info else r for r in state.ranges)
+    ctx.save_range(sealed)
+    return state.live(sealed)
+
+
+def trim_stream(ctx: WriteContext, stream_id: int, trim_offset: int) -> int:
+    """Drop the batches wholly below ``trim_offset`` (capped at the next offset)
+    and the sealed ranges that end at or below it; returns the new first offset."""
+    state = _live_stream(ctx, stream_id)
+    trim_offset = min(trim_offset, state.next_offset)
+    if trim_offset <= state.first_offset:
+        return state.first_offset
+    ctx.drop_batches(stream_id, lambda _base, end: end > trim_offset)
+    kept = tuple(r for r in state.ranges if not (r.sealed and r.end_offset <= trim_offset))
+    for info in state.ranges:
+        if info not in kept:
+            ctx.delete_range(info)
+    state.ranges = kept
+    state.first_offset = trim_offset
+    ctx.save_stream(state)
+    return trim_offset
+
+
+def expire_stream(ctx: WriteContext, stream_id: int) -> int | None:
+    """Apply the stream's retention period; the new first offset if it rose."""
+    state = ctx.current(stream_id)
+    if state is None or state.deleted or state.retention_period_ms <= 0:
+        return None
+    cutoff = ctx.now_ms - state.retention_period_ms
+    expired_end: int | None = None
+    for base_offset, append_time_ms, count, _size in ctx.index_entries(stream_id):
+        # append times never decrease along a stream (the writer's clock is monotonic)
+        if append_time_ms >= cutoff:
+            break
+        expired_end = base_offset + count
+    if expired_end is None or expired_end <= state.first_offset:
+        return None
+    return trim_stream(ctx, stream_id, expired_end)
+
+
+def set_retention(ctx: WriteContext, stream_id: int, retention_period_ms: int) -> None:
+    state = _live_stream(ctx, stream_id)
+    state.retention_period_ms = max(0, retention_period_ms)
+    ctx.save_stream(state)
+
+
+def delete_stream(ctx: WriteContext, stream_id: int) -> None:
+    """Mark the stream deleted (appends and reads refused from now on) and free its data.
+
+    Idempotent; a stream never seen here is recorded as deleted too.
+    """
+    state = ctx.current(stream_id)
+    state = StreamState(stream_id) if state is None else state.copy()
+    ctx.pending[stream_id] = state
+    ctx.drop_batches(stream_id, lambda _base, _end: False)
+    state.ranges = tuple(dataclasses.replace(r, deleted=True) for r in state.ranges)
+    for info in state.ranges:
+        ctx.save_range(info)
+    state.deleted = True
+    ctx.save_stream(state)
+
+
+def sync_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> list[RangeInfo]:
+    """Apply the PM's view of a stream's ranges; returns them with live next offsets.
+
+    Ranges missing from ``ranges`` are forgotten; data below the first range's
+    start offset is dropped (the PM trimmed it). A range sealed here stays
+    sealed even if an older view still shows it open: sealing is one-way. An
+    empty list forgets the stream and its data.
+    """
+    incoming = sorted(ranges, key=lambda r: r.range_index)
+    indexes = [r.range_index for r in incoming]
+    if len(set(indexes)) != len(indexes) or any(r.stream_id != stream_id for r in incoming):
+        raise InvalidRequestError(f"inconsistent ranges for stream {stream_id}: {indexes}")
+    if any(r.sealed and r.end_offset < r.start_offset for r in incoming):
+        raise InvalidRequestError(f"a range of stream {stream_id} ends before it starts")
+    existing = ctx.current(stream_id)
+    if existing is not None and existing.deleted:
+        raise StreamDeletedError(f"stream {stream_id} is deleted")
+    state = StreamState(stream_id) if existing is None else existing.copy()
+    ctx.pending[stream_id] = state
+    known = {r.range_index: r for r in state.ranges}
+
+    if not incoming:
+        ctx.drop_batches(stream_id, lambda _base, _end: False)
+        for info in state.ranges:
+            ctx.delete_range(info)
+        ctx.txn.delete(stream_key(stream_id), db=ctx.store.dbs[layout.STREAMS_DB])
+        ctx.pending[stream_id] = None
+        return []
+
+    merged: list[RangeInfo] = []
+    for info in incoming:
+        info = dataclasses.replace(info, deleted=False, next_offset=0)
+        local = known.get(info.range_index)
+        if local is not None and local.sealed and not info.sealed:
+            info = dataclasses.replace(info, end_offset=local.end_offset)
+        merged.append(info)
+        if info != local:
+            ctx.save_range(info)
+    for index, info in known.items():
+        if index not in indexes:
+            ctx.delete_range(info)
+
+    first_start = merged[0].start_offset
+    if existing is None:
+        state.first_offset = first_start
+    elif first_start > state.first_offset:
+        ctx.drop_batches(stream_id, lambda _base, end: end > first_start)
+        state.first_offset = first_start
+    last = merged[-1]
+    floor = last.start_offset if last.end_offset == OPEN_END_OFFSET else last.end_offset
+    state.next_offset = max(state.next_offset, state.first_offset, floor)
+    state.ranges = tuple(merged)
+    ctx.save_stream(state)
+    return [state.live(r) for r in merged]

@@ -1,0 +1,562 @@
+"""The storage engine: appends, reads, ranges, seals, trims, deletes, retention,
+restart, a full map and group commit."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sbp.batches import build_batch, decode_batches, peek_header
+from sbp.errors import (
+    InvalidRecordBatchError,
+    InvalidRequestError,
+    NotPrimaryError,
+    OffsetOutOfRangeError,
+    ProtocolError,
+    RangeNotFoundError,
+    RangeSealedError,
+    ShuttingDownError,
+    StorageFullError,
+    StreamDeletedError,
+)
+from storage import AppendItem, AppendOutcome, AppendResult, RangeInfo, ReplicaInfo, StorageEngine
+
+NODE = 1
+OTHER = 2
+MAP_SIZE = 64 * 1024 * 1024
+
+
+def replica(node_id: int, primary: bool = True) -> ReplicaInfo:
+    return ReplicaInfo(node_id, f"127.0.0.1:{9000 + node_id}", primary)
+
+
+def open_range(stream_id: int, index: int = 0, start: int = 0, node: int = NODE) -> RangeInfo:
+    return RangeInfo(stream_id, index, start, replicas=(replica(node),), epoch=1)
+
+
+def sealed_range(stream_id: int, index: int, start: int, end: int, node: int = NODE) -> RangeInfo:
+    return RangeInfo(stream_id, index, start, end, replicas=(replica(node),), epoch=1)
+
+
+def batch(*values: bytes, timestamp: int = 1000) -> bytearray:
+    return build_batch(list(values), timestamp)
+
+
+class Clock:
+    def __init__(self, now_ms: int = 1_000_000) -> None:
+        self.now_ms = now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def engine(tmp_path: Path, clock: Clock) -> Iterator[StorageEngine]:
+    with StorageEngine(tmp_path / "data", map_size=MAP_SIZE, node_id=NODE, clock=clock) as e:
+        yield e
+
+
+def reopen(engine: StorageEngine, clock: Clock | None = None) -> StorageEngine:
+    engine.close()
+    return StorageEngine(engine.path, map_size=MAP_SIZE, node_id=NODE, clock=clock or Clock())
+
+
+def values_at(engine: StorageEngine, stream_id: int, offset: int, max_bytes: int = 1 << 20):
+    decoded = decode_batches(engine.read(stream_id, offset, max_bytes))
+    return list(zip(decoded.offsets.tolist(), decoded.to_list(), strict=True))
+
+
+# -- appends and reads -----------------------------------------------------
+
+
+def test_appends_get_dense_offsets_and_read_back_stamped(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    first = engine.append(1, batch(b"a", b"b", b"c"))
+    second = engine.append(1, memoryview(batch(b"d")))
+    assert (first.base_offset, first.record_count) == (0, 3)
+    assert (second.base_offset, second.record_count) == (3, 1)
+    assert first.append_time_ms == 1_000_000
+    assert engine.next_offset(1) == 4
+    assert values_at(engine, 1, 0) == [(0, b"a"), (1, b"b"), (2, b"c"), (3, b"d")]
+    payload = engine.read(1, 0, 1 << 20)
+    assert peek_header(payload).base_offset == 0
+
+
+def test_read_starts_at_the_batch_holding_the_offset(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    for i in range(5):
+        engine.append(1, batch(bytes([i]) * 3, bytes([i]) * 2))
+    assert values_at(engine, 1, 5)[0] == (4, b"\x02\x02\x02")
+    assert [o for o, _ in values_at(engine, 1, 9)] == [8, 9]
+
+
+def test_read_respects_the_byte_budget_but_returns_one_batch_at_least(
+    engine: StorageEngine,
+) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    size = len(batch(b"x" * 100))
+    for _ in range(10):
+        engine.append(1, batch(b"x" * 100))
+    assert len(engine.read(1, 0, 1)) == size
+    assert len(engine.read(1, 0, 3 * size)) == 3 * size
+    assert len(engine.read(1, 0, 3 * size + size - 1)) == 3 * size
+    assert len(engine.read(1, 2, 1 << 20)) == 8 * size
+
+
+def test_read_at_the_tail_is_empty_and_beyond_it_out_of_range(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    engine.append(1, batch(b"a"))
+    assert engine.read(1, 1, 100) == b""
+    with pytest.raises(OffsetOutOfRangeError, match="above the next offset 1"):
+        engine.read(1, 2, 100)
+    with pytest.raises(OffsetOutOfRangeError, match="below the first offset"):
+        engine.read(1, -1, 100)
+
+
+def test_streams_are_independent(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(2, [open_range(2)])
+    engine.append(2, batch(b"two"))
+    engine.append(1, batch(b"one"))
+    engine.append(2, batch(b"two again"))
+    assert values_at(engine, 1, 0) == [(0, b"one")]
+    assert values_at(engine, 2, 0) == [(0, b"two"), (1, b"two again")]
+
+
+def test_a_bad_batch_fails_only_its_own_item(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    corrupt = batch(b"bad")
+    corrupt[-1] ^= 0xFF
+    outcomes: list[AppendOutcome] = []
+    done = threading.Event()
+
+    def on_done(results: list[AppendOutcome]) -> None:
+        outcomes.extend(results)
+        done.set()
+
+    engine.submit(
+        [AppendItem(1, batch(b"ok1")), AppendItem(1, corrupt), AppendItem(1, batch(b"ok2"))],
+        on_done,
+    )
+    assert done.wait(10)
+    assert isinstance(outcomes[0], AppendResult) and outcomes[0].base_offset == 0
+    assert isinstance(outcomes[1], InvalidRecordBatchError)
+    assert "CRC" in str(outcomes[1])
+    assert isinstance(outcomes[2], AppendResult) and outcomes[2].base_offset == 1
+    assert values_at(engine, 1, 0) == [(0, b"ok1"), (1, b"ok2")]
+
+
+def test_a_truncated_batch_is_invalid(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    with pytest.raises(InvalidRecordBatchError, match="batch_length"):
+        engine.append(1, batch(b"abcdef")[:-2])
+
+
+# -- which range -------------------------------------------------------------
+
+
+def test_unknown_stream_is_range_not_found(engine: StorageEngine) -> None:
+    with pytest.raises(RangeNotFoundError):
+        engine.append(9, batch(b"x"))
+    with pytest.raises(RangeNotFoundError):
+        engine.read(9, 0, 100)
+    assert engine.next_offset(9) is None
+
+
+def test_append_to_a_range_led_elsewhere_is_not_primary(engine: StorageEngine) -> None:
+    led_elsewhere = RangeInfo(1, 0, 0, replicas=(replica(OTHER), replica(NODE, primary=False)))
+    engine.sync_ranges(1, [led_elsewhere])
+    with pytest.raises(NotPrimaryError, match="primary: 2"):
+        engine.append(1, batch(b"x"))
+
+
+def test_append_to_a_stream_hosted_elsewhere_is_range_not_found(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1, node=OTHER)])
+    with pytest.raises(RangeNotFoundError):
+        engine.append(1, batch(b"x"))
+
+
+def test_seal_stops_appends_and_fixes_the_end_offset(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    engine.append(1, batch(b"a", b"b"))
+    sealed = engine.seal_range(1, 0)
+    assert (sealed.end_offset, sealed.next_offset, sealed.sealed) == (2, 2, True)
+    assert engine.seal_range(1, 0) == sealed  # idempotent
+    with pytest.raises(RangeSealedError):
+        engine.append(1, batch(b"c"))
+    with pytest.raises(RangeNotFoundError):
+        engine.seal_range(1, 5)
+
+
+def test_offsets_continue_across_a_seal_into_the_next_range(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    engine.append(1, batch(b"a", b"b"))
+    sealed = engine.seal_range(1, 0)
+    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=sealed.end_offset)])
+    assert engine.append(1, batch(b"c")).base_offset == 2
+    assert values_at(engine, 1, 0) == [(0, b"a"), (1, b"b")]  # a read stops at the range end
+    assert values_at(engine, 1, 2) == [(2, b"c")]
+    assert [(r.range_index, r.next_offset) for r in engine.list_ranges(1)] == [(0, 2), (1, 3)]
+    assert engine.describe_range(1, 1).next_offset == 3
+
+
+def test_next_range_on_another_node(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    engine.append(1, batch(b"a"))
+    sealed = engine.seal_range(1, 0)
+    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=1, node=OTHER)])
+    with pytest.raises(RangeSealedError, match="end of a sealed range"):
+        engine.read(1, 1, 100)
+    with pytest.raises(RangeSealedError, match="does not host"):
+        engine.append(1, batch(b"b"))
+    assert [r.range_index for r in engine.list_ranges(1)] == [0]
+
+
+def test_read_of_a_range_hosted_elsewhere_is_range_not_found(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [sealed_range(1, 0, 0, 10, node=OTHER), open_range(1, index=1, start=10)])
+    engine.append(1, batch(b"x"))
+    with pytest.raises(RangeNotFoundError, match="range 0"):
+        engine.read(1, 3, 100)
+    assert values_at(engine, 1, 10) == [(10, b"x")]
+
+
+def test_sync_ranges_rejects_inconsistent_ranges(engine: StorageEngine) -> None:
+    with pytest.raises(InvalidRequestError):
+        engine.sync_ranges(1, [open_range(1), open_range(1)])
+    with pytest.raises(InvalidRequestError):
+        engine.sync_ranges(1, [open_range(2)])
+
+
+def test_a_sealed_range_stays_sealed_under_a_stale_view(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    engine.append(1, batch(b"a"))
+    engine.seal_range(1, 0)
+    [stale] = engine.sync_ranges(1, [open_range(1)])
+    assert stale.end_offset == 1
+
+
+# -- trims, deletes, retention -----------------------------------------------
+
+
+def test_trim_drops_whole_batches_below_and_raises_the_first_offset(
+    engine: StorageEngine,
+) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    for i in range(4):
+        engine.append(1, batch(bytes([i]), bytes([i])))  # offsets 2i, 2i+1
+    before = engine.stats()
+    assert engine.trim(1, 3) == 3
+    assert engine.first_offset(1) == 3
+    with pytest.raises(OffsetOutOfRangeError):
+        engine.read(1, 2, 100)
+    # the batch holding 2 and 3 straddles the trim point and stays whole
+    assert values_at(engine, 1, 3)[:2] == [(2, b"\x01"), (3, b"\x01")]
+    after = engine.stats()
+    assert after.stored_batches == before.stored_batches - 1
+    assert after.stored_bytes == before.stored_bytes - len(batch(b"x", b"y"))
+    assert engine.trim(1, 1) == 3  # never lowers
+    assert engine.trim(1, 100) == 8  # capped at the next offset
+    assert engine.stats().stored_batches == 0
+    assert engine.append(1, batch(b"z")).base_offset == 8
+
+
+def test_trim_forgets_sealed_ranges_wholly_below(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    engine.append(1, batch(b"a", b"b"))
+    sealed = engine.seal_range(1, 0)
+    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=2)])
+    engine.append(1, batch(b"c"))
+    engine.trim(1, 2)
+    assert [r.range_index for r in engine.list_ranges(1)] == [1]
+
+
+def test_sync_ranges_drops_ranges_the_pm_trimmed_with_their_data(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    engine.append(1, batch(b"a"))
+    sealed = engine.seal_range(1, 0)
+    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=1)])
+    engine.append(1, batch(b"b"))
+    engine.sync_ranges(1, [open_range(1, index=1, start=1)])
+    assert engine.first_offset(1) == 1
+    assert engine.stats().stored_batches == 1
+    with pytest.raises(OffsetOutOfRangeError):
+        engine.read(1, 0, 100)
+    assert values_at(engine, 1, 1) == [(1, b"b")]
+
+
+def test_delete_stream_rejects_writes_and_frees_data(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(2, [open_range(2)])
+    engine.append(1, batch(b"a"))
+    engine.append(2, batch(b"keep"))
+    engine.delete_stream(1)
+    engine.delete_stream(1)  # idempotent
+    with pytest.raises(StreamDeletedError):
+        engine.append(1, batch(b"b"))
+    with pytest.raises(StreamDeletedError):
+        engine.read(1, 0, 100)
+    with pytest.raises(StreamDeletedError):
+        engine.sync_ranges(1, [open_range(1)])
+    assert engine.stats().stored_batches == 1
+    assert engine.list_ranges(1) == []
+    assert values_at(engine, 2, 0) == [(0, b"keep")]
+
+
+def test_retention_drops_batches_by_append_time(engine: StorageEngine, clock: Clock) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(2, [open_range(2)])
+    engine.set_retention(1, 60_000)
+    engine.append(1, batch(b"old"))
+    engine.append(2, batch(b"kept forever"))
+    clock.now_ms += 30_000
+    engine.append(1, batch(b"newer"))
+    clock.now_ms += 40_000  # "old" is 70 s old, "newer" 40 s
+    assert engine.apply_retention() == {1: 1}
+    assert values_at(engine, 1, 1) == [(1, b"newer")]
+    assert engine.apply_retention() == {}
+    clock.now_ms += 30_000
+    assert engine.apply_retention() == {1: 2}
+    assert engine.read(1, 2, 100) == b""
+    assert values_at(engine, 2, 0) == [(0, b"kept forever")]
+
+
+# -- restart -------------------------------------------------------------------
+
+
+def test_everything_comes_back_after_reopen(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(2, [open_range(2)])
+    engine.set_retention(2, 5000)
+    engine.append(1, batch(b"a", b"b"))
+    sealed = engine.seal_range(1, 0)
+    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=2)])
+    engine.append(1, batch(b"c"))
+    engine.append(2, batch(b"x"))
+    engine.append(2, batch(b"y"))
+    engine.trim(2, 1)
+    engine.sync_ranges(3, [open_range(3)])
+    engine.delete_stream(3)
+    stats = engine.stats()
+
+    engine = reopen(engine)
+    try:
+        assert engine.next_offset(1) == 3
+        assert engine.next_offset(2) == 2
+        assert engine.first_offset(2) == 1
+        assert [(r.range_index, r.end_offset, r.next_offset) for r in engine.list_ranges(1)] == [
+            (0, 2, 2),
+            (1, -1, 3),
+        ]
+        assert values_at(engine, 1, 0) == [(0, b"a"), (1, b"b")]
+        assert values_at(engine, 2, 1) == [(1, b"y")]
+        with pytest.raises(StreamDeletedError):
+            engine.append(3, batch(b"z"))
+        assert engine.append(1, batch(b"d")).base_offset == 3
+        assert engine.stats().stored_bytes == stats.stored_bytes + len(batch(b"d"))
+    finally:
+        engine.close()
+
+
+def test_an_empty_open_range_recovers_its_start_offset(tmp_path: Path) -> None:
+    engine = StorageEngine(tmp_path, map_size=MAP_SIZE, node_id=NODE)
+    engine.sync_ranges(1, [sealed_range(1, 0, 0, 40, node=OTHER), open_range(1, 1, start=40)])
+    engine = reopen(engine)
+    try:
+        assert engine.next_offset(1) == 40
+        assert engine.append(1, batch(b"a")).base_offset == 40
+    finally:
+        engine.close()
+
+
+def test_closed_engine_refuses_work(tmp_path: Path) -> None:
+    engine = StorageEngine(tmp_path, map_size=MAP_SIZE)
+    engine.close()
+    engine.close()
+    with pytest.raises(ShuttingDownError):
+        engine.submit([AppendItem(1, batch(b"a"))], lambda _: None)
+
+
+def test_sync_mode_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="sync"):
+        StorageEngine(tmp_path, map_size=MAP_SIZE, sync="sometimes")  # type: ignore[arg-type]
+
+
+# -- a full map ---------------------------------------------------------------
+
+
+def test_storage_full_is_a_clean_error_and_trims_make_room(tmp_path: Path) -> None:
+    engine = StorageEngine(tmp_path, map_size=4 * 1024 * 1024, node_id=NODE)
+    try:
+        engine.sync_ranges(1, [open_range(1)])
+        engine.sync_ranges(2, [open_range(2)])
+        big = batch(b"v" * 64 * 1024)
+        appended = 0
+        with pytest.raises(StorageFullError, match="storage full"):
+            for _ in range(1000):
+                engine.append(1, big)
+                appended += 1
+        assert 30 < appended < 64
+        assert engine.next_offset(1) == appended
+        # small batches of another stream still fit in what is left
+        assert engine.append(2, batch(b"small")).base_offset == 0
+        # metadata changes still work, and a trim frees room for new appends
+        engine.trim(1, appended - 2)
+        for _ in range(10):
+            engine.append(1, big)
+        assert engine.next_offset(1) == appended + 10
+        assert values_at(engine, 1, appended - 2, 1)[0][0] == appended - 2
+        engine = reopen(engine)
+        assert engine.next_offset(1) == appended + 10
+    finally:
+        engine.close()
+
+
+def test_a_transaction_that_overflows_the_map_fails_only_what_does_not_fit(
+    tmp_path: Path,
+) -> None:
+    # no reserve margin can cover a single batch larger than the map itself
+    engine = StorageEngine(tmp_path, map_size=2 * 1024 * 1024, node_id=NODE)
+    try:
+        engine.sync_ranges(1, [open_range(1)])
+        with pytest.raises(StorageFullError):
+            engine.append(1, batch(b"h" * 3 * 1024 * 1024))
+        assert engine.append(1, batch(b"fits")).base_offset == 0
+    finally:
+        engine.close()
+
+
+# -- group commit ---------------------------------------------------------------
+
+
+def test_group_commit_from_many_threads(tmp_path: Path) -> None:
+    engine = StorageEngine(tmp_path, map_size=MAP_SIZE, node_id=NODE)
+    streams = (1, 2, 3)
+    for stream_id in streams:
+        engine.sync_ranges(stream_id, [open_range(stream_id)])
+    per_thread = 40
+    results: dict[tuple[int, int], list[tuple[int, bytes]]] = {}
+    start = threading.Barrier(8)
+
+    def submitter(worker: int) -> None:
+        stream_id = streams[worker % len(streams)]
+        pending: list[threading.Event] = []
+        mine: list[tuple[int, bytes]] = []
+        start.wait()
+        for i in range(per_thread):
+            value = f"w{worker}-{i}".encode()
+            done = threading.Event()
+
+            def on_done(outcomes: list[AppendOutcome], value: bytes = value, done=done) -> None:
+                outcome = outcomes[0]
+                assert isinstance(outcome, AppendResult)
+                mine.append((outcome.base_offset, value))
+                done.set()
+
+            engine.submit([AppendItem(stream_id, batch(value))], on_done)
+            pending.append(done)
+        for done in pending:
+            assert done.wait(20)
+        results[(worker, stream_id)] = mine
+
+    try:
+        threads = [threading.Thread(target=submitter, args=(w,)) for w in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats = engine.stats()
+        assert stats.appends_total == 8 * per_thread
+        assert stats.commits_total < stats.appends_total - 3  # the 3 syncs of sync_ranges
+        assert stats.max_group_size > 1
+        assert stats.appends_waiting == 0
+        for stream_id in streams:
+            stored = values_at(engine, stream_id, 0)
+            # dense offsets from 0
+            assert [o for o, _ in stored] == list(range(len(stored)))
+            by_offset = dict(stored)
+            for (_worker, s), mine in results.items():
+                if s != stream_id:
+                    continue
+                # each submitter's appends landed in submission order, as acknowledged
+                assert [o for o, _ in mine] == sorted(o for o, _ in mine)
+                assert all(by_offset[o] == v for o, v in mine)
+    finally:
+        engine.close()
+
+
+def test_a_failing_callback_does_not_stop_the_writer(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+
+    def explode(_outcomes: list[AppendOutcome]) -> None:
+        raise RuntimeError("callback bug")
+
+    engine.submit([AppendItem(1, batch(b"a"))], explode)
+    assert engine.append(1, batch(b"b")).base_offset == 1
+
+
+def test_blocking_calls_from_the_writer_thread_are_refused(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    seen: list[BaseException] = []
+    done = threading.Event()
+
+    def nested(_outcomes: list[AppendOutcome]) -> None:
+        try:
+            engine.append(1, batch(b"again"))
+        except RuntimeError as error:
+            seen.append(error)
+        done.set()
+
+    engine.submit([AppendItem(1, batch(b"a"))], nested)
+    assert done.wait(10)
+    assert "writer thread" in str(seen[0])
+
+
+def test_stats_describe_the_store(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    b = batch(b"x" * 1000)
+    engine.append(1, b)
+    engine.append(1, b)
+    stats = engine.stats()
+    assert stats.stored_bytes == 2 * len(b)
+    assert stats.stored_batches == 2
+    assert stats.map_size == MAP_SIZE
+    assert 0 < stats.used_bytes <= stats.file_bytes
+    assert stats.appends_total == 2
+    assert stats.commits_total == 3
+    assert stats.commit_seconds_total > 0
+    assert (stats.streams, stats.ranges) == (1, 1)
+
+
+def test_errors_carry_their_wire_codes() -> None:
+    assert all(
+        isinstance(e, ProtocolError) and e.code == e.__class__.code
+        for e in (StorageFullError(), NotPrimaryError(), RangeSealedError())
+    )
+
+
+def test_a_transaction_failure_is_isolated_to_its_operation(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    release = threading.Event()
+    engine.submit_command(lambda _ctx: release.wait(10))  # holds the writer
+
+    def broken(_ctx: object) -> None:
+        raise RuntimeError("unexpected failure inside the transaction")
+
+    outcomes: list[AppendOutcome] = []
+    engine.submit([AppendItem(1, batch(b"before"))], outcomes.extend)
+    failing = engine.submit_command(broken)
+    engine.submit([AppendItem(1, batch(b"after"))], outcomes.extend)
+    release.set()
+    with pytest.raises(ProtocolError, match="storage write failed"):
+        failing.result(10)
+    assert engine.append(1, batch(b"last")).base_offset == 2
+    assert [o.base_offset for o in outcomes if isinstance(o, AppendResult)] == [0, 1]
+    assert values_at(engine, 1, 0) == [(0, b"before"), (1, b"after"), (2, b"last")]
