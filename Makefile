@@ -28,11 +28,11 @@ test: $(VENV)/.installed-dev system-deps
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
-	$(BIN)/mypy sbp storage client
+	$(BIN)/mypy sbp storage net client
 
 # Regenerate the FlatBuffers Python code in sbp/_fbs from fbs/*.fbs.
 fbs: $(VENV)/.installed-dev
-	$(PY) -m sbp.codegen sbp/_fbs
+	$(PY) fbs/generate.py sbp/_fbs
 
 bench: $(VENV)/.installed-dev
 	$(PY) -m bench all

@@ -14,7 +14,7 @@ FORBIDDEN = ("trio", "asyncio", "socket", "selectors", "ssl", "anyio")
 
 @pytest.mark.parametrize(
     "package",
-    ["sbp", "sbp.frames", "sbp.connection", "sbp.errors", "storage"],
+    ["sbp", "sbp.frames", "sbp.connection", "sbp.errors", "sbp.batches", "sbp.messages", "storage"],
 )
 def test_package_imports_no_io_framework(package: str) -> None:
     probe = (

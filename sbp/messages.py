@@ -1,0 +1,608 @@
+"""Typed SBP headers (SPEC §3): one frozen dataclass per FlatBuffers table.
+
+Handlers and clients see only these classes. Every message encodes to the
+FlatBuffers bytes of its table (``encode()``) and decodes from them
+(``decode(buf)``); any failure to decode, including a missing required field,
+is ``HeaderDecodeError`` (answered with SYSTEM_ERROR ``INVALID_REQUEST``).
+The wire ids and types of each field are declared beside it and must match
+``fbs/*.fbs``; tests check that against the generated code in ``sbp/_fbs``.
+
+Wire conventions of the Python values:
+
+- absent strings read as ``""`` and ``""`` is not written; absent sub-tables
+  read as ``None``; absent vectors read as ``()``; vectors are tuples;
+- error codes are ``ErrorCode`` members, or the bare int for a code this
+  version does not know (it still reaches ``sbp.errors.error_for``);
+- a ``ClientRole`` this version does not know reads as ``ClientRole.UNKNOWN``.
+
+Required fields, whose absence makes a header undecodable: the item vector of
+every request that has one (``append_requests``, ``fetch_requests``,
+``range_owners``, ``ranges``, ``stream_ranges``, ``streams``,
+``trimmed_streams``; an empty vector is present, so "no items" is still
+expressible), and the ``data_node`` of ``ReplicaNode``,
+``ReportMetricsRequest`` and ``DataNodeStatus``. Everything else may be left
+out and reads as its default. ``GetStreamsRequest.stream_ids`` is optional:
+empty means "list every stream".
+
+PING has no header table: its header bytes are opaque and echoed back, so
+``request_type(PING)`` and ``response_type(PING)`` are ``None``. A GOAWAY
+frame's header is ``GoAway`` and it is never answered. A response sent with
+the SYSTEM_ERROR flag carries ``SystemError`` whatever its opcode
+(``header_type`` picks the right class for a received frame).
+"""
+
+# The field helpers (fb.int64(0), ...) return dataclasses.field() specifiers,
+# which RUF009 does not recognise as such.
+# ruff: noqa: RUF009
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
+
+from . import _flatbuf as fb
+from .constants import OPEN_END_OFFSET
+from .enums import ClientRole, ErrorCode, Flags, Opcode
+
+_ERROR_CODES: dict[int, ErrorCode] = {int(code): code for code in ErrorCode}
+_CLIENT_ROLES: dict[int, ClientRole] = {int(role): role for role in ClientRole}
+
+
+def _error_code(value: int) -> ErrorCode | int:
+    # A dict lookup: this runs once per result on the hot path, and calling the
+    # enum (ErrorCode.coerce) costs several times more.
+    return _ERROR_CODES.get(value, value)
+
+
+def _client_role(value: int) -> ClientRole:
+    return _CLIENT_ROLES.get(value, ClientRole.UNKNOWN)
+
+
+def _error_code_field(id: int) -> ErrorCode | int:
+    default: ErrorCode | int = ErrorCode.NONE
+    return fb.enum16(id, _error_code, default)
+
+
+def _client_role_field(id: int) -> ClientRole:
+    return fb.enum8(id, _client_role, ClientRole.UNKNOWN)
+
+
+class Message:
+    """A FlatBuffers table of the protocol; any of them can be a buffer's root."""
+
+    __slots__ = ()
+    _fb_codec: ClassVar[Any]
+
+    def encode(self) -> bytes:
+        """The FlatBuffers bytes of this table as a header."""
+        return fb.encode_root(self)
+
+    @classmethod
+    def decode(cls, buf: bytes | bytearray | memoryview) -> Self:
+        """Decode a header; raises ``HeaderDecodeError`` for anything malformed."""
+        return fb.decode_root(cls, buf)
+
+
+# --------------------------------------------------------------------------- shared tables
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class DataNode(Message):
+    node_id: int = fb.int32(0)
+    advertise_addr: str = fb.string(1)  # "host:port"
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class ReplicaNode(Message):
+    data_node: DataNode = fb.required_subtable(0, DataNode)
+    is_primary: bool = fb.boolean(1)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class Range(Message):
+    """``[start_offset, end_offset)`` of a stream; ``end_offset`` is -1 while open.
+    (The schema calls this table ``RangeDescriptor``; see fbs/common.fbs.)"""
+
+    stream_id: int = fb.int64(0)
+    range_index: int = fb.int32(1)
+    start_offset: int = fb.int64(2)
+    end_offset: int = fb.int64(3, default=OPEN_END_OFFSET)
+    next_offset: int = fb.int64(4)  # the next offset to be assigned; a snapshot
+    replica_nodes: tuple[ReplicaNode, ...] = fb.vector(5, ReplicaNode)
+    epoch: int = fb.int64(6)  # the stream epoch the range was created in
+
+    @property
+    def is_open(self) -> bool:
+        return self.end_offset == OPEN_END_OFFSET
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class RangeId(Message):
+    stream_id: int = fb.int64(0)
+    range_index: int = fb.int32(1)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class Stream(Message):
+    stream_id: int = fb.int64(0)  # ids start at 1; 0 = not yet assigned
+    replica_nums: int = fb.int8(1)
+    retention_period_ms: int = fb.int64(2)  # 0 = keep forever
+    epoch: int = fb.int64(3)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class RangeOwner(Message):
+    """Selects ranges by the data node hosting them or by stream: set exactly one."""
+
+    data_node: DataNode | None = fb.subtable(0, DataNode)
+    stream_id: int = fb.int64(1)
+
+
+# --------------------------------------------------------------------------- connection
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class SystemError(Message):  # the SPEC's name; a header, never raised
+    """The header of a SYSTEM_ERROR response: an error that belongs to no item."""
+
+    error_code: ErrorCode | int = _error_code_field(0)
+    error_message: str = fb.string(1)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class GoAway(Message):
+    """The header of a GOAWAY frame: the sender accepts no new requests."""
+
+    error_code: ErrorCode | int = _error_code_field(0)
+    error_message: str = fb.string(1)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class HeartbeatRequest(Message):
+    client_id: str = fb.string(0)
+    client_role: ClientRole = _client_role_field(1)
+    data_node: DataNode | None = fb.subtable(2, DataNode)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class HeartbeatResponse(Message):
+    """Echoes ``client_id``; ``client_role`` and ``data_node`` describe the responder."""
+
+    client_id: str = fb.string(0)
+    client_role: ClientRole = _client_role_field(1)
+    data_node: DataNode | None = fb.subtable(2, DataNode)
+
+
+# --------------------------------------------------------------------------- APPEND, FETCH
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class AppendInfo(Message):
+    stream_id: int = fb.int64(0)
+    request_index: int = fb.int32(1)
+    batch_length: int = fb.int32(2)  # bytes of this item's batch in the payload
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class AppendRequest(Message):
+    """The payload is the record batches concatenated in ``append_requests`` order."""
+
+    timeout_ms: int = fb.int32(0)
+    append_requests: tuple[AppendInfo, ...] = fb.vector(1, AppendInfo, required=True)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class AppendResult(Message):
+    stream_id: int = fb.int64(0)
+    request_index: int = fb.int32(1)
+    base_offset: int = fb.int64(2)
+    stream_append_time_ms: int = fb.int64(3)
+    error_code: ErrorCode | int = _error_code_field(4)
+    error_message: str = fb.string(5)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class AppendResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    append_responses: tuple[AppendResult, ...] = fb.vector(1, AppendResult)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class FetchInfo(Message):
+    stream_id: int = fb.int64(0)
+    request_index: int = fb.int32(1)
+    fetch_offset: int = fb.int64(2)
+    batch_max_bytes: int = fb.int32(3)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class FetchRequest(Message):
+    max_wait_ms: int = fb.int32(0)
+    min_bytes: int = fb.int32(1)
+    fetch_requests: tuple[FetchInfo, ...] = fb.vector(2, FetchInfo, required=True)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class FetchResult(Message):
+    stream_id: int = fb.int64(0)
+    request_index: int = fb.int32(1)
+    error_code: ErrorCode | int = _error_code_field(2)
+    error_message: str = fb.string(3)
+    batch_length: int = fb.int32(4)  # bytes of whole record batches in the payload
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class FetchResponse(Message):
+    """The payload holds, for each result in order, ``batch_length`` bytes."""
+
+    throttle_time_ms: int = fb.int32(0)
+    fetch_responses: tuple[FetchResult, ...] = fb.vector(1, FetchResult)
+
+
+# --------------------------------------------------------------------------- ranges
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class ListRangesRequest(Message):
+    timeout_ms: int = fb.int32(0)
+    range_owners: tuple[RangeOwner, ...] = fb.vector(1, RangeOwner, required=True)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class ListRangesResult(Message):
+    range_owner: RangeOwner | None = fb.subtable(0, RangeOwner)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+    ranges: tuple[Range, ...] = fb.vector(3, Range)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class ListRangesResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    list_responses: tuple[ListRangesResult, ...] = fb.vector(1, ListRangesResult)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class SealRangesRequest(Message):
+    timeout_ms: int = fb.int32(0)
+    ranges: tuple[RangeId, ...] = fb.vector(1, RangeId, required=True)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class SealRangesResult(Message):
+    stream_id: int = fb.int64(0)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+    ranges: tuple[Range, ...] = fb.vector(3, Range)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class SealRangesResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    seal_responses: tuple[SealRangesResult, ...] = fb.vector(1, SealRangesResult)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class StreamRanges(Message):
+    stream_id: int = fb.int64(0)
+    ranges: tuple[Range, ...] = fb.vector(1, Range)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class SyncRangesRequest(Message):
+    timeout_ms: int = fb.int32(0)
+    stream_ranges: tuple[StreamRanges, ...] = fb.vector(1, StreamRanges, required=True)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class SyncRangesResult(Message):
+    stream_id: int = fb.int64(0)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+    ranges: tuple[Range, ...] = fb.vector(3, Range)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class SyncRangesResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    sync_responses: tuple[SyncRangesResult, ...] = fb.vector(1, SyncRangesResult)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class DescribeRangesRequest(Message):
+    timeout_ms: int = fb.int32(0)
+    ranges: tuple[RangeId, ...] = fb.vector(1, RangeId, required=True)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class DescribeRangeResult(Message):
+    stream_id: int = fb.int64(0)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+    range: Range | None = fb.subtable(3, Range)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class DescribeRangesResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    describe_responses: tuple[DescribeRangeResult, ...] = fb.vector(1, DescribeRangeResult)
+
+
+# --------------------------------------------------------------------------- streams
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class CreateStreamsRequest(Message):
+    timeout_ms: int = fb.int32(0)
+    streams: tuple[Stream, ...] = fb.vector(1, Stream, required=True)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class CreateStreamResult(Message):
+    stream: Stream | None = fb.subtable(0, Stream)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+    range: Range | None = fb.subtable(3, Range)  # the first writable range
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class CreateStreamsResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    create_responses: tuple[CreateStreamResult, ...] = fb.vector(1, CreateStreamResult)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class DeleteStreamsRequest(Message):
+    """Only ``stream_id`` of each stream is read."""
+
+    timeout_ms: int = fb.int32(0)
+    streams: tuple[Stream, ...] = fb.vector(1, Stream, required=True)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class DeleteStreamResult(Message):
+    deleted_stream: Stream | None = fb.subtable(0, Stream)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class DeleteStreamsResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    delete_responses: tuple[DeleteStreamResult, ...] = fb.vector(1, DeleteStreamResult)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class UpdateStreamsRequest(Message):
+    timeout_ms: int = fb.int32(0)
+    streams: tuple[Stream, ...] = fb.vector(1, Stream, required=True)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class UpdateStreamResult(Message):
+    stream: Stream | None = fb.subtable(0, Stream)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class UpdateStreamsResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    update_responses: tuple[UpdateStreamResult, ...] = fb.vector(1, UpdateStreamResult)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class GetStreamsRequest(Message):
+    """Empty ``stream_ids`` lists every stream: a page of at most ``limit``
+    streams with ids greater than ``start_after``."""
+
+    timeout_ms: int = fb.int32(0)
+    stream_ids: tuple[int, ...] = fb.int64_vector(1)
+    start_after: int = fb.int64(2)
+    limit: int = fb.int32(3)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class GetStreamResult(Message):
+    stream: Stream | None = fb.subtable(0, Stream)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class GetStreamsResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    get_responses: tuple[GetStreamResult, ...] = fb.vector(1, GetStreamResult)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class TrimmedStream(Message):
+    stream_id: int = fb.int64(0)
+    trim_offset: int = fb.int64(1)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class TrimStreamsRequest(Message):
+    timeout_ms: int = fb.int32(0)
+    trimmed_streams: tuple[TrimmedStream, ...] = fb.vector(1, TrimmedStream, required=True)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class TrimStreamResult(Message):
+    trimmed_stream: Stream | None = fb.subtable(0, Stream)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+    range: Range | None = fb.subtable(3, Range)  # the stream's first range after the trim
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class TrimStreamsResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    trim_responses: tuple[TrimStreamResult, ...] = fb.vector(1, TrimStreamResult)
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class ReportMetricsRequest(Message):
+    """A data node's load report. The ``uring_*`` fields describe its storage
+    write path: commits per second, appends in the transaction being
+    committed, appends waiting, mean commit latency in ms. Rates and latencies
+    that overflow int16 are clamped by the sender."""
+
+    data_node: DataNode = fb.required_subtable(0, DataNode)
+    disk_in_rate: int = fb.int64(1)
+    disk_out_rate: int = fb.int64(2)
+    disk_free_space: int = fb.int64(3)
+    disk_unindexed_data_size: int = fb.int64(4)
+    memory_used: int = fb.int64(5)
+    uring_task_rate: int = fb.int16(6)
+    uring_inflight_task_cnt: int = fb.int16(7)
+    uring_pending_task_cnt: int = fb.int32(8)
+    uring_task_avg_latency: int = fb.int16(9)
+    network_append_rate: int = fb.int16(10)
+    network_fetch_rate: int = fb.int16(11)
+    network_failed_append_rate: int = fb.int16(12)
+    network_failed_fetch_rate: int = fb.int16(13)
+    network_append_avg_latency: int = fb.int16(14)
+    network_fetch_avg_latency: int = fb.int16(15)
+    range_missing_replica_cnt: int = fb.int16(16)
+    range_active_cnt: int = fb.int16(17)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class ReportMetricsResponse(Message):
+    data_node: DataNode | None = fb.subtable(0, DataNode)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class DescribeClusterRequest(Message):
+    timeout_ms: int = fb.int32(0)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class DataNodeStatus(Message):
+    data_node: DataNode = fb.required_subtable(0, DataNode)
+    alive: bool = fb.boolean(1)
+    last_heartbeat_ms: int = fb.int64(2)  # ms since the Unix epoch
+    metrics: ReportMetricsRequest | None = fb.subtable(3, ReportMetricsRequest)  # latest report
+    range_count: int = fb.int32(4)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class DescribeClusterResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    data_nodes: tuple[DataNodeStatus, ...] = fb.vector(1, DataNodeStatus)
+    error_code: ErrorCode | int = _error_code_field(2)
+    error_message: str = fb.string(3)
+
+
+# --------------------------------------------------------------------------- registry
+
+_REQUEST_TYPES: dict[int, type[Message]] = {
+    Opcode.GOAWAY: GoAway,
+    Opcode.HEARTBEAT: HeartbeatRequest,
+    Opcode.APPEND: AppendRequest,
+    Opcode.FETCH: FetchRequest,
+    Opcode.LIST_RANGES: ListRangesRequest,
+    Opcode.SEAL_RANGES: SealRangesRequest,
+    Opcode.SYNC_RANGES: SyncRangesRequest,
+    Opcode.DESCRIBE_RANGES: DescribeRangesRequest,
+    Opcode.CREATE_STREAMS: CreateStreamsRequest,
+    Opcode.DELETE_STREAMS: DeleteStreamsRequest,
+    Opcode.UPDATE_STREAMS: UpdateStreamsRequest,
+    Opcode.GET_STREAMS: GetStreamsRequest,
+    Opcode.TRIM_STREAMS: TrimStreamsRequest,
+    Opcode.REPORT_METRICS: ReportMetricsRequest,
+    Opcode.DESCRIBE_CLUSTER: DescribeClusterRequest,
+}
+
+_RESPONSE_TYPES: dict[int, type[Message]] = {
+    Opcode.HEARTBEAT: HeartbeatResponse,
+    Opcode.APPEND: AppendResponse,
+    Opcode.FETCH: FetchResponse,
+    Opcode.LIST_RANGES: ListRangesResponse,
+    Opcode.SEAL_RANGES: SealRangesResponse,
+    Opcode.SYNC_RANGES: SyncRangesResponse,
+    Opcode.DESCRIBE_RANGES: DescribeRangesResponse,
+    Opcode.CREATE_STREAMS: CreateStreamsResponse,
+    Opcode.DELETE_STREAMS: DeleteStreamsResponse,
+    Opcode.UPDATE_STREAMS: UpdateStreamsResponse,
+    Opcode.GET_STREAMS: GetStreamsResponse,
+    Opcode.TRIM_STREAMS: TrimStreamsResponse,
+    Opcode.REPORT_METRICS: ReportMetricsResponse,
+    Opcode.DESCRIBE_CLUSTER: DescribeClusterResponse,
+}
+
+
+def request_type(opcode: int) -> type[Message] | None:
+    """The header class of a request frame; ``None`` for PING (opaque, echoed
+    header bytes) and for opcodes this version does not know."""
+    return _REQUEST_TYPES.get(opcode)
+
+
+def response_type(opcode: int) -> type[Message] | None:
+    """The header class of a normal response frame; ``None`` for PING (opaque,
+    echoed header bytes), GOAWAY (never answered) and unknown opcodes."""
+    return _RESPONSE_TYPES.get(opcode)
+
+
+def header_type(opcode: int, flags: int) -> type[Message] | None:
+    """The header class of a received frame, from its opcode and flags:
+    ``SystemError`` for SYSTEM_ERROR responses whatever the opcode."""
+    if flags & Flags.RESPONSE:
+        return SystemError if flags & Flags.SYSTEM_ERROR else _RESPONSE_TYPES.get(opcode)
+    return _REQUEST_TYPES.get(opcode)
