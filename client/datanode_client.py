@@ -1,0 +1,148 @@
+"""``DataNodeClient``: every request a data node serves (SPEC §2, §5).
+
+APPEND results may come back spread over several response frames (one per
+group commit); ``append`` gathers them. FETCH answers each item as soon as it
+has data; ``fetch`` yields every result with its slice of the payload as the
+frames stream in, without copying the record batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from net.connection import Response
+from sbp import messages
+from sbp.enums import Opcode
+from sbp.errors import HeaderDecodeError
+
+from ._base import raise_for_item, single
+from ._ranges import RangeCalls
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedBatches:
+    """One FETCH result and its whole record batches (``batch_length`` bytes,
+    a view into the received frame)."""
+
+    result: messages.FetchResult
+    data: memoryview
+
+
+class DataNodeClient(RangeCalls):
+    """A client of one data node (see ``SBPClient`` for how it connects).
+
+    Range calls (``list_ranges``, ``seal_ranges``, ``describe_ranges``) and
+    ``delete_streams`` come from ``RangeCalls``; on a data node they cover only
+    the ranges it hosts, and sealing there only stops appends.
+    """
+
+    async def append(
+        self,
+        batches: Sequence[tuple[int, bytes | memoryview]],
+        *,
+        timeout: float | None = None,
+    ) -> tuple[messages.AppendResult, ...]:
+        """APPEND ``(stream_id, record batch)`` pairs in one request; the
+        results, in request order, each carry their own ``error_code``."""
+        infos = tuple(
+            messages.AppendInfo(stream_id=stream_id, request_index=index, batch_length=len(batch))
+            for index, (stream_id, batch) in enumerate(batches)
+        )
+        request = messages.AppendRequest(timeout_ms=self.timeout_ms(timeout), append_requests=infos)
+        payload = b"".join(batch for _, batch in batches)
+        results: list[messages.AppendResult] = []
+        async with self.call_streaming(
+            Opcode.APPEND, request, payload, timeout=timeout
+        ) as responses:
+            async for response in responses:
+                header: messages.AppendResponse = response.header
+                results.extend(header.append_responses)
+        results.sort(key=lambda result: result.request_index)
+        return tuple(results)
+
+    async def append_batch(
+        self, stream_id: int, batch: bytes | memoryview, *, timeout: float | None = None
+    ) -> messages.AppendResult:
+        """Append one record batch; returns its result (``base_offset``) or raises."""
+        result = single(await self.append([(stream_id, batch)], timeout=timeout), "APPEND")
+        raise_for_item(result.error_code, result.error_message)
+        return result
+
+    @asynccontextmanager
+    async def fetch(
+        self,
+        requests: Sequence[messages.FetchInfo],
+        *,
+        max_wait_ms: int = 0,
+        min_bytes: int = 0,
+        timeout: float | None = None,
+    ) -> AsyncIterator[AsyncIterator[FetchedBatches]]:
+        """FETCH: iterate over the results as they arrive::
+
+            async with client.fetch([FetchInfo(...)], max_wait_ms=500) as results:
+                async for fetched in results:
+                    ...  # fetched.result.error_code, fetched.data
+
+        The deadline (``timeout``, default the client's) is counted on top
+        of ``max_wait_ms``, the long-poll bound the node answers within.
+        """
+        request = messages.FetchRequest(
+            max_wait_ms=max_wait_ms, min_bytes=min_bytes, fetch_requests=tuple(requests)
+        )
+        deadline = (self.timeout if timeout is None else timeout) + max_wait_ms / 1000
+        async with self.call_streaming(Opcode.FETCH, request, timeout=deadline) as responses:
+            yield _FetchResults(responses)
+
+    async def sync_ranges(
+        self, stream_ranges: Sequence[messages.StreamRanges], *, timeout: float | None = None
+    ) -> tuple[messages.SyncRangesResult, ...]:
+        """SYNC_RANGES (sent by the PM): the ranges of each stream this node hosts."""
+        request = messages.SyncRangesRequest(
+            timeout_ms=self.timeout_ms(timeout), stream_ranges=tuple(stream_ranges)
+        )
+        response = await self.call(Opcode.SYNC_RANGES, request, timeout=timeout)
+        header: messages.SyncRangesResponse = response.header
+        return header.sync_responses
+
+
+class _FetchResults:
+    """Splits each FETCH response frame's payload among its results."""
+
+    __slots__ = ("_pending", "_responses")
+
+    def __init__(self, responses: AsyncIterator[Response]) -> None:
+        self._responses = responses
+        self._pending: list[FetchedBatches] = []
+
+    def __aiter__(self) -> _FetchResults:
+        return self
+
+    async def __anext__(self) -> FetchedBatches:
+        while not self._pending:
+            response = await self._responses.__anext__()  # StopAsyncIteration ends us too
+            self._pending = list(reversed(split_fetch_payload(response)))
+        return self._pending.pop()
+
+
+def split_fetch_payload(response: Response) -> list[FetchedBatches]:
+    """Each result of one FETCH response frame with its slice of the payload."""
+    header: messages.FetchResponse = response.header
+    payload = memoryview(response.payload)
+    fetched = []
+    offset = 0
+    for result in header.fetch_responses:
+        end = offset + result.batch_length
+        if result.batch_length < 0 or end > len(payload):
+            raise HeaderDecodeError(
+                f"FETCH result {result.request_index} claims {result.batch_length} bytes "
+                f"past the payload ({len(payload)} bytes)"
+            )
+        fetched.append(FetchedBatches(result, payload[offset:end]))
+        offset = end
+    if offset != len(payload):
+        raise HeaderDecodeError(
+            f"FETCH results cover {offset} bytes of a {len(payload)}-byte payload"
+        )
+    return fetched

@@ -1,0 +1,189 @@
+"""``PMClient``: every request the placement manager serves (SPEC §2, §5).
+
+Batch methods (``create_streams``, ``seal_ranges`` …) return the per-item
+results as the PM sent them, each with its own ``error_code``. One-item
+conveniences (``create_stream``, ``get_stream``, ``seal_range`` …) raise the
+exception for a non-NONE code instead (``sbp.errors.error_for``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+from sbp import messages
+from sbp.enums import Opcode
+from sbp.errors import StreamNotFoundError
+
+from ._base import raise_for_item, single
+from ._ranges import RangeCalls
+
+#: streams per GET_STREAMS page when listing them all
+DEFAULT_PAGE_SIZE = 500
+
+
+class PMClient(RangeCalls):
+    """A client of the placement manager (see ``SBPClient`` for how it connects).
+
+    Range calls (``list_ranges``, ``seal_ranges``, ``describe_ranges``) and
+    ``delete_streams`` come from ``RangeCalls``: the PM and the data node
+    serve them with the same tables."""
+
+    # -- streams ----------------------------------------------------------------
+
+    async def create_streams(
+        self, streams: Sequence[messages.Stream], *, timeout: float | None = None
+    ) -> tuple[messages.CreateStreamResult, ...]:
+        """CREATE_STREAMS: each result holds the stream (id assigned) and its range 0."""
+        request = messages.CreateStreamsRequest(
+            timeout_ms=self.timeout_ms(timeout), streams=tuple(streams)
+        )
+        response = await self.call(Opcode.CREATE_STREAMS, request, timeout=timeout)
+        header: messages.CreateStreamsResponse = response.header
+        return header.create_responses
+
+    async def create_stream(
+        self,
+        replica_nums: int,
+        *,
+        retention_period_ms: int = 0,
+        timeout: float | None = None,
+    ) -> messages.CreateStreamResult:
+        """Create one stream; the result has ``stream`` and its first writable ``range``."""
+        stream = messages.Stream(replica_nums=replica_nums, retention_period_ms=retention_period_ms)
+        result = single(await self.create_streams([stream], timeout=timeout), "CREATE_STREAMS")
+        raise_for_item(result.error_code, result.error_message)
+        return result
+
+    async def update_streams(
+        self, streams: Sequence[messages.Stream], *, timeout: float | None = None
+    ) -> tuple[messages.UpdateStreamResult, ...]:
+        request = messages.UpdateStreamsRequest(
+            timeout_ms=self.timeout_ms(timeout), streams=tuple(streams)
+        )
+        response = await self.call(Opcode.UPDATE_STREAMS, request, timeout=timeout)
+        header: messages.UpdateStreamsResponse = response.header
+        return header.update_responses
+
+    async def update_stream(
+        self, stream: messages.Stream, *, timeout: float | None = None
+    ) -> messages.Stream:
+        """Update one stream's settings; returns the stream as stored."""
+        result = single(await self.update_streams([stream], timeout=timeout), "UPDATE_STREAMS")
+        raise_for_item(result.error_code, result.error_message)
+        return _present(result.stream, stream.stream_id)
+
+    async def get_streams(
+        self, stream_ids: Sequence[int], *, timeout: float | None = None
+    ) -> tuple[messages.GetStreamResult, ...]:
+        """GET_STREAMS by id (a result per id, in order)."""
+        request = messages.GetStreamsRequest(
+            timeout_ms=self.timeout_ms(timeout), stream_ids=tuple(stream_ids)
+        )
+        response = await self.call(Opcode.GET_STREAMS, request, timeout=timeout)
+        header: messages.GetStreamsResponse = response.header
+        return header.get_responses
+
+    async def get_stream(self, stream_id: int, *, timeout: float | None = None) -> messages.Stream:
+        result = single(await self.get_streams([stream_id], timeout=timeout), "GET_STREAMS")
+        raise_for_item(result.error_code, result.error_message)
+        return _present(result.stream, stream_id)
+
+    async def get_streams_page(
+        self, *, start_after: int = 0, limit: int = DEFAULT_PAGE_SIZE, timeout: float | None = None
+    ) -> tuple[messages.Stream, ...]:
+        """One page of the listing of every stream: ids above ``start_after``."""
+        request = messages.GetStreamsRequest(
+            timeout_ms=self.timeout_ms(timeout), start_after=start_after, limit=limit
+        )
+        response = await self.call(Opcode.GET_STREAMS, request, timeout=timeout)
+        header: messages.GetStreamsResponse = response.header
+        streams = []
+        for result in header.get_responses:
+            raise_for_item(result.error_code, result.error_message)
+            if result.stream is not None:
+                streams.append(result.stream)
+        return tuple(streams)
+
+    def list_streams(
+        self, *, page_size: int = DEFAULT_PAGE_SIZE, timeout: float | None = None
+    ) -> AsyncIterator[messages.Stream]:
+        """Every stream, in id order, fetched a page at a time as iteration goes."""
+        return _StreamListing(self, page_size, timeout)
+
+    async def trim_streams(
+        self, trims: Sequence[messages.TrimmedStream], *, timeout: float | None = None
+    ) -> tuple[messages.TrimStreamResult, ...]:
+        request = messages.TrimStreamsRequest(
+            timeout_ms=self.timeout_ms(timeout), trimmed_streams=tuple(trims)
+        )
+        response = await self.call(Opcode.TRIM_STREAMS, request, timeout=timeout)
+        header: messages.TrimStreamsResponse = response.header
+        return header.trim_responses
+
+    async def trim_stream(
+        self, stream_id: int, trim_offset: int, *, timeout: float | None = None
+    ) -> messages.TrimStreamResult:
+        """Drop records below ``trim_offset``; the result has the stream's new first range."""
+        trim = messages.TrimmedStream(stream_id=stream_id, trim_offset=trim_offset)
+        result = single(await self.trim_streams([trim], timeout=timeout), "TRIM_STREAMS")
+        raise_for_item(result.error_code, result.error_message)
+        return result
+
+    # -- cluster ----------------------------------------------------------------
+
+    async def report_metrics(
+        self, report: messages.ReportMetricsRequest, *, timeout: float | None = None
+    ) -> messages.ReportMetricsResponse:
+        """REPORT_METRICS: a data node's load report."""
+        response = await self.call(Opcode.REPORT_METRICS, report, timeout=timeout)
+        header: messages.ReportMetricsResponse = response.header
+        return header
+
+    async def describe_cluster(
+        self, *, timeout: float | None = None
+    ) -> tuple[messages.DataNodeStatus, ...]:
+        """DESCRIBE_CLUSTER: the data nodes the PM knows, their liveness and load."""
+        request = messages.DescribeClusterRequest(timeout_ms=self.timeout_ms(timeout))
+        response = await self.call(Opcode.DESCRIBE_CLUSTER, request, timeout=timeout)
+        header: messages.DescribeClusterResponse = response.header
+        raise_for_item(header.error_code, header.error_message)
+        return header.data_nodes
+
+
+class _StreamListing:
+    """Pages through GET_STREAMS with empty ``stream_ids`` (SPEC §3): each
+    page starts after the last id of the one before; a short page is the last."""
+
+    __slots__ = ("_client", "_done", "_last_id", "_page", "_page_size", "_timeout")
+
+    def __init__(self, client: PMClient, page_size: int, timeout: float | None) -> None:
+        if page_size < 1:
+            raise ValueError("page_size must be at least 1")
+        self._client = client
+        self._page_size = page_size
+        self._timeout = timeout
+        self._page: list[messages.Stream] = []
+        self._last_id = 0
+        self._done = False
+
+    def __aiter__(self) -> _StreamListing:
+        return self
+
+    async def __anext__(self) -> messages.Stream:
+        if not self._page and not self._done:
+            page = await self._client.get_streams_page(
+                start_after=self._last_id, limit=self._page_size, timeout=self._timeout
+            )
+            self._done = len(page) < self._page_size
+            if page:
+                self._last_id = page[-1].stream_id
+            self._page = list(reversed(page))
+        if not self._page:
+            raise StopAsyncIteration
+        return self._page.pop()
+
+
+def _present(stream: messages.Stream | None, stream_id: int) -> messages.Stream:
+    if stream is None:
+        raise StreamNotFoundError(f"stream {stream_id}: the PM sent no stream")
+    return stream

@@ -1,0 +1,23 @@
+"""The trio connection machinery shared by every SBP link: ``Connection`` (both
+ends of a connection), the request ``Dispatcher`` and TCP ``Server``, and the
+client ``ConnectionPool``."""
+
+from .connection import SERVER_LIMITS, Connection, ConnectionLimits, Response
+from .observer import ConnectionObserver
+from .pool import ConnectionPool
+from .request import Request, RequestHandler, Responder
+from .server import Dispatcher, Server
+
+__all__ = [
+    "SERVER_LIMITS",
+    "Connection",
+    "ConnectionLimits",
+    "ConnectionObserver",
+    "ConnectionPool",
+    "Dispatcher",
+    "Request",
+    "RequestHandler",
+    "Responder",
+    "Response",
+    "Server",
+]

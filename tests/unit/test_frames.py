@@ -1,0 +1,210 @@
+"""sbp.frames: golden bytes, every decoder event, and properties (chunking
+never changes the events; corruption yields only typed events)."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sbp.constants import FIXED_HEADER_SIZE, MAX_HEADER_LENGTH, MIN_FRAME_LENGTH
+from sbp.enums import ErrorCode, Flags, Opcode
+from sbp.frames import (
+    DiscardedFrame,
+    DiscardReason,
+    FatalFrameError,
+    Frame,
+    FrameDecoder,
+    FrameEvent,
+    RejectedFrame,
+    decode_frame,
+    encode_frame,
+)
+
+EVENT_TYPES = (Frame, DiscardedFrame, RejectedFrame, FatalFrameError)
+
+
+def test_golden_empty_ping() -> None:
+    # frame_length 16, magic 23, opcode 1, flags 0, stream 0, format 1, length 0, crc 0
+    expected = bytes.fromhex("0000001017000100000000000100000000000000")
+    assert encode_frame(Opcode.PING, Flags.NONE, 0) == expected
+    assert decode_frame(expected) == Frame(Opcode.PING, Flags.NONE, 0, b"", b"")
+
+
+def test_golden_frame_with_header_and_payload() -> None:
+    data = encode_frame(
+        Opcode.APPEND, Flags.RESPONSE | Flags.RESPONSE_END, 0x01020304, b"HDR", b"pay"
+    )
+    crc = zlib.crc32(b"pay")
+    assert data == (
+        struct.pack(">IBHBI", 16 + 3 + 3, 23, 0x1001, 0x03, 0x01020304)
+        + bytes([0x01, 0, 0, 3])
+        + b"HDR"
+        + b"pay"
+        + struct.pack(">I", crc)
+    )
+    frame = decode_frame(data)
+    assert isinstance(frame, Frame)
+    assert (frame.opcode, frame.stream_id, frame.header, bytes(frame.payload)) == (
+        Opcode.APPEND,
+        0x01020304,
+        b"HDR",
+        b"pay",
+    )
+    assert frame.is_response and frame.is_end and not frame.is_system_error
+    assert frame.encode() == data
+
+
+def test_unknown_flag_bits_are_ignored() -> None:
+    data = bytearray(encode_frame(Opcode.PING, Flags.NONE, 1))
+    data[7] = 0xF8 | Flags.RESPONSE
+    frame = decode_frame(bytes(data))
+    assert isinstance(frame, Frame) and frame.flags == Flags.RESPONSE
+
+
+def test_encode_rejects_what_the_wire_cannot_carry() -> None:
+    with pytest.raises(ValueError, match="stream id"):
+        encode_frame(Opcode.PING, 0, 1 << 32)
+    with pytest.raises(ValueError, match="stream id"):
+        encode_frame(Opcode.PING, 0, -1)
+    with pytest.raises(ValueError, match="exceeds"):
+        encode_frame(Opcode.PING, 0, 0, bytes(MAX_HEADER_LENGTH + 1))
+
+
+def test_bad_magic_is_discarded_whole() -> None:
+    data = bytearray(encode_frame(Opcode.FETCH, Flags.NONE, 9, b"h", b"p"))
+    data[4] = 99
+    decoder = FrameDecoder()
+    assert decoder.feed(bytes(data) + encode_frame(Opcode.PING, 0, 1)) == [
+        DiscardedFrame(DiscardReason.BAD_MAGIC, Opcode.FETCH, 9, 18),
+        Frame(Opcode.PING, Flags.NONE, 1, b"", b""),
+    ]
+
+
+def test_unknown_opcode_is_discarded() -> None:
+    event = decode_frame(encode_frame(0x7777, Flags.NONE, 3, b"h", b"p"))
+    assert event == DiscardedFrame(DiscardReason.UNKNOWN_OPCODE, 0x7777, 3, 18)
+
+
+def test_header_format_other_than_flatbuffers_is_rejected() -> None:
+    data = bytearray(encode_frame(Opcode.HEARTBEAT, Flags.NONE, 3, b"h"))
+    data[FIXED_HEADER_SIZE] = 2
+    event = decode_frame(bytes(data))
+    assert isinstance(event, RejectedFrame)
+    assert (event.opcode, event.stream_id, event.error_code) == (
+        Opcode.HEARTBEAT,
+        3,
+        ErrorCode.INVALID_REQUEST,
+    )
+    assert "header_format 0x02" in event.message and not event.is_response
+
+
+def test_header_longer_than_the_frame_is_rejected() -> None:
+    data = bytearray(encode_frame(Opcode.HEARTBEAT, Flags.RESPONSE, 3, b"hh", b"p"))
+    data[FIXED_HEADER_SIZE + 3] = 200
+    event = decode_frame(bytes(data))
+    assert isinstance(event, RejectedFrame) and event.error_code == ErrorCode.INVALID_REQUEST
+    assert event.is_response
+
+
+@pytest.mark.parametrize("payload", [b"", b"payload"])
+def test_checksum_mismatch_is_rejected(payload: bytes) -> None:
+    data = bytearray(encode_frame(Opcode.APPEND, Flags.NONE, 3, b"h", payload))
+    data[-1] ^= 1
+    event = decode_frame(bytes(data))
+    assert isinstance(event, RejectedFrame)
+    assert event.error_code == ErrorCode.CHECKSUM_MISMATCH
+
+
+def test_frame_length_too_small_is_fatal() -> None:
+    decoder = FrameDecoder()
+    events = decoder.feed(struct.pack(">I", MIN_FRAME_LENGTH - 1) + bytes(40))
+    assert len(events) == 1 and isinstance(events[0], FatalFrameError)
+    assert events[0].error_code == ErrorCode.INVALID_REQUEST
+    assert decoder.failed and decoder.buffered == 0
+    assert decoder.feed(encode_frame(Opcode.PING, 0, 1)) == []
+
+
+def test_frame_length_too_large_is_fatal_before_the_body_arrives() -> None:
+    decoder = FrameDecoder(max_frame_length=1024)
+    assert decoder.feed(b"\x00\x00") == []
+    events = decoder.feed(struct.pack(">H", 1025))
+    assert events == [
+        FatalFrameError(ErrorCode.FRAME_TOO_LARGE, "frame_length 1025 exceeds the limit of 1024")
+    ]
+    assert decoder.buffered == 0
+
+
+def test_frame_at_the_limit_is_accepted() -> None:
+    payload = bytes(1024 - MIN_FRAME_LENGTH)
+    decoder = FrameDecoder(max_frame_length=1024)
+    (frame,) = decoder.feed(encode_frame(Opcode.APPEND, 0, 1, b"", payload))
+    assert isinstance(frame, Frame) and len(frame.payload) == len(payload)
+
+
+def test_partial_frames_stay_buffered() -> None:
+    data = encode_frame(Opcode.PING, 0, 1, b"abc", b"defg")
+    decoder = FrameDecoder()
+    assert decoder.feed(data[:-1]) == []
+    assert decoder.buffered == len(data) - 1
+    assert len(decoder.feed(data[-1:])) == 1
+    assert decoder.buffered == 0
+
+
+def test_decoder_limits_are_validated() -> None:
+    with pytest.raises(ValueError, match="at least"):
+        FrameDecoder(max_frame_length=MIN_FRAME_LENGTH - 1)
+    with pytest.raises(ValueError, match="exactly one frame"):
+        decode_frame(encode_frame(Opcode.PING, 0, 1) * 2)
+
+
+# -- properties ---------------------------------------------------------------------
+
+opcodes = st.sampled_from([int(op) for op in Opcode] + [0x7777])
+frames = st.builds(
+    encode_frame,
+    opcodes,
+    st.sampled_from([0, 1, 3, 7]),
+    st.integers(0, (1 << 32) - 1),
+    st.binary(max_size=40),
+    st.binary(max_size=200),
+)
+
+
+def feed_in_chunks(data: bytes, cuts: list[int], max_frame_length: int = 4096) -> list[FrameEvent]:
+    decoder = FrameDecoder(max_frame_length)
+    events: list[FrameEvent] = []
+    start = 0
+    for cut in [*sorted(set(cuts)), len(data)]:
+        events += decoder.feed(data[start:cut])
+        start = cut
+    return events
+
+
+@given(st.lists(frames, max_size=12), st.lists(st.integers(0, 4000), max_size=30))
+def test_chunking_never_changes_the_events(encoded: list[bytes], cuts: list[int]) -> None:
+    data = b"".join(encoded)
+    whole = FrameDecoder(4096).feed(data)
+    assert feed_in_chunks(data, [c for c in cuts if c <= len(data)]) == whole
+    assert len(whole) == len(encoded)
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(frames, min_size=1, max_size=8),
+    st.lists(st.tuples(st.integers(0, 2000), st.integers(0, 255)), max_size=8),
+    st.lists(st.integers(0, 2000), max_size=10),
+)
+def test_corruption_yields_only_typed_events(
+    encoded: list[bytes], flips: list[tuple[int, int]], cuts: list[int]
+) -> None:
+    data = bytearray(b"".join(encoded))
+    for position, value in flips:
+        data[position % len(data)] = value
+    events = feed_in_chunks(bytes(data), [c for c in cuts if c <= len(data)], 1024)
+    assert all(isinstance(event, EVENT_TYPES) for event in events)
+    fatal = [i for i, event in enumerate(events) if isinstance(event, FatalFrameError)]
+    assert fatal in ([], [len(events) - 1])  # nothing is decoded after a fatal error

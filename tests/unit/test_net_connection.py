@@ -1,0 +1,458 @@
+"""net.Connection as a client and as a server, over memory streams and TCP."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.testing
+
+from net.connection import CLIENT_LIMITS, Connection, ConnectionLimits
+from net.request import Request, RequestHandler, Responder
+from net.server import Dispatcher
+from sbp import messages
+from sbp.connection import Side
+from sbp.enums import ErrorCode, Opcode
+from sbp.errors import (
+    ConnectionClosed,
+    InvalidRequestError,
+    RequestTimeoutError,
+    ShuttingDownError,
+    ThrottledError,
+    UnknownServerError,
+    UnsupportedOperationError,
+)
+
+Pair = tuple[Connection, Connection]
+
+
+def heartbeat(client_id: str) -> messages.HeartbeatRequest:
+    return messages.HeartbeatRequest(client_id=client_id)
+
+
+@asynccontextmanager
+async def connected(
+    handler: RequestHandler | None,
+    *,
+    server_limits: ConnectionLimits = CLIENT_LIMITS,
+    client_limits: ConnectionLimits = CLIENT_LIMITS,
+    tcp: bool = False,
+) -> AsyncIterator[Pair]:
+    """A client and a serving connection, over a memory stream pair or loopback TCP."""
+    async with trio.open_nursery() as nursery:
+        if tcp:
+            listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+            port = listeners[0].socket.getsockname()[1]
+            client_stream: trio.abc.Stream = await trio.open_tcp_stream("127.0.0.1", port)
+            server_stream: trio.abc.Stream = await listeners[0].accept()
+            await listeners[0].aclose()
+        else:
+            client_stream, server_stream = trio.testing.memory_stream_pair()
+        client = Connection(client_stream, side=Side.CLIENT, limits=client_limits, peer="server")
+        server = Connection(
+            server_stream, side=Side.SERVER, handler=handler, limits=server_limits, peer="client"
+        )
+        await nursery.start(server.run)
+        await nursery.start(client.run)
+        yield client, server
+        nursery.cancel_scope.cancel()
+
+
+async def echo(request: Request, responder: Responder) -> None:
+    header = request.header_as(messages.HeartbeatRequest)
+    await responder.send(messages.HeartbeatResponse(client_id=header.client_id))
+
+
+def serving(handler: RequestHandler = echo) -> Dispatcher:
+    """A dispatcher serving HEARTBEAT with ``handler``: tests drive their
+    handler through HEARTBEAT's table, whose client_id names the case."""
+    dispatcher = Dispatcher("test")
+    dispatcher.register(Opcode.HEARTBEAT, handler)
+    return dispatcher
+
+
+def client_id(request: Request) -> str:
+    return request.header_as(messages.HeartbeatRequest).client_id
+
+
+@pytest.mark.parametrize("tcp", [False, True], ids=["memory", "tcp"])
+async def test_unary_request_and_ping(tcp: bool) -> None:
+    async with connected(serving(), tcp=tcp) as (client, server):
+        response = await client.request(Opcode.HEARTBEAT, heartbeat("a"))
+        assert response.header.client_id == "a"
+        assert response.frames == 1
+        assert bytes(response.payload) == b""
+        assert await client.ping() >= 0
+        # PING is answered by either end, echoing header and payload.
+        pong = await server.request(Opcode.PING, b"hdr", b"payload")
+        assert (pong.header, bytes(pong.payload)) == (b"hdr", b"payload")
+        assert client.in_flight == 0 and server.in_flight == 0
+
+
+@pytest.mark.parametrize("tcp", [False, True], ids=["memory", "tcp"])
+async def test_many_concurrent_requests_answered_out_of_order(tcp: bool) -> None:
+    count = 50
+    arrived: list[int] = []
+    all_in = trio.Event()
+    release = {i: trio.Event() for i in range(count)}
+
+    async def held(request: Request, responder: Responder) -> None:
+        index = int(client_id(request))
+        arrived.append(index)
+        if len(arrived) == count:
+            all_in.set()
+        await release[index].wait()
+        # Two frames per answer: the first half of the payload, then the rest.
+        payload = str(index).encode() * 1000
+        await responder.send(messages.HeartbeatResponse(client_id="part"), payload[:500], end=False)
+        await responder.send(messages.HeartbeatResponse(client_id=str(index)), payload[500:])
+
+    results: dict[int, tuple[str, bytes, int]] = {}
+    finished: list[int] = []
+
+    async with connected(serving(held), tcp=tcp) as (client, _):
+
+        async def call(index: int) -> None:
+            response = await client.request(Opcode.HEARTBEAT, heartbeat(str(index)))
+            results[index] = (response.header.client_id, bytes(response.payload), response.frames)
+            finished.append(index)
+
+        async with trio.open_nursery() as nursery:
+            for index in range(count):
+                nursery.start_soon(call, index)
+            await all_in.wait()
+            assert client.in_flight == count
+            for index in reversed(range(count)):
+                release[index].set()
+                await trio.testing.wait_all_tasks_blocked()
+
+    assert finished == list(reversed(range(count)))
+    for index in range(count):
+        assert results[index] == (str(index), str(index).encode() * 1000, 2)
+
+
+async def test_handler_header_table_mismatch_is_invalid_request() -> None:
+    # The dispatcher decodes with the opcode's own table before the handler runs.
+    called = False
+
+    async def handler(request: Request, responder: Responder) -> None:
+        nonlocal called
+        called = True
+
+    async with connected(serving(handler)) as (client, _):
+        with pytest.raises(InvalidRequestError):
+            await client.request(Opcode.HEARTBEAT, b"\x01\x02\x03")
+        assert not called
+
+
+async def test_streaming_response_yields_frames_as_they_arrive() -> None:
+    step = trio.Event()
+
+    async def fetch(request: Request, responder: Responder) -> None:
+        await responder.send(messages.HeartbeatResponse(client_id="1"), b"one", end=False)
+        await step.wait()
+        await responder.send(messages.HeartbeatResponse(client_id="2"), b"two", end=False)
+        await responder.send(messages.HeartbeatResponse(client_id="3"), b"")
+
+    async with connected(serving(fetch)) as (client, _):
+        seen: list[tuple[str, bytes]] = []
+        async with client.stream(Opcode.HEARTBEAT, heartbeat("x")) as responses:
+            async for response in responses:
+                seen.append((response.header.client_id, bytes(response.payload)))
+                step.set()
+        assert seen == [("1", b"one"), ("2", b"two"), ("3", b"")]
+        assert client.in_flight == 0
+
+
+async def test_leaving_a_stream_early_abandons_it_and_drops_late_frames() -> None:
+    more = trio.Event()
+    sent = trio.Event()
+
+    async def fetch(request: Request, responder: Responder) -> None:
+        if client_id(request) != "x":
+            return await echo(request, responder)
+        await responder.send(messages.HeartbeatResponse(client_id="1"), end=False)
+        await more.wait()
+        await responder.send(messages.HeartbeatResponse(client_id="2"))
+        sent.set()
+
+    async with connected(serving(fetch)) as (client, _):
+        async with client.stream(Opcode.HEARTBEAT, heartbeat("x")) as responses:
+            async for response in responses:
+                assert response.header.client_id == "1"
+                break
+        more.set()
+        await sent.wait()
+        assert (await client.request(Opcode.HEARTBEAT, heartbeat("after"))).header.client_id == (
+            "after"
+        )
+        assert client.discarded == {"late_response": 1}
+
+
+async def test_timeout_cancels_only_that_request(autojump_clock: trio.abc.Clock) -> None:
+    release = trio.Event()
+    answered = trio.Event()
+
+    async def slow(request: Request, responder: Responder) -> None:
+        if client_id(request) != "x":
+            return await echo(request, responder)
+        await release.wait()
+        await responder.send(messages.HeartbeatResponse(client_id="late"))
+        answered.set()
+
+    async with connected(serving(slow)) as (client, _):
+        with pytest.raises(RequestTimeoutError):
+            await client.request(Opcode.HEARTBEAT, heartbeat("x"), timeout=5)
+        assert client.in_flight == 0
+        # The connection carries on; the late answer is dropped quietly.
+        assert (await client.request(Opcode.HEARTBEAT, heartbeat("ok"))).header.client_id == "ok"
+        release.set()
+        await answered.wait()
+        await client.ping()
+        assert client.discarded == {"late_response": 1}
+        assert not client.closed
+
+
+async def test_cancelled_request_is_abandoned() -> None:
+    release = trio.Event()
+
+    async def slow(request: Request, responder: Responder) -> None:
+        if client_id(request) != "x":
+            return await echo(request, responder)
+        await release.wait()
+        await responder.send(messages.HeartbeatResponse(client_id="late"))
+
+    async with connected(serving(slow)) as (client, server):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.request, Opcode.HEARTBEAT, heartbeat("x"))
+            await trio.testing.wait_all_tasks_blocked()
+            assert server.serving == 1
+            nursery.cancel_scope.cancel()
+        assert client.in_flight == 0
+        release.set()
+        await client.ping()
+        await client.ping()
+        assert client.discarded == {"late_response": 1}
+
+
+@pytest.mark.parametrize("tcp", [False, True], ids=["memory", "tcp"])
+async def test_connection_loss_fails_every_pending_request(tcp: bool) -> None:
+    never = trio.Event()
+
+    async def stuck(request: Request, responder: Responder) -> None:
+        await never.wait()
+
+    errors: list[BaseException] = []
+    async with connected(serving(stuck), tcp=tcp) as (client, server):
+
+        async def call() -> None:
+            try:
+                await client.request(Opcode.HEARTBEAT, heartbeat("x"))
+            except ConnectionClosed as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                nursery.start_soon(call)
+            await trio.testing.wait_all_tasks_blocked()
+            assert server.serving == 5
+            await server.aclose()
+        assert client.closed
+        with pytest.raises(ConnectionClosed, match="connection to server closed"):
+            await client.ping()
+    assert len(errors) == 5
+    assert all("connection to server closed" in str(error) for error in errors)
+
+
+async def test_goaway_refuses_new_requests_and_lets_in_flight_finish() -> None:
+    release = trio.Event()
+
+    async def slow(request: Request, responder: Responder) -> None:
+        if client_id(request) != "x":
+            return await echo(request, responder)
+        await release.wait()
+        await responder.send(messages.HeartbeatResponse(client_id="done"))
+
+    async with connected(serving(slow)) as (client, server):
+        async with trio.open_nursery() as nursery:
+            result: list[str] = []
+
+            async def call() -> None:
+                response = await client.request(Opcode.HEARTBEAT, heartbeat("x"))
+                result.append(response.header.client_id)
+
+            nursery.start_soon(call)
+            await trio.testing.wait_all_tasks_blocked()
+            await server.send_goaway(ErrorCode.NONE, "restarting")
+            await trio.testing.wait_all_tasks_blocked()
+            assert client.goaway_received
+            with pytest.raises(ShuttingDownError, match="restarting"):
+                await client.request(Opcode.HEARTBEAT, heartbeat("new"))
+            release.set()
+        assert result == ["done"]
+        # Nothing left in flight: the client closes its side.
+        await client.wait_closed()
+        assert "GOAWAY" in client.close_reason
+
+
+async def test_handler_failures_answer_and_keep_the_connection() -> None:
+    async def handler(request: Request, responder: Responder) -> None:
+        case = client_id(request)
+        if case == "crash":
+            raise ZeroDivisionError("boom")
+        if case == "throttle":
+            raise ThrottledError("slow down")
+        if case == "silent":
+            await responder.send(messages.HeartbeatResponse(client_id="x"), end=False)
+            return
+        await echo(request, responder)
+
+    async with connected(serving(handler)) as (client, _):
+        with pytest.raises(UnknownServerError, match="internal server error"):
+            await client.request(Opcode.HEARTBEAT, heartbeat("crash"))
+        with pytest.raises(ThrottledError, match="slow down"):
+            await client.request(Opcode.HEARTBEAT, heartbeat("throttle"))
+        with pytest.raises(UnknownServerError, match="no complete response"):
+            await client.request(Opcode.HEARTBEAT, heartbeat("silent"))
+        with pytest.raises(UnsupportedOperationError, match="test does not serve APPEND"):
+            await client.request(Opcode.APPEND, b"")
+        assert (await client.request(Opcode.HEARTBEAT, heartbeat("ok"))).header.client_id == "ok"
+
+
+async def test_a_connection_without_handler_answers_only_ping() -> None:
+    async with connected(None) as (client, server):
+        assert await server.ping() >= 0
+        with pytest.raises(UnsupportedOperationError):
+            await client.request(Opcode.HEARTBEAT, heartbeat("x"))
+
+
+async def test_observer_sees_frames_and_requests() -> None:
+    from net.observer import ConnectionObserver
+
+    class Recorder(ConnectionObserver):
+        def __init__(self) -> None:
+            self.events: list[tuple[object, ...]] = []
+
+        def connection_opened(self) -> None:
+            self.events.append(("opened",))
+
+        def connection_closed(self) -> None:
+            self.events.append(("closed",))
+
+        def frame_received(self, opcode: int, nbytes: int) -> None:
+            self.events.append(("received", opcode, nbytes))
+
+        def frame_sent(self, opcode: int, nbytes: int) -> None:
+            self.events.append(("sent", opcode, nbytes))
+
+        def request_started(self, opcode: int) -> None:
+            self.events.append(("started", opcode))
+
+        def request_finished(self, opcode: int, seconds: float, error_code: ErrorCode) -> None:
+            self.events.append(("finished", opcode, error_code))
+
+    recorder = Recorder()
+    client_stream, server_stream = trio.testing.memory_stream_pair()
+    server = Connection(server_stream, side=Side.SERVER, observer=recorder)
+    client = Connection(client_stream, side=Side.CLIENT)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        await nursery.start(client.run)
+        await client.request(Opcode.PING, b"", b"12345")
+        with pytest.raises(UnsupportedOperationError):
+            await client.request(Opcode.HEARTBEAT, heartbeat("x"))
+        await server.aclose()
+        nursery.cancel_scope.cancel()
+    kinds = [event for event in recorder.events if event[0] != "sent"]
+    assert kinds[:4] == [
+        ("opened",),
+        ("received", Opcode.PING, 25),
+        ("started", Opcode.PING),
+        ("finished", Opcode.PING, ErrorCode.NONE),
+    ]
+    assert ("finished", Opcode.HEARTBEAT, ErrorCode.UNSUPPORTED_OPERATION) in kinds
+    assert kinds[-1] == ("closed",)
+    assert ("sent", Opcode.PING, 25) in recorder.events
+
+
+async def test_keepalive_detects_a_dead_peer(autojump_clock: trio.abc.Clock) -> None:
+    # The peer's socket stays open but nothing answers: a hung process.
+    client_stream, dead_stream = trio.testing.memory_stream_pair()
+    limits = ConnectionLimits(keepalive_interval=30, keepalive_timeout=5)
+    client = Connection(client_stream, side=Side.CLIENT, limits=limits, peer="dead")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(client.run)
+        with pytest.raises(ConnectionClosed, match="did not answer a keepalive PING within 5 s"):
+            await client.request(Opcode.HEARTBEAT, heartbeat("x"))
+        assert trio.current_time() == pytest.approx(35, abs=0.1)
+    await dead_stream.aclose()
+
+
+async def test_keepalive_keeps_a_live_idle_connection(autojump_clock: trio.abc.Clock) -> None:
+    limits = ConnectionLimits(keepalive_interval=30, keepalive_timeout=5)
+    async with connected(None, client_limits=limits) as (client, _):
+        await trio.sleep(300)
+        assert not client.closed
+        assert await client.ping() >= 0
+
+
+async def test_idle_timeout_closes_only_when_nothing_in_flight(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    release = trio.Event()
+
+    async def slow(request: Request, responder: Responder) -> None:
+        if client_id(request) != "x":
+            return await echo(request, responder)
+        await release.wait()
+        await responder.send(messages.HeartbeatResponse(client_id="done"))
+
+    limits = ConnectionLimits(idle_timeout=60)
+    async with connected(serving(slow), server_limits=limits) as (
+        client,
+        server,
+    ):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.request, Opcode.HEARTBEAT, heartbeat("x"))
+            await trio.sleep(200)
+            assert not server.closed  # a request is in flight, however long
+            release.set()
+        await trio.sleep(59)
+        assert not server.closed
+        await server.wait_closed()
+        assert server.close_reason == "idle for 60 s"
+        assert trio.current_time() == pytest.approx(260, abs=0.5)
+
+
+async def test_keepalive_traffic_does_not_count_as_activity(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # Both ends ping each other every 10 s; only the server has an idle timeout.
+    keepalive = ConnectionLimits(keepalive_interval=10, keepalive_timeout=5)
+    limits = ConnectionLimits(idle_timeout=100, keepalive_interval=10, keepalive_timeout=5)
+    async with connected(serving(), server_limits=limits, client_limits=keepalive) as (
+        client,
+        server,
+    ):
+        await client.request(Opcode.HEARTBEAT, heartbeat("x"))
+        await client.ping()
+        await server.wait_closed()
+        assert server.close_reason == "idle for 100 s"
+        assert trio.current_time() == pytest.approx(100, abs=0.5)
+
+
+async def test_request_before_run_and_after_close() -> None:
+    client_stream, _ = trio.testing.memory_stream_pair()
+    client = Connection(client_stream, side=Side.CLIENT)
+    with pytest.raises(RuntimeError, match="not running"):
+        await client.request(Opcode.PING)
+    await client.aclose()
+    with pytest.raises(ConnectionClosed):
+        await client.request(Opcode.PING)
+
+
+def test_limits_validate() -> None:
+    with pytest.raises(ValueError, match="max_concurrent_requests"):
+        ConnectionLimits(max_concurrent_requests=0)
