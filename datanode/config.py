@@ -1,0 +1,199 @@
+"""The data node's settings: flags, the config file under them, checked values."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from net.service import (
+    Option,
+    UsageError,
+    build_parser,
+    load_settings,
+    non_negative_int,
+    parse_address,
+    parse_size,
+    positive_int,
+)
+from sbp.constants import DEFAULT_MAX_FRAME_LENGTH, MIN_FRAME_LENGTH
+
+PROG: Final = "sbp-datanode"
+
+#: LMDB reserves address space, not disk: a large map costs nothing up front,
+#: and LMDB's own default (10 MiB) would fill after a few hundred batches
+DEFAULT_MAP_SIZE: Final = 8 << 30
+DEFAULT_MAX_CONNECTIONS: Final = 1024
+DEFAULT_MAX_IN_FLIGHT: Final = 256
+DEFAULT_IDLE_TIMEOUT_S: Final = 600
+DEFAULT_HEARTBEAT_MS: Final = 1000
+DEFAULT_METRICS_REPORT_MS: Final = 5000
+DEFAULT_DRAIN_TIMEOUT_S: Final = 10
+
+OPTIONS: Final = (
+    Option(
+        "listen",
+        "address to serve SBP on; port 0 picks a free port, and the bound address is "
+        "printed on stdout as 'listening on HOST:PORT'",
+        parse_address,
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+    ),
+    Option(
+        "advertise",
+        "address given to the PM and clients (default: the bound listen address)",
+        parse_address,
+        metavar="HOST:PORT",
+    ),
+    Option("node-id", "this node's id in the cluster (required)", positive_int, metavar="N"),
+    Option("data-dir", "directory of the node's LMDB environment (required)", Path, metavar="DIR"),
+    Option(
+        "pm",
+        "the placement manager to register with; without it the node serves the ranges "
+        "SYNC_RANGES gives it",
+        parse_address,
+        metavar="HOST:PORT",
+    ),
+    Option(
+        "metrics-listen",
+        "serve Prometheus /metrics on this address; the bound address is printed as "
+        "'metrics on HOST:PORT' (default: no metrics endpoint)",
+        parse_address,
+        metavar="HOST:PORT",
+    ),
+    Option(
+        "sync",
+        "'always': fsync every group commit before answering; 'never': leave it to the "
+        "OS (fast, loses the last writes on a machine crash)",
+        default="always",
+        choices=("always", "never"),
+    ),
+    Option(
+        "map-size",
+        "largest size of the data (LMDB map size), e.g. 64GiB",
+        parse_size,
+        default="8GiB",
+        metavar="BYTES",
+    ),
+    Option(
+        "max-frame-bytes",
+        "largest frame accepted; a larger one closes the connection",
+        parse_size,
+        default=str(DEFAULT_MAX_FRAME_LENGTH),
+        metavar="BYTES",
+    ),
+    Option(
+        "max-connections",
+        "connections served at once; more are refused with GOAWAY",
+        positive_int,
+        default=str(DEFAULT_MAX_CONNECTIONS),
+        metavar="N",
+    ),
+    Option(
+        "max-in-flight",
+        "requests served at once per connection; at the limit the node stops reading "
+        "from that connection (backpressure, nothing is dropped)",
+        positive_int,
+        default=str(DEFAULT_MAX_IN_FLIGHT),
+        metavar="N",
+    ),
+    Option(
+        "idle-timeout-s",
+        "close a connection idle this long; 0 never",
+        non_negative_int,
+        default=str(DEFAULT_IDLE_TIMEOUT_S),
+        metavar="SECONDS",
+    ),
+    Option(
+        "drain-timeout-s",
+        "on SIGTERM, how long requests in flight get to finish",
+        non_negative_int,
+        default=str(DEFAULT_DRAIN_TIMEOUT_S),
+        metavar="SECONDS",
+    ),
+    Option(
+        "heartbeat-interval-ms",
+        "HEARTBEAT period to the PM",
+        positive_int,
+        default=str(DEFAULT_HEARTBEAT_MS),
+        metavar="MS",
+    ),
+    Option(
+        "metrics-interval-ms",
+        "REPORT_METRICS period to the PM",
+        positive_int,
+        default=str(DEFAULT_METRICS_REPORT_MS),
+        metavar="MS",
+    ),
+)
+
+DESCRIPTION: Final = """\
+Run an SBP data node: it stores the record batches of the stream ranges it
+hosts in LMDB and serves APPEND, FETCH and the range operations over TCP.
+
+Signals: SIGTERM or SIGINT drains (GOAWAY on every connection, requests in
+flight finish within --drain-timeout-s), closes the storage and exits 0; a
+second signal stops without waiting.
+Exit codes: 0 clean stop, 1 runtime failure (busy port, unusable data
+directory), 2 bad flags or config file."""
+
+
+@dataclass(frozen=True, slots=True)
+class DataNodeConfig:
+    """Checked settings of one data node."""
+
+    node_id: int
+    data_dir: Path
+    listen: tuple[str, int] = ("127.0.0.1", 0)
+    advertise: tuple[str, int] | None = None
+    pm: tuple[str, int] | None = None
+    metrics_listen: tuple[str, int] | None = None
+    sync: bool = True
+    map_size: int = DEFAULT_MAP_SIZE
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_LENGTH
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    heartbeat_interval_s: float = DEFAULT_HEARTBEAT_MS / 1000
+    metrics_interval_s: float = DEFAULT_METRICS_REPORT_MS / 1000
+    log_level: str = "info"
+
+    @property
+    def pm_address(self) -> str | None:
+        return None if self.pm is None else f"{self.pm[0]}:{self.pm[1]}"
+
+
+def parse_config(argv: Sequence[str] | None = None) -> DataNodeConfig:
+    """Settings from the command line (and the ``--config`` file it names);
+    raises ``UsageError`` with a one-line message on anything wrong."""
+    parser = build_parser(PROG, DESCRIPTION, OPTIONS)
+    values = load_settings(parser, OPTIONS, argv)
+    if values["node_id"] is None:
+        raise UsageError("--node-id is required (or node-id in the config file)")
+    if values["data_dir"] is None:
+        raise UsageError("--data-dir is required (or data-dir in the config file)")
+    if values["max_frame_bytes"] < MIN_FRAME_LENGTH:
+        raise UsageError(f"--max-frame-bytes must be at least {MIN_FRAME_LENGTH}")
+    if values["map_size"] < 1 << 20:
+        raise UsageError("--map-size must be at least 1MiB")
+    idle = values["idle_timeout_s"]
+    return DataNodeConfig(
+        node_id=values["node_id"],
+        data_dir=values["data_dir"],
+        listen=values["listen"],
+        advertise=values["advertise"],
+        pm=values["pm"],
+        metrics_listen=values["metrics_listen"],
+        sync=values["sync"] == "always",
+        map_size=values["map_size"],
+        max_frame_bytes=values["max_frame_bytes"],
+        max_connections=values["max_connections"],
+        max_in_flight=values["max_in_flight"],
+        idle_timeout_s=float(idle) if idle else None,
+        drain_timeout_s=float(values["drain_timeout_s"]),
+        heartbeat_interval_s=values["heartbeat_interval_ms"] / 1000,
+        metrics_interval_s=values["metrics_interval_ms"] / 1000,
+        log_level=values["log_level"],
+    )

@@ -1,0 +1,97 @@
+"""What every request handler of the data node shares."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import trio
+
+from sbp import messages
+from sbp.errors import InvalidRequestError
+from storage import writes
+from storage.engine import StorageEngine
+from storage.layout import MAX_STREAM_ID
+from storage.model import RangeInfo
+from storage.writes import WriteContext
+
+from .convert import range_to_info
+from .metrics import DataNodeMetrics
+from .ordering import ArrivalOrder
+from .pm_link import PMLink
+from .waiters import StreamWaiters
+
+T = TypeVar("T")
+
+
+@dataclass
+class NodeContext:
+    """The node's identity, storage and shared machinery."""
+
+    node_id: int
+    engine: StorageEngine
+    metrics: DataNodeMetrics
+    waiters: StreamWaiters = field(default_factory=StreamWaiters)
+    append_order: ArrivalOrder = field(default_factory=ArrivalOrder)
+    #: "host:port" given to the PM and clients; set once the listener is bound
+    advertise_addr: str = ""
+    pm: PMLink | None = None
+    #: set on shutdown: long polls answer what they have instead of waiting
+    draining: bool = False
+
+    def identity(self) -> messages.DataNode:
+        return messages.DataNode(node_id=self.node_id, advertise_addr=self.advertise_addr)
+
+    def knows(self, stream_id: int) -> bool:
+        return self.engine.next_offset(stream_id) is not None
+
+    async def learn_stream(self, stream_id: int) -> bool:
+        """Ask the PM about a stream this node has no record of (SPEC §5: SYNC_RANGES
+        only speeds things up). True when the stream is known afterwards."""
+        if self.pm is None:
+            return False
+        return await self.pm.refresh_stream(stream_id)
+
+    async def install_ranges(self, stream_id: int, ranges: Sequence[messages.Range]) -> None:
+        """Apply ranges learned from the PM, as SYNC_RANGES would."""
+        infos = [range_to_info(r) for r in ranges]
+        await self.command(lambda ctx: _sync(ctx, stream_id, infos))
+        self.waiters.notify(stream_id)
+
+    async def command(self, fn: Callable[[WriteContext], T]) -> T:
+        """Run a change in the storage writer's transaction and wait for its
+        commit without blocking the event loop (or a worker thread)."""
+        return await wait_future(self.engine.submit_command(fn))
+
+
+def _sync(ctx: WriteContext, stream_id: int, infos: list[RangeInfo]) -> list[RangeInfo]:
+    return writes.sync_ranges(ctx, stream_id, infos)
+
+
+def check_stream_id(stream_id: int) -> None:
+    """Refuse a stream id the storage keys cannot hold, before it reaches the
+    writer (where it would fail the whole group's transaction)."""
+    if not 0 <= stream_id <= MAX_STREAM_ID:
+        raise InvalidRequestError(f"stream id {stream_id} out of range")
+
+
+async def wait_future(future: Future[T]) -> T:
+    """Wait for a ``concurrent.futures.Future`` completed on another thread.
+
+    The completing thread only schedules an event (``run_sync_soon`` is cheap
+    and never blocks it); cancelling the wait leaves the operation running.
+    """
+    if not future.done():
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+
+        def on_done(_: Future[T]) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(done.set)
+
+        future.add_done_callback(on_done)
+        await done.wait()
+    return future.result()

@@ -1,0 +1,44 @@
+"""Between the wire's ``sbp.messages.Range`` and the storage engine's ``RangeInfo``."""
+
+from __future__ import annotations
+
+from sbp import messages
+from storage.model import RangeInfo, ReplicaInfo
+
+
+def range_to_info(wire: messages.Range) -> RangeInfo:
+    """A range as the PM (or a test) sent it, for the storage engine."""
+    return RangeInfo(
+        stream_id=wire.stream_id,
+        range_index=wire.range_index,
+        start_offset=wire.start_offset,
+        end_offset=wire.end_offset,
+        epoch=wire.epoch,
+        replicas=tuple(
+            ReplicaInfo(
+                replica.data_node.node_id, replica.data_node.advertise_addr, replica.is_primary
+            )
+            for replica in wire.replica_nodes
+        ),
+    )
+
+
+def info_to_range(info: RangeInfo) -> messages.Range:
+    """A range as this node knows it, with its live next offset, for the wire."""
+    return messages.Range(
+        stream_id=info.stream_id,
+        range_index=info.range_index,
+        start_offset=info.start_offset,
+        end_offset=info.end_offset,
+        next_offset=info.next_offset,
+        replica_nodes=tuple(
+            messages.ReplicaNode(
+                data_node=messages.DataNode(
+                    node_id=replica.node_id, advertise_addr=replica.address
+                ),
+                is_primary=replica.is_primary,
+            )
+            for replica in info.replicas
+        ),
+        epoch=info.epoch,
+    )

@@ -1,0 +1,172 @@
+"""APPEND: record batches to the open ranges this node leads, answered once durable."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+
+import trio
+
+from net.request import Request, Responder
+from sbp import messages
+from sbp.enums import ErrorCode
+from sbp.errors import InvalidRequestError, ProtocolError
+from storage.model import AppendItem, AppendOutcome
+
+from ..context import NodeContext
+
+
+class AppendHandler:
+    """Serves APPEND (SPEC §5).
+
+    The payload is cut into one memoryview per item (no copy) and the whole
+    request goes to the storage engine as one submission, so one group commit
+    answers it. The engine calls back on its writer thread; the callback only
+    schedules ``_Pending.deliver`` on the trio thread, which wakes the handler
+    and the FETCHes waiting on those streams.
+    """
+
+    def __init__(self, node: NodeContext) -> None:
+        self._node = node
+        self._counters = node.metrics.counters
+        self._latency = node.metrics.append_latency
+
+    async def __call__(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.AppendRequest)
+        infos = header.append_requests
+        items = _split_payload(infos, request.payload)
+        counters = self._counters
+        counters.append_requests += 1
+        counters.append_items += len(infos)
+        deadline = (
+            request.received_at + header.timeout_ms / 1000 if header.timeout_ms > 0 else math.inf
+        )
+        try:
+            results = await self._append(request, infos, items, deadline)
+        finally:
+            elapsed = trio.current_time() - request.received_at
+            counters.append_seconds += elapsed
+            self._latency.observe(elapsed)
+        await responder.send(messages.AppendResponse(append_responses=tuple(results)))
+
+    async def _append(
+        self,
+        request: Request,
+        infos: Sequence[messages.AppendInfo],
+        items: list[AppendItem],
+        deadline: float,
+    ) -> list[messages.AppendResult]:
+        if not items:
+            return []
+        node = self._node
+        pending = _Pending(self, items)
+        with trio.move_on_at(deadline):
+            # Up to the submission, requests of one connection go in arrival
+            # order: that is what keeps one stream's batches in request order.
+            async with node.append_order.turn(request):
+                for stream_id in {item.stream_id for item in items}:
+                    if not node.knows(stream_id):
+                        await node.learn_stream(stream_id)
+                node.engine.submit(items, pending.on_durable)
+                pending.submitted = True
+            await pending.done.wait()
+        if pending.outcomes is None:
+            # The deadline passed first. Items already submitted still become
+            # durable (a retry may then append them twice, as in any
+            # at-least-once log); the client is told they did not finish in time.
+            pending.done.set()
+            self._counters.append_items_failed += len(items)
+            return [_timed_out(info) for info in infos]
+        return self._results(infos, pending.outcomes)
+
+    def _results(
+        self, infos: Sequence[messages.AppendInfo], outcomes: list[AppendOutcome]
+    ) -> list[messages.AppendResult]:
+        results: list[messages.AppendResult] = []
+        for info, outcome in zip(infos, outcomes, strict=True):
+            if isinstance(outcome, ProtocolError):
+                results.append(
+                    messages.AppendResult(
+                        stream_id=info.stream_id,
+                        request_index=info.request_index,
+                        base_offset=-1,
+                        error_code=outcome.code,
+                        error_message=outcome.message,
+                    )
+                )
+                continue
+            results.append(
+                messages.AppendResult(
+                    stream_id=info.stream_id,
+                    request_index=info.request_index,
+                    base_offset=outcome.base_offset,
+                    stream_append_time_ms=outcome.append_time_ms,
+                )
+            )
+        return results
+
+
+class _Pending:
+    """One submission's outcomes, handed from the writer thread to trio."""
+
+    __slots__ = ("done", "handler", "items", "outcomes", "submitted", "token")
+
+    def __init__(self, handler: AppendHandler, items: list[AppendItem]) -> None:
+        self.handler = handler
+        self.items = items
+        self.token = trio.lowlevel.current_trio_token()
+        self.done = trio.Event()
+        self.outcomes: list[AppendOutcome] | None = None
+        self.submitted = False
+
+    def on_durable(self, outcomes: list[AppendOutcome]) -> None:
+        """Runs on the storage writer thread: schedule, never block."""
+        with contextlib.suppress(trio.RunFinishedError):
+            self.token.run_sync_soon(self.deliver, outcomes)
+
+    def deliver(self, outcomes: list[AppendOutcome]) -> None:
+        """On the trio thread: count, wake the FETCHes waiting on these streams
+        (even when the request itself already timed out), wake the handler."""
+        counters = self.handler._counters
+        waiters = self.handler._node.waiters
+        for item, outcome in zip(self.items, outcomes, strict=True):
+            if isinstance(outcome, ProtocolError):
+                counters.append_items_failed += 1
+            else:
+                counters.appended_records += outcome.record_count
+                counters.appended_bytes += len(item.batch)
+                waiters.notify(item.stream_id)
+        if not self.done.is_set():
+            self.outcomes = outcomes
+            self.done.set()
+
+
+def _split_payload(infos: Sequence[messages.AppendInfo], payload: memoryview) -> list[AppendItem]:
+    """One view per item; a payload that is not exactly the items' batches
+    end to end is a malformed request (the whole request fails)."""
+    items: list[AppendItem] = []
+    position = 0
+    size = len(payload)
+    for info in infos:
+        end = position + info.batch_length
+        if info.batch_length < 0 or end > size:
+            break
+        items.append(AppendItem(info.stream_id, payload[position:end]))
+        position = end
+    if len(items) != len(infos) or position != size:
+        total = sum(info.batch_length for info in infos)
+        raise InvalidRequestError(
+            f"payload holds {size} bytes but the batch_lengths of {len(infos)} items sum to {total}"
+        )
+    return items
+
+
+def _timed_out(info: messages.AppendInfo) -> messages.AppendResult:
+    return messages.AppendResult(
+        stream_id=info.stream_id,
+        request_index=info.request_index,
+        base_offset=-1,
+        error_code=ErrorCode.TIMEOUT,
+        error_message="not durable before the request's timeout_ms",
+    )

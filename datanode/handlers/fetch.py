@@ -1,0 +1,162 @@
+"""FETCH: whole record batches from an offset, long-polling at the tail."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Final
+
+import trio
+
+from net.request import Request, Responder
+from sbp import messages
+from sbp.batches import batch_spans
+from sbp.constants import FRAME_OVERHEAD
+from sbp.enums import ErrorCode
+from sbp.errors import ProtocolError
+
+from ..context import NodeContext
+
+#: record_count inside a batch header (SPEC §4)
+_RECORD_COUNT: Final = struct.Struct(">i")
+_RECORD_COUNT_AT: Final = 19
+#: room left in a response frame for its FlatBuffers header
+_HEADER_ALLOWANCE: Final = 64 * 1024
+
+
+class FetchHandler:
+    """Serves FETCH (SPEC §5).
+
+    Each pass reads every unanswered item (reads are short LMDB cursor scans
+    on the event loop). Items with an error are answered at once; items with
+    data once their bytes reach ``min_bytes``; the rest wait, subscribed to
+    their streams, until an append of one of them becomes durable or
+    ``max_wait_ms`` runs out (then they are answered empty, NONE). Every pass
+    that answers something sends one response frame; the last one ends the
+    sequence. A client that goes away cancels the wait with its connection.
+    """
+
+    def __init__(self, node: NodeContext, max_frame_bytes: int) -> None:
+        self._node = node
+        self._counters = node.metrics.counters
+        self._latency = node.metrics.fetch_latency
+        self._payload_budget = max(max_frame_bytes - FRAME_OVERHEAD - _HEADER_ALLOWANCE, 1)
+
+    async def __call__(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.FetchRequest)
+        counters = self._counters
+        counters.fetch_requests += 1
+        counters.fetch_items += len(header.fetch_requests)
+        deadline = request.received_at + max(header.max_wait_ms, 0) / 1000
+        try:
+            await self._serve(header.fetch_requests, deadline, max(header.min_bytes, 1), responder)
+        finally:
+            elapsed = trio.current_time() - request.received_at
+            counters.fetch_seconds += elapsed
+            self._latency.observe(elapsed)
+
+    async def _serve(
+        self,
+        infos: Sequence[messages.FetchInfo],
+        deadline: float,
+        min_bytes: int,
+        responder: Responder,
+    ) -> None:
+        node = self._node
+        for stream_id in {info.stream_id for info in infos}:
+            if not node.knows(stream_id):
+                await node.learn_stream(stream_id)
+        pending = list(infos)
+        if not pending:
+            await responder.send(messages.FetchResponse())
+            return
+        while True:
+            # Subscribed before reading: an append that commits while this
+            # pass reads or sends still sets the event.
+            with node.waiters.subscribe({info.stream_id for info in pending}) as new_data:
+                pending, full = await self._pass(pending, deadline, min_bytes, responder)
+                if not pending:
+                    return
+                if not full:
+                    with trio.move_on_at(deadline):
+                        await new_data.wait()
+
+    async def _pass(
+        self,
+        pending: list[messages.FetchInfo],
+        deadline: float,
+        min_bytes: int,
+        responder: Responder,
+    ) -> tuple[list[messages.FetchInfo], bool]:
+        """Read every pending item and answer what is ready; returns the items
+        still unanswered and whether a full frame left some of them behind."""
+        expired = trio.current_time() >= deadline or self._node.draining
+        answered: list[tuple[messages.FetchResult, bytes | bytearray]] = []
+        with_data: list[tuple[messages.FetchInfo, bytearray]] = []
+        waiting: list[messages.FetchInfo] = []
+        for info in pending:
+            try:
+                # Never more than fits one frame, whatever batch_max_bytes says
+                # (the engine still returns at least one whole batch).
+                max_bytes = min(max(info.batch_max_bytes, 1), self._payload_budget)
+                data = self._node.engine.read(info.stream_id, info.fetch_offset, max_bytes)
+            except ProtocolError as error:
+                self._counters.fetch_items_failed += 1
+                answered.append((_failed(info, error), b""))
+                continue
+            if data:
+                with_data.append((info, data))
+            else:
+                waiting.append(info)
+        full = False
+        if expired or sum(len(data) for _, data in with_data) >= min_bytes:
+            budget = self._payload_budget
+            for info, data in with_data:
+                if answered and len(data) > budget:
+                    waiting.append(info)  # next frame
+                    full = True
+                    continue
+                budget -= len(data)
+                answered.append((_found(info, data), data))
+                self._count(data)
+        else:
+            waiting.extend(info for info, _ in with_data)
+        if expired and not full:
+            answered.extend((_empty(info), b"") for info in waiting)
+            waiting = []
+        if answered:
+            await responder.send(
+                messages.FetchResponse(fetch_responses=tuple(result for result, _ in answered)),
+                b"".join(data for _, data in answered),
+                end=not waiting,
+            )
+        # keep the request order among the items still pending
+        order = {id(info): i for i, info in enumerate(pending)}
+        waiting.sort(key=lambda info: order[id(info)])
+        return waiting, full
+
+    def _count(self, data: bytearray) -> None:
+        records = 0
+        for start, _end in batch_spans(data):
+            records += _RECORD_COUNT.unpack_from(data, start + _RECORD_COUNT_AT)[0]
+        self._counters.fetched_records += records
+        self._counters.fetched_bytes += len(data)
+
+
+def _found(info: messages.FetchInfo, data: bytearray) -> messages.FetchResult:
+    return messages.FetchResult(
+        stream_id=info.stream_id, request_index=info.request_index, batch_length=len(data)
+    )
+
+
+def _empty(info: messages.FetchInfo) -> messages.FetchResult:
+    return messages.FetchResult(stream_id=info.stream_id, request_index=info.request_index)
+
+
+def _failed(info: messages.FetchInfo, error: ProtocolError) -> messages.FetchResult:
+    return messages.FetchResult(
+        stream_id=info.stream_id,
+        request_index=info.request_index,
+        error_code=error.code if error.code != ErrorCode.NONE else ErrorCode.UNKNOWN,
+        error_message=error.message,
+    )

@@ -1,0 +1,171 @@
+"""LIST_RANGES, SEAL_RANGES, SYNC_RANGES and DESCRIBE_RANGES on a data node."""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import Future
+from functools import partial
+
+import trio
+
+from net.request import Request, Responder
+from sbp import messages
+from sbp.enums import ErrorCode
+from sbp.errors import DataNodeNotFoundError, ProtocolError, RequestTimeoutError
+from storage import writes
+from storage.model import RangeInfo
+
+from ..context import NodeContext, check_stream_id, wait_future
+from ..convert import info_to_range, range_to_info
+
+
+def request_deadline(request: Request, timeout_ms: int) -> float:
+    """When a request carrying ``timeout_ms`` expires (never for 0 or less)."""
+    return request.received_at + timeout_ms / 1000 if timeout_ms > 0 else math.inf
+
+
+def timed_out() -> RequestTimeoutError:
+    return RequestTimeoutError("not done before the request's timeout_ms")
+
+
+class RangeHandlers:
+    """The range operations; each item succeeds or fails on its own."""
+
+    def __init__(self, node: NodeContext) -> None:
+        self._node = node
+
+    async def list_ranges(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.ListRangesRequest)
+        results = [self._list_one(owner) for owner in header.range_owners]
+        await responder.send(messages.ListRangesResponse(list_responses=tuple(results)))
+
+    def _list_one(self, owner: messages.RangeOwner) -> messages.ListRangesResult:
+        engine = self._node.engine
+        try:
+            if owner.data_node is not None:
+                if owner.data_node.node_id != self._node.node_id:
+                    raise DataNodeNotFoundError(
+                        f"this is data node {self._node.node_id}, not {owner.data_node.node_id}"
+                    )
+                infos = engine.list_ranges()
+            else:
+                infos = engine.list_ranges(owner.stream_id)
+        except ProtocolError as error:
+            return messages.ListRangesResult(
+                range_owner=owner, error_code=error.code, error_message=error.message
+            )
+        return messages.ListRangesResult(
+            range_owner=owner, ranges=tuple(info_to_range(info) for info in infos)
+        )
+
+    async def seal_ranges(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.SealRangesRequest)
+        deadline = request_deadline(request, header.timeout_ms)
+        engine = self._node.engine
+        # Submitted together, the seals commit in one transaction.
+        futures = [
+            engine.submit_command(
+                partial(
+                    writes.seal_range,
+                    stream_id=range_id.stream_id,
+                    range_index=range_id.range_index,
+                )
+            )
+            for range_id in header.ranges
+        ]
+        results: list[messages.SealRangesResult] = []
+        for range_id, future in zip(header.ranges, futures, strict=True):
+            stream_id = range_id.stream_id
+            try:
+                with trio.fail_at(deadline):
+                    sealed = await wait_future(future)
+            except trio.TooSlowError:
+                results.append(_seal_error(stream_id, timed_out()))
+                continue
+            except ProtocolError as error:
+                results.append(_seal_error(stream_id, error))
+                continue
+            # A FETCH waiting at the end of this range now gets RANGE_SEALED.
+            self._node.waiters.notify(stream_id)
+            results.append(
+                messages.SealRangesResult(stream_id=stream_id, ranges=(info_to_range(sealed),))
+            )
+        await responder.send(messages.SealRangesResponse(seal_responses=tuple(results)))
+
+    async def sync_ranges(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.SyncRangesRequest)
+        deadline = request_deadline(request, header.timeout_ms)
+        engine = self._node.engine
+        futures: list[Future[list[RangeInfo]] | ProtocolError] = []
+        for item in header.stream_ranges:
+            try:
+                check_stream_id(item.stream_id)
+                infos = [range_to_info(wire) for wire in item.ranges]
+            except ProtocolError as error:
+                futures.append(error)
+                continue
+            futures.append(
+                engine.submit_command(
+                    partial(writes.sync_ranges, stream_id=item.stream_id, ranges=infos)
+                )
+            )
+        results: list[messages.SyncRangesResult] = []
+        for item, future in zip(header.stream_ranges, futures, strict=True):
+            stream_id = item.stream_id
+            try:
+                if isinstance(future, ProtocolError):
+                    raise future
+                with trio.fail_at(deadline):
+                    synced = await wait_future(future)
+            except trio.TooSlowError:
+                results.append(_sync_error(stream_id, timed_out()))
+                continue
+            except ProtocolError as error:
+                results.append(_sync_error(stream_id, error))
+                continue
+            self._node.waiters.notify(stream_id)
+            results.append(
+                messages.SyncRangesResult(
+                    stream_id=stream_id, ranges=tuple(info_to_range(info) for info in synced)
+                )
+            )
+        await responder.send(messages.SyncRangesResponse(sync_responses=tuple(results)))
+
+    async def describe_ranges(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.DescribeRangesRequest)
+        results: list[messages.DescribeRangeResult] = []
+        for range_id in header.ranges:
+            try:
+                info = self._node.engine.describe_range(range_id.stream_id, range_id.range_index)
+            except ProtocolError as error:
+                results.append(
+                    messages.DescribeRangeResult(
+                        stream_id=range_id.stream_id,
+                        error_code=error.code,
+                        error_message=error.message,
+                    )
+                )
+                continue
+            results.append(
+                messages.DescribeRangeResult(
+                    stream_id=range_id.stream_id, range=info_to_range(info)
+                )
+            )
+        await responder.send(messages.DescribeRangesResponse(describe_responses=tuple(results)))
+
+
+def _seal_error(stream_id: int, error: ProtocolError) -> messages.SealRangesResult:
+    return messages.SealRangesResult(
+        stream_id=stream_id, error_code=error_code(error), error_message=error.message
+    )
+
+
+def _sync_error(stream_id: int, error: ProtocolError) -> messages.SyncRangesResult:
+    return messages.SyncRangesResult(
+        stream_id=stream_id, error_code=error_code(error), error_message=error.message
+    )
+
+
+def error_code(error: ProtocolError) -> ErrorCode | int:
+    """The wire code for an item that failed with ``error`` (never NONE)."""
+    return error.code if error.code != ErrorCode.NONE else ErrorCode.UNKNOWN

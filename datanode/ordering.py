@@ -1,0 +1,73 @@
+"""Arrival order for the appends of one connection.
+
+SPEC §5: batches of one stream on one connection are applied in request
+order. Each request is served in its own task, and trio does not promise to
+start tasks in the order they were spawned (it runs a batch of ready tasks
+forwards or backwards at random), so the order in which APPEND handlers reach
+the storage engine must be restored explicitly.
+
+A request's place is ``(received_at, stream_id)``: frames read in one chunk
+share ``received_at`` and are told apart by their stream ids, which a client
+allocates in increasing order. Each handler registers its place, yields once
+(so every request spawned in the same scheduler batch has registered too),
+then waits until no earlier request of its connection is still before the
+gate. Only the short step up to the engine submission is serialized; the
+waits for durability overlap freely.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from weakref import WeakKeyDictionary
+
+import trio
+
+from net.request import Request
+
+_Place = tuple[float, int]
+
+
+class _ConnectionGate:
+    __slots__ = ("events", "places")
+
+    def __init__(self) -> None:
+        self.places: list[_Place] = []  # a heap: the earliest place first
+        self.events: dict[_Place, trio.Event] = {}
+
+    def wake_first(self) -> None:
+        if self.places:
+            event = self.events.pop(self.places[0], None)
+            if event is not None:
+                event.set()
+
+
+class ArrivalOrder:
+    """Per-connection gates; ``async with order.turn(request):`` runs its body
+    for the requests of one connection in the order they arrived."""
+
+    def __init__(self) -> None:
+        self._gates: WeakKeyDictionary[object, _ConnectionGate] = WeakKeyDictionary()
+
+    @asynccontextmanager
+    async def turn(self, request: Request) -> AsyncIterator[None]:
+        gate = self._gates.get(request.connection)
+        if gate is None:
+            gate = self._gates[request.connection] = _ConnectionGate()
+        place = (request.received_at, request.stream_id)
+        heapq.heappush(gate.places, place)
+        try:
+            await trio.lowlevel.checkpoint()
+            while gate.places[0] != place:
+                event = gate.events.setdefault(place, trio.Event())
+                await event.wait()
+            yield
+        finally:
+            gate.events.pop(place, None)
+            if gate.places[0] == place:
+                heapq.heappop(gate.places)
+            else:  # cancelled while waiting: leave the line
+                gate.places.remove(place)
+                heapq.heapify(gate.places)
+            gate.wake_first()

@@ -1,0 +1,236 @@
+"""The data node process: storage, the SBP server, the PM link, /metrics, and
+the shutdown sequence.
+
+Start-up: lock and open the data directory (a second node on the same
+directory is refused), bind /metrics and the SBP listener, print both
+addresses, then register with the PM in the background (the node serves
+whether or not the PM is reachable).
+
+Shutdown (SIGTERM/SIGINT): GOAWAY on every connection, requests in flight get
+up to ``drain_timeout_s`` to finish, connections close, the storage writer
+commits what it was given and the environment closes; exit status 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import lmdb
+import trio
+from prometheus_client import CollectorRegistry
+
+from net.connection import ConnectionLimits
+from net.pool import ConnectionPool
+from net.server import Dispatcher, Server
+from net.service import (
+    EXIT_OK,
+    LISTENING_PREFIX,
+    METRICS_PREFIX,
+    MetricsHTTPServer,
+    ServiceError,
+    ShutdownSignals,
+    announce,
+    format_address,
+)
+from sbp.enums import Opcode
+from storage.engine import StorageEngine
+
+from .config import DataNodeConfig
+from .context import NodeContext
+from .handlers.append import AppendHandler
+from .handlers.control import ControlHandlers
+from .handlers.fetch import FetchHandler
+from .handlers.ranges import RangeHandlers
+from .handlers.streams import StreamHandlers
+from .metrics import DataNodeMetrics
+from .pm_link import PMLink
+from .report import LoadReporter, active_range_count
+from .waiters import StreamWaiters
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE: Final = "datanode.lock"
+#: servers ping a silent peer after this long, so a dead one frees its slot
+KEEPALIVE_INTERVAL_S: Final = 30.0
+
+
+def build_dispatcher(node: NodeContext, max_frame_bytes: int) -> Dispatcher:
+    """Every opcode a data node serves (SPEC §2); the rest are UNSUPPORTED_OPERATION."""
+    dispatcher = Dispatcher("data node")
+    ranges = RangeHandlers(node)
+    dispatcher.register(Opcode.HEARTBEAT, ControlHandlers(node).heartbeat)
+    dispatcher.register(Opcode.APPEND, AppendHandler(node))
+    dispatcher.register(Opcode.FETCH, FetchHandler(node, max_frame_bytes))
+    dispatcher.register(Opcode.LIST_RANGES, ranges.list_ranges)
+    dispatcher.register(Opcode.SEAL_RANGES, ranges.seal_ranges)
+    dispatcher.register(Opcode.SYNC_RANGES, ranges.sync_ranges)
+    dispatcher.register(Opcode.DESCRIBE_RANGES, ranges.describe_ranges)
+    dispatcher.register(Opcode.DELETE_STREAMS, StreamHandlers(node).delete_streams)
+    return dispatcher
+
+
+def connection_limits(config: DataNodeConfig) -> ConnectionLimits:
+    return ConnectionLimits(
+        max_frame_length=config.max_frame_bytes,
+        max_concurrent_requests=config.max_in_flight,
+        idle_timeout=config.idle_timeout_s,
+        keepalive_interval=KEEPALIVE_INTERVAL_S,
+        drain_timeout=config.drain_timeout_s,
+    )
+
+
+@contextlib.contextmanager
+def locked_data_dir(path: Path) -> Iterator[None]:
+    """Create ``path`` if needed and hold an exclusive lock on it: LMDB itself
+    lets two processes open one environment, but two nodes would each keep
+    their own idea of the offsets."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise ServiceError(f"cannot use data directory {path}: {error.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ServiceError(f"data directory {path} is in use by another data node") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def open_engine(config: DataNodeConfig) -> StorageEngine:
+    try:
+        return StorageEngine(
+            config.data_dir,
+            map_size=config.map_size,
+            sync="always" if config.sync else "never",
+            node_id=config.node_id,
+        )
+    except (OSError, lmdb.Error) as error:
+        raise ServiceError(f"cannot open storage in {config.data_dir}: {error}") from None
+
+
+async def run_data_node(config: DataNodeConfig) -> int:
+    """Run the node until SIGTERM/SIGINT; returns the exit status."""
+    logger.debug("settings: %s", config)
+    with ShutdownSignals() as signals, locked_data_dir(config.data_dir):
+        engine = open_engine(config)
+        try:
+            await _serve(config, engine, signals)
+        finally:
+            # Commits what the writer still holds; every acknowledged append
+            # was durable already.
+            engine.close()
+        logger.info("data node %d stopped", config.node_id)
+        return EXIT_OK
+
+
+async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: ShutdownSignals) -> None:
+    waiters = StreamWaiters()
+    metrics = DataNodeMetrics(
+        storage_stats=engine.stats,
+        waiting_fetches=lambda: waiters.waiting,
+        active_ranges=lambda: active_range_count(engine.list_ranges()),
+    )
+    node = NodeContext(node_id=config.node_id, engine=engine, metrics=metrics, waiters=waiters)
+    server = Server(
+        build_dispatcher(node, config.max_frame_bytes),
+        limits=connection_limits(config),
+        observer=metrics.connections,
+        max_connections=config.max_connections,
+    )
+    with contextlib.ExitStack() as exits:
+        metrics_server = None
+        if config.metrics_listen is not None:
+            metrics_server = exits.enter_context(
+                _bound("metrics", config.metrics_listen, metrics.registry)
+            )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(signals.watch)
+            host, port = await _listen(nursery, server, config.listen)
+            advertise = config.advertise or (host, port)
+            node.advertise_addr = format_address(*advertise)
+            if metrics_server is not None:
+                announce(METRICS_PREFIX, *metrics_server.address)
+            announce(LISTENING_PREFIX, host, port)
+            logger.info(
+                "data node %d serving on %s:%d (advertised as %s), data in %s, sync %s",
+                config.node_id,
+                host,
+                port,
+                node.advertise_addr,
+                config.data_dir,
+                "always" if config.sync else "never",
+            )
+            async with ConnectionPool() as pool:
+                if config.pm is not None:
+                    reporter = LoadReporter(
+                        engine, metrics.counters, config.data_dir, node.identity
+                    )
+                    node.pm = PMLink(
+                        format_address(*config.pm),
+                        pool,
+                        node.identity,
+                        reporter.build,
+                        node.install_ranges,
+                        heartbeat_interval=config.heartbeat_interval_s,
+                        metrics_interval=config.metrics_interval_s,
+                    )
+                    nursery.start_soon(node.pm.run)
+                await signals.requested.wait()
+                await _drain(server, node, signals, config.drain_timeout_s)
+                nursery.cancel_scope.cancel()
+
+
+async def _drain(
+    server: Server, node: NodeContext, signals: ShutdownSignals, timeout: float
+) -> None:
+    logger.info("draining %d connections (up to %g s)", len(server.connections), timeout)
+    async with trio.open_nursery() as nursery:
+
+        async def stop_early() -> None:
+            await signals.forced.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(stop_early)
+        # Long polls end now rather than at their max_wait_ms: they answer
+        # what they have and free the drain.
+        node.draining = True
+        node.waiters.notify_all()
+        await server.drain(timeout)
+        nursery.cancel_scope.cancel()
+
+
+async def _listen(
+    nursery: trio.Nursery, server: Server, listen: tuple[str, int]
+) -> tuple[str, int]:
+    try:
+        bound: tuple[str, int] = await nursery.start(server.serve, *listen)
+    except OSError as error:
+        raise ServiceError(
+            f"cannot listen on {format_address(*listen)}: {error.strerror or error}"
+        ) from None
+    return bound
+
+
+@contextlib.contextmanager
+def _bound(
+    what: str, address: tuple[str, int], registry: CollectorRegistry
+) -> Iterator[MetricsHTTPServer]:
+    try:
+        server = MetricsHTTPServer(registry, *address)
+    except OSError as error:
+        raise ServiceError(
+            f"cannot serve {what} on {format_address(*address)}: {error.strerror or error}"
+        ) from None
+    try:
+        yield server
+    finally:
+        server.close()
