@@ -1,0 +1,159 @@
+"""The PM's settings: flags, the config file under them, checked values."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from net.service import (
+    Option,
+    UsageError,
+    build_parser,
+    load_settings,
+    non_negative_int,
+    parse_address,
+    parse_size,
+    positive_int,
+)
+from sbp.constants import DEFAULT_MAX_FRAME_LENGTH, MIN_FRAME_LENGTH
+
+from .metadata import DEFAULT_MAP_SIZE
+
+PROG: Final = "sbp-pm"
+
+DEFAULT_NODE_TIMEOUT_MS: Final = 5000
+DEFAULT_MAX_CONNECTIONS: Final = 1024
+DEFAULT_MAX_IN_FLIGHT: Final = 256
+DEFAULT_DRAIN_TIMEOUT_S: Final = 10
+
+OPTIONS: Final = (
+    Option(
+        "listen",
+        "address to serve SBP on; port 0 picks a free port, and the bound address is "
+        "printed on stdout as 'listening on HOST:PORT'",
+        parse_address,
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+    ),
+    Option("data-dir", "directory of the PM's metadata (LMDB; required)", Path, metavar="DIR"),
+    Option(
+        "metrics-listen",
+        "serve Prometheus /metrics on this address; the bound address is printed as "
+        "'metrics on HOST:PORT' (default: no metrics endpoint)",
+        parse_address,
+        metavar="HOST:PORT",
+    ),
+    Option(
+        "node-timeout-ms",
+        "a data node that sends no HEARTBEAT for this long is dead and gets no new ranges",
+        positive_int,
+        default=str(DEFAULT_NODE_TIMEOUT_MS),
+        metavar="MS",
+    ),
+    Option(
+        "min-free-space",
+        "data nodes reporting less free disk than this get no new ranges, e.g. 1GiB",
+        parse_size,
+        default="0",
+        metavar="BYTES",
+    ),
+    Option(
+        "map-size",
+        "largest size of the metadata (LMDB map size; sparse, costs no disk up front)",
+        parse_size,
+        default=f"{DEFAULT_MAP_SIZE >> 30}GiB",
+        metavar="BYTES",
+    ),
+    Option(
+        "max-frame-bytes",
+        "largest frame accepted; a larger one closes the connection",
+        parse_size,
+        default=str(DEFAULT_MAX_FRAME_LENGTH),
+        metavar="BYTES",
+    ),
+    Option(
+        "max-connections",
+        "connections served at once; more are refused with GOAWAY",
+        positive_int,
+        default=str(DEFAULT_MAX_CONNECTIONS),
+        metavar="N",
+    ),
+    Option(
+        "max-in-flight",
+        "requests served at once per connection (backpressure beyond it)",
+        positive_int,
+        default=str(DEFAULT_MAX_IN_FLIGHT),
+        metavar="N",
+    ),
+    Option(
+        "drain-timeout-s",
+        "on SIGTERM, how long requests in flight get to finish",
+        non_negative_int,
+        default=str(DEFAULT_DRAIN_TIMEOUT_S),
+        metavar="SECONDS",
+    ),
+)
+
+DESCRIPTION: Final = """\
+Run the SBP placement manager: it keeps the metadata of streams, ranges and
+data nodes in LMDB, places each new range on the least loaded live data
+nodes, and tells the data nodes (SYNC_RANGES, SEAL_RANGES, DELETE_STREAMS).
+Data nodes register with their first HEARTBEAT.
+
+Every change is committed and synced before it is acknowledged: a PM killed
+at any moment restarts with everything it acknowledged.
+
+Signals: SIGTERM or SIGINT drains (GOAWAY on every connection, requests in
+flight finish within --drain-timeout-s), closes the metadata and exits 0; a
+second signal stops without waiting.
+Exit codes: 0 clean stop, 1 runtime failure (busy port, unusable data
+directory), 2 bad flags or config file."""
+
+
+@dataclass(frozen=True, slots=True)
+class PMConfig:
+    """Checked settings of one PM."""
+
+    data_dir: Path
+    listen: tuple[str, int] = ("127.0.0.1", 0)
+    metrics_listen: tuple[str, int] | None = None
+    node_timeout_s: float = DEFAULT_NODE_TIMEOUT_MS / 1000
+    min_free_space: int = 0
+    map_size: int = DEFAULT_MAP_SIZE
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_LENGTH
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    log_level: str = "info"
+
+
+def parse_config(argv: Sequence[str] | None = None) -> PMConfig:
+    """Settings from the command line (and the ``--config`` file it names);
+    raises ``UsageError`` with a one-line message on anything wrong."""
+    parser = build_parser(PROG, DESCRIPTION, OPTIONS)
+    values = load_settings(parser, OPTIONS, argv)
+    # Defaults are given as text (shown in --help); run them through the parser too.
+    for option in OPTIONS:
+        if isinstance(values[option.dest], str) and option.parse is not str:
+            values[option.dest] = option.parse(values[option.dest])
+    if values["data_dir"] is None:
+        raise UsageError("--data-dir is required (or data-dir in the config file)")
+    if values["max_frame_bytes"] < MIN_FRAME_LENGTH:
+        raise UsageError(f"--max-frame-bytes must be at least {MIN_FRAME_LENGTH}")
+    if values["map_size"] < 1 << 20:
+        raise UsageError("--map-size must be at least 1MiB")
+    return PMConfig(
+        data_dir=values["data_dir"],
+        listen=values["listen"],
+        metrics_listen=values["metrics_listen"],
+        node_timeout_s=values["node_timeout_ms"] / 1000,
+        min_free_space=values["min_free_space"],
+        map_size=values["map_size"],
+        max_frame_bytes=values["max_frame_bytes"],
+        max_connections=values["max_connections"],
+        max_in_flight=values["max_in_flight"],
+        drain_timeout_s=float(values["drain_timeout_s"]),
+        log_level=values["log_level"],
+    )

@@ -1,0 +1,259 @@
+"""The PM's request handlers: wire messages in, ``PlacementManager`` calls,
+wire messages out. One handler per opcode; nothing here decides anything.
+
+APPEND and FETCH are not registered: the dispatcher answers them (and any
+other opcode the PM does not serve) with UNSUPPORTED_OPERATION.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from net.request import Request, Responder
+from net.server import Dispatcher
+from sbp import messages
+from sbp.enums import ClientRole, ErrorCode, Opcode
+from sbp.errors import InvalidRequestError, ProtocolError
+
+from .liveness import NodeState
+from .manager import Outcome, PlacementManager
+from .records import RangeRecord
+from .wire import (
+    DataNodeCache,
+    node_record,
+    range_message,
+    report_fields,
+    report_message,
+    stream_message,
+    stream_record,
+)
+
+#: the deadline of a request that gives none (timeout_ms <= 0)
+DEFAULT_TIMEOUT_S: Final = 30.0
+PM_CLIENT_ID: Final = "pm"
+
+
+def _timeout(timeout_ms: int) -> float:
+    return timeout_ms / 1000 if timeout_ms > 0 else DEFAULT_TIMEOUT_S
+
+
+def _code(error: ProtocolError | None) -> ErrorCode | int:
+    return ErrorCode.NONE if error is None else error.code
+
+
+def _message(error: ProtocolError | None) -> str:
+    return "" if error is None else error.message
+
+
+class PMHandlers:
+    """Serves the PM's opcodes from one ``PlacementManager``."""
+
+    def __init__(self, manager: PlacementManager) -> None:
+        self._manager = manager
+        self._data_node = DataNodeCache(manager.registry.address)
+
+    def dispatcher(self) -> Dispatcher:
+        dispatcher = Dispatcher("placement manager")
+        for opcode, handler in (
+            (Opcode.HEARTBEAT, self.heartbeat),
+            (Opcode.REPORT_METRICS, self.report_metrics),
+            (Opcode.DESCRIBE_CLUSTER, self.describe_cluster),
+            (Opcode.CREATE_STREAMS, self.create_streams),
+            (Opcode.DELETE_STREAMS, self.delete_streams),
+            (Opcode.UPDATE_STREAMS, self.update_streams),
+            (Opcode.GET_STREAMS, self.get_streams),
+            (Opcode.TRIM_STREAMS, self.trim_streams),
+            (Opcode.LIST_RANGES, self.list_ranges),
+            (Opcode.SEAL_RANGES, self.seal_ranges),
+            (Opcode.DESCRIBE_RANGES, self.describe_ranges),
+        ):
+            dispatcher.register(opcode, handler)
+        return dispatcher
+
+    def _range(self, rng: RangeRecord) -> messages.Range:
+        return range_message(rng, self._data_node)
+
+    def _ranges(self, ranges: Sequence[RangeRecord]) -> tuple[messages.Range, ...]:
+        return tuple(range_message(rng, self._data_node) for rng in ranges)
+
+    # -- data nodes -----------------------------------------------------------
+
+    async def heartbeat(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.HeartbeatRequest)
+        if header.client_role == ClientRole.DATA_NODE:
+            await self._manager.heartbeat(node_record(header.data_node))
+        await responder.send(
+            messages.HeartbeatResponse(client_id=header.client_id, client_role=ClientRole.PM)
+        )
+
+    async def report_metrics(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.ReportMetricsRequest)
+        await self._manager.report_metrics(node_record(header.data_node), report_fields(header))
+        await responder.send(messages.ReportMetricsResponse(data_node=header.data_node))
+
+    async def describe_cluster(self, request: Request, responder: Responder) -> None:
+        request.header_as(messages.DescribeClusterRequest)
+        statuses = tuple(self._status(state) for state in self._manager.cluster())
+        await responder.send(messages.DescribeClusterResponse(data_nodes=statuses))
+
+    def _status(self, state: NodeState) -> messages.DataNodeStatus:
+        node = messages.DataNode(node_id=state.node_id, advertise_addr=state.node.address)
+        return messages.DataNodeStatus(
+            data_node=node,
+            alive=state.alive,
+            last_heartbeat_ms=state.last_heartbeat_ms,
+            metrics=report_message(node, state.metrics) if state.metrics else None,
+            range_count=state.hosted_ranges,
+        )
+
+    # -- streams --------------------------------------------------------------
+
+    async def create_streams(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.CreateStreamsRequest)
+        outcomes = await self._manager.create_streams(
+            [stream_record(s) for s in header.streams], _timeout(header.timeout_ms)
+        )
+        results = []
+        for asked, outcome in zip(header.streams, outcomes, strict=True):
+            if outcome.value is None:
+                results.append(
+                    messages.CreateStreamResult(
+                        stream=asked,
+                        error_code=_code(outcome.error),
+                        error_message=_message(outcome.error),
+                    )
+                )
+                continue
+            stream, first = outcome.value
+            results.append(
+                messages.CreateStreamResult(stream=stream_message(stream), range=self._range(first))
+            )
+        await responder.send(messages.CreateStreamsResponse(create_responses=tuple(results)))
+
+    async def delete_streams(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.DeleteStreamsRequest)
+        outcomes = await self._manager.delete_streams(
+            [s.stream_id for s in header.streams], _timeout(header.timeout_ms)
+        )
+        results = tuple(
+            messages.DeleteStreamResult(
+                deleted_stream=asked if outcome.value is None else stream_message(outcome.value),
+                error_code=_code(outcome.error),
+                error_message=_message(outcome.error),
+            )
+            for asked, outcome in zip(header.streams, outcomes, strict=True)
+        )
+        await responder.send(messages.DeleteStreamsResponse(delete_responses=results))
+
+    async def update_streams(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.UpdateStreamsRequest)
+        outcomes = await self._manager.update_streams(
+            [stream_record(s) for s in header.streams], _timeout(header.timeout_ms)
+        )
+        results = tuple(
+            messages.UpdateStreamResult(
+                stream=asked if outcome.value is None else stream_message(outcome.value),
+                error_code=_code(outcome.error),
+                error_message=_message(outcome.error),
+            )
+            for asked, outcome in zip(header.streams, outcomes, strict=True)
+        )
+        await responder.send(messages.UpdateStreamsResponse(update_responses=results))
+
+    async def get_streams(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.GetStreamsRequest)
+        if header.stream_ids:
+            outcomes = self._manager.get_streams(header.stream_ids)
+            results = tuple(
+                messages.GetStreamResult(
+                    stream=messages.Stream(stream_id=stream_id)
+                    if outcome.value is None
+                    else stream_message(outcome.value),
+                    error_code=_code(outcome.error),
+                    error_message=_message(outcome.error),
+                )
+                for stream_id, outcome in zip(header.stream_ids, outcomes, strict=True)
+            )
+        else:
+            page = self._manager.list_streams(header.start_after, header.limit)
+            results = tuple(messages.GetStreamResult(stream=stream_message(s)) for s in page)
+        await responder.send(messages.GetStreamsResponse(get_responses=results))
+
+    async def trim_streams(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.TrimStreamsRequest)
+        outcomes = await self._manager.trim_streams(
+            [(t.stream_id, t.trim_offset) for t in header.trimmed_streams],
+            _timeout(header.timeout_ms),
+        )
+        results = []
+        for asked, outcome in zip(header.trimmed_streams, outcomes, strict=True):
+            if outcome.value is None:
+                results.append(
+                    messages.TrimStreamResult(
+                        trimmed_stream=messages.Stream(stream_id=asked.stream_id),
+                        error_code=_code(outcome.error),
+                        error_message=_message(outcome.error),
+                    )
+                )
+                continue
+            stream, first = outcome.value
+            results.append(
+                messages.TrimStreamResult(
+                    trimmed_stream=stream_message(stream), range=self._range(first)
+                )
+            )
+        await responder.send(messages.TrimStreamsResponse(trim_responses=tuple(results)))
+
+    # -- ranges ---------------------------------------------------------------
+
+    async def list_ranges(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.ListRangesRequest)
+        results = tuple(self._list_one(owner) for owner in header.range_owners)
+        await responder.send(messages.ListRangesResponse(list_responses=results))
+
+    def _list_one(self, owner: messages.RangeOwner) -> messages.ListRangesResult:
+        try:
+            if owner.data_node is not None and owner.stream_id == 0:
+                ranges = self._manager.node_ranges(owner.data_node.node_id)
+            elif owner.data_node is None and owner.stream_id != 0:
+                ranges = self._manager.stream_ranges(owner.stream_id)
+            else:
+                raise InvalidRequestError("a range owner sets exactly one of data_node, stream_id")
+        except ProtocolError as exc:
+            return messages.ListRangesResult(
+                range_owner=owner, error_code=_code(exc), error_message=_message(exc)
+            )
+        return messages.ListRangesResult(range_owner=owner, ranges=self._ranges(ranges))
+
+    async def seal_ranges(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.SealRangesRequest)
+        outcomes = await self._manager.seal_ranges(
+            [(r.stream_id, r.range_index) for r in header.ranges], _timeout(header.timeout_ms)
+        )
+        results = tuple(
+            messages.SealRangesResult(
+                stream_id=asked.stream_id,
+                ranges=self._ranges(outcome.value or ()),
+                error_code=_code(outcome.error),
+                error_message=_message(outcome.error),
+            )
+            for asked, outcome in zip(header.ranges, outcomes, strict=True)
+        )
+        await responder.send(messages.SealRangesResponse(seal_responses=results))
+
+    async def describe_ranges(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.DescribeRangesRequest)
+        outcomes: list[Outcome[RangeRecord]] = self._manager.describe_ranges(
+            [(r.stream_id, r.range_index) for r in header.ranges]
+        )
+        results = tuple(
+            messages.DescribeRangeResult(
+                stream_id=asked.stream_id,
+                range=None if outcome.value is None else self._range(outcome.value),
+                error_code=_code(outcome.error),
+                error_message=_message(outcome.error),
+            )
+            for asked, outcome in zip(header.ranges, outcomes, strict=True)
+        )
+        await responder.send(messages.DescribeRangesResponse(describe_responses=results))

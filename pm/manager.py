@@ -1,0 +1,506 @@
+"""The placement manager's request logic, over plain records (SPEC §5, PM).
+
+``PlacementManager`` owns the metadata store, the node registry and the link
+to the data nodes, and implements each PM request as a method taking and
+returning records; ``pm.handlers`` only translates to and from the wire.
+
+Rules that hold throughout:
+
+- Durability before answers: every change is committed (synced) before the
+  request is answered, and before the data nodes hear of it. The commit is
+  shielded from cancellation, so a request whose deadline passes mid-commit
+  still learns whether it committed.
+- Telling the data nodes (SYNC_RANGES, DELETE_STREAMS) after a commit is best
+  effort within the request's deadline: the change is already the truth, and a
+  data node that missed it asks the PM (LIST_RANGES) when it meets the stream.
+  Sealing is different: the PM cannot record an end offset without the
+  primary's answer, so a seal fails when the primary does not answer.
+- Changes to one stream's ranges (seal, trim, update, delete) are serialised
+  by a per-stream lock, held until the data nodes were told, so two racing
+  seals produce exactly one next range and SYNC_RANGES of one stream reach a
+  node in order.
+- Per-item errors never fail the other items of a batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Final, Generic, Protocol, TypeVar
+
+import trio
+
+from sbp.errors import (
+    DataNodeNotFoundError,
+    EpochFencedError,
+    InvalidRequestError,
+    OffsetOutOfRangeError,
+    ProtocolError,
+    RangeNotFoundError,
+    RequestTimeoutError,
+    SBPError,
+    StreamNotFoundError,
+)
+
+from .liveness import NodeRegistry, NodeState
+from .locks import StreamLocks
+from .metadata import (
+    Change,
+    DeleteRange,
+    DeleteStream,
+    MetadataCounts,
+    MetadataStore,
+    PutNode,
+    PutRange,
+    PutStream,
+    RaiseNextStreamId,
+)
+from .placement import place
+from .records import NodeRecord, RangeRecord, StreamRecord
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: replica_nums is an int8 on the wire
+MAX_REPLICA_NUMS: Final = 127
+#: GET_STREAMS listing: page size when the request gives no limit, and the cap
+#: (10,000 results stay far below the 16 MiB frame limit)
+DEFAULT_LIST_LIMIT: Final = 1000
+MAX_LIST_LIMIT: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome(Generic[T]):
+    """The result of one item of a batch: a value, or the error of that item."""
+
+    value: T | None = None
+    error: ProtocolError | None = None
+
+
+class DataNodeCalls(Protocol):
+    """What the PM asks of data nodes (``pm.datanode_link`` over the network).
+
+    Each call retries brief unreachability until the caller's cancel scope
+    (the request's deadline) ends it, and raises ``ProtocolError`` for an
+    answer that retrying cannot change.
+    """
+
+    async def sync_ranges(
+        self, node_id: int, streams: Sequence[tuple[int, Sequence[RangeRecord]]]
+    ) -> None:
+        """SYNC_RANGES: each stream with its whole current list of ranges."""
+
+    async def seal_range(self, rng: RangeRecord) -> int:
+        """SEAL_RANGES on the range's primary; returns the end offset."""
+
+    async def next_offset(self, rng: RangeRecord) -> int:
+        """DESCRIBE_RANGES on the range's primary; returns its next offset."""
+
+    async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
+        """DELETE_STREAMS."""
+
+
+class PlacementManager:
+    """Streams, ranges and data nodes: the PM's requests as methods."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        registry: NodeRegistry,
+        link: DataNodeCalls,
+        *,
+        min_free_space: int = 0,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self._link = link
+        self._min_free_space = min_free_space
+        self._locks = StreamLocks()
+        # Ids are handed out here, on the event loop; each commit records the
+        # high-water mark, so a restart never hands out an acknowledged id again.
+        self._next_stream_id = store.next_stream_id()
+        registry.restore(store.nodes(), store.range_counts_by_node())
+
+    # -- data nodes -----------------------------------------------------------
+
+    async def heartbeat(self, node: NodeRecord) -> None:
+        """A data node's HEARTBEAT: register or refresh it (persisted when new)."""
+        _check_node(node)
+        if self.registry.heartbeat(node):
+            await self._commit([PutNode(node)])
+            log.info("data node %d registered at %s", node.node_id, node.address)
+
+    async def report_metrics(self, node: NodeRecord, metrics: dict[str, int]) -> None:
+        """A data node's REPORT_METRICS: its latest load, and a sign of life."""
+        _check_node(node)
+        if self.registry.report(node, metrics):
+            await self._commit([PutNode(node)])
+            log.info("data node %d registered at %s", node.node_id, node.address)
+
+    def cluster(self) -> list[NodeState]:
+        """Every known data node with its liveness and latest report."""
+        return self.registry.states()
+
+    def counts(self) -> MetadataCounts:
+        return self.store.counts()
+
+    # -- streams --------------------------------------------------------------
+
+    async def create_streams(
+        self, specs: Sequence[StreamRecord], timeout: float
+    ) -> list[Outcome[tuple[StreamRecord, RangeRecord]]]:
+        """Create streams (their ids are assigned here) with their range 0.
+
+        The whole batch is one metadata transaction and one SYNC_RANGES per
+        data node, which is what makes a frame of 1,000 streams cheap.
+        """
+        deadline = trio.current_time() + timeout
+        results: list[Outcome[tuple[StreamRecord, RangeRecord]]] = []
+        created: list[tuple[StreamRecord, RangeRecord]] = []
+        for spec in specs:
+            try:
+                _check_stream_fields(spec.replica_nums, spec.retention_period_ms)
+                nodes = self._place(spec.replica_nums)
+            except ProtocolError as exc:
+                results.append(Outcome(error=exc))
+                continue
+            stream = replace(spec, stream_id=self._next_stream_id)
+            self._next_stream_id += 1
+            first = RangeRecord(stream.stream_id, 0, 0, nodes, epoch=stream.epoch)
+            created.append((stream, first))
+            results.append(Outcome((stream, first)))
+        if not created:
+            return results
+        changes: list[Change] = [PutStream(stream) for stream, _ in created]
+        changes += [PutRange(rng) for _, rng in created]
+        changes.append(RaiseNextStreamId(self._next_stream_id))
+        await self._commit(changes)
+        by_node: dict[int, list[tuple[int, Sequence[RangeRecord]]]] = defaultdict(list)
+        for stream, rng in created:
+            self.registry.note_hosted(rng.nodes)
+            for node_id in rng.nodes:
+                by_node[node_id].append((stream.stream_id, (rng,)))
+        await self._tell_nodes(
+            deadline,
+            [
+                (
+                    node_id,
+                    f"SYNC_RANGES of {len(items)} new streams to node {node_id}",
+                    partial(self._link.sync_ranges, node_id, items),
+                )
+                for node_id, items in by_node.items()
+            ],
+        )
+        return results
+
+    async def delete_streams(
+        self, stream_ids: Sequence[int], timeout: float
+    ) -> list[Outcome[StreamRecord]]:
+        """Delete streams with their ranges, then tell the hosting data nodes."""
+        deadline = trio.current_time() + timeout
+        results: list[Outcome[StreamRecord]] = [
+            Outcome(error=RequestTimeoutError("the request's deadline passed"))
+        ] * len(stream_ids)
+        with trio.move_on_at(deadline):
+            async with self._locks.hold_all(stream_ids):
+                doomed: dict[int, list[RangeRecord]] = {}
+                for index, stream_id in enumerate(stream_ids):
+                    stream = self.store.stream(stream_id)
+                    if stream is None:
+                        results[index] = Outcome(error=_no_stream(stream_id))
+                        continue
+                    results[index] = Outcome(stream)
+                    doomed[stream_id] = self.store.ranges(stream_id)
+                await self._commit([DeleteStream(stream_id) for stream_id in doomed])
+                by_node: dict[int, list[int]] = defaultdict(list)
+                for stream_id, ranges in doomed.items():
+                    for rng in ranges:
+                        self.registry.note_removed(rng.nodes)
+                    for node_id in sorted({n for rng in ranges for n in rng.nodes}):
+                        by_node[node_id].append(stream_id)
+                await self._tell_nodes(
+                    deadline,
+                    [
+                        (
+                            node_id,
+                            f"DELETE_STREAMS of {len(ids)} streams to node {node_id}",
+                            partial(self._link.delete_streams, node_id, ids),
+                        )
+                        for node_id, ids in by_node.items()
+                    ],
+                )
+        return results
+
+    async def update_streams(
+        self, specs: Sequence[StreamRecord], timeout: float
+    ) -> list[Outcome[StreamRecord]]:
+        """Change streams' replica_nums (0 keeps it), retention (negative keeps
+        it) and epoch (which may not go back: EPOCH_FENCED). New ranges use the
+        new replica_nums and epoch; existing ranges stay where they are."""
+        deadline = trio.current_time() + timeout
+        results: list[Outcome[StreamRecord]] = [
+            Outcome(error=RequestTimeoutError("the request's deadline passed"))
+        ] * len(specs)
+        with trio.move_on_at(deadline):
+            async with self._locks.hold_all(spec.stream_id for spec in specs):
+                # Later items of the batch see the earlier ones' changes.
+                updated: dict[int, StreamRecord] = {}
+                for index, spec in enumerate(specs):
+                    try:
+                        current = updated.get(spec.stream_id) or self._require_stream(
+                            spec.stream_id
+                        )
+                        updated[spec.stream_id] = _updated(current, spec)
+                    except ProtocolError as exc:
+                        results[index] = Outcome(error=exc)
+                        continue
+                    results[index] = Outcome(updated[spec.stream_id])
+                await self._commit([PutStream(stream) for stream in updated.values()])
+        return results
+
+    def get_streams(self, stream_ids: Sequence[int]) -> list[Outcome[StreamRecord]]:
+        results: list[Outcome[StreamRecord]] = []
+        for stream_id in stream_ids:
+            stream = self.store.stream(stream_id)
+            results.append(
+                Outcome(error=_no_stream(stream_id)) if stream is None else Outcome(stream)
+            )
+        return results
+
+    def list_streams(self, start_after: int, limit: int) -> list[StreamRecord]:
+        """One page of every stream in id order (GET_STREAMS with no ids)."""
+        if limit <= 0:
+            limit = DEFAULT_LIST_LIMIT
+        return self.store.streams(start_after=start_after, limit=min(limit, MAX_LIST_LIMIT))
+
+    async def trim_streams(
+        self, trims: Sequence[tuple[int, int]], timeout: float
+    ) -> list[Outcome[tuple[StreamRecord, RangeRecord]]]:
+        """Trim each ``(stream_id, trim_offset)``: ranges wholly below the offset
+        go, the first remaining range starts at it. Returns the stream and its
+        first range after the trim. A trim into the open range is checked
+        against the primary's next offset (OFFSET_OUT_OF_RANGE beyond it)."""
+        deadline = trio.current_time() + timeout
+        return await self._each(
+            deadline, [partial(self._trim_one, sid, offset, deadline) for sid, offset in trims]
+        )
+
+    async def _trim_one(
+        self, stream_id: int, trim_offset: int, deadline: float
+    ) -> tuple[StreamRecord, RangeRecord]:
+        if trim_offset < 0:
+            raise InvalidRequestError(f"trim offset {trim_offset} is negative")
+        async with self._locks.hold(stream_id):
+            stream = self._require_stream(stream_id)
+            ranges = self.store.ranges(stream_id)
+            if not ranges:
+                raise RangeNotFoundError(f"stream {stream_id} has no ranges")
+            if trim_offset <= ranges[0].start_offset:
+                return stream, ranges[0]  # already trimmed that far: nothing to do
+            last = ranges[-1]
+            if last.is_open and trim_offset > last.start_offset:
+                next_offset = await self._link.next_offset(last)
+                if trim_offset > next_offset:
+                    raise OffsetOutOfRangeError(
+                        f"trim offset {trim_offset} is past stream {stream_id}'s "
+                        f"next offset {next_offset}"
+                    )
+            elif not last.is_open and trim_offset > last.end_offset:
+                raise OffsetOutOfRangeError(
+                    f"trim offset {trim_offset} is past stream {stream_id}'s end {last.end_offset}"
+                )
+            kept = [r for r in ranges if r.is_open or r.end_offset > trim_offset]
+            dropped = ranges[: len(ranges) - len(kept)]
+            first = replace(kept[0], start_offset=max(kept[0].start_offset, trim_offset))
+            changes: list[Change] = [DeleteRange(r.stream_id, r.range_index) for r in dropped]
+            changes.append(PutRange(first))
+            await self._commit(changes)
+            for rng in dropped:
+                self.registry.note_removed(rng.nodes)
+            # Nodes that hosted only dropped ranges hear of the trim too: they free them.
+            await self._sync_stream(stream_id, deadline, {n for r in dropped for n in r.nodes})
+            return stream, first
+
+    # -- ranges ---------------------------------------------------------------
+
+    async def seal_ranges(
+        self, keys: Sequence[tuple[int, int]], timeout: float
+    ) -> list[Outcome[list[RangeRecord]]]:
+        """Seal each ``(stream_id, range_index)`` and create the stream's next
+        range; returns the sealed range and the next one. Sealing a range that
+        is already sealed returns the current state (an idempotent retry)."""
+        deadline = trio.current_time() + timeout
+        return await self._each(
+            deadline, [partial(self._seal_one, sid, index, deadline) for sid, index in keys]
+        )
+
+    async def _seal_one(
+        self, stream_id: int, range_index: int, deadline: float
+    ) -> list[RangeRecord]:
+        async with self._locks.hold(stream_id):
+            stream = self._require_stream(stream_id)
+            rng = self.store.range(stream_id, range_index)
+            if rng is None:
+                raise RangeNotFoundError(f"stream {stream_id} has no range {range_index}")
+            if not rng.is_open:
+                following = self.store.range(stream_id, range_index + 1)
+                return [rng] if following is None else [rng, following]
+            # Place first: when no node can take the next range, the open one
+            # stays open and writable rather than leaving the stream without one.
+            nodes = self._place(stream.replica_nums)
+            end = await self._link.seal_range(rng)
+            # A trim may have raised the start past what the primary had seen.
+            sealed = replace(rng, end_offset=max(end, rng.start_offset))
+            following = RangeRecord(
+                stream_id, range_index + 1, sealed.end_offset, nodes, epoch=stream.epoch
+            )
+            await self._commit([PutRange(sealed), PutRange(following)])
+            self.registry.note_hosted(nodes)
+            await self._sync_stream(stream_id, deadline)
+            return [sealed, following]
+
+    def stream_ranges(self, stream_id: int) -> list[RangeRecord]:
+        """LIST_RANGES by stream: every range, in order."""
+        self._require_stream(stream_id)
+        return self.store.ranges(stream_id)
+
+    def node_ranges(self, node_id: int) -> list[RangeRecord]:
+        """LIST_RANGES by data node: every range hosted there."""
+        if self.registry.get(node_id) is None:
+            raise DataNodeNotFoundError(f"no data node {node_id}")
+        return self.store.ranges_on_node(node_id)
+
+    def describe_ranges(self, keys: Sequence[tuple[int, int]]) -> list[Outcome[RangeRecord]]:
+        """DESCRIBE_RANGES: the PM's metadata of each range."""
+        results: list[Outcome[RangeRecord]] = []
+        for stream_id, range_index in keys:
+            rng = self.store.range(stream_id, range_index)
+            if rng is not None:
+                results.append(Outcome(rng))
+            elif self.store.stream(stream_id) is None:
+                results.append(Outcome(error=_no_stream(stream_id)))
+            else:
+                results.append(
+                    Outcome(
+                        error=RangeNotFoundError(f"stream {stream_id} has no range {range_index}")
+                    )
+                )
+        return results
+
+    # -- helpers --------------------------------------------------------------
+
+    def _require_stream(self, stream_id: int) -> StreamRecord:
+        stream = self.store.stream(stream_id)
+        if stream is None:
+            raise _no_stream(stream_id)
+        return stream
+
+    def _place(self, replica_nums: int) -> tuple[int, ...]:
+        nodes = place(self.registry.loads(), replica_nums, min_free_space=self._min_free_space)
+        self.registry.note_placed(nodes)
+        return nodes
+
+    async def _commit(self, changes: Sequence[Change]) -> None:
+        # Shielded: once the transaction starts, the caller must see how it ended.
+        with trio.CancelScope(shield=True):
+            await self.store.commit(changes)
+
+    async def _each(
+        self, deadline: float, items: Sequence[Callable[[], Awaitable[T]]]
+    ) -> list[Outcome[T]]:
+        """Run the items of a batch concurrently, each to its own outcome;
+        those not done by the deadline are TIMEOUT."""
+        results: list[Outcome[T] | None] = [None] * len(items)
+
+        async def run(index: int, item: Callable[[], Awaitable[T]]) -> None:
+            with trio.move_on_at(deadline):
+                try:
+                    results[index] = Outcome(await item())
+                except ProtocolError as exc:
+                    results[index] = Outcome(error=exc)
+
+        async with trio.open_nursery() as nursery:
+            for index, item in enumerate(items):
+                nursery.start_soon(run, index, item)
+        timeout = RequestTimeoutError("the request's deadline passed")
+        return [Outcome(error=timeout) if r is None else r for r in results]
+
+    async def _sync_stream(self, stream_id: int, deadline: float, also: Iterable[int] = ()) -> None:
+        ranges = self.store.ranges(stream_id)
+        nodes = {n for rng in ranges for n in rng.nodes} | set(also)
+        await self._tell_nodes(
+            deadline,
+            [
+                (
+                    node_id,
+                    f"SYNC_RANGES of stream {stream_id} to node {node_id}",
+                    partial(self._link.sync_ranges, node_id, [(stream_id, ranges)]),
+                )
+                for node_id in sorted(nodes)
+            ],
+        )
+
+    async def _tell_nodes(
+        self, deadline: float, calls: Sequence[tuple[int, str, Callable[[], Awaitable[None]]]]
+    ) -> None:
+        """Best effort, after a commit: run the calls concurrently until the
+        deadline, shielded from the request being cancelled, and log failures."""
+
+        async def attempt(what: str, call: Callable[[], Awaitable[None]]) -> None:
+            try:
+                await call()
+            except trio.Cancelled:
+                log.warning("%s: no answer before the request's deadline", what)
+                raise
+            except (SBPError, OSError) as exc:
+                log.warning("%s failed: %s", what, exc)
+
+        with trio.CancelScope(deadline=deadline, shield=True):
+            async with trio.open_nursery() as nursery:
+                for node_id, what, call in calls:
+                    # A dead node would only be waited for until the deadline;
+                    # it asks the PM about its streams when it is back.
+                    if self.registry.is_alive(node_id):
+                        nursery.start_soon(attempt, what, call)
+                    else:
+                        log.info("%s skipped: the node is dead", what)
+
+
+def _no_stream(stream_id: int) -> StreamNotFoundError:
+    return StreamNotFoundError(f"no stream {stream_id}")
+
+
+def _updated(current: StreamRecord, spec: StreamRecord) -> StreamRecord:
+    replica_nums = spec.replica_nums or current.replica_nums
+    retention = (
+        current.retention_period_ms if spec.retention_period_ms < 0 else spec.retention_period_ms
+    )
+    _check_stream_fields(replica_nums, retention)
+    if spec.epoch < current.epoch:
+        raise EpochFencedError(
+            f"stream {spec.stream_id} is at epoch {current.epoch}, update names {spec.epoch}"
+        )
+    return replace(
+        current, replica_nums=replica_nums, retention_period_ms=retention, epoch=spec.epoch
+    )
+
+
+def _check_stream_fields(replica_nums: int, retention_period_ms: int) -> None:
+    if not 1 <= replica_nums <= MAX_REPLICA_NUMS:
+        raise InvalidRequestError(
+            f"replica_nums must be 1 to {MAX_REPLICA_NUMS}, got {replica_nums}"
+        )
+    if retention_period_ms < 0:
+        raise InvalidRequestError(f"retention_period_ms must be >= 0, got {retention_period_ms}")
+
+
+def _check_node(node: NodeRecord) -> None:
+    host, sep, port = node.address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise InvalidRequestError(
+            f"data node {node.node_id} advertises {node.address!r}, not host:port"
+        )

@@ -1,0 +1,343 @@
+"""The PM's metadata in LMDB: streams, ranges, data nodes, the next stream id.
+
+Layout (one LMDB environment, named databases, every integer big-endian so
+that byte order is numeric order for the non-negative ids used as keys):
+
+=============  ===============================  ==================================
+database       key                              value
+=============  ===============================  ==================================
+``streams``    stream_id (q)                    replica_nums (b), retention (q), epoch (q)
+``ranges``     stream_id (q), range_index (i)   start (q), end (q), epoch (q), n (B),
+                                                n node ids (i), primary first
+``by_node``    node_id (i), stream_id (q),      empty: the index behind LIST_RANGES
+               range_index (i)                  by data node
+``nodes``      node_id (i)                      advertise address, UTF-8
+``meta``       name                             schema version, next stream id
+=============  ===============================  ==================================
+
+Durability: every ``apply`` is one write transaction committed with a sync
+(LMDB's ``sync`` and ``metasync`` stay on), so a change that was applied
+survives SIGKILL and power loss. ``commit`` runs ``apply`` on a worker thread:
+an LMDB write transaction must stay on the thread that began it, and a synced
+commit takes about a millisecond that the event loop should not wait out.
+Reads are short and run inline on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import lmdb
+import trio
+
+from .records import NodeRecord, RangeRecord, StreamRecord
+
+SCHEMA_VERSION: Final = 1
+#: LMDB reserves the map as sparse address space; the file grows only with data.
+#: 4 GiB holds tens of millions of streams. LMDB's own default (10 MiB) would
+#: fill at about 50,000 streams.
+DEFAULT_MAP_SIZE: Final = 4 << 30
+_MAX_DBS: Final = 8
+
+_STREAM_KEY: Final = struct.Struct(">q")
+_STREAM_VALUE: Final = struct.Struct(">bqq")
+_RANGE_KEY: Final = struct.Struct(">qi")
+_RANGE_HEAD: Final = struct.Struct(">qqqB")
+_NODE_KEY: Final = struct.Struct(">i")
+_U64: Final = struct.Struct(">Q")
+
+_META_SCHEMA: Final = b"schema_version"
+_META_NEXT_STREAM_ID: Final = b"next_stream_id"
+#: stream ids start at 1; 0 means "not yet assigned" on the wire
+FIRST_STREAM_ID: Final = 1
+
+
+class MetadataError(Exception):
+    """The metadata directory cannot be opened or holds an unknown layout."""
+
+
+# -- changes ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PutStream:
+    stream: StreamRecord
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteStream:
+    """Remove a stream with all of its ranges."""
+
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class PutRange:
+    range: RangeRecord
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRange:
+    stream_id: int
+    range_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class PutNode:
+    node: NodeRecord
+
+
+@dataclass(frozen=True, slots=True)
+class RaiseNextStreamId:
+    """Record that ids below ``value`` are taken; never lowers the stored value."""
+
+    value: int
+
+
+Change = PutStream | DeleteStream | PutRange | DeleteRange | PutNode | RaiseNextStreamId
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataCounts:
+    streams: int
+    ranges: int
+    nodes: int
+
+
+# -- encoding -----------------------------------------------------------------
+
+
+def _encode_stream(stream: StreamRecord) -> bytes:
+    return _STREAM_VALUE.pack(stream.replica_nums, stream.retention_period_ms, stream.epoch)
+
+
+def _decode_stream(key: bytes, value: bytes) -> StreamRecord:
+    (stream_id,) = _STREAM_KEY.unpack(key)
+    replica_nums, retention, epoch = _STREAM_VALUE.unpack(value)
+    return StreamRecord(stream_id, replica_nums, retention, epoch)
+
+
+def _encode_range(rng: RangeRecord) -> bytes:
+    head = _RANGE_HEAD.pack(rng.start_offset, rng.end_offset, rng.epoch, len(rng.nodes))
+    return head + struct.pack(f">{len(rng.nodes)}i", *rng.nodes)
+
+
+def _decode_range(key: bytes, value: bytes) -> RangeRecord:
+    stream_id, range_index = _RANGE_KEY.unpack(key)
+    start, end, epoch, count = _RANGE_HEAD.unpack_from(value)
+    nodes = struct.unpack_from(f">{count}i", value, _RANGE_HEAD.size)
+    return RangeRecord(stream_id, range_index, start, tuple(nodes), end, epoch)
+
+
+# -- the store ----------------------------------------------------------------
+
+
+class MetadataStore:
+    """Streams, ranges and data nodes of one PM, persisted in LMDB."""
+
+    def __init__(self, path: Path | str, *, map_size: int = DEFAULT_MAP_SIZE) -> None:
+        self.path = Path(path)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._env = lmdb.open(
+                str(self.path), map_size=map_size, max_dbs=_MAX_DBS, sync=True, metasync=True
+            )
+        except (OSError, lmdb.Error) as exc:
+            raise MetadataError(f"cannot open metadata in {self.path}: {exc}") from exc
+        self._streams = self._env.open_db(b"streams")
+        self._ranges = self._env.open_db(b"ranges")
+        self._by_node = self._env.open_db(b"by_node")
+        self._nodes = self._env.open_db(b"nodes")
+        self._meta = self._env.open_db(b"meta")
+        self._check_schema()
+        # One writer at a time: LMDB serialises write transactions anyway, and
+        # a limiter keeps waiting writers off worker threads.
+        self._writer = trio.CapacityLimiter(1)
+
+    def _check_schema(self) -> None:
+        with self._env.begin(write=True) as txn:
+            stored = txn.get(_META_SCHEMA, db=self._meta)
+            if stored is None:
+                txn.put(_META_SCHEMA, _U64.pack(SCHEMA_VERSION), db=self._meta)
+                return
+            (version,) = _U64.unpack(stored)
+        if version != SCHEMA_VERSION:
+            self._env.close()
+            raise MetadataError(
+                f"metadata in {self.path} has schema version {version}, "
+                f"this PM reads version {SCHEMA_VERSION}"
+            )
+
+    def close(self) -> None:
+        self._env.close()
+
+    # -- reads ----------------------------------------------------------------
+
+    def _read(self) -> Any:
+        return self._env.begin(buffers=False)
+
+    def stream(self, stream_id: int) -> StreamRecord | None:
+        key = _STREAM_KEY.pack(stream_id)
+        with self._read() as txn:
+            value = txn.get(key, db=self._streams)
+        return None if value is None else _decode_stream(key, value)
+
+    def streams(self, *, start_after: int = 0, limit: int) -> list[StreamRecord]:
+        """Up to ``limit`` streams with ids above ``start_after``, in id order."""
+        found: list[StreamRecord] = []
+        if limit <= 0:
+            return found
+        with self._read() as txn:
+            cursor = txn.cursor(db=self._streams)
+            if not cursor.set_range(_STREAM_KEY.pack(max(start_after + 1, 0))):
+                return found
+            for key, value in cursor:
+                found.append(_decode_stream(key, value))
+                if len(found) >= limit:
+                    break
+        return found
+
+    def ranges(self, stream_id: int) -> list[RangeRecord]:
+        """Every range of a stream, in range_index order."""
+        with self._read() as txn:
+            return list(self._scan_ranges(txn, stream_id))
+
+    def _scan_ranges(self, txn: Any, stream_id: int) -> Iterator[RangeRecord]:
+        prefix = _STREAM_KEY.pack(stream_id)
+        cursor = txn.cursor(db=self._ranges)
+        if not cursor.set_range(prefix):
+            return
+        for key, value in cursor:
+            if not key.startswith(prefix):
+                return
+            yield _decode_range(key, value)
+
+    def range(self, stream_id: int, range_index: int) -> RangeRecord | None:
+        key = _RANGE_KEY.pack(stream_id, range_index)
+        with self._read() as txn:
+            value = txn.get(key, db=self._ranges)
+        return None if value is None else _decode_range(key, value)
+
+    def last_range(self, stream_id: int) -> RangeRecord | None:
+        """The stream's last (highest index) range: the open one while the stream lives."""
+        # The largest key of this stream is just below the first key of the next id.
+        with self._read() as txn:
+            cursor = txn.cursor(db=self._ranges)
+            if cursor.set_range(_STREAM_KEY.pack(stream_id + 1)):
+                if not cursor.prev():
+                    return None
+            elif not cursor.last():
+                return None
+            key, value = cursor.item()
+            if not key.startswith(_STREAM_KEY.pack(stream_id)):
+                return None
+            return _decode_range(key, value)
+
+    def ranges_on_node(self, node_id: int) -> list[RangeRecord]:
+        """Every range that lists ``node_id`` among its replicas, by stream and index."""
+        prefix = _NODE_KEY.pack(node_id)
+        found: list[RangeRecord] = []
+        with self._read() as txn:
+            cursor = txn.cursor(db=self._by_node)
+            if not cursor.set_range(prefix):
+                return found
+            for key in cursor.iternext(keys=True, values=False):
+                if not key.startswith(prefix):
+                    break
+                range_key = key[_NODE_KEY.size :]
+                value = txn.get(range_key, db=self._ranges)
+                if value is not None:
+                    found.append(_decode_range(range_key, value))
+        return found
+
+    def nodes(self) -> list[NodeRecord]:
+        with self._read() as txn:
+            return [
+                NodeRecord(_NODE_KEY.unpack(key)[0], value.decode())
+                for key, value in txn.cursor(db=self._nodes)
+            ]
+
+    def next_stream_id(self) -> int:
+        """The lowest stream id never handed out."""
+        with self._read() as txn:
+            value = txn.get(_META_NEXT_STREAM_ID, db=self._meta)
+        return FIRST_STREAM_ID if value is None else int(_U64.unpack(value)[0])
+
+    def counts(self) -> MetadataCounts:
+        """Entry counts, read from LMDB's page statistics (no scan)."""
+        with self._read() as txn:
+            return MetadataCounts(
+                streams=txn.stat(self._streams)["entries"],
+                ranges=txn.stat(self._ranges)["entries"],
+                nodes=txn.stat(self._nodes)["entries"],
+            )
+
+    def range_counts_by_node(self) -> dict[int, int]:
+        """How many ranges each node hosts (one scan of the node index; for start-up)."""
+        counts: dict[int, int] = {}
+        with self._read() as txn:
+            for key in txn.cursor(db=self._by_node).iternext(keys=True, values=False):
+                node_id = _NODE_KEY.unpack_from(key)[0]
+                counts[node_id] = counts.get(node_id, 0) + 1
+        return counts
+
+    # -- writes ---------------------------------------------------------------
+
+    async def commit(self, changes: Sequence[Change]) -> None:
+        """Apply ``changes`` durably in one transaction, off the event loop.
+
+        Not cancellable once started: the caller must learn whether the
+        transaction committed before it answers anyone.
+        """
+        if changes:
+            await trio.to_thread.run_sync(self.apply, changes, limiter=self._writer)
+
+    def apply(self, changes: Iterable[Change]) -> None:
+        """Apply ``changes`` in one write transaction, synced on commit."""
+        with self._env.begin(write=True) as txn:
+            for change in changes:
+                self._apply_one(txn, change)
+
+    def _apply_one(self, txn: Any, change: Change) -> None:
+        match change:
+            case PutStream(stream):
+                txn.put(
+                    _STREAM_KEY.pack(stream.stream_id), _encode_stream(stream), db=self._streams
+                )
+            case DeleteStream(stream_id):
+                for rng in list(self._scan_ranges(txn, stream_id)):
+                    self._delete_range(txn, rng.stream_id, rng.range_index)
+                txn.delete(_STREAM_KEY.pack(stream_id), db=self._streams)
+            case PutRange(rng):
+                self._put_range(txn, rng)
+            case DeleteRange(stream_id, range_index):
+                self._delete_range(txn, stream_id, range_index)
+            case PutNode(node):
+                txn.put(_NODE_KEY.pack(node.node_id), node.address.encode(), db=self._nodes)
+            case RaiseNextStreamId(value):
+                stored = txn.get(_META_NEXT_STREAM_ID, db=self._meta)
+                if stored is None or _U64.unpack(stored)[0] < value:
+                    txn.put(_META_NEXT_STREAM_ID, _U64.pack(value), db=self._meta)
+
+    def _put_range(self, txn: Any, rng: RangeRecord) -> None:
+        key = _RANGE_KEY.pack(rng.stream_id, rng.range_index)
+        old = txn.get(key, db=self._ranges)
+        old_nodes = () if old is None else _decode_range(key, old).nodes
+        for node_id in set(old_nodes) - set(rng.nodes):
+            txn.delete(_NODE_KEY.pack(node_id) + key, db=self._by_node)
+        txn.put(key, _encode_range(rng), db=self._ranges)
+        for node_id in set(rng.nodes) - set(old_nodes):
+            txn.put(_NODE_KEY.pack(node_id) + key, b"", db=self._by_node)
+
+    def _delete_range(self, txn: Any, stream_id: int, range_index: int) -> None:
+        key = _RANGE_KEY.pack(stream_id, range_index)
+        old = txn.get(key, db=self._ranges)
+        if old is None:
+            return
+        for node_id in _decode_range(key, old).nodes:
+            txn.delete(_NODE_KEY.pack(node_id) + key, db=self._by_node)
+        txn.delete(key, db=self._ranges)

@@ -1,0 +1,91 @@
+"""Choosing the data nodes of a new range.
+
+A pure function of the candidates' loads, so that it is tested without a
+cluster. The load of a node comes from its latest REPORT_METRICS (free disk,
+append rate, active ranges) plus the ranges the PM placed on it since that
+report, so a burst of placements between two reports spreads out instead of
+piling onto the node that looked idle at the last report.
+
+Scoring: each of the three measures is divided by its mean over the
+candidates, so they weigh the same whatever their units, and the shares are
+added (free disk counts inversely: less free space, more load). Ties, which
+are the rule on a fresh cluster where every report is zero, go to the node
+hosting the fewest ranges, then the lowest node id. The primary is the chosen
+node that has been made primary the fewest times, so replica_nums equal to
+the node count still rotates the primaries (and the append traffic).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sbp.errors import InvalidRequestError, NoAvailableDataNodeError
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLoad:
+    """What placement knows about one live data node."""
+
+    node_id: int
+    #: reported active ranges plus the ranges placed on the node since that report
+    active_ranges: int = 0
+    #: appends per second at the last report
+    append_rate: int = 0
+    #: bytes free at the last report; None before the first report
+    disk_free_space: int | None = None
+    #: every range the node hosts (the tie-break that spreads ranges evenly)
+    hosted_ranges: int = 0
+    #: how many ranges the PM has made this node primary of
+    primaries: int = 0
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _share(value: float, mean: float) -> float:
+    return value / mean if mean > 0 else 0.0
+
+
+def _scores(candidates: Sequence[NodeLoad]) -> dict[int, float]:
+    mean_ranges = _mean([c.active_ranges for c in candidates])
+    mean_rate = _mean([c.append_rate for c in candidates])
+    reported_free = [c.disk_free_space for c in candidates if c.disk_free_space is not None]
+    mean_free = _mean([float(f) for f in reported_free])
+    scores: dict[int, float] = {}
+    for c in candidates:
+        if c.disk_free_space is None or mean_free <= 0:
+            disk = 1.0 if mean_free > 0 else 0.0  # unknown: counted as average
+        else:
+            disk = mean_free / max(c.disk_free_space, 1)
+        scores[c.node_id] = (
+            _share(c.active_ranges, mean_ranges) + _share(c.append_rate, mean_rate) + disk
+        )
+    return scores
+
+
+def place(
+    candidates: Sequence[NodeLoad], replica_nums: int, *, min_free_space: int = 0
+) -> tuple[int, ...]:
+    """The node ids for a new range of ``replica_nums`` replicas, primary first.
+
+    ``candidates`` are the live nodes. A node that reported less free space
+    than ``min_free_space`` is not eligible. Raises ``NoAvailableDataNodeError``
+    when fewer than ``replica_nums`` nodes are eligible.
+    """
+    if replica_nums < 1:
+        raise InvalidRequestError(f"replica_nums must be at least 1, got {replica_nums}")
+    eligible = [
+        c for c in candidates if c.disk_free_space is None or c.disk_free_space >= min_free_space
+    ]
+    if len(eligible) < replica_nums:
+        raise NoAvailableDataNodeError(
+            f"{replica_nums} replicas wanted, {len(eligible)} live data nodes with free space"
+        )
+    scores = _scores(eligible)
+    ranked = sorted(eligible, key=lambda c: (scores[c.node_id], c.hosted_ranges, c.node_id))
+    chosen = ranked[:replica_nums]
+    # min() keeps the first of equals, so ties stay in load order.
+    primary = min(chosen, key=lambda c: c.primaries)
+    return (primary.node_id, *(c.node_id for c in chosen if c is not primary))

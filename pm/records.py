@@ -1,0 +1,59 @@
+"""The placement manager's own view of its metadata: plain frozen records.
+
+The wire messages (``sbp.messages``) describe a range with full ``DataNode``
+tables; the PM stores and reasons about node ids only and resolves addresses
+when it answers. Keeping these records separate lets the metadata store,
+placement and the request logic be tested without any wire code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sbp.constants import OPEN_END_OFFSET
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRecord:
+    """A stream: ids start at 1; ``retention_period_ms`` 0 keeps forever."""
+
+    stream_id: int
+    replica_nums: int
+    retention_period_ms: int = 0
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RangeRecord:
+    """One range of a stream, ``[start_offset, end_offset)``.
+
+    ``nodes`` are the replica node ids with the primary first; ``end_offset``
+    is ``OPEN_END_OFFSET`` while the range is open (writable).
+    """
+
+    stream_id: int
+    range_index: int
+    start_offset: int
+    nodes: tuple[int, ...]
+    end_offset: int = OPEN_END_OFFSET
+    epoch: int = 0
+
+    @property
+    def is_open(self) -> bool:
+        return self.end_offset == OPEN_END_OFFSET
+
+    @property
+    def primary(self) -> int:
+        return self.nodes[0]
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.stream_id, self.range_index)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """A data node as registered by its first HEARTBEAT."""
+
+    node_id: int
+    address: str

@@ -1,0 +1,128 @@
+"""Assembling and running one PM process: metadata, registry, link to the data
+nodes, handlers, the SBP server and /metrics, until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Final
+
+import trio
+
+from net.connection import ConnectionLimits
+from net.server import Server
+from net.service import (
+    EXIT_OK,
+    LISTENING_PREFIX,
+    METRICS_PREFIX,
+    MetricsHTTPServer,
+    ServiceError,
+    ShutdownSignals,
+    announce,
+)
+
+from .config import PMConfig
+from .datanode_link import DataNodeLink
+from .handlers import PMHandlers
+from .liveness import NodeRegistry
+from .manager import PlacementManager
+from .metadata import MetadataError, MetadataStore
+from .metrics import PMMetrics
+
+log = logging.getLogger(__name__)
+
+#: servers ping idle peers so that a dead one does not hold its slot forever
+KEEPALIVE_INTERVAL_S: Final = 30.0
+#: liveness is checked this often (and at most every quarter of the node timeout)
+LIVENESS_CHECK_S: Final = 1.0
+
+
+async def run_pm(config: PMConfig) -> int:
+    """Serve until SIGTERM/SIGINT, then drain and close; the exit code."""
+    with ShutdownSignals() as signals, _open_store(config) as store:
+        async with DataNodeLink.new_pool() as pool:
+            registry = NodeRegistry(config.node_timeout_s)
+            manager = PlacementManager(
+                store,
+                registry,
+                DataNodeLink(pool, registry.address),
+                min_free_space=config.min_free_space,
+            )
+            metrics = PMMetrics(manager)
+            server = Server(
+                PMHandlers(manager).dispatcher(),
+                limits=ConnectionLimits(
+                    max_frame_length=config.max_frame_bytes,
+                    max_concurrent_requests=config.max_in_flight,
+                    keepalive_interval=KEEPALIVE_INTERVAL_S,
+                    drain_timeout=config.drain_timeout_s,
+                ),
+                observer=metrics.connections,
+                max_connections=config.max_connections,
+            )
+            with _metrics_endpoint(config, metrics) as endpoint:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(signals.watch)
+                    host, port = await nursery.start(server.serve, *config.listen)
+                    if endpoint is not None:
+                        announce(METRICS_PREFIX, *endpoint.address)
+                    counts = manager.counts()
+                    log.info(
+                        "metadata in %s: %d streams, %d ranges, %d data nodes",
+                        config.data_dir,
+                        counts.streams,
+                        counts.ranges,
+                        counts.nodes,
+                    )
+                    announce(LISTENING_PREFIX, host, port)
+                    nursery.start_soon(_watch_liveness, registry)
+                    await signals.requested.wait()
+                    await _drain(server, config.drain_timeout_s, signals.forced)
+                    nursery.cancel_scope.cancel()
+    log.info("stopped")
+    return EXIT_OK
+
+
+@contextlib.contextmanager
+def _open_store(config: PMConfig) -> Iterator[MetadataStore]:
+    try:
+        store = MetadataStore(config.data_dir, map_size=config.map_size)
+    except MetadataError as exc:
+        raise ServiceError(str(exc)) from exc
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@contextlib.contextmanager
+def _metrics_endpoint(config: PMConfig, metrics: PMMetrics) -> Iterator[MetricsHTTPServer | None]:
+    if config.metrics_listen is None:
+        yield None
+        return
+    with MetricsHTTPServer.running(metrics.registry, *config.metrics_listen) as endpoint:
+        yield endpoint
+
+
+async def _drain(server: Server, timeout: float, forced: trio.Event) -> None:
+    """GOAWAY everywhere and let requests in flight finish, unless a second
+    signal says to stop now."""
+    async with trio.open_nursery() as nursery:
+
+        async def stop_when_forced() -> None:
+            await forced.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(stop_when_forced)
+        await server.drain(timeout)
+        nursery.cancel_scope.cancel()
+
+
+async def _watch_liveness(registry: NodeRegistry) -> None:
+    """Check liveness periodically, so that a node going silent is logged when
+    it turns dead, not at the next request that looks."""
+    interval = min(LIVENESS_CHECK_S, registry.node_timeout / 4)
+    while True:
+        await trio.sleep(interval)
+        registry.sweep()

@@ -1,0 +1,111 @@
+"""``python -m pm`` as a user runs it: --help, bad flags, unusable data
+directory, busy port, config file under flags, /metrics."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from pathlib import Path
+
+import pytest
+import trio
+
+from sbp import messages
+
+from .pm_cluster import pm_cluster
+from .procs import run_cli, start_server
+
+pytestmark = pytest.mark.integration
+
+
+def test_help_explains_the_flags() -> None:
+    result = run_cli("pm", ["--help"])
+    assert result.returncode == 0
+    for flag in ("--listen", "--data-dir", "--metrics-listen", "--node-timeout-ms", "--config"):
+        assert flag in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--listen", "nowhere"], "'nowhere' is not HOST:PORT"),
+        (["--node-timeout-ms", "0"], "0 is not a positive integer"),
+        (["--listen", "127.0.0.1:0"], "--data-dir is required"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_flags_are_one_line_and_exit_2(args: list[str], message: str) -> None:
+    result = run_cli("pm", args)
+    assert result.returncode == 2
+    assert result.stderr.startswith("sbp-pm: error: ")
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unusable_data_dir_exits_1(tmp_path: Path) -> None:
+    occupied = tmp_path / "a-file"
+    occupied.write_text("not a directory")
+    result = run_cli("pm", ["--data-dir", str(occupied)])
+    assert result.returncode == 1
+    assert "cannot open metadata" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_busy_port_exits_1(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("pm", ["--data-dir", str(tmp_path), "--listen", f"127.0.0.1:{port}"])
+    assert result.returncode == 1
+    assert result.stderr.startswith("sbp-pm: error: ")
+    assert "in use" in result.stderr
+
+
+async def test_config_file_under_flags_and_sigterm_exits_0(tmp_path: Path) -> None:
+    config = tmp_path / "pm.toml"
+    config.write_text(f'data-dir = "{tmp_path / "meta"}"\nlisten = "127.0.0.1:1"\n')
+    pm = await start_server(
+        "pm", ["--config", str(config), "--listen", "127.0.0.1:0"], tmp_path / "logs"
+    )
+    try:
+        assert pm.port != 1
+        assert (tmp_path / "meta" / "data.mdb").exists()
+    finally:
+        assert await pm.terminate() == 0
+
+
+async def test_metrics_show_streams_ranges_and_nodes(tmp_path: Path) -> None:
+    async with pm_cluster(tmp_path, node_ids=(1, 2)) as cluster:
+        assert cluster.pm is not None
+        address = cluster.pm.address
+        await cluster.pm.kill()
+        await cluster.start_pm(address, "--metrics-listen", "127.0.0.1:0")
+        await cluster.wait_alive({1, 2})
+        pm = cluster.pm_client()
+        created = await pm.create_streams([messages.Stream(replica_nums=1)] * 3)
+        stream_id = created[0].stream.stream_id if created[0].stream else 0
+        await pm.seal_range(stream_id, 0)
+
+        assert cluster.pm.metrics_address is not None
+        url = f"http://{cluster.pm.metrics_address}/metrics"
+        with trio.fail_after(10):  # until both nodes sent a load report
+            while True:
+                text = await trio.to_thread.run_sync(
+                    lambda: urllib.request.urlopen(url).read().decode()
+                )
+                lines = set(text.splitlines())
+                reported = [line for line in lines if "data_node_disk_free_space{" in line]
+                if len(reported) == 2:
+                    break
+                await trio.sleep(0.1)
+        assert "sbp_pm_streams 3.0" in lines
+        assert 'sbp_pm_ranges{state="open"} 3.0' in lines
+        assert 'sbp_pm_ranges{state="sealed"} 1.0' in lines
+        assert 'sbp_pm_data_nodes{state="alive"} 2.0' in lines
+        assert 'sbp_pm_data_nodes{state="dead"} 0.0' in lines
+        assert any(
+            line.startswith('sbp_pm_data_node_seconds_since_heartbeat{node="1"}') for line in lines
+        )
+        assert any(line.startswith('sbp_pm_data_node_disk_free_space{node="2"}') for line in lines)
+        assert 'sbp_pm_server_requests_total{code="NONE",opcode="CREATE_STREAMS"} 1.0' in lines
