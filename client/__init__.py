@@ -1,8 +1,28 @@
-"""The SBP client library: ``PMClient`` and ``DataNodeClient`` over the
-``net`` connection machinery."""
+"""The SBP client library: ``Producer`` and ``Consumer`` for streams, the
+blocking ``SyncClient`` facade over them, and the protocol clients
+``PMClient`` and ``DataNodeClient`` over the ``net`` connection machinery.
+See docs/client.md."""
 
 from ._base import DEFAULT_TIMEOUT, SBPClient
+from .consumer import Consumer, Record
 from .datanode_client import DataNodeClient, FetchedBatches
 from .pm_client import PMClient
+from .producer import Producer, ProducerClosedError, RecordHandle, RecordsHandle
+from .sync import SyncClient, SyncConsumer, SyncProducer
 
-__all__ = ["DEFAULT_TIMEOUT", "DataNodeClient", "FetchedBatches", "PMClient", "SBPClient"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "Consumer",
+    "DataNodeClient",
+    "FetchedBatches",
+    "PMClient",
+    "Producer",
+    "ProducerClosedError",
+    "Record",
+    "RecordHandle",
+    "RecordsHandle",
+    "SBPClient",
+    "SyncClient",
+    "SyncConsumer",
+    "SyncProducer",
+]

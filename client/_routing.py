@@ -1,0 +1,160 @@
+"""Where a stream's records live: its ranges as the PM last listed them, and
+the connections a producer or consumer needs to reach them.
+
+Both the producer and the consumer route by the same cache: the producer to
+the primary of the open range, the consumer to the range holding an offset.
+The cache is only a hint; a data node's RANGE_SEALED, RANGE_NOT_FOUND or
+NOT_PRIMARY, or a connection that fails, makes the caller ``refresh`` it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from contextlib import AsyncExitStack
+from types import TracebackType
+from typing import Final, Self
+
+import trio
+
+from net.pool import ConnectionPool, backoff_delay
+from sbp import messages
+from sbp.enums import ErrorCode
+from sbp.errors import ConnectionClosed, ProtocolError, RangeNotFoundError
+
+from .datanode_client import DataNodeClient
+from .pm_client import PMClient
+
+#: errors a data node answers when the client's view of the ranges is stale
+STALE_ROUTE_CODES: Final = frozenset(
+    {ErrorCode.RANGE_SEALED, ErrorCode.RANGE_NOT_FOUND, ErrorCode.NOT_PRIMARY}
+)
+#: first retry delay after a failure, doubling up to RETRY_BACKOFF_MAX (full jitter)
+RETRY_BACKOFF_INITIAL: Final = 0.02
+RETRY_BACKOFF_MAX: Final = 1.0
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds to wait before retry number ``failures`` (1 for the first)."""
+    return backoff_delay(failures, initial=RETRY_BACKOFF_INITIAL, cap=RETRY_BACKOFF_MAX)
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether trying again (after a refresh of the ranges) may succeed: a
+    retriable wire error, a lost connection or a deadline passed."""
+    if isinstance(error, ProtocolError):
+        return error.retriable
+    return isinstance(error, ConnectionClosed | OSError | trio.TooSlowError)
+
+
+def primary_of(rng: messages.Range) -> messages.DataNode:
+    """The data node that takes appends and serves reads for a range.
+
+    Only the primary stores data (see docs/pm.md, Placement), so reads go
+    there too.
+    """
+    for replica in rng.replica_nodes:
+        if replica.is_primary and replica.data_node is not None:
+            return replica.data_node
+    raise RangeNotFoundError(
+        f"range {rng.range_index} of stream {rng.stream_id} has no primary data node"
+    )
+
+
+class StreamRoutes:
+    """The ranges of one stream, cached from the PM's LIST_RANGES."""
+
+    def __init__(self, pm: PMClient, stream_id: int) -> None:
+        self.pm = pm
+        self.stream_id = stream_id
+        self.ranges: tuple[messages.Range, ...] = ()
+        self._starts: list[int] = []
+        self._refreshing: trio.Event | None = None
+
+    async def refresh(self) -> tuple[messages.Range, ...]:
+        """List the ranges again. Callers that ask while a refresh is under
+        way share its answer instead of sending their own."""
+        if self._refreshing is not None:
+            await self._refreshing.wait()
+            return self.ranges
+        self._refreshing = trio.Event()
+        try:
+            self.ranges = await self.pm.list_stream_ranges(self.stream_id)
+            self._starts = [rng.start_offset for rng in self.ranges]
+        finally:
+            self._refreshing.set()
+            self._refreshing = None
+        return self.ranges
+
+    def open_range(self) -> messages.Range | None:
+        """The writable range as last listed (None if none is known)."""
+        if self.ranges and self.ranges[-1].end_offset < 0:
+            return self.ranges[-1]
+        return None
+
+    def range_for(self, offset: int) -> messages.Range | None:
+        """The range holding ``offset`` as last listed: a sealed range with
+        ``start <= offset < end``, or the open range from its start on."""
+        index = bisect.bisect_right(self._starts, offset) - 1
+        if index < 0:
+            return None
+        rng = self.ranges[index]
+        if rng.end_offset >= 0 and offset >= rng.end_offset:
+            return None
+        return rng
+
+    @property
+    def first_offset(self) -> int:
+        """The stream's first readable offset as last listed (0 if unknown)."""
+        return self.ranges[0].start_offset if self.ranges else 0
+
+
+class ClientContext:
+    """The PM client and the connection pool a producer or consumer works
+    with: the caller's when given, otherwise opened here and closed on exit."""
+
+    def __init__(
+        self, pm: str | PMClient, pool: ConnectionPool | None, request_timeout: float
+    ) -> None:
+        self._pm_target = pm
+        self._given_pool = pool
+        self.request_timeout = request_timeout
+        self._stack = AsyncExitStack()
+        self._pool: ConnectionPool | None = None
+        self._pm: PMClient | None = None
+        self._nodes: dict[str, DataNodeClient] = {}
+
+    async def __aenter__(self) -> Self:
+        pool = self._given_pool
+        if pool is None:
+            pool = await self._stack.enter_async_context(ConnectionPool())
+        self._pool = pool
+        if isinstance(self._pm_target, PMClient):
+            self._pm = self._pm_target
+        else:
+            self._pm = PMClient(self._pm_target, pool=pool, timeout=self.request_timeout)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._stack.__aexit__(exc_type, exc, tb)
+
+    @property
+    def pm(self) -> PMClient:
+        if self._pm is None:
+            raise RuntimeError("not open; use `async with`")
+        return self._pm
+
+    def node(self, data_node: messages.DataNode) -> DataNodeClient:
+        """The client of a data node (by its advertised address)."""
+        address = data_node.advertise_addr
+        client = self._nodes.get(address)
+        if client is None:
+            if self._pool is None:
+                raise RuntimeError("not open; use `async with`")
+            client = DataNodeClient(address, pool=self._pool, timeout=self.request_timeout)
+            self._nodes[address] = client
+        return client

@@ -1,0 +1,366 @@
+"""A blocking facade over the async client, for scripts and Spark executors.
+
+``SyncClient`` runs a trio event loop in a background thread of its own and
+passes every call to it (``trio.from_thread``); the calling thread blocks
+until the answer is there. Nothing about trio leaks out: producers,
+consumers and PM calls are plain methods and iterators.
+
+Producers and consumers are async context managers underneath, whose tasks
+must start and end in one trio task; each one therefore lives in a host task
+of the loop, which opens it, hands it out and closes it when told.
+
+The loop thread is a daemon, so a client that is never closed does not keep
+the interpreter alive; ``close()`` (or ``with``) flushes producers and shuts
+the loop down cleanly. Create the client in the process that uses it: a
+forked child (a Spark Python worker is one) does not inherit the thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any, Generic, Self, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+import trio
+
+from net.pool import ConnectionPool
+from sbp import messages
+from sbp.batches import DecodedRecords
+
+from ._base import DEFAULT_TIMEOUT
+from .consumer import Consumer, Record, iter_records
+from .pm_client import PMClient
+from .producer import Producer, RecordHandle, RecordsHandle
+
+T = TypeVar("T")
+#: how long close() waits for the loop thread to finish
+_JOIN_TIMEOUT = 30.0
+
+
+class _Hosted(Generic[T]):
+    """An async context manager kept open by a task of the loop."""
+
+    def __init__(self, value: T) -> None:
+        self.value = value
+        self.close = trio.Event()
+        self.closed = trio.Event()
+        self.error: BaseException | None = None
+
+
+class SyncClient:
+    """A blocking client of one SBP cluster, reached through its PM.
+
+    ::
+
+        with SyncClient(pm="127.0.0.1:7400") as client:
+            stream = client.create_stream()
+            with client.producer(stream.stream_id) as producer:
+                producer.send_many([b"a", b"b"])
+            for record in client.consumer(stream.stream_id, from_offset=0):
+                print(record.offset, record.value)
+
+    Methods are safe to call from several threads at once, but not from
+    inside the client's own loop (that is, not from async code).
+    """
+
+    def __init__(self, pm: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.pm_address = pm
+        self.timeout = timeout
+        self._ready = threading.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._nursery: trio.Nursery | None = None
+        self._pm: PMClient | None = None
+        self._pool: ConnectionPool | None = None
+        self._stop: trio.Event | None = None
+        self._hosted: set[_Hosted[Any]] = set()
+        self._startup_error: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run_loop, name="sbp-client", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._startup_error is not None:
+            raise self._startup_error
+
+    # -- the loop thread ------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as error:  # reported to the constructor
+            self._startup_error = error
+        finally:
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._stop = trio.Event()
+        async with ConnectionPool() as pool, trio.open_nursery() as nursery:
+            self._pool = pool
+            self._pm = PMClient(self.pm_address, pool=pool, timeout=self.timeout)
+            self._nursery = nursery
+            self._token = trio.lowlevel.current_trio_token()
+            self._ready.set()
+            await self._stop.wait()
+            nursery.cancel_scope.cancel()
+
+    def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run ``await fn(*args)`` in the client's loop and return its result:
+        the way to reach any async API (``PMClient`` methods …) from here."""
+        if self._closed or self._token is None:
+            raise RuntimeError("the client is closed")
+        return trio.from_thread.run(fn, *args, trio_token=self._token)
+
+    # -- PM calls -------------------------------------------------------------
+
+    @property
+    def pm(self) -> PMClient:
+        """The async PM client (call its methods through ``run``)."""
+        assert self._pm is not None
+        return self._pm
+
+    def create_stream(
+        self, replica_nums: int = 1, *, retention_period_ms: int = 0
+    ) -> messages.Stream:
+        """Create a stream; returns it with its id."""
+
+        async def create() -> messages.Stream:
+            result = await self.pm.create_stream(
+                replica_nums, retention_period_ms=retention_period_ms
+            )
+            assert result.stream is not None
+            return result.stream
+
+        return self.run(create)
+
+    def get_stream(self, stream_id: int) -> messages.Stream:
+        return self.run(self.pm.get_stream, stream_id)
+
+    def list_streams(self) -> list[messages.Stream]:
+        """Every stream, in id order."""
+
+        async def listing() -> list[messages.Stream]:
+            return [stream async for stream in self.pm.list_streams()]
+
+        return self.run(listing)
+
+    def list_ranges(self, stream_id: int) -> tuple[messages.Range, ...]:
+        """The stream's ranges, in order (the last one open)."""
+        return self.run(self.pm.list_stream_ranges, stream_id)
+
+    def seal(self, stream_id: int) -> tuple[messages.Range, ...]:
+        """Seal the stream's open range and open the next one; both, in order."""
+
+        async def seal() -> tuple[messages.Range, ...]:
+            ranges = await self.pm.list_stream_ranges(stream_id)
+            result = await self.pm.seal_range(stream_id, ranges[-1].range_index)
+            return result.ranges
+
+        return self.run(seal)
+
+    def delete_stream(self, stream_id: int) -> None:
+        self.run(self.pm.delete_stream, stream_id)
+
+    # -- producers and consumers ----------------------------------------------
+
+    def producer(self, stream_id: int, **options: Any) -> SyncProducer:
+        """A producer of ``stream_id``; ``options`` are ``Producer``'s."""
+        producer = Producer(self.pm, stream_id, pool=self._pool, **options)
+        return SyncProducer(self, self._host(producer))
+
+    def consumer(self, stream_id: int, from_offset: int = 0, **options: Any) -> SyncConsumer:
+        """A consumer of ``stream_id`` from ``from_offset``; ``options`` are ``Consumer``'s."""
+        consumer = Consumer(self.pm, stream_id, from_offset, pool=self._pool, **options)
+        return SyncConsumer(self, self._host(consumer))
+
+    def _host(self, resource: AbstractAsyncContextManager[T]) -> _Hosted[T]:
+        async def open_hosted() -> _Hosted[T]:
+            assert self._nursery is not None
+            hosted: _Hosted[T] = await self._nursery.start(_keep_open, resource)
+            self._hosted.add(hosted)
+            return hosted
+
+        return self.run(open_hosted)
+
+    def _release(self, hosted: _Hosted[Any]) -> None:
+        """Close a hosted producer or consumer; raises what its exit raised."""
+
+        async def release() -> None:
+            hosted.close.set()
+            await hosted.closed.wait()
+            self._hosted.discard(hosted)
+
+        if hosted.closed.is_set() or self._closed:
+            return
+        self.run(release)
+        if hosted.error is not None:
+            raise hosted.error
+
+    # -- lifetime -------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every producer (flushing it) and consumer, then the loop."""
+        if self._closed:
+            return
+        errors = []
+        for hosted in list(self._hosted):
+            try:
+                self._release(hosted)
+            except Exception as error:
+                errors.append(error)
+        if self._stop is not None and self._token is not None:
+            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        self._closed = True
+        self._thread.join(_JOIN_TIMEOUT)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+async def _keep_open(
+    resource: AbstractAsyncContextManager[T],
+    *,
+    task_status: trio.TaskStatus[_Hosted[T]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Open ``resource``, hand it out, and close it when told (in this task)."""
+    hosted: _Hosted[T] | None = None
+    try:
+        async with resource as value:
+            hosted = _Hosted(value)
+            task_status.started(hosted)
+            await hosted.close.wait()
+    except Exception as error:
+        if hosted is None:
+            raise  # failed to open: ``start`` raises it to the caller
+        hosted.error = error
+    finally:
+        if hosted is not None:
+            hosted.closed.set()
+
+
+class SyncRecordHandle:
+    """One record sent by a ``SyncProducer``."""
+
+    def __init__(self, client: SyncClient, handle: RecordHandle) -> None:
+        self._client = client
+        self._handle = handle
+
+    @property
+    def done(self) -> bool:
+        return self._handle.done
+
+    def offset(self) -> int:
+        """Block until the record is durable; its offset (or the delivery error)."""
+        return self._client.run(self._handle.offset)
+
+
+class SyncRecordsHandle:
+    """The records of one ``SyncProducer.send_many``."""
+
+    def __init__(self, client: SyncClient, handle: RecordsHandle) -> None:
+        self._client = client
+        self._handle = handle
+
+    def __len__(self) -> int:
+        return len(self._handle)
+
+    @property
+    def done(self) -> bool:
+        return self._handle.done
+
+    def wait(self) -> None:
+        """Block until every record is durable; raises the first failure."""
+        self._client.run(self._handle.wait)
+
+    def offsets(self) -> npt.NDArray[np.int64]:
+        """Block until durable; each record's offset, in the order sent."""
+        return self._client.run(self._handle.offsets)
+
+
+class SyncProducer:
+    """The blocking face of a ``Producer``. Each call is a hop to the loop
+    thread (tens of µs): send records in lists with ``send_many``."""
+
+    def __init__(self, client: SyncClient, hosted: _Hosted[Producer]) -> None:
+        self._client = client
+        self._hosted = hosted
+        self.producer = hosted.value
+
+    def send(self, value: bytes) -> SyncRecordHandle:
+        return SyncRecordHandle(self._client, self._client.run(self.producer.send, value))
+
+    def send_many(self, values: Sequence[bytes]) -> SyncRecordsHandle:
+        return SyncRecordsHandle(self._client, self._client.run(self.producer.send_many, values))
+
+    def flush(self) -> None:
+        """Block until everything sent so far is durable; raises the first failure."""
+        self._client.run(self.producer.flush)
+
+    def close(self) -> None:
+        """Flush, then stop the producer."""
+        self._client._release(self._hosted)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class SyncConsumer:
+    """The blocking face of a ``Consumer``: iterate over it for ``Record``s,
+    or over ``batches()`` for decoded batches (numpy columns)."""
+
+    def __init__(self, client: SyncClient, hosted: _Hosted[Consumer]) -> None:
+        self._client = client
+        self._hosted = hosted
+        self.consumer = hosted.value
+
+    def next_batch(self) -> DecodedRecords | None:
+        """The next decoded records; None at the end of the stream."""
+        return self._client.run(self.consumer.next_batch)
+
+    def batches(self) -> Iterator[DecodedRecords]:
+        while (records := self.next_batch()) is not None:
+            if len(records):
+                yield records
+
+    def __iter__(self) -> Iterator[Record]:
+        for records in self.batches():
+            yield from iter_records(records)
+
+    @property
+    def position(self) -> int:
+        """The offset after the last record handed out."""
+        return self.consumer.position
+
+    def close(self) -> None:
+        self._client._release(self._hosted)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,290 @@
+"""Producer, Consumer and SyncClient against an in-process fake cluster whose
+faults are scripted: a seal under the producer, errors, a corrupt batch."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+import trio
+
+from client import Consumer, Producer, Record, SyncClient
+from net.pool import ConnectionPool
+from net.server import Dispatcher, Request, Responder, Server
+from sbp import messages as m
+from sbp.batches import peek_header, stamp_base_offset
+from sbp.enums import ErrorCode, Opcode
+from sbp.errors import InvalidRecordBatchError, NotPrimaryError, StreamDeletedError
+
+STREAM = 1
+
+
+class FakeCluster:
+    """A PM and one data node in one server, holding one stream in memory.
+
+    ``append_faults`` are error codes answered, one per APPEND request (to
+    all of its items: a data node applies a request in one commit), before
+    appends succeed again; RANGE_SEALED also seals the open range, as a PM
+    sealing under the producer would.
+    """
+
+    def __init__(self) -> None:
+        self.address = ""
+        self.batches: list[bytearray] = []
+        self.next_offset = 0
+        self.range_starts = [0]
+        self.append_faults: list[ErrorCode] = []
+        self.always_fail: ErrorCode | None = None
+        self.corrupt_fetches = False
+        self.list_calls = 0
+        self.appended = trio.Event()
+
+    def dispatcher(self) -> Dispatcher:
+        dispatcher = Dispatcher("fake")
+        dispatcher.register(Opcode.LIST_RANGES, self.list_ranges)
+        dispatcher.register(Opcode.CREATE_STREAMS, self.create_streams)
+        dispatcher.register(Opcode.APPEND, self.append)
+        dispatcher.register(Opcode.FETCH, self.fetch)
+        return dispatcher
+
+    def ranges(self) -> tuple[m.Range, ...]:
+        node = m.DataNode(node_id=1, advertise_addr=self.address)
+        ends = [*self.range_starts[1:], -1]
+        return tuple(
+            m.Range(
+                stream_id=STREAM,
+                range_index=i,
+                start_offset=start,
+                end_offset=end,
+                replica_nodes=(m.ReplicaNode(data_node=node, is_primary=True),),
+            )
+            for i, (start, end) in enumerate(zip(self.range_starts, ends, strict=True))
+        )
+
+    def seal(self) -> None:
+        self.range_starts.append(self.next_offset)
+
+    async def list_ranges(self, request: Request, responder: Responder) -> None:
+        self.list_calls += 1
+        owner = request.header_as(m.ListRangesRequest).range_owners[0]
+        result = m.ListRangesResult(range_owner=owner, ranges=self.ranges())
+        await responder.send(m.ListRangesResponse(list_responses=(result,)))
+
+    async def create_streams(self, request: Request, responder: Responder) -> None:
+        stream = m.Stream(stream_id=STREAM, replica_nums=1)
+        result = m.CreateStreamResult(stream=stream, range=self.ranges()[-1])
+        await responder.send(m.CreateStreamsResponse(create_responses=(result,)))
+
+    async def append(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(m.AppendRequest)
+        results = []
+        position = 0
+        code = self.always_fail
+        if code is None and self.append_faults:
+            code = self.append_faults.pop(0)
+            if code == ErrorCode.RANGE_SEALED:
+                self.seal()
+        for info in header.append_requests:
+            batch = bytearray(request.payload[position : position + info.batch_length])
+            position += info.batch_length
+            if code is not None:
+                results.append(
+                    m.AppendResult(
+                        request_index=info.request_index, base_offset=-1, error_code=code
+                    )
+                )
+                continue
+            stamp_base_offset(batch, self.next_offset)
+            results.append(
+                m.AppendResult(request_index=info.request_index, base_offset=self.next_offset)
+            )
+            self.next_offset += peek_header(batch).record_count
+            self.batches.append(batch)
+        self.appended.set()
+        self.appended = trio.Event()
+        await responder.send(m.AppendResponse(append_responses=tuple(results)))
+
+    async def fetch(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(m.FetchRequest)
+        info = header.fetch_requests[0]
+        if info.fetch_offset >= self.next_offset and header.max_wait_ms > 0:
+            with trio.move_on_after(header.max_wait_ms / 1000):
+                await self.appended.wait()
+        data = bytearray()
+        for batch in self.batches:
+            first = peek_header(batch)
+            if first.next_offset > info.fetch_offset and len(data) < info.batch_max_bytes:
+                data += batch
+        if self.corrupt_fetches and data:
+            data[-1] ^= 0xFF  # a value byte: only the CRC-32C can tell
+        result = m.FetchResult(request_index=info.request_index, batch_length=len(data))
+        await responder.send(m.FetchResponse(fetch_responses=(result,)), bytes(data))
+
+    def batch_sizes(self) -> list[int]:
+        return [peek_header(batch).record_count for batch in self.batches]
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeCluster]:
+    cluster = FakeCluster()
+    server = Server(cluster.dispatcher())
+    async with trio.open_nursery() as nursery:
+        host, port = await nursery.start(functools.partial(server.serve, "127.0.0.1", 0))
+        cluster.address = f"{host}:{port}"
+        yield cluster
+        nursery.cancel_scope.cancel()
+
+
+def values(count: int, size: int = 8) -> list[bytes]:
+    return [b"%0*d" % (size, i) for i in range(count)]
+
+
+async def read_values(fake: FakeCluster, start: int = 0) -> list[Record]:
+    async with Consumer(fake.address, STREAM, start) as consumer:
+        return [record async for record in consumer.records()]
+
+
+# -- producer -----------------------------------------------------------------
+
+
+async def test_send_many_splits_at_batch_records_and_reports_offsets(fake: FakeCluster) -> None:
+    async with Producer(fake.address, STREAM, batch_records=10) as producer:
+        first = await producer.send(b"first")
+        many = await producer.send_many(values(25))
+        await producer.flush()
+        assert await first.offset() == 0
+        np.testing.assert_array_equal(await many.offsets(), np.arange(1, 26))
+    assert fake.batch_sizes() == [10, 10, 6]
+
+
+async def test_batch_bytes_caps_each_batch(fake: FakeCluster) -> None:
+    async with Producer(fake.address, STREAM, batch_bytes=1000) as producer:
+        await producer.send_many(values(50, size=96))
+    # 96 bytes + a 4-byte length per record: the 10th record reaches 1000 bytes
+    assert fake.batch_sizes() == [10, 10, 10, 10, 10]
+
+
+async def test_linger_sends_a_lone_record_without_flush(fake: FakeCluster) -> None:
+    async with Producer(fake.address, STREAM, linger=0.01) as producer:
+        handle = await producer.send(b"alone")
+        assert await handle.offset() == 0
+        assert handle.done
+
+
+async def test_a_seal_under_the_producer_is_retried_in_order(fake: FakeCluster) -> None:
+    fake.append_faults = [ErrorCode.RANGE_SEALED, ErrorCode.NOT_PRIMARY]
+    async with Producer(fake.address, STREAM, batch_records=5) as producer:
+        handle = await producer.send_many(values(20))
+        await producer.flush()
+        np.testing.assert_array_equal(await handle.offsets(), np.arange(20))
+    assert fake.list_calls >= 3  # the first listing and one per failure
+    assert len(fake.ranges()) == 2
+    assert [record.value for record in await read_values(fake)] == values(20)
+
+
+async def test_a_non_retriable_error_fails_the_records(fake: FakeCluster) -> None:
+    fake.always_fail = ErrorCode.STREAM_DELETED
+    async with Producer(fake.address, STREAM) as producer:
+        handle = await producer.send(b"lost")
+        with pytest.raises(StreamDeletedError):
+            await producer.flush()
+        with pytest.raises(StreamDeletedError):
+            await handle.offset()
+
+
+async def test_retries_stop_at_the_delivery_timeout(fake: FakeCluster) -> None:
+    fake.always_fail = ErrorCode.NOT_PRIMARY
+    async with Producer(fake.address, STREAM, delivery_timeout=0.3) as producer:
+        handle = await producer.send_many(values(3))
+        with pytest.raises(NotPrimaryError):
+            await producer.flush()
+        with pytest.raises(NotPrimaryError):
+            await handle.wait()
+        assert producer.buffered_bytes == 0
+
+
+# -- consumer -----------------------------------------------------------------
+
+
+async def test_consumer_starts_mid_batch_and_reads_to_the_end(fake: FakeCluster) -> None:
+    async with Producer(fake.address, STREAM, batch_records=10) as producer:
+        await producer.send_many(values(30))
+    records = await read_values(fake, start=13)
+    assert [record.offset for record in records] == list(range(13, 30))
+    assert [record.value for record in records] == values(30)[13:]
+
+
+async def test_consumer_batches_are_numpy_columns(fake: FakeCluster) -> None:
+    async with Producer(fake.address, STREAM, batch_records=7) as producer:
+        await producer.send_many(values(20))
+    async with Consumer(fake.address, STREAM, fetch_bytes=1) as consumer:
+        batches = [records async for records in consumer]
+        assert consumer.position == 20
+    assert [len(records) for records in batches] == [7, 7, 6]
+    assert batches[1].value_offsets[0] == 0
+    np.testing.assert_array_equal(batches[1].offsets, np.arange(7, 14))
+    assert batches[2].to_list() == values(20)[14:]
+
+
+async def test_a_corrupt_batch_raises_and_is_never_skipped(fake: FakeCluster) -> None:
+    async with Producer(fake.address, STREAM) as producer:
+        await producer.send_many(values(10))
+    fake.corrupt_fetches = True
+    with pytest.raises(InvalidRecordBatchError, match="CRC-32C"):
+        await read_values(fake)
+
+
+async def test_tail_mode_waits_for_new_records(fake: FakeCluster) -> None:
+    got: list[Record] = []
+
+    async def read_three(consumer: Consumer) -> None:
+        async for record in consumer.records():
+            got.append(record)
+            if len(got) == 3:
+                return
+
+    async with (
+        Consumer(fake.address, STREAM, tail=True, max_wait_ms=200) as consumer,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(read_three, consumer)
+        await trio.sleep(0.05)  # the consumer waits at the tail before anything is sent
+        async with Producer(fake.address, STREAM) as producer:
+            await producer.send_many([b"a", b"b", b"c"])
+    assert [(record.offset, record.value) for record in got] == [(0, b"a"), (1, b"b"), (2, b"c")]
+
+
+async def test_producer_and_consumer_share_a_pool(fake: FakeCluster) -> None:
+    async with ConnectionPool() as pool:
+        async with Producer(fake.address, STREAM, pool=pool) as producer:
+            await producer.send_many(values(5))
+        async with Consumer(fake.address, STREAM, pool=pool) as consumer:
+            assert sum([len(records) async for records in consumer]) == 5
+        assert pool.connection(fake.address) is not None
+
+
+# -- sync facade ----------------------------------------------------------------
+
+
+async def test_sync_client_round_trip_from_a_plain_thread(fake: FakeCluster) -> None:
+    def script() -> tuple[int, list[int], list[Record], int]:
+        with SyncClient(pm=fake.address) as client:
+            stream = client.create_stream()
+            with client.producer(stream.stream_id, batch_records=4) as producer:
+                one = producer.send(b"one")
+                many = producer.send_many(values(9))
+                producer.flush()
+                offsets = many.offsets().tolist()
+            consumer = client.consumer(stream.stream_id, from_offset=0)
+            records = list(consumer)
+            ranges = len(client.list_ranges(stream.stream_id))
+            return one.offset(), offsets, records, ranges
+
+    first, offsets, records, ranges = await trio.to_thread.run_sync(script)
+    assert first == 0
+    assert offsets == list(range(1, 10))
+    assert [record.value for record in records] == [b"one", *values(9)]
+    assert ranges == 1
+    assert fake.batch_sizes() == [4, 4, 2]
