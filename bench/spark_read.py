@@ -1,0 +1,181 @@
+"""Spark reading a stream through the ``sbp`` source against Spark reading the
+same rows from a local Parquet file, in the same run and the same session.
+
+A local cluster (PM + 2 data nodes) is started, one stream is filled with
+records of 100 bytes (its open range sealed every quarter, so the reads plan
+four ranges over both nodes), and the same rows are written to one Parquet
+file with pyarrow. Each measurement runs ``count(*)`` and
+``sum(length(value))`` (so every value is read), after one warm-up query of
+each kind; the kinds alternate and the median of the repeats is reported.
+
+    .venv/bin/python -m bench.spark_read [--quick] [--records N] [--repeat R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sbp.batches import build_batch_from_arrays
+from spark_jobs.appender import StreamAppender
+from spark_jobs.portal import TrioPortal
+
+VALUE_SIZE = 100
+RECORDS_PER_BATCH = 10_000
+RANGES = 4
+READY_TIMEOUT_S = 60.0
+
+
+def start_cluster(root: Path) -> tuple[subprocess.Popen[bytes], str]:
+    ready = root / "ready"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "client.cluster",
+            "--data-dir",
+            str(root / "data"),
+            "--nodes",
+            "2",
+            "--port-base",
+            "0",
+            "--sync",
+            "never",
+            "--ready-file",
+            str(ready),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not (ready.exists() and ready.read_text().strip()):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise SystemExit(f"the local cluster did not start; see {root / 'data' / 'logs'}")
+        time.sleep(0.1)
+    return process, ready.read_text().strip()
+
+
+def fill_stream(pm: str, records: int) -> tuple[int, pa.Table]:
+    """A new stream holding ``records`` values of VALUE_SIZE bytes; the same rows as Arrow."""
+    rng = np.random.default_rng(7)
+    values = rng.integers(0, 256, size=records * VALUE_SIZE, dtype=np.uint8)
+    lengths = np.full(RECORDS_PER_BATCH, VALUE_SIZE, dtype=np.int64)
+    timestamp = int(time.time() * 1000)
+    with TrioPortal() as portal:
+        from client.pm_client import PMClient
+
+        pm_client = PMClient(pm, pool=portal.pool)
+        created = portal.call(pm_client.create_stream, 1)
+        assert created.stream is not None
+        stream_id = int(created.stream.stream_id)
+        appender = StreamAppender(portal.pool, pm, stream_id, 30.0)
+        per_range = -(-records // RANGES)
+        for start in range(0, records, RECORDS_PER_BATCH):
+            count = min(RECORDS_PER_BATCH, records - start)
+            chunk = values[start * VALUE_SIZE : (start + count) * VALUE_SIZE]
+            portal.call(appender.append, build_batch_from_arrays(chunk, lengths[:count], timestamp))
+            done = start + count
+            if done % per_range == 0 and done < records:
+                ranges = portal.call(pm_client.list_stream_ranges, stream_id)
+                portal.call(pm_client.seal_range, stream_id, ranges[-1].range_index)
+    positions = np.arange(0, (records + 1) * VALUE_SIZE, VALUE_SIZE, dtype=np.int32)
+    table = pa.table(
+        {
+            "stream_id": pa.array(np.full(records, stream_id, dtype=np.int64)),
+            "offset": pa.array(np.arange(records, dtype=np.int64)),
+            "timestamp": pa.array(
+                np.full(records, timestamp * 1000, dtype=np.int64), pa.timestamp("us", tz="UTC")
+            ),
+            "value": pa.Array.from_buffers(
+                pa.binary(), records, [None, pa.py_buffer(positions), pa.py_buffer(values)]
+            ),
+        }
+    )
+    return stream_id, table
+
+
+def timed(query: Callable[[], tuple[int, int]], expected: tuple[int, int]) -> float:
+    started = time.perf_counter()
+    result = query()
+    elapsed = time.perf_counter() - started
+    if result != expected:
+        raise SystemExit(f"a query returned {result}, expected {expected}")
+    return elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.spark_read", description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="200,000 records, one repeat")
+    args = parser.parse_args(argv)
+    records, repeat = (200_000, 1) if args.quick else (args.records, args.repeat)
+
+    from spark_jobs.session import spark_session
+
+    with tempfile.TemporaryDirectory(prefix="sbp-bench-spark-") as tmp:
+        root = Path(tmp)
+        cluster, pm = start_cluster(root)
+        try:
+            print(f"filling a stream with {records:,} records of {VALUE_SIZE} B …", flush=True)
+            stream_id, table = fill_stream(pm, records)
+            parquet_path = root / "rows.parquet"
+            pq.write_table(table, parquet_path)
+            spark = spark_session("sbp-bench-spark-read")
+            expected = (records, records * VALUE_SIZE)
+            aggregate = ["count(*) AS n", "sum(length(value)) AS bytes"]
+
+            def sbp_query() -> tuple[int, int]:
+                df = (
+                    spark.read.format("sbp")
+                    .option("pm", pm)
+                    .option("streams", str(stream_id))
+                    .load()
+                )
+                row = df.selectExpr(*aggregate).first()
+                assert row is not None
+                return int(row.n), int(row.bytes)
+
+            def parquet_query() -> tuple[int, int]:
+                row = spark.read.parquet(str(parquet_path)).selectExpr(*aggregate).first()
+                assert row is not None
+                return int(row.n), int(row.bytes)
+
+            timed(sbp_query, expected)  # warm-up: Python workers start
+            timed(parquet_query, expected)
+            sbp_times, parquet_times = [], []
+            for _ in range(repeat):
+                sbp_times.append(timed(sbp_query, expected))
+                parquet_times.append(timed(parquet_query, expected))
+            spark.stop()
+        finally:
+            cluster.send_signal(signal.SIGTERM)
+            cluster.wait(30)
+
+    sbp_s, parquet_s = statistics.median(sbp_times), statistics.median(parquet_times)
+    mb = records * VALUE_SIZE / 1e6
+    print(f"\n{records:,} records of {VALUE_SIZE} B, median of {repeat} (cores: {os.cpu_count()})")
+    print("| reader | seconds | records/s | MB/s of values |")
+    print("|---|---:|---:|---:|")
+    for name, seconds in (("sbp source", sbp_s), ("Parquet file", parquet_s)):
+        print(f"| {name} | {seconds:.2f} | {records / seconds / 1e6:.2f} M | {mb / seconds:.0f} |")
+    print(f"\nsbp / Parquet rate: {parquet_s / sbp_s:.0%} (target: at least 50%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""The ``sbp`` source's options, checked once with errors that name the option.
+
+Spark hands every option over as a string, with case-insensitive keys. Each
+parser here turns one option into a typed value or raises
+``SBPOptionError`` saying which option is wrong and what it accepts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+#: ``streams`` value that selects every stream the PM knows
+ALL_STREAMS: Final = "all"
+#: offset spec values; in JSON, -2 stands for earliest and -1 for latest (as in Kafka)
+EARLIEST: Final = "earliest"
+LATEST: Final = "latest"
+EARLIEST_CODE: Final = -2
+LATEST_CODE: Final = -1
+
+#: records one input partition reads at most (a long range becomes several)
+DEFAULT_MAX_RECORDS_PER_PARTITION: Final = 1_000_000
+#: records one micro-batch reads at most, over all streams (the default read limit)
+DEFAULT_MAX_RECORDS_PER_TRIGGER: Final = 1_000_000
+#: bytes one FETCH asks for; well under the 16 MiB frame limit
+DEFAULT_FETCH_MAX_BYTES: Final = 1 << 20
+#: bytes of values one appended record batch holds at most
+DEFAULT_BATCH_MAX_BYTES: Final = 1 << 20
+#: seconds one request to the PM or a data node may take
+DEFAULT_TIMEOUT_S: Final = 30.0
+
+
+class SBPOptionError(ValueError):
+    """An option of the ``sbp`` source is missing or malformed."""
+
+
+def _required(options: Mapping[str, str], name: str) -> str:
+    value = options.get(name)
+    if value is None or not str(value).strip():
+        raise SBPOptionError(f"option {name!r} is required")
+    return str(value).strip()
+
+
+def parse_pm(options: Mapping[str, str]) -> str:
+    """The PM's ``host:port`` (option ``pm``)."""
+    from net.pool import parse_address  # here: the net package brings trio along
+
+    address = _required(options, "pm")
+    try:
+        parse_address(address)
+    except ValueError as error:
+        raise SBPOptionError(f"option 'pm' must be host:port, got {address!r}") from error
+    return address
+
+
+def _stream_id(text: str, option: str) -> int:
+    try:
+        stream_id = int(text)
+    except ValueError:
+        raise SBPOptionError(f"option {option!r}: {text!r} is not a stream id") from None
+    if stream_id < 1:
+        raise SBPOptionError(f"option {option!r}: stream ids start at 1, got {stream_id}")
+    return stream_id
+
+
+def parse_streams(options: Mapping[str, str]) -> tuple[int, ...] | None:
+    """Stream ids of option ``streams`` (comma-separated), or None for ``all``."""
+    text = _required(options, "streams")
+    if text.lower() == ALL_STREAMS:
+        return None
+    ids = [_stream_id(part.strip(), "streams") for part in text.split(",") if part.strip()]
+    if not ids:
+        raise SBPOptionError("option 'streams' names no stream")
+    return tuple(dict.fromkeys(ids))  # keep the order given, drop repeats
+
+
+def parse_stream(options: Mapping[str, str]) -> int:
+    """The one stream id of option ``stream`` (for writing)."""
+    return _stream_id(_required(options, "stream"), "stream")
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """Where reading starts or stops: ``default`` (EARLIEST_CODE or
+    LATEST_CODE, or an offset) for every stream not in ``per_stream``."""
+
+    default: int
+    per_stream: Mapping[int, int] = field(default_factory=dict)
+
+    def for_stream(self, stream_id: int) -> int:
+        return self.per_stream.get(stream_id, self.default)
+
+
+def parse_offsets(options: Mapping[str, str], name: str, default: str) -> OffsetSpec:
+    """Option ``name``: ``earliest``, ``latest`` or JSON like ``{"1": 100}``.
+
+    In the JSON, -2 means earliest and -1 latest for that stream; streams it
+    leaves out take ``default``.
+    """
+    text = str(options.get(name, default)).strip()
+    fallback = EARLIEST_CODE if default == EARLIEST else LATEST_CODE
+    lowered = text.lower()
+    if lowered == EARLIEST:
+        return OffsetSpec(EARLIEST_CODE)
+    if lowered == LATEST:
+        return OffsetSpec(LATEST_CODE)
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise SBPOptionError(
+            f"option {name!r} must be 'earliest', 'latest' or a JSON object of stream id to "
+            f'offset like {{"1": 100}}, got {text!r}'
+        )
+    per_stream: dict[int, int] = {}
+    for key, value in parsed.items():
+        stream_id = _stream_id(key, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < EARLIEST_CODE:
+            raise SBPOptionError(
+                f"option {name!r}: the offset of stream {stream_id} must be an integer >= 0 "
+                f"(or -2 for earliest, -1 for latest), got {value!r}"
+            )
+        per_stream[stream_id] = value
+    return OffsetSpec(fallback, per_stream)
+
+
+def parse_positive_int(options: Mapping[str, str], name: str, default: int) -> int:
+    text = options.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise SBPOptionError(f"option {name!r} must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise SBPOptionError(f"option {name!r} must be a positive integer, got {value}")
+    return value
+
+
+def parse_timeout(options: Mapping[str, str]) -> float:
+    """Option ``timeoutMs``: the deadline of one request, in seconds."""
+    return parse_positive_int(options, "timeoutMs", int(DEFAULT_TIMEOUT_S * 1000)) / 1000
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """Every option a reader (batch or streaming) uses."""
+
+    pm: str
+    streams: tuple[int, ...] | None
+    starting: OffsetSpec
+    ending: OffsetSpec
+    max_records_per_partition: int
+    max_records_per_trigger: int
+    fetch_max_bytes: int
+    timeout: float
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> ReadOptions:
+        return cls(
+            pm=parse_pm(options),
+            streams=parse_streams(options),
+            starting=parse_offsets(options, "startingOffsets", EARLIEST),
+            ending=parse_offsets(options, "endingOffsets", LATEST),
+            max_records_per_partition=parse_positive_int(
+                options, "maxRecordsPerPartition", DEFAULT_MAX_RECORDS_PER_PARTITION
+            ),
+            max_records_per_trigger=parse_positive_int(
+                options, "maxRecordsPerTrigger", DEFAULT_MAX_RECORDS_PER_TRIGGER
+            ),
+            fetch_max_bytes=parse_positive_int(options, "fetchMaxBytes", DEFAULT_FETCH_MAX_BYTES),
+            timeout=parse_timeout(options),
+        )
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """Every option the writer uses."""
+
+    pm: str
+    stream: int
+    batch_max_bytes: int
+    timeout: float
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> WriteOptions:
+        return cls(
+            pm=parse_pm(options),
+            stream=parse_stream(options),
+            batch_max_bytes=parse_positive_int(options, "batchMaxBytes", DEFAULT_BATCH_MAX_BYTES),
+            timeout=parse_timeout(options),
+        )

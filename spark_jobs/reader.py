@@ -1,0 +1,125 @@
+"""Reading one input partition: FETCH loops over a range on one of its
+replicas, each answer decoded with numpy and handed on as an Arrow batch.
+
+A fetch returns whole batches starting with the one holding the offset asked
+for, so the first and last batches of a slice may hold records outside it;
+they are cut off with a zero-copy Arrow slice, never a per-record loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import Future
+
+import pyarrow as pa
+
+from client.datanode_client import DataNodeClient
+from net.pool import ConnectionPool
+from sbp import messages
+from sbp.batches import batch_spans, decode_batches, peek_header
+from sbp.enums import ErrorCode
+from sbp.errors import ConnectionClosed, ProtocolError, error_for
+
+from .arrow import records_to_arrow
+from .layout import RangeSlice
+from .portal import TrioPortal
+
+
+class MissingRecordsError(RuntimeError):
+    """A replica had no records where the plan said there are some."""
+
+
+async def fetch_once(
+    pool: ConnectionPool,
+    address: str,
+    stream_id: int,
+    offset: int,
+    max_bytes: int,
+    timeout: float,
+) -> bytes | memoryview:
+    """The whole batches one FETCH returns from ``offset`` (empty at the tail)."""
+    node = DataNodeClient(address, pool=pool, timeout=timeout)
+    info = messages.FetchInfo(stream_id=stream_id, fetch_offset=offset, batch_max_bytes=max_bytes)
+    parts: list[memoryview] = []
+    async with node.fetch([info]) as results:
+        async for fetched in results:
+            if fetched.result.error_code != ErrorCode.NONE:
+                raise error_for(fetched.result.error_code, fetched.result.error_message)
+            parts.append(fetched.data)
+    if len(parts) == 1:
+        return parts[0]
+    return b"".join(parts)
+
+
+async def fetch_from_replicas(
+    pool: ConnectionPool, piece: RangeSlice, offset: int, max_bytes: int, timeout: float
+) -> bytes | memoryview:
+    """One fetch, from the first replica that answers (primary first)."""
+    failure: Exception | None = None
+    for address in piece.replicas:
+        try:
+            return await fetch_once(pool, address, piece.stream_id, offset, max_bytes, timeout)
+        except ProtocolError as error:
+            if not error.retriable:
+                raise
+            failure = error
+        except (ConnectionClosed, OSError) as error:
+            failure = error
+    raise RuntimeError(
+        f"no replica of range {piece.range_index} of stream {piece.stream_id} "
+        f"({', '.join(piece.replicas) or 'none listed'}) served offset {offset}"
+    ) from failure
+
+
+def _next_offset(data: bytes | memoryview) -> int:
+    """The offset after the last record of fetched batches (headers only)."""
+    last_start, _ = batch_spans(data)[-1]
+    return peek_header(data, last_start).next_offset
+
+
+def read_slice(piece: RangeSlice, fetch_max_bytes: int, timeout: float) -> Iterator[pa.RecordBatch]:
+    """Every record of ``piece``, in offset order, as Arrow batches.
+
+    The next fetch is sent as soon as an answer arrives, so the data node
+    reads and sends it while this thread decodes and Spark takes the batch.
+    """
+    if piece.start >= piece.end:
+        return
+    with TrioPortal() as portal:
+
+        def fetch(at: int) -> Future[bytes | memoryview]:
+            return portal.submit(
+                fetch_from_replicas, portal.pool, piece, at, fetch_max_bytes, timeout
+            )
+
+        offset = piece.start
+        pending = fetch(offset)
+        while offset < piece.end:
+            data = pending.result()
+            if not data:
+                raise MissingRecordsError(
+                    f"stream {piece.stream_id} has no records at offset {offset} on "
+                    f"{piece.replicas[0]}, though range {piece.range_index} was planned "
+                    f"to hold [{piece.start}, {piece.end})"
+                )
+            fetched_end = _next_offset(data)
+            if fetched_end < piece.end:
+                pending = fetch(fetched_end)
+            records = decode_batches(data)
+            first = int(records.offsets[0])
+            # offsets within one answer are dense (SPEC §4): positions follow by subtraction
+            if fetched_end - first != len(records):
+                raise MissingRecordsError(
+                    f"stream {piece.stream_id}: the batches fetched from offset {offset} "
+                    "do not hold dense offsets"
+                )
+            skip = offset - first
+            take = min(len(records), piece.end - first) - skip
+            if skip < 0 or take <= 0:
+                raise MissingRecordsError(
+                    f"stream {piece.stream_id}: asked for offset {offset}, "
+                    f"got batches from offset {first}"
+                )
+            batch = records_to_arrow(piece.stream_id, records)
+            yield batch if skip == 0 and take == len(records) else batch.slice(skip, take)
+            offset += take

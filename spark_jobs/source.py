@@ -1,0 +1,315 @@
+"""The ``sbp`` PySpark data source: batch and streaming reads, batch writes.
+
+::
+
+    spark.dataSource.register(SBPDataSource)        # spark_session() does this
+    df = (spark.read.format("sbp").option("pm", "127.0.0.1:7400")
+          .option("streams", "1,2").load())         # stream_id, offset, timestamp, value
+
+    (df.select("value").write.format("sbp").mode("append")
+       .option("pm", "127.0.0.1:7400").option("stream", "3").save())
+
+Reads plan one input partition per range (long ranges cut by
+``maxRecordsPerPartition``) from the PM's LIST_RANGES, and each partition
+fetches from the range's primary, falling back to other replicas. Streaming
+offsets are each stream's next offset to read, as JSON ``{"1": 500}``.
+See docs/spark.md for every option.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from .options import EARLIEST_CODE, ReadOptions, SBPOptionError, WriteOptions
+
+# Spark starts a fresh Python process to create the source and another to
+# plan each query; only what a step needs is imported in it (trio, the
+# client and pyarrow cost a few hundred ms), hence the imports inside methods.
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from .appender import AppendedSpan
+    from .layout import StreamLayout
+
+log = logging.getLogger(__name__)
+
+#: JSON form of streaming offsets: stream id (a string key) -> next offset to read
+StreamOffsets = dict[str, int]
+
+
+def _layouts(options: ReadOptions, stream_ids: Sequence[int] | None) -> dict[int, StreamLayout]:
+    from .layout import describe_streams
+    from .portal import TrioPortal
+
+    with TrioPortal() as portal:
+        return portal.call(describe_streams, portal.pool, options.pm, stream_ids, options.timeout)
+
+
+#: ``stream_id long, offset long, timestamp timestamp, value binary``, built
+#: field by field: parsing DDL needs a JVM, which Python workers do not have
+SCHEMA = StructType(
+    [
+        StructField("stream_id", LongType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("value", BinaryType()),
+    ]
+)
+
+
+def _check_schema(schema: StructType) -> None:
+    if [(f.name, f.dataType) for f in schema.fields] != [
+        (f.name, f.dataType) for f in SCHEMA.fields
+    ]:
+        raise SBPOptionError(
+            f"the sbp source has the fixed schema '{SCHEMA.simpleString()}'; "
+            f"do not pass another one (got '{schema.simpleString()}')"
+        )
+
+
+def _read(partition: InputPartition, options: ReadOptions) -> Iterator[pa.RecordBatch]:
+    from .layout import RangeSlice
+    from .reader import read_slice
+
+    if not isinstance(partition, RangeSlice):
+        return  # Spark's stand-in partition when partitions() planned none
+    yield from read_slice(partition, options.fetch_max_bytes, options.timeout)
+
+
+def _plan(
+    layouts: Mapping[int, StreamLayout], bounds: list[tuple[int, int, int]], max_records: int
+) -> list[InputPartition]:
+    from .layout import plan_all
+
+    # Spark wants a list; an empty one reads nothing
+    return list(plan_all(layouts, bounds, max_records))
+
+
+class SBPDataSource(DataSource):
+    """Streams of an SBP cluster as a table of ``stream_id, offset, timestamp, value``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "sbp"
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        _check_schema(schema)
+        return SBPBatchReader(ReadOptions.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        _check_schema(schema)
+        return SBPStreamReader(ReadOptions.parse(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> SBPWriter:
+        if overwrite:
+            raise SBPOptionError("sbp streams are append-only: write with .mode('append')")
+        field = next((f for f in schema.fields if f.name == "value"), None)
+        if field is None or not isinstance(field.dataType, BinaryType | StringType):
+            raise SBPOptionError(
+                "writing to sbp needs a column 'value' of type binary or string; "
+                f"the DataFrame has '{schema.simpleString()}'"
+            )
+        return SBPWriter(WriteOptions.parse(self.options))
+
+
+class SBPBatchReader(DataSourceReader):
+    """Reads ``[startingOffsets, endingOffsets)`` of each stream, resolved when planned."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[InputPartition]:
+        options = self.options
+        layouts = _layouts(options, options.streams)
+        bounds = []
+        for stream_id, layout in layouts.items():
+            start = layout.resolve(options.starting)
+            end = max(start, layout.resolve(options.ending))
+            bounds.append((stream_id, start, end))
+        return _plan(layouts, bounds, options.max_records_per_partition)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield from _read(partition, self.options)
+
+
+def _fair_shares(available: Mapping[str, int], budget: int) -> dict[str, int]:
+    """Split ``budget`` records among streams with ``available`` records each,
+    evenly, handing what a short stream cannot take to the others."""
+    shares = dict.fromkeys(available, 0)
+    pending = {key: count for key, count in available.items() if count > 0}
+    while budget > 0 and pending:
+        share = max(1, budget // len(pending))
+        for key in sorted(pending):
+            take = min(share, pending[key], budget)
+            shares[key] += take
+            pending[key] -= take
+            budget -= take
+            if budget == 0:
+                break
+        pending = {key: count for key, count in pending.items() if count > 0}
+    return shares
+
+
+class SBPStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches over the streams' new records.
+
+    An offset is ``{"<stream id>": next offset to read}``; streams that appear
+    later (with ``streams=all``) start at their earliest record. The default
+    read limit is ``maxRecordsPerTrigger`` records per micro-batch, shared
+    fairly among streams; ``availableNow`` drains up to the ends seen when the
+    query started, in micro-batches of that size.
+    """
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self._target: StreamOffsets | None = None
+
+    def _layouts(self, stream_ids: Sequence[int] | None = None) -> dict[int, StreamLayout]:
+        ids = self.options.streams if stream_ids is None else stream_ids
+        return _layouts(self.options, ids)
+
+    def initialOffset(self) -> StreamOffsets:
+        return {
+            str(stream_id): layout.resolve(self.options.starting)
+            for stream_id, layout in self._layouts().items()
+        }
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.options.max_records_per_trigger)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # Later appends belong to the next run, so the query ends.
+        self._target = {
+            str(stream_id): layout.next_offset for stream_id, layout in self._layouts().items()
+        }
+
+    def reportLatestOffset(self) -> StreamOffsets:
+        return {str(stream_id): layout.next_offset for stream_id, layout in self._layouts().items()}
+
+    def latestOffset(self, start: StreamOffsets, limit: ReadLimit) -> StreamOffsets:
+        begins: dict[str, int] = {}
+        available: dict[str, int] = {}
+        for stream_id, layout in self._layouts().items():
+            key = str(stream_id)
+            if self._target is not None and key not in self._target:
+                continue  # appeared after an availableNow run began
+            begin = layout.bound(int(start.get(key, EARLIEST_CODE)))
+            latest = layout.next_offset
+            if self._target is not None:
+                latest = min(latest, self._target[key])
+            begins[key] = begin
+            available[key] = max(0, latest - begin)
+        total = sum(available.values())
+        if isinstance(limit, ReadMaxRows):
+            takes = _fair_shares(available, limit.max_rows)
+        elif isinstance(limit, ReadMinRows) and total < limit.min_rows:
+            return dict(start)
+        else:  # ReadAllAvailable, and limits in units this source does not have
+            takes = available
+        end = dict(start)
+        for key, begin in begins.items():
+            if key in start or takes[key] > 0:
+                end[key] = begin + takes[key]
+        return end
+
+    def partitions(self, start: StreamOffsets, end: StreamOffsets) -> list[InputPartition]:
+        if not end:
+            return []
+        layouts = self._layouts([int(key) for key in end])
+        bounds = []
+        for key, stop in end.items():
+            layout = layouts[int(key)]
+            begin = layout.bound(int(start.get(key, EARLIEST_CODE)))
+            bounds.append((int(key), begin, max(begin, int(stop))))
+        return _plan(layouts, bounds, self.options.max_records_per_partition)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield from _read(partition, self.options)
+
+    def commit(self, end: StreamOffsets) -> None:
+        """Nothing to release: the cluster keeps no read positions."""
+
+
+@dataclass
+class AppendCommitMessage(WriterCommitMessage):
+    """What one write task appended."""
+
+    stream_id: int
+    span: AppendedSpan
+
+
+class SBPWriter(DataSourceArrowWriter):
+    """Appends the ``value`` column to ``stream``, in record batches of up to
+    ``batchMaxBytes`` of values, each task in its partition's row order.
+
+    Delivery is at-least-once. Every batch is durable once its APPEND is
+    answered, before Spark commits the job, and nothing can take it back: a
+    task that fails, is retried, or runs speculatively may leave its records
+    in the stream twice, and an aborted job may leave some of its records.
+    """
+
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> AppendCommitMessage:
+        from .appender import AppendedSpan, StreamAppender
+        from .arrow import column_to_batches, value_column
+        from .portal import TrioPortal
+
+        options = self.options
+        span = AppendedSpan()
+        with TrioPortal() as portal:
+            appender = StreamAppender(portal.pool, options.pm, options.stream, options.timeout)
+            for arrow_batch in iterator:
+                column = value_column(arrow_batch)
+                for batch, count in column_to_batches(column, options.batch_max_bytes):
+                    span.add(portal.call(appender.append, batch), count)
+        return AppendCommitMessage(options.stream, span)
+
+    def commit(self, messages: list[Any]) -> None:
+        """The records are already durable; only note what the job appended."""
+        spans = [m.span for m in messages if isinstance(m, AppendCommitMessage)]
+        log.info(
+            "appended %d records to stream %d in %d tasks",
+            sum(span.records for span in spans),
+            self.options.stream,
+            len(spans),
+        )
+
+    def abort(self, messages: list[Any]) -> None:
+        """Appends cannot be undone: records of tasks that finished stay in the stream."""
+        spans = [m.span for m in messages if isinstance(m, AppendCommitMessage)]
+        log.warning(
+            "write to stream %d aborted; %d records appended by finished tasks remain",
+            self.options.stream,
+            sum(span.records for span in spans),
+        )

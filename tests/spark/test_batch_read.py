@@ -1,0 +1,161 @@
+"""Batch reads through the ``sbp`` source against the real cluster."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+
+from .streams import StreamOps, make_values
+
+
+def read(spark: SparkSession, pm: str, **options: str) -> DataFrame:
+    return spark.read.format("sbp").option("pm", pm).options(**options).load()
+
+
+def test_reads_every_record_once_across_sealed_and_open_ranges(
+    spark: SparkSession, ops: StreamOps
+) -> None:
+    stream = ops.create_stream()
+    other = ops.create_stream(replicas=2)
+    expected: list[bytes] = []
+    timestamps: list[int] = []
+    for part in range(4):
+        values = make_values(f"s{part}", 25 + part)
+        ts = 1_700_000_000_000 + part * 1000
+        assert ops.append(stream, values, timestamp_ms=ts) == len(expected)
+        expected += values
+        timestamps += [ts] * len(values)
+        if part < 3:
+            ops.seal(stream)  # the next range goes to the other data node
+    other_values = make_values("o", 7)
+    ops.append(other, other_values)
+    ranges = ops.ranges(stream)
+    assert [r.is_open for r in ranges] == [False, False, False, True]
+    assert len(ops.hosts(stream)) == 2
+
+    df = read(spark, ops.pm_address, streams=f"{stream},{other}", maxRecordsPerPartition="10")
+    rows = df.orderBy("stream_id", "offset").collect()
+
+    mine = [row for row in rows if row.stream_id == stream]
+    assert [row.offset for row in mine] == list(range(len(expected)))
+    assert [row.value for row in mine] == expected
+    assert [int(row.timestamp.replace(tzinfo=UTC).timestamp() * 1000) for row in mine] == (
+        timestamps
+    )
+    assert [row.value for row in rows if row.stream_id == other] == other_values
+    # ranges of 25..28 records cut at 10: three pieces each, plus one for the other stream
+    assert df.rdd.getNumPartitions() == 4 * 3 + 1
+
+
+def test_count_and_bytes_match_what_was_appended(spark: SparkSession, ops: StreamOps) -> None:
+    stream = ops.create_stream()
+    values = make_values("count", 500)
+    ops.append(stream, values[:300])
+    ops.seal(stream)
+    ops.append(stream, values[300:])
+    result = (
+        read(spark, ops.pm_address, streams=str(stream))
+        .selectExpr("count(*) AS n", "sum(length(value)) AS bytes", "count(DISTINCT offset) AS d")
+        .first()
+    )
+    assert result is not None
+    assert (result.n, result.bytes, result.d) == (500, sum(map(len, values)), 500)
+
+
+def test_starting_and_ending_offsets(spark: SparkSession, ops: StreamOps) -> None:
+    stream = ops.create_stream()
+    values = make_values("range", 60)
+    ops.append(stream, values[:30])
+    ops.seal(stream)
+    ops.append(stream, values[30:])
+
+    def offsets(**options: str) -> list[int]:
+        df = read(spark, ops.pm_address, streams=str(stream), **options)
+        return [row.offset for row in df.orderBy("offset").collect()]
+
+    assert offsets() == list(range(60))
+    # a window across the sealed range's end, starting and ending inside batches
+    window = offsets(
+        startingOffsets=json.dumps({str(stream): 25}), endingOffsets=json.dumps({str(stream): 41})
+    )
+    assert window == list(range(25, 41))
+    assert offsets(startingOffsets="latest") == []
+    assert offsets(endingOffsets="earliest") == []
+    # -2 / -1 in the JSON are earliest / latest; beyond the end is clamped
+    assert offsets(startingOffsets=json.dumps({str(stream): -2}), endingOffsets="latest") == list(
+        range(60)
+    )
+    assert offsets(
+        startingOffsets=json.dumps({str(stream): 55}), endingOffsets=json.dumps({str(stream): 999})
+    ) == list(range(55, 60))
+
+
+def test_records_appended_after_a_load_show_in_the_next_load(
+    spark: SparkSession, ops: StreamOps
+) -> None:
+    stream = ops.create_stream()
+    ops.append(stream, make_values("first", 5))
+    before = read(spark, ops.pm_address, streams=str(stream))
+    assert before.count() == 5
+    ops.append(stream, make_values("second", 3))
+    # a DataFrame keeps the partitions Spark planned for it; a new load plans anew
+    assert before.count() == 5
+    assert read(spark, ops.pm_address, streams=str(stream)).count() == 8
+
+
+def test_all_streams(spark: SparkSession, ops: StreamOps) -> None:
+    first, second = ops.create_stream(), ops.create_stream()
+    ops.append(first, [b"a"])
+    ops.append(second, [b"b", b"c"])
+    rows = (
+        read(spark, ops.pm_address, streams="all")
+        .where(f"stream_id IN ({first}, {second})")
+        .orderBy("stream_id", "offset")
+    )
+    assert [(r.stream_id, r.offset, r.value) for r in rows.collect()] == [
+        (first, 0, b"a"),
+        (second, 0, b"b"),
+        (second, 1, b"c"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"streams": "1"}, "option 'pm' is required"),
+        ({"pm": "nohost", "streams": "1"}, "option 'pm' must be host:port"),
+        ({"pm": "127.0.0.1:1", "streams": "one"}, "option 'streams': 'one' is not a stream id"),
+        (
+            {"pm": "127.0.0.1:1", "streams": "1", "startingOffsets": "first"},
+            "option 'startingOffsets' must be 'earliest', 'latest' or a JSON object",
+        ),
+        (
+            {"pm": "127.0.0.1:1", "streams": "1", "maxRecordsPerPartition": "0"},
+            "option 'maxRecordsPerPartition' must be a positive integer",
+        ),
+    ],
+)
+def test_bad_options_are_named(spark: SparkSession, options: dict[str, str], message: str) -> None:
+    with pytest.raises(PySparkException, match=message):
+        spark.read.format("sbp").options(**options).load().collect()
+
+
+def test_unknown_stream_fails_with_its_id(spark: SparkSession, ops: StreamOps) -> None:
+    with pytest.raises(PySparkException, match="STREAM_NOT_FOUND"):
+        read(spark, ops.pm_address, streams="999999").collect()
+
+
+def test_timestamps_are_utc_instants(spark: SparkSession, ops: StreamOps) -> None:
+    stream = ops.create_stream()
+    ops.append(stream, [b"t"], timestamp_ms=1_700_000_000_123)
+    row = (
+        read(spark, ops.pm_address, streams=str(stream))
+        .selectExpr("unix_millis(timestamp) AS ms")
+        .first()
+    )
+    assert row is not None and row.ms == 1_700_000_000_123
+    assert datetime.fromtimestamp(1_700_000_000.123, UTC).year == 2023

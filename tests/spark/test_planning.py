@@ -1,0 +1,119 @@
+"""The source's pure parts: option parsing, partition planning, read-limit
+shares and Arrow columns cut into record batches (no Spark, no cluster)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from sbp import messages
+from sbp.batches import decode_batches
+from spark_jobs.arrow import ARROW_SCHEMA, column_to_batches, records_to_arrow
+from spark_jobs.layout import StreamLayout, plan_slices
+from spark_jobs.options import (
+    EARLIEST_CODE,
+    LATEST_CODE,
+    OffsetSpec,
+    ReadOptions,
+    SBPOptionError,
+)
+from spark_jobs.source import _fair_shares
+
+
+def wire_range(index: int, start: int, end: int, node: str) -> messages.Range:
+    replica = messages.ReplicaNode(
+        data_node=messages.DataNode(node_id=1, advertise_addr=node), is_primary=True
+    )
+    return messages.Range(
+        stream_id=7, range_index=index, start_offset=start, end_offset=end, replica_nodes=(replica,)
+    )
+
+
+LAYOUT = StreamLayout(
+    7,
+    (wire_range(0, 0, 10, "n1:1"), wire_range(1, 10, 25, "n2:2"), wire_range(2, 25, -1, "n1:1")),
+    31,
+)
+
+
+def test_options_parse_with_defaults() -> None:
+    options = ReadOptions.parse({"pm": "127.0.0.1:7400", "streams": "3, 1,3"})
+    assert options.streams == (3, 1)
+    assert options.starting == OffsetSpec(EARLIEST_CODE)
+    assert options.ending == OffsetSpec(LATEST_CODE)
+    parsed = ReadOptions.parse(
+        {"pm": "h:1", "streams": "ALL", "startingOffsets": '{"2": 5, "3": -1}'}
+    )
+    assert parsed.streams is None
+    assert parsed.starting.for_stream(2) == 5
+    assert parsed.starting.for_stream(3) == LATEST_CODE
+    assert parsed.starting.for_stream(4) == EARLIEST_CODE
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"pm": "h:1"}, "option 'streams' is required"),
+        ({"pm": "h:1", "streams": "0"}, "stream ids start at 1"),
+        ({"pm": "h:1", "streams": ","}, "names no stream"),
+        ({"pm": "h:1", "streams": "1", "endingOffsets": '{"1": "x"}'}, "must be an integer"),
+        ({"pm": "h:1", "streams": "1", "endingOffsets": "[1]"}, "JSON object"),
+        ({"pm": "h:1", "streams": "1", "fetchMaxBytes": "lots"}, "'fetchMaxBytes'"),
+    ],
+)
+def test_bad_options(options: dict[str, str], message: str) -> None:
+    with pytest.raises(SBPOptionError, match=message):
+        ReadOptions.parse(options)
+
+
+def test_layout_resolves_and_clamps_offsets() -> None:
+    assert (LAYOUT.first_offset, LAYOUT.next_offset) == (0, 31)
+    assert LAYOUT.bound(EARLIEST_CODE) == 0
+    assert LAYOUT.bound(LATEST_CODE) == 31
+    assert LAYOUT.bound(100) == 31
+
+
+def test_plan_one_slice_per_range_cut_by_max_records() -> None:
+    slices = plan_slices(LAYOUT, 5, 31, max_records=8)
+    assert [(s.range_index, s.start, s.end, s.replicas) for s in slices] == [
+        (0, 5, 10, ("n1:1",)),
+        (1, 10, 18, ("n2:2",)),
+        (1, 18, 25, ("n2:2",)),
+        (2, 25, 31, ("n1:1",)),
+    ]
+    assert plan_slices(LAYOUT, 12, 12, max_records=8) == []
+
+
+def test_fair_shares_split_a_budget_evenly() -> None:
+    assert _fair_shares({"1": 100, "2": 100}, 50) == {"1": 25, "2": 25}
+    assert _fair_shares({"1": 5, "2": 100, "3": 0}, 50) == {"1": 5, "2": 45, "3": 0}
+    assert _fair_shares({"1": 3, "2": 4}, 50) == {"1": 3, "2": 4}
+
+
+def test_column_cut_into_batches_and_decoded_back() -> None:
+    values = [b"v" * (i % 50) for i in range(200)]
+    column = pa.array(values, pa.binary()).slice(3)  # a slice: its offsets do not start at 0
+    batches = list(column_to_batches(column, batch_max_bytes=500, base_timestamp=42))
+    assert all(count >= 1 for _, count in batches)
+    assert sum(count for _, count in batches) == 197
+    decoded = decode_batches(b"".join(batch for batch, _ in batches))
+    assert decoded.to_list() == values[3:]
+    # each batch holds at most 500 bytes of values unless one value is larger
+    assert max(len(batch) - 31 - 4 * count for batch, count in batches) <= 500
+
+
+def test_strings_are_appended_as_their_utf8_bytes() -> None:
+    column = pa.array(["héllo", "", "wörld"], pa.large_string())
+    (batch, count), *_ = column_to_batches(column, batch_max_bytes=1 << 20, base_timestamp=1)
+    assert count == 3
+    assert decode_batches(batch).to_list() == ["héllo".encode(), b"", "wörld".encode()]
+
+
+def test_records_become_an_arrow_batch_of_the_source_schema() -> None:
+    (batch, _), *_ = column_to_batches(pa.array([b"a", b"bc"]), 1 << 20, base_timestamp=1500)
+    batch[0:8] = (40).to_bytes(8, "big")  # the base offset a data node assigns
+    arrow = records_to_arrow(7, decode_batches(batch))
+    assert arrow.schema.equals(ARROW_SCHEMA)
+    assert arrow.to_pydict()["offset"] == [40, 41]
+    assert arrow.column("timestamp").cast(pa.int64()).to_pylist() == [1_500_000, 1_500_000]
+    assert arrow.column("value").to_pylist() == [b"a", b"bc"]
