@@ -23,7 +23,7 @@ system-deps:
 run: $(VENV)/.installed-dev
 	$(PY) -c "from sbp.frames import encode_frame, decode_frame; f = encode_frame(1, 0, 0); print('PING frame:', f.hex(), '->', decode_frame(f))"
 
-test: $(VENV)/.installed-dev system-deps
+test: $(VENV)/.installed-dev,spark,bench system-deps
 	$(PY) -m pytest
 
 lint: $(VENV)/.installed-dev
@@ -34,7 +34,8 @@ lint: $(VENV)/.installed-dev
 fbs: $(VENV)/.installed-dev
 	$(PY) fbs/generate.py sbp/_fbs
 
-bench: $(VENV)/.installed-dev
+# The benchmark suite: results into docs/benchmarks/ (see docs/benchmarks.md).
+bench: $(VENV)/.installed-dev,spark,bench system-deps
 	$(PY) -m bench all
 
 clean:

@@ -4,7 +4,11 @@
 set -euo pipefail
 need=()
 # command -> Debian package
-declare -A packages=()
+declare -A packages=(
+    [java]=openjdk-17-jre-headless  # PySpark (the spark extra, tests/spark)
+    [redis-server]=redis-server     # Redis Streams, a peer of the benchmarks
+    [nats-server]=nats-server       # NATS JetStream, a peer of the benchmarks
+)
 for cmd in "${!packages[@]}"; do
     command -v "$cmd" >/dev/null 2>&1 || need+=("${packages[$cmd]}")
 done

@@ -1,0 +1,371 @@
+"""What every scenario of the suite shares: the workloads, the measurement
+record, load drivers that keep N requests in flight, latency percentiles,
+a process's CPU use, the local SBP cluster, and the machine and versions a
+result was measured with.
+
+A measurement counts only what completes inside its window: the drivers run
+a warm-up first (connections opened, caches and LMDB pages warm) and stop
+counting at the deadline, so that the start-up and the tail of the last
+requests are left out alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import trio
+
+from bench.storage import make_batch
+from client._routing import primary_of
+from client.cluster import Child, plan_children, start_child, stop_child, wait_for_nodes
+from client.pm_client import PMClient
+from sbp import messages
+from sbp.batches import build_batch, peek_header
+
+#: seconds of load before a measurement window opens
+WARMUP_S = 0.3
+#: the latency percentiles every result reports
+PERCENTILES = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("p99.9", 0.999))
+
+
+# -- workloads -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one request carries: one SBP record batch, sent as it is to every
+    system (an APPEND item, an XADD field, a JetStream message), round-robin
+    over ``streams`` streams."""
+
+    key: str
+    label: str
+    batch: bytes
+    records_per_batch: int
+    streams: int
+
+
+def batch_64k() -> tuple[bytes, int]:
+    """The 64 KiB batch of the storage benchmarks (63 records of ~1 KiB) and
+    its record count."""
+    batch = make_batch(64 * 1024)
+    return batch, peek_header(batch).record_count
+
+
+def batch_of_small_records(records: int = 1000, size: int = 100) -> bytes:
+    """``records`` records of ``size`` bytes in one batch (~104 KB for 1,000 x 100 B)."""
+    return bytes(build_batch([b"v" * size] * records, 0))
+
+
+def standard_workloads() -> list[Workload]:
+    """The append workloads of the suite."""
+    big, big_records = batch_64k()
+    small = batch_of_small_records()
+    return [
+        Workload("64k-1", "64 KiB batches, 1 stream", big, big_records, 1),
+        Workload("64k-100", "64 KiB batches, 100 streams", big, big_records, 100),
+        Workload("64k-2000", "64 KiB batches, 2,000 streams", big, big_records, 2000),
+        Workload("100b-1", "100 B records x 1,000 per batch, 1 stream", small, 1000, 1),
+    ]
+
+
+# -- measurements --------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    """One system under one load: rates over the window, latency of each
+    request from send to acknowledgement, and CPU use (1.0 = one core)."""
+
+    system: str
+    workload: str
+    durability: str
+    in_flight: int
+    seconds: float
+    requests: int
+    bytes: int
+    records: int
+    latency_ms: dict[str, float]
+    server_cpu: float | None = None
+    client_cpu: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / self.seconds / 1e6
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.seconds
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.seconds
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(
+            mb_per_s=round(self.mb_per_s, 3),
+            records_per_s=round(self.records_per_s, 1),
+            requests_per_s=round(self.requests_per_s, 1),
+        )
+        return out
+
+
+def percentiles_ms(latencies_s: list[float]) -> dict[str, float]:
+    """p50/p95/p99/p99.9 and max in milliseconds (nearest-rank)."""
+    if not latencies_s:
+        return {name: 0.0 for name, _ in PERCENTILES} | {"max": 0.0}
+    ordered = sorted(latencies_s)
+    out = {}
+    for name, fraction in PERCENTILES:
+        index = min(len(ordered) - 1, max(0, int(fraction * len(ordered) + 0.999999) - 1))
+        out[name] = round(ordered[index] * 1e3, 4)
+    out["max"] = round(ordered[-1] * 1e3, 4)
+    return out
+
+
+class CPUMeter:
+    """User + system CPU seconds of processes over a window, as a fraction
+    of one core (``None`` when the process is gone)."""
+
+    def __init__(self, pid: int | None = None) -> None:
+        self._process = psutil.Process(pid)
+        self._started_cpu = 0.0
+        self._started_at = 0.0
+
+    def _cpu(self) -> float:
+        times = self._process.cpu_times()
+        return float(times.user + times.system)
+
+    def start(self) -> None:
+        self._started_cpu = self._cpu()
+        self._started_at = time.perf_counter()
+
+    def stop(self) -> float | None:
+        try:
+            used = self._cpu() - self._started_cpu
+        except psutil.Error:
+            return None
+        return round(used / (time.perf_counter() - self._started_at), 3)
+
+
+@dataclass
+class Window:
+    """Counts what completes between ``opens`` and ``closes`` (perf_counter)."""
+
+    opens: float
+    closes: float
+    requests: int = 0
+    bytes: int = 0
+    records: int = 0
+    latencies: list[float] = field(default_factory=list)
+
+    def record(self, sent: float, done: float, nbytes: int, records: int) -> None:
+        if self.opens <= done <= self.closes:
+            self.requests += 1
+            self.bytes += nbytes
+            self.records += records
+            self.latencies.append(done - sent)
+
+    def measurement(
+        self,
+        system: str,
+        workload: Workload,
+        durability: str,
+        in_flight: int,
+        server_cpu: float | None,
+        client_cpu: float | None,
+    ) -> Measurement:
+        return Measurement(
+            system=system,
+            workload=workload.key,
+            durability=durability,
+            in_flight=in_flight,
+            seconds=round(self.closes - self.opens, 4),
+            requests=self.requests,
+            bytes=self.bytes,
+            records=self.records,
+            latency_ms=percentiles_ms(self.latencies),
+            server_cpu=server_cpu,
+            client_cpu=client_cpu,
+        )
+
+
+@dataclass(frozen=True)
+class Load:
+    """How hard and how long: requests in flight, record batches per request
+    (streams ``index`` to ``index + batches_per_request - 1``), the measured
+    window and the warm-up before it (seconds)."""
+
+    in_flight: int
+    seconds: float
+    warmup: float = WARMUP_S
+    batches_per_request: int = 1
+
+    def window(self) -> Window:
+        started = time.perf_counter()
+        return Window(started + self.warmup, started + self.warmup + self.seconds)
+
+
+#: one request of a load: sends the next batch of stream ``index`` (and of the
+#: streams after it, with several batches per request); returns when acknowledged
+Send = Callable[[int], Awaitable[None]]
+
+
+async def drive_trio(send: Send, workload: Workload, load: Load) -> Window:
+    """Keep ``load.in_flight`` requests outstanding (one task each), round-robin
+    over the workload's streams, for the warm-up and then the window."""
+    window = load.window()
+    per_request = load.batches_per_request
+    nbytes, records = len(workload.batch) * per_request, workload.records_per_batch * per_request
+    turn = 0
+
+    async def lane() -> None:
+        nonlocal turn
+        while (sent := time.perf_counter()) < window.closes:
+            index = turn % workload.streams
+            turn += per_request
+            await send(index)
+            window.record(sent, time.perf_counter(), nbytes, records)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(load.in_flight):
+            nursery.start_soon(lane)
+    return window
+
+
+async def drive_asyncio(send: Send, workload: Workload, load: Load) -> Window:
+    """``drive_trio`` for the peers' asyncio clients."""
+    window = load.window()
+    per_request = load.batches_per_request
+    nbytes, records = len(workload.batch) * per_request, workload.records_per_batch * per_request
+    turn = 0
+
+    async def lane() -> None:
+        nonlocal turn
+        while (sent := time.perf_counter()) < window.closes:
+            index = turn % workload.streams
+            turn += per_request
+            await send(index)
+            window.record(sent, time.perf_counter(), nbytes, records)
+
+    await asyncio.gather(*(lane() for _ in range(load.in_flight)))
+    return window
+
+
+# -- the local SBP cluster -------------------------------------------------------
+
+
+@dataclass
+class LocalCluster:
+    """A PM and one data node as processes (``client.cluster``), on free
+    loopback ports, with their data in a temporary directory."""
+
+    pm_address: str
+    node_address: str
+    node_pid: int
+    data_dir: Path
+
+    async def create_streams(self, count: int) -> list[int]:
+        """``count`` streams of one replica; their ids, all on the one data node."""
+        ids: list[int] = []
+        async with PMClient(self.pm_address) as pm:
+            for first in range(0, count, 1000):
+                wanted = [messages.Stream(replica_nums=1)] * min(1000, count - first)
+                for result in await pm.create_streams(wanted, timeout=60):
+                    if result.error_code != 0 or result.stream is None:
+                        raise RuntimeError(f"CREATE_STREAMS failed: {result.error_message}")
+                    if result.range is not None:
+                        address = primary_of(result.range).advertise_addr
+                        if address != self.node_address:
+                            raise RuntimeError(f"stream placed on {address}, not the data node")
+                    ids.append(result.stream.stream_id)
+        return ids
+
+
+@asynccontextmanager
+async def local_cluster(sync: str, parent: Path) -> AsyncIterator[LocalCluster]:
+    """Start a one-node cluster with data node ``--sync`` ``sync``; stop it after."""
+    data_dir = Path(tempfile.mkdtemp(prefix=f"cluster-{sync}-", dir=parent))
+    pm, nodes = plan_children(data_dir, 1, "127.0.0.1", 0, sync, sys.executable)
+    children: list[Child] = [pm, *nodes]
+    async with trio.open_nursery() as nursery:
+        try:
+            await start_child(pm, nursery)
+            await start_child(nodes[0], nursery, ("--pm", pm.address))
+            if await wait_for_nodes(pm.address, 1, 30) < 1:
+                raise RuntimeError(f"the data node did not join the PM; logs in {data_dir}")
+            assert nodes[0].process is not None
+            yield LocalCluster(pm.address, nodes[0].address, nodes[0].process.pid, data_dir)
+        finally:
+            with trio.CancelScope(shield=True):
+                for child in reversed(children):
+                    await stop_child(child)
+            nursery.cancel_scope.cancel()
+    shutil.rmtree(data_dir, ignore_errors=True)
+
+
+# -- where and with what a result was measured -------------------------------------
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, cores, memory, kernel, and the load when the run started."""
+    model = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu_model": model,
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 1024**3, 1),
+        "kernel": platform.release(),
+        "system": platform.system(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _server_version(command: list[str], pattern: str) -> str:
+    try:
+        text = subprocess.run(command, capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "not installed"
+    found = re.search(pattern, text)
+    return found.group(1) if found else text.strip() or "unknown"
+
+
+def versions() -> dict[str, str]:
+    """Python, the libraries on the hot paths, and the peer servers."""
+    out = {"python": platform.python_version()}
+    for name, dist in (
+        ("trio", "trio"),
+        ("lmdb", "lmdb"),
+        ("numpy", "numpy"),
+        ("redis-py", "redis"),
+        ("nats-py", "nats-py"),
+    ):
+        try:
+            out[name] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    out["redis-server"] = _server_version(["redis-server", "--version"], r"v=(\S+)")
+    out["nats-server"] = _server_version(["nats-server", "--version"], r"v(\d\S*)")
+    return out

@@ -1,0 +1,203 @@
+"""Redis Streams as a peer: Debian's ``redis-server`` with an append-only
+file, each record batch one XADD entry (one field holding the batch bytes).
+
+Durability: ``appendfsync always`` makes Redis write and fsync the AOF
+before it answers the commands it read in one event-loop turn (its group
+commit); ``everysec`` answers first and fsyncs once a second. Both are set
+per run with CONFIG SET on one server. RDB snapshots and AOF rewrites are
+off, so no background fork lands inside a measurement.
+
+"N in flight" is a pipeline of N XADDs: sent in one write, answered
+together; each one's latency is its pipeline's round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import redis
+import redis.asyncio
+
+from bench.harness import CPUMeter, Load, Measurement, Workload, percentiles_ms
+from bench.peers.servers import ServerProcess, accepts_connections
+
+SYSTEM = "redis-streams"
+FIELD = b"b"
+#: entries per XRANGE call when reading back: ~1 MiB of 64 KiB entries, as FETCH asks
+READ_COUNT = 16
+
+
+def redis_server(parent: Path | None = None) -> ServerProcess:
+    def argv(port: int, directory: Path) -> list[str]:
+        return [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(directory),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--auto-aof-rewrite-percentage",
+            "0",
+            "--protected-mode",
+            "no",
+            "--daemonize",
+            "no",
+        ]
+
+    return ServerProcess("redis-server", argv, accepts_connections, parent)
+
+
+def stream_key(index: int) -> bytes:
+    return b"s%d" % index
+
+
+def measure_appends(
+    server: ServerProcess, workload: Workload, fsync: str, load: Load
+) -> Measurement:
+    """XADD pipelines of ``load.in_flight`` entries, for the load's window."""
+    in_flight = load.in_flight
+    client = redis.Redis(port=server.port, socket_timeout=60)
+    client.config_set("appendfsync", fsync)
+    client.flushall()
+    keys = [stream_key(i) for i in range(workload.streams)]
+    fields = {FIELD: workload.batch}
+    server_cpu, client_cpu = CPUMeter(server.pid), CPUMeter()
+    window = load.window()
+    turn = 0
+    server_cpu.start()
+    client_cpu.start()
+    while (sent := time.perf_counter()) < window.closes:
+        pipe = client.pipeline(transaction=False)
+        for _ in range(in_flight):
+            pipe.xadd(keys[turn % len(keys)], fields)  # type: ignore[arg-type]
+            turn += 1
+        pipe.execute()
+        done = time.perf_counter()
+        for _ in range(in_flight):
+            window.record(sent, done, len(workload.batch), workload.records_per_batch)
+    measurement = window.measurement(
+        SYSTEM, workload, f"aof {fsync}", in_flight, server_cpu.stop(), client_cpu.stop()
+    )
+    client.flushall()
+    client.close()
+    return measurement
+
+
+def measure_catch_up(
+    server: ServerProcess, workload: Workload, total_bytes: int, in_flight: int
+) -> Measurement:
+    """Write ``total_bytes`` into one stream, then XRANGE it all back in order."""
+    client = redis.Redis(port=server.port, socket_timeout=60)
+    client.config_set("appendfsync", "everysec")
+    client.flushall()
+    key = stream_key(0)
+    batches = max(1, total_bytes // len(workload.batch))
+    for first in range(0, batches, in_flight):
+        pipe = client.pipeline(transaction=False)
+        for _ in range(min(in_flight, batches - first)):
+            pipe.xadd(key, {FIELD: workload.batch})
+        pipe.execute()
+    server_cpu, client_cpu = CPUMeter(server.pid), CPUMeter()
+    server_cpu.start()
+    client_cpu.start()
+    started = time.perf_counter()
+    read = nbytes = 0
+    last = b"-"
+    while True:
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = client.xrange(  # type: ignore[assignment]
+            key, min=last, max="+", count=READ_COUNT
+        )
+        if last != b"-":
+            entries = entries[1:]  # XRANGE's start is inclusive
+        if not entries:
+            break
+        for entry_id, values in entries:
+            nbytes += len(values[FIELD])
+            read += 1
+            last = entry_id
+    seconds = time.perf_counter() - started
+    if read != batches:
+        raise RuntimeError(f"read back {read} entries of {batches}")
+    result = Measurement(
+        system=SYSTEM,
+        workload=workload.key,
+        durability="n/a (read)",
+        in_flight=1,
+        seconds=round(seconds, 4),
+        requests=0,
+        bytes=nbytes,
+        records=read * workload.records_per_batch,
+        latency_ms=percentiles_ms([]),
+        server_cpu=server_cpu.stop(),
+        client_cpu=client_cpu.stop(),
+    )
+    client.flushall()
+    client.close()
+    return result
+
+
+def measure_tail(
+    server: ServerProcess, workload: Workload, fsync: str, rate_per_s: float, seconds: float
+) -> tuple[list[float], int]:
+    """Latency from each XADD's answer to a client blocked in XREAD receiving
+    the entry, with one XADD sent every 1/``rate_per_s`` s."""
+    return asyncio.run(_tail(server.port, workload, fsync, rate_per_s, seconds))
+
+
+async def _tail(
+    port: int, workload: Workload, fsync: str, rate_per_s: float, seconds: float
+) -> tuple[list[float], int]:
+    admin = redis.Redis(port=port)
+    admin.config_set("appendfsync", fsync)
+    admin.flushall()
+    admin.close()
+    key = stream_key(0)
+    acked: dict[bytes, float] = {}
+    received: dict[bytes, float] = {}
+    # a pool: each XADD in flight takes its own connection, as pipelining
+    # would not let the answers come back one by one
+    producer = redis.asyncio.Redis(port=port, max_connections=64)
+    reader = redis.asyncio.Redis(port=port)
+
+    async def consume() -> None:
+        last = b"0-0"
+        while True:
+            answer = await reader.xread({key: last}, block=1000, count=1000)
+            now = time.perf_counter()
+            for _stream, entries in answer:
+                for entry_id, _values in entries:
+                    received.setdefault(entry_id, now)
+                    last = entry_id
+
+    async def append_one() -> None:
+        entry_id = await producer.xadd(key, {FIELD: workload.batch})
+        acked[entry_id] = time.perf_counter()
+
+    consumer = asyncio.create_task(consume())
+    loop = asyncio.get_running_loop()
+    interval = 1.0 / rate_per_s
+    next_send = loop.time()
+    stop_at = next_send + seconds
+    tasks = []
+    while next_send < stop_at:
+        await asyncio.sleep(max(0.0, next_send - loop.time()))
+        tasks.append(asyncio.create_task(append_one()))
+        next_send += interval
+    await asyncio.gather(*tasks)
+    deadline = time.perf_counter() + 2.0
+    while any(entry not in received for entry in acked) and time.perf_counter() < deadline:
+        await asyncio.sleep(0.01)
+    consumer.cancel()
+    await asyncio.gather(consumer, return_exceptions=True)
+    await producer.aclose()
+    await reader.aclose()
+    return [received[e] - acked[e] for e in acked if e in received], len(tasks)

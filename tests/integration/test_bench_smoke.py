@@ -1,0 +1,148 @@
+"""The benchmark suite as ``make bench`` runs it, at ``--quick`` size: every
+scenario but Spark starts its servers, measures, and writes a JSON result
+with the machine, versions and settings, a markdown table and a PNG plot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SCENARIO_TIMEOUT_S = 120
+MEASUREMENT_KEYS = {
+    "system",
+    "workload",
+    "durability",
+    "in_flight",
+    "seconds",
+    "requests",
+    "bytes",
+    "records",
+    "mb_per_s",
+    "records_per_s",
+    "latency_ms",
+    "server_cpu",
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("bench")
+    documents = {}
+    for scenario in ("append", "tail", "catch_up"):
+        run = subprocess.run(
+            [sys.executable, "-m", "bench", scenario, "--quick", "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=SCENARIO_TIMEOUT_S,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        for suffix in (".md", ".png"):
+            assert (out / f"{scenario}{suffix}").stat().st_size > 0
+        documents[scenario] = json.loads((out / f"{scenario}.json").read_text())
+    return documents
+
+
+def _by_system(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    systems: dict[str, list[dict[str, Any]]] = {}
+    for measurement in doc["results"]:
+        systems.setdefault(measurement["system"], []).append(measurement)
+    return systems
+
+
+@pytest.mark.parametrize("scenario", ["append", "tail", "catch_up"])
+def test_every_result_records_machine_versions_and_settings(
+    results: dict[str, dict[str, Any]], scenario: str
+) -> None:
+    doc = results[scenario]
+    assert doc["scenario"] == scenario
+    assert doc["quick"] is True
+    assert doc["machine"]["cores"] >= 1
+    assert doc["machine"]["memory_gib"] > 0
+    assert doc["machine"]["cpu_model"]
+    for name in ("python", "trio", "lmdb", "redis-server", "nats-server"):
+        assert doc["versions"][name] not in ("", "unknown", "not installed")
+    assert doc["settings"]["quick"] is True
+
+
+@pytest.mark.parametrize("scenario", ["append", "tail", "catch_up"])
+def test_every_measurement_has_positive_rates(
+    results: dict[str, dict[str, Any]], scenario: str
+) -> None:
+    for measurement in results[scenario]["results"]:
+        assert measurement.keys() >= MEASUREMENT_KEYS
+        assert measurement["seconds"] > 0
+        assert measurement["bytes"] > 0
+        assert measurement["records"] > 0
+        assert measurement["mb_per_s"] > 0
+        assert measurement["records_per_s"] > 0
+
+
+def test_append_compares_sbp_with_the_peers_and_the_limits(
+    results: dict[str, dict[str, Any]],
+) -> None:
+    systems = _by_system(results["append"])
+    assert set(systems) == {
+        "sbp",
+        "sbp-packed",
+        "sbp-producer",
+        "redis-streams",
+        "nats-jetstream",
+        "raw-lmdb",
+        "trio-socket-sink",
+    }
+    workloads = {"64k-1", "64k-100", "64k-2000", "100b-1"}
+    for system in ("sbp", "redis-streams", "nats-jetstream"):
+        assert {m["workload"] for m in systems[system]} == workloads
+        sweep = {m["in_flight"] for m in systems[system] if m["workload"] == "64k-1"}
+        assert sweep == {1, 4, 16, 64}
+    assert {m["durability"] for m in systems["sbp"]} == {"sync always", "sync never"}
+    assert {m["durability"] for m in systems["redis-streams"]} == {"aof always", "aof everysec"}
+    for measurement in systems["sbp"]:
+        assert measurement["server_cpu"] > 0
+        latency = measurement["latency_ms"]
+        assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"] <= latency["p99.9"]
+    names = [target["name"] for target in results["append"]["targets"]]
+    assert len(names) == 4
+    assert all(target["value"] > 0 for target in results["append"]["targets"])
+
+
+def test_tail_runs_every_system_at_half_of_sbp_peak(results: dict[str, dict[str, Any]]) -> None:
+    measurements = results["tail"]["results"]
+    assert [m["system"] for m in measurements] == ["sbp", "redis-streams", "nats-jetstream"]
+    ours = measurements[0]["extra"]
+    assert ours["rate_mb_per_s"] == pytest.approx(ours["peak_mb_per_s"] / 2, rel=0.01)
+    for measurement in measurements:
+        extra = measurement["extra"]
+        # a peer runs at SBP's rate unless that is more than half of its own peak
+        assert extra["rate_per_s"] <= ours["rate_per_s"] + 0.1
+        assert extra["rate_mb_per_s"] <= extra["peak_mb_per_s"] / 2 * 1.01
+        # every appended batch reached the consumer
+        assert extra["received"] == extra["sent"] > 0
+        assert len(extra["latencies_ms"]) == extra["received"]
+    (target,) = results["tail"]["targets"]
+    assert target["unit"] == "ms"
+    assert target["value"] == measurements[0]["latency_ms"]["p99"]
+
+
+def test_catch_up_reads_back_all_that_was_written(results: dict[str, dict[str, Any]]) -> None:
+    measurements = results["catch_up"]["results"]
+    written = results["catch_up"]["settings"]["bytes_written"]
+    assert {m["system"] for m in measurements} == {"sbp", "redis-streams", "nats-jetstream"}
+    for measurement in measurements:
+        # whole batches of the bytes written: at most one batch short
+        assert written - 110_000 < measurement["bytes"] <= written
+
+
+def test_cli_offers_every_scenario_and_an_output_option(tmp_path: Path) -> None:
+    from bench.__main__ import SCENARIOS, build_parser
+
+    assert set(SCENARIOS) == {"append", "tail", "catch_up", "spark"}
+    args = build_parser().parse_args(["all", "--quick", "--out", str(tmp_path)])
+    assert (args.scenario, args.quick, args.out) == ("all", True, tmp_path)
