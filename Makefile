@@ -20,8 +20,9 @@ $(VENV)/.installed-%: pyproject.toml | $(PY)
 system-deps:
 	bash scripts/install-system-deps.sh
 
+# The main job: a local cluster (PM + 3 data nodes, data under ./var) until Ctrl-C.
 run: $(VENV)/.installed-dev
-	$(PY) -c "from sbp.frames import encode_frame, decode_frame; f = encode_frame(1, 0, 0); print('PING frame:', f.hex(), '->', decode_frame(f))"
+	$(BIN)/sbp-cluster
 
 test: $(VENV)/.installed-dev,spark,bench system-deps
 	$(PY) -m pytest

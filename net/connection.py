@@ -780,6 +780,11 @@ class Connection:
                 await responder.send_error(_wire_code(exc.code), exc.message)
             return
         except Exception:
+            if self.closed:
+                # The peer went away mid-response (a client that stopped
+                # waiting): there is no one left to answer.
+                logger.debug("%s: %s left before the response", request.opcode.name, self.peer)
+                return
             logger.exception("%s handler failed (peer %s)", request.opcode.name, self.peer)
             if not responder.done:
                 await responder.send_error(ErrorCode.UNKNOWN, "internal server error")

@@ -85,9 +85,17 @@ class ConnectionPool:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        await self.aclose()
-        assert self._nursery_manager is not None
-        return await self._nursery_manager.__aexit__(exc_type, exc, tb)
+        manager = self._nursery_manager
+        assert manager is not None
+        try:
+            await self.aclose()
+        except BaseException as error:
+            # Closing can be cancelled (a server stopping); the nursery must
+            # be exited all the same, or trio's nursery stack is corrupted.
+            if not await manager.__aexit__(type(error), error, error.__traceback__):
+                raise
+            return True
+        return await manager.__aexit__(exc_type, exc, tb)
 
     async def get(self, address: str) -> Connection:
         """The live connection to ``address`` ("host:port")."""

@@ -1,0 +1,586 @@
+"""The commands of ``sbp`` (client/cli.py parses and runs them).
+
+Every command is one async function taking an ``Env`` (the parsed
+arguments, the PM client, the connection pool, the output streams) and
+returning the exit code; failures are raised and turned into one line and
+an exit code by ``client.cli.main``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import IO, Any, Final
+
+from net.pool import ConnectionPool
+from sbp import messages
+from sbp.batches import DecodedRecords
+from sbp.errors import ConnectionClosed, ProtocolError
+
+from . import format as fmt
+from ._base import SBPClient
+from ._routing import primary_of
+from .consumer import Consumer
+from .datanode_client import DataNodeClient
+from .pm_client import PMClient
+from .producer import Producer, RecordsHandle
+
+DEFAULT_PM: Final = "127.0.0.1:7400"
+DEFAULT_TIMEOUT_S: Final = 10.0
+#: lines handed to the producer at a time by ``append``
+APPEND_CHUNK_LINES: Final = 10_000
+
+EXIT_OK: Final = 0
+EXIT_SERVER_ERROR: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_CONNECT: Final = 3
+EXIT_TIMEOUT: Final = 4
+EXIT_INTERRUPTED: Final = 130
+
+
+class UsageError(Exception):
+    """Bad arguments or input found after parsing (exit 2)."""
+
+
+@dataclass
+class Env:
+    """What every command works with."""
+
+    args: argparse.Namespace
+    pm: PMClient
+    pool: ConnectionPool
+    out: IO[str]
+    err: IO[str]
+
+    @property
+    def json(self) -> bool:
+        return bool(self.args.json)
+
+    def emit(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def emit_json(self, value: Any) -> None:
+        self.emit(fmt.dumps(value))
+
+
+Command = Callable[[Env], Awaitable[int]]
+
+
+# --------------------------------------------------------------------------- ping
+
+
+async def cmd_ping(env: Env) -> int:
+    """PING the PM, and with --all every data node it knows."""
+    targets: list[tuple[str, str, SBPClient | None]] = [("pm", env.args.pm, env.pm)]
+    if env.args.all:
+        for status in await env.pm.describe_cluster():
+            node = status.data_node
+            targets.append((f"node-{node.node_id}", node.advertise_addr, None))
+    results = []
+    for name, address, client in targets:
+        if client is None:
+            client = DataNodeClient(address, pool=env.pool, timeout=env.args.timeout)
+        try:
+            rtt_ms: float | None = 1000 * await client.ping()
+            error = ""
+        except (ConnectionClosed, OSError) as failure:
+            if name == "pm":
+                raise
+            rtt_ms, error = None, str(failure)
+        results.append({"name": name, "address": address, "rtt_ms": rtt_ms, "error": error})
+    if env.json:
+        env.emit_json(results)
+    else:
+        for row in results:
+            answer = f"{row['rtt_ms']:.2f} ms" if row["rtt_ms"] is not None else row["error"]
+            env.emit(f"{row['name']} {row['address']}: {answer}")
+    return EXIT_SERVER_ERROR if any(row["rtt_ms"] is None for row in results) else EXIT_OK
+
+
+# --------------------------------------------------------------------------- streams
+
+
+def _stream_rows(streams: Sequence[messages.Stream]) -> str:
+    return fmt.table(
+        ["stream", "replicas", "retention", "epoch"],
+        [
+            [s.stream_id, s.replica_nums, fmt.retention_text(s.retention_period_ms), s.epoch]
+            for s in streams
+        ],
+    )
+
+
+async def cmd_streams_create(env: Env) -> int:
+    """Create --count streams with --replicas replicas each."""
+    spec = messages.Stream(
+        replica_nums=env.args.replicas, retention_period_ms=env.args.retention_ms
+    )
+    results = await env.pm.create_streams([spec] * env.args.count)
+    failed = [r for r in results if r.error_code]
+    created = [r for r in results if not r.error_code and r.stream is not None]
+    if env.json:
+        env.emit_json(results)
+    else:
+        rows = []
+        for result in created:
+            assert result.stream is not None
+            rng = result.range
+            rows.append(
+                [
+                    result.stream.stream_id,
+                    result.stream.replica_nums,
+                    fmt.retention_text(result.stream.retention_period_ms),
+                    fmt.replicas_text(rng) if rng is not None else "-",
+                ]
+            )
+        if rows:
+            env.emit(fmt.table(["stream", "replicas", "retention", "nodes (* primary)"], rows))
+    for result in failed:
+        print(_item_error(result.error_code, result.error_message), file=env.err)
+    return EXIT_SERVER_ERROR if failed else EXIT_OK
+
+
+async def cmd_streams_list(env: Env) -> int:
+    """Every stream, in id order."""
+    streams = [stream async for stream in env.pm.list_streams()]
+    if env.json:
+        env.emit_json(streams)
+    elif streams:
+        env.emit(_stream_rows(streams))
+    else:
+        env.emit("no streams")
+    return EXIT_OK
+
+
+async def cmd_streams_get(env: Env) -> int:
+    """The streams with these ids; an unknown id is an error (exit 1)."""
+    results = await env.pm.get_streams(env.args.stream_ids)
+    found = [r.stream for r in results if not r.error_code and r.stream is not None]
+    if env.json:
+        env.emit_json(results)
+    elif found:
+        env.emit(_stream_rows(found))
+    failed = [r for r in results if r.error_code]
+    for result in failed:
+        print(_item_error(result.error_code, result.error_message), file=env.err)
+    return EXIT_SERVER_ERROR if failed else EXIT_OK
+
+
+async def cmd_streams_update(env: Env) -> int:
+    """Change a stream's replica count or retention; unchanged fields stay."""
+    if env.args.replicas is None and env.args.retention_ms is None:
+        raise UsageError("nothing to update: give --replicas and/or --retention-ms")
+    current = await env.pm.get_stream(env.args.stream_id)
+    wanted = messages.Stream(
+        stream_id=current.stream_id,
+        replica_nums=(env.args.replicas if env.args.replicas is not None else current.replica_nums),
+        retention_period_ms=(
+            env.args.retention_ms
+            if env.args.retention_ms is not None
+            else current.retention_period_ms
+        ),
+        epoch=current.epoch,
+    )
+    stream = await env.pm.update_stream(wanted)
+    env.emit_json(stream) if env.json else env.emit(_stream_rows([stream]))
+    return EXIT_OK
+
+
+async def cmd_streams_delete(env: Env) -> int:
+    """Delete streams, their ranges and their records on the data nodes."""
+    results = await env.pm.delete_streams(env.args.stream_ids)
+    failed = [r for r in results if r.error_code]
+    if env.json:
+        env.emit_json(results)
+    else:
+        deleted = [
+            stream_id
+            for stream_id, r in zip(env.args.stream_ids, results, strict=False)
+            if not r.error_code
+        ]
+        if deleted:
+            env.emit("deleted stream " + ", ".join(str(s) for s in deleted))
+    for result in failed:
+        print(_item_error(result.error_code, result.error_message), file=env.err)
+    return EXIT_SERVER_ERROR if failed else EXIT_OK
+
+
+async def cmd_streams_trim(env: Env) -> int:
+    """Drop a stream's records below an offset."""
+    result = await env.pm.trim_stream(env.args.stream_id, env.args.offset)
+    if env.json:
+        env.emit_json(result)
+    else:
+        env.emit(f"trimmed stream {env.args.stream_id} below offset {env.args.offset}")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- ranges
+
+
+def _range_rows(ranges: Sequence[messages.Range]) -> str:
+    return fmt.table(
+        ["stream", "range", "start", "end", "next", "epoch", "nodes (* primary)"],
+        [
+            [
+                r.stream_id,
+                r.range_index,
+                r.start_offset,
+                fmt.end_text(r),
+                r.next_offset,
+                r.epoch,
+                fmt.replicas_text(r),
+            ]
+            for r in ranges
+        ],
+    )
+
+
+async def cmd_ranges_list(env: Env) -> int:
+    """The ranges of a stream, or (--node) every range on one data node."""
+    if (env.args.stream_id is None) == (env.args.node is None):
+        raise UsageError("give a stream id or --node NODE_ID (one of them)")
+    if env.args.stream_id is not None:
+        ranges = await env.pm.list_stream_ranges(env.args.stream_id)
+    else:
+        node = await _find_node(env, env.args.node)
+        ranges = await env.pm.list_node_ranges(node)
+    if env.json:
+        env.emit_json(ranges)
+    elif ranges:
+        env.emit(_range_rows(ranges))
+    else:
+        env.emit("no ranges")
+    return EXIT_OK
+
+
+async def cmd_ranges_describe(env: Env) -> int:
+    """One range as the PM holds it."""
+    rng = await env.pm.describe_range(env.args.stream_id, env.args.range_index)
+    env.emit_json(rng) if env.json else env.emit(_range_rows([rng]))
+    return EXIT_OK
+
+
+async def cmd_ranges_seal(env: Env) -> int:
+    """Seal a stream's open range (or the given one) and open the next."""
+    index = env.args.range_index
+    if index is None:
+        ranges = await env.pm.list_stream_ranges(env.args.stream_id)
+        if not ranges or not ranges[-1].is_open:
+            raise UsageError(f"stream {env.args.stream_id} has no open range")
+        index = ranges[-1].range_index
+    result = await env.pm.seal_range(env.args.stream_id, index)
+    if env.json:
+        env.emit_json(result)
+    else:
+        env.emit(_range_rows(result.ranges))
+    return EXIT_OK
+
+
+async def _find_node(env: Env, node_id: int) -> messages.DataNode:
+    for status in await env.pm.describe_cluster():
+        if status.data_node.node_id == node_id:
+            return status.data_node
+    raise UsageError(f"the PM knows no data node {node_id}")
+
+
+# --------------------------------------------------------------------------- append
+
+
+class Progress:
+    """A one-line progress report on stderr, redrawn at most 10 times a second."""
+
+    def __init__(self, stream: IO[str], enabled: bool, total_bytes: int | None) -> None:
+        self._stream = stream
+        self._enabled = enabled
+        self._total = total_bytes
+        self._started = time.monotonic()
+        self._last_draw = 0.0
+
+    def update(self, records: int, nbytes: int, *, final: bool = False) -> None:
+        if not self._enabled:
+            return
+        now = time.monotonic()
+        if not final and now - self._last_draw < 0.1:
+            return
+        self._last_draw = now
+        rate = records / max(now - self._started, 1e-6)
+        line = f"{records:,} records, {fmt.size_text(nbytes)}, {rate:,.0f} records/s"
+        if self._total:
+            done = min(1.0, nbytes / self._total)
+            filled = int(done * 30)
+            line = f"[{'#' * filled}{'.' * (30 - filled)}] {done:4.0%} " + line
+        self._stream.write("\r" + line + ("\n" if final else ""))
+        self._stream.flush()
+
+
+def read_lines(source: IO[bytes], chunk_lines: int) -> Iterator[tuple[list[bytes], int]]:
+    """Chunks of input lines without their line ends, with the bytes read."""
+    chunk: list[bytes] = []
+    nbytes = 0
+    for line in source:
+        nbytes += len(line)
+        chunk.append(line.rstrip(b"\r\n") if line.endswith(b"\n") else line)
+        if len(chunk) >= chunk_lines:
+            yield chunk, nbytes
+            chunk, nbytes = [], 0
+    if chunk:
+        yield chunk, nbytes
+
+
+async def cmd_append(env: Env) -> int:
+    """Append each input line as one record."""
+    args = env.args
+    total: int | None = None
+    if args.file in (None, "-"):
+        source: IO[bytes] = sys.stdin.buffer
+    else:
+        try:
+            source = open(args.file, "rb")  # noqa: SIM115 - closed below
+        except OSError as error:
+            raise UsageError(f"cannot read {args.file}: {error.strerror}") from error
+        total = os.fstat(source.fileno()).st_size
+    progress = Progress(env.err, args.progress or env.err.isatty(), total)
+    records = value_bytes = read_bytes = 0
+    first: RecordsHandle | None = None
+    last: RecordsHandle | None = None
+    started = time.monotonic()
+    try:
+        async with Producer(
+            env.pm, args.stream_id, pool=env.pool, request_timeout=args.timeout
+        ) as producer:
+            for lines, nbytes in read_lines(source, APPEND_CHUNK_LINES):
+                last = await producer.send_many(lines)
+                first = first or last
+                records += len(lines)
+                value_bytes += sum(len(line) for line in lines)
+                read_bytes += nbytes
+                progress.update(records, read_bytes)
+            await producer.flush()
+    finally:
+        if source is not sys.stdin.buffer:
+            source.close()
+    progress.update(records, read_bytes, final=True)
+    seconds = time.monotonic() - started
+    first_offset = int((await first.offsets())[0]) if first else None
+    last_offset = int((await last.offsets())[-1]) if last else None
+    summary = {
+        "stream_id": args.stream_id,
+        "records": records,
+        "bytes": value_bytes,
+        "first_offset": first_offset,
+        "last_offset": last_offset,
+        "seconds": round(seconds, 3),
+    }
+    if env.json:
+        env.emit_json(summary)
+    elif records:
+        env.emit(
+            f"appended {fmt.plural(records, 'record')} ({fmt.size_text(value_bytes)}) to stream "
+            f"{args.stream_id}, offsets {first_offset}..{last_offset}, in {seconds:.2f} s"
+        )
+    else:
+        env.emit(f"no input: nothing appended to stream {args.stream_id}")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- read / tail
+
+
+class RecordPrinter:
+    """Prints records as text lines (or JSON lines), or counts them (--stats)."""
+
+    def __init__(self, env: Env, limit: int | None) -> None:
+        self.env = env
+        self.limit = limit
+        self.records = 0
+        self.bytes = 0
+        self.first_offset: int | None = None
+        self.last_offset: int | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.limit is not None and self.records >= self.limit
+
+    def take(self, batch: DecodedRecords) -> None:
+        count = len(batch)
+        if self.limit is not None:
+            count = min(count, self.limit - self.records)
+        if count <= 0:
+            return
+        if self.first_offset is None:
+            self.first_offset = int(batch.offsets[0])
+        self.last_offset = int(batch.offsets[count - 1])
+        self.records += count
+        self.bytes += int(batch.value_offsets[count] - batch.value_offsets[0])
+        if not self.env.args.stats:
+            self._print(batch, count)
+
+    def _print(self, batch: DecodedRecords, count: int) -> None:
+        args, out = self.env.args, self.env.out
+        lines = []
+        for i in range(count):
+            raw = batch.value(i)
+            value = raw.hex() if args.hex else raw.decode("utf-8", "backslashreplace")
+            offset = int(batch.offsets[i])
+            if self.env.json:
+                timestamp = int(batch.timestamps[i])
+                lines.append(
+                    json.dumps({"offset": offset, "timestamp_ms": timestamp, "value": value})
+                )
+            elif args.offsets:
+                lines.append(f"{offset}\t{value}")
+            else:
+                lines.append(value)
+        out.write("\n".join(lines) + "\n")
+        out.flush()
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "stream_id": self.env.args.stream_id,
+            "records": self.records,
+            "bytes": self.bytes,
+            "first_offset": self.first_offset,
+            "last_offset": self.last_offset,
+        }
+
+    def print_stats(self) -> None:
+        stats = self.summary()
+        if self.env.json:
+            self.env.emit_json(stats)
+        else:
+            span = (
+                f"offsets {stats['first_offset']}..{stats['last_offset']}"
+                if self.records
+                else "no records"
+            )
+            self.env.emit(
+                f"stream {stats['stream_id']}: {fmt.plural(self.records, 'record')}, "
+                f"{fmt.size_text(self.bytes)} of values, {span}"
+            )
+
+
+async def _consume(env: Env, from_offset: int, *, tail: bool) -> int:
+    printer = RecordPrinter(env, env.args.count)
+    async with Consumer(
+        env.pm,
+        env.args.stream_id,
+        from_offset,
+        pool=env.pool,
+        tail=tail,
+        retry_timeout=env.args.timeout,
+        request_timeout=env.args.timeout,
+    ) as consumer:
+        while not printer.done:
+            batch = await consumer.next_batch()
+            if batch is None:
+                break
+            printer.take(batch)
+    if env.args.stats:
+        printer.print_stats()
+    return EXIT_OK
+
+
+async def cmd_read(env: Env) -> int:
+    """Read a stream from --from up to its end as it is now."""
+    from_offset = env.args.from_offset
+    if from_offset is None:  # the first record not trimmed away
+        ranges = await env.pm.list_stream_ranges(env.args.stream_id)
+        from_offset = ranges[0].start_offset if ranges else 0
+    return await _consume(env, from_offset, tail=False)
+
+
+async def cmd_tail(env: Env) -> int:
+    """Follow a stream: print records as they are appended (Ctrl-C stops)."""
+    from_offset = env.args.from_offset
+    if from_offset is None:
+        from_offset = await _end_offset(env, env.args.stream_id)
+    return await _consume(env, from_offset, tail=True)
+
+
+async def _end_offset(env: Env, stream_id: int) -> int:
+    """The offset the next append to a stream gets. The PM's ``next_offset``
+    of an open range is a snapshot, so the range's primary is asked."""
+    ranges = await env.pm.list_stream_ranges(stream_id)
+    if not ranges:
+        return 0
+    last = ranges[-1]
+    if not last.is_open:
+        return last.end_offset
+    node = DataNodeClient(primary_of(last).advertise_addr, pool=env.pool, timeout=env.args.timeout)
+    return (await node.describe_range(stream_id, last.range_index)).next_offset
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+def node_summary(status: messages.DataNodeStatus, now: float) -> dict[str, Any]:
+    """One data node's row of ``cluster status`` and ``top``."""
+    report = status.metrics or messages.ReportMetricsRequest(data_node=status.data_node)
+    return {
+        "node_id": status.data_node.node_id,
+        "address": status.data_node.advertise_addr,
+        "alive": status.alive,
+        "last_heartbeat": fmt.age_text(status.last_heartbeat_ms, now),
+        "ranges": status.range_count,
+        "active_ranges": report.range_active_cnt,
+        "in_bytes_per_s": report.disk_in_rate,
+        "out_bytes_per_s": report.disk_out_rate,
+        "appends_per_s": report.network_append_rate,
+        "fetches_per_s": report.network_fetch_rate,
+        "failed_per_s": report.network_failed_append_rate + report.network_failed_fetch_rate,
+        "append_ms": report.network_append_avg_latency,
+        "fetch_ms": report.network_fetch_avg_latency,
+        "commit_ms": report.uring_task_avg_latency,
+        "disk_free_bytes": report.disk_free_space,
+        "memory_bytes": report.memory_used,
+        "reported": status.metrics is not None,
+    }
+
+
+async def cmd_cluster_status(env: Env) -> int:
+    """The data nodes the PM knows: liveness, ranges and latest load report."""
+    statuses = await env.pm.describe_cluster()
+    now = time.time()
+    rows = [node_summary(status, now) for status in statuses]
+    if env.json:
+        env.emit_json({"pm": env.args.pm, "data_nodes": rows})
+        return EXIT_OK
+    alive = sum(1 for row in rows if row["alive"])
+    env.emit(f"PM {env.args.pm}: {alive} of {len(rows)} data nodes alive")
+    if rows:
+        env.emit(
+            fmt.table(
+                ["node", "address", "alive", "heartbeat", "ranges", "open", "in/s", "free"],
+                [
+                    [
+                        row["node_id"],
+                        row["address"],
+                        row["alive"],
+                        row["last_heartbeat"],
+                        row["ranges"],
+                        row["active_ranges"],
+                        fmt.size_text(row["in_bytes_per_s"]),
+                        fmt.size_text(row["disk_free_bytes"]),
+                    ]
+                    for row in rows
+                ],
+            )
+        )
+    return EXIT_OK
+
+
+async def cmd_top(env: Env) -> int:
+    """A live view of the cluster, redrawn every --interval seconds."""
+    from .top import run_top
+
+    return await run_top(env)
+
+
+def _item_error(code: int, message: str) -> str:
+    return f"sbp: {ProtocolError(message, code=code)}"

@@ -1,0 +1,120 @@
+"""Output of the ``sbp`` command: aligned tables for people, JSON for scripts.
+
+Messages are frozen dataclasses; ``to_jsonable`` turns them (and anything
+nesting them) into plain dicts and lists, with error codes as their names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sbp import messages
+
+
+def to_jsonable(value: Any) -> Any:
+    """Plain JSON values for messages, enums, tuples and numpy scalars."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            field.name: to_jsonable(getattr(value, field.name))
+            for field in dataclasses.fields(value)
+        }
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, Mapping):
+        return {str(key): to_jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(item) for item in value]
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    return value
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(to_jsonable(value), indent=2, sort_keys=False)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Columns padded to their widest cell; numbers aligned right."""
+    cells = [[_cell(value) for value in row] for row in rows]
+    widths = [len(header) for header in headers]
+    for row in cells:
+        for i, text in enumerate(row):
+            widths[i] = max(widths[i], len(text))
+    numeric = [
+        all(isinstance(row[i], int | float) for row in rows) if rows else False
+        for i in range(len(headers))
+    ]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            value.rjust(width) if right else value.ljust(width)
+            for value, width, right in zip(values, widths, numeric, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(list(headers)), *(line(row) for row in cells)])
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 record``, ``2,000 records``."""
+    return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}s"
+
+
+def replicas_text(rng: messages.Range) -> str:
+    """``node 1* (127.0.0.1:7401), node 2`` … with the primary starred."""
+    parts = []
+    for replica in rng.replica_nodes:
+        node = replica.data_node
+        star = "*" if replica.is_primary else ""
+        parts.append(f"{node.node_id}{star}@{node.advertise_addr}")
+    return ",".join(parts) or "-"
+
+
+def end_text(rng: messages.Range) -> str:
+    return "open" if rng.is_open else str(rng.end_offset)
+
+
+def retention_text(ms: int) -> str:
+    if ms <= 0:
+        return "forever"
+    seconds = ms / 1000
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def age_text(epoch_ms: int, now: float | None = None) -> str:
+    """How long ago an epoch-milliseconds time was (``-`` when never)."""
+    if epoch_ms <= 0:
+        return "never"
+    seconds = max(0.0, (now if now is not None else time.time()) - epoch_ms / 1000)
+    if seconds < 60:
+        return f"{seconds:.1f}s ago"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def size_text(value: float) -> str:
+    """Bytes in binary units: ``512 B``, ``1.5 MiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

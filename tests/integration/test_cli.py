@@ -1,0 +1,250 @@
+"""The ``sbp`` command against a real local cluster (``sbp-cluster`` with a PM
+and two data nodes as processes): printed values, JSON fields, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .local_cluster import LocalCluster, lines, sbp, sbp_json, start_cluster
+from .procs import _child_env
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    running = start_cluster(tmp_path_factory.mktemp("cli") / "var", nodes=2)
+    try:
+        yield running
+    finally:
+        assert running.stop() == 0, running.output()
+
+
+def new_stream(pm: str, *flags: str) -> int:
+    created = sbp_json(pm, "streams", "create", *flags)
+    assert created[0]["error_code"] == "NONE"
+    return int(created[0]["stream"]["stream_id"])
+
+
+def test_append_and_read_round_trip(cluster: LocalCluster) -> None:
+    pm = cluster.pm_address
+    stream = new_stream(pm)
+    values = [f"record {i} é" for i in range(25_000)] + ["", "last"]
+    appended = sbp(pm, "append", str(stream), stdin=lines(values))
+    assert appended.returncode == 0, appended.stderr
+    assert "appended 25,002 records" in appended.stdout
+    assert f"to stream {stream}, offsets 0..25001" in appended.stdout
+
+    read = sbp(pm, "read", str(stream))
+    assert read.returncode == 0, read.stderr
+    assert read.stdout.split("\n")[:-1] == values
+
+    with_offsets = sbp(pm, "read", str(stream), "--from", "24999", "--offsets")
+    assert with_offsets.stdout.splitlines() == ["24999\trecord 24999 é", "25000\t", "25001\tlast"]
+
+    as_hex = sbp(pm, "read", str(stream), "--count", "1", "--hex")
+    assert as_hex.stdout.strip() == "record 0 é".encode().hex()
+
+    records = [
+        json.loads(line)
+        for line in sbp(pm, "--json", "read", str(stream), "--count", "2").stdout.splitlines()
+    ]
+    assert [(r["offset"], r["value"]) for r in records] == [(0, "record 0 é"), (1, "record 1 é")]
+    assert all(r["timestamp_ms"] > 1_600_000_000_000 for r in records)
+
+    stats = sbp_json(pm, "read", str(stream), "--stats")
+    assert stats == {
+        "stream_id": stream,
+        "records": 25_002,
+        "bytes": sum(len(v.encode()) for v in values),
+        "first_offset": 0,
+        "last_offset": 25_001,
+    }
+
+
+def test_append_from_a_file_with_progress(cluster: LocalCluster, tmp_path: Path) -> None:
+    pm = cluster.pm_address
+    stream = new_stream(pm)
+    source = tmp_path / "input.txt"
+    source.write_bytes(lines([f"line-{i}" for i in range(1000)]))
+    result = sbp(pm, "append", str(stream), str(source), "--progress")
+    assert result.returncode == 0, result.stderr
+    assert "100%" in result.stderr and "1,000 records" in result.stderr
+    summary = sbp_json(pm, "append", str(stream), str(source))
+    assert (summary["records"], summary["first_offset"], summary["last_offset"]) == (
+        1000,
+        1000,
+        1999,
+    )
+    assert sbp_json(pm, "read", str(stream), "--stats")["records"] == 2000
+
+
+def test_streams_commands(cluster: LocalCluster) -> None:
+    pm = cluster.pm_address
+    created = sbp_json(
+        pm, "streams", "create", "--count", "3", "--replicas", "2", "--retention-ms", "60000"
+    )
+    ids = [item["stream"]["stream_id"] for item in created]
+    assert len(set(ids)) == 3
+    assert all(item["stream"]["replica_nums"] == 2 for item in created)
+    assert all(len(item["range"]["replica_nodes"]) == 2 for item in created)
+
+    table = sbp(pm, "streams", "create")
+    assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:3] == [
+        "stream",
+        "replicas",
+        "retention",
+    ]
+
+    listed = {s["stream_id"]: s for s in sbp_json(pm, "streams", "list")}
+    assert set(ids) <= set(listed)
+    assert listed[ids[0]]["retention_period_ms"] == 60000
+
+    got = sbp(pm, "streams", "get", str(ids[0]))
+    assert got.returncode == 0
+    assert got.stdout.splitlines()[1].split()[:3] == [str(ids[0]), "2", "1m"]
+
+    updated = sbp_json(pm, "streams", "update", str(ids[1]), "--retention-ms", "0")
+    assert (updated["stream_id"], updated["retention_period_ms"], updated["replica_nums"]) == (
+        ids[1],
+        0,
+        2,
+    )
+
+    deleted = sbp(pm, "streams", "delete", str(ids[2]))
+    assert deleted.returncode == 0 and deleted.stdout.strip() == f"deleted stream {ids[2]}"
+    gone = sbp(pm, "streams", "get", str(ids[2]))
+    assert gone.returncode == 1
+    assert gone.stderr.strip().startswith("sbp: STREAM_NOT_FOUND")
+
+
+def test_trim_then_read_starts_at_the_first_kept_record(cluster: LocalCluster) -> None:
+    pm = cluster.pm_address
+    stream = new_stream(pm)
+    assert sbp(pm, "append", str(stream), stdin=lines([str(i) for i in range(100)])).returncode == 0
+    assert sbp(pm, "ranges", "seal", str(stream)).returncode == 0
+    assert sbp(pm, "append", str(stream), stdin=lines(["a", "b"])).returncode == 0
+    trimmed = sbp(pm, "streams", "trim", str(stream), "100")
+    assert trimmed.returncode == 0, trimmed.stderr
+    assert sbp(pm, "read", str(stream), "--offsets").stdout.splitlines() == ["100\ta", "101\tb"]
+    below = sbp(pm, "read", str(stream), "--from", "5")
+    assert below.returncode == 1 and "OFFSET_OUT_OF_RANGE" in below.stderr
+
+
+def test_ranges_commands(cluster: LocalCluster) -> None:
+    pm = cluster.pm_address
+    stream = new_stream(pm)
+    assert sbp(pm, "append", str(stream), stdin=lines(["x"] * 10)).returncode == 0
+    sealed = sbp_json(pm, "ranges", "seal", str(stream))
+    assert [(r["range_index"], r["start_offset"], r["end_offset"]) for r in sealed["ranges"]] == [
+        (0, 0, 10),
+        (1, 10, -1),
+    ]
+    ranges = sbp_json(pm, "ranges", "list", str(stream))
+    assert [r["range_index"] for r in ranges] == [0, 1]
+    described = sbp_json(pm, "ranges", "describe", str(stream), "0")
+    assert (described["end_offset"], described["stream_id"]) == (10, stream)
+
+    primary = next(r for r in ranges[1]["replica_nodes"] if r["is_primary"])["data_node"]
+    on_node = sbp_json(pm, "ranges", "list", "--node", str(primary["node_id"]))
+    assert (stream, 1) in {(r["stream_id"], r["range_index"]) for r in on_node}
+
+    table = sbp(pm, "ranges", "list", str(stream)).stdout.splitlines()
+    assert table[0].split()[:4] == ["stream", "range", "start", "end"]
+    assert table[2].split()[3] == "open"
+
+
+def test_tail_prints_new_records(cluster: LocalCluster) -> None:
+    pm = cluster.pm_address
+    stream = new_stream(pm)
+    assert sbp(pm, "append", str(stream), stdin=lines(["old"])).returncode == 0
+    tail = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "client.cli",
+            "--pm",
+            pm,
+            "tail",
+            str(stream),
+            "--count",
+            "2",
+            "--offsets",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_child_env(),
+    )
+    try:
+        time.sleep(1.5)  # let it find the end of the stream before appending
+        assert sbp(pm, "append", str(stream), stdin=lines(["new-1", "new-2"])).returncode == 0
+        out, err = tail.communicate(timeout=30)
+    finally:
+        tail.kill()
+    assert tail.returncode == 0, err
+    assert out.splitlines() == ["1\tnew-1", "2\tnew-2"]
+
+
+def test_cluster_status_ping_and_top(cluster: LocalCluster) -> None:
+    pm = cluster.pm_address
+    status = sbp_json(pm, "cluster", "status")
+    nodes = status["data_nodes"]
+    assert [n["node_id"] for n in nodes] == [1, 2] and all(n["alive"] for n in nodes)
+    assert all(n["disk_free_bytes"] > 0 for n in nodes)
+    human = sbp(pm, "cluster", "status").stdout
+    assert "2 of 2 data nodes alive" in human
+
+    pings = sbp_json(pm, "ping", "--all")
+    assert [p["name"] for p in pings] == ["pm", "node-1", "node-2"]
+    assert all(p["rtt_ms"] > 0 for p in pings)
+
+    top = sbp(pm, "top", "--once")
+    assert top.returncode == 0, top.stderr
+    assert "nodes 2/2 alive" in top.stdout
+    rows = [line.split() for line in top.stdout.splitlines()[3:]]
+    assert [(row[0], row[2]) for row in rows] == [("1", "alive"), ("2", "alive")]
+    assert "\x1b[" not in top.stdout
+
+
+def test_errors_are_one_line_with_exit_codes(cluster: LocalCluster) -> None:
+    pm = cluster.pm_address
+    unknown = sbp(pm, "read", "999999")
+    assert unknown.returncode == 1
+    assert (
+        unknown.stderr.startswith("sbp: STREAM_NOT_FOUND") and len(unknown.stderr.splitlines()) == 1
+    )
+
+    bad = sbp(pm, "streams", "get", "x")
+    assert bad.returncode == 2 and "not a whole number: 'x'" in bad.stderr
+    assert sbp(pm, "streams", "update", "1").returncode == 2
+    assert sbp(pm, "ranges", "list").returncode == 2
+    assert sbp(pm, "append", "1", "/no/such/file").returncode == 2
+
+    unreachable = sbp("127.0.0.1:1", "ping", timeout=60)
+    assert unreachable.returncode == 3
+    assert (
+        unreachable.stderr.startswith("sbp: cannot connect")
+        and "Traceback" not in unreachable.stderr
+    )
+
+
+def test_help_explains_every_command() -> None:
+    commands = [
+        [], ["ping"], ["streams"], ["streams", "create"], ["streams", "list"], ["streams", "get"],
+        ["streams", "update"], ["streams", "delete"], ["streams", "trim"], ["ranges"],
+        ["ranges", "list"], ["ranges", "describe"], ["ranges", "seal"], ["append"], ["read"],
+        ["tail"], ["cluster"], ["cluster", "status"], ["top"],
+    ]  # fmt: skip
+    for command in commands:
+        result = sbp("127.0.0.1:7400", *command, "--help")
+        assert result.returncode == 0, command
+        assert result.stdout.startswith("usage: sbp"), command
+        assert len(result.stdout.splitlines()) >= 4, command
