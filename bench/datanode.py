@@ -3,6 +3,11 @@ the same run with the storage engine's own group-commit rate, and the FETCH
 wake-up latency from an append's acknowledgement to a waiting consumer.
 
     .venv/bin/python -m bench.datanode [--seconds 5] [--sync always|never]
+    .venv/bin/python -m bench.datanode --metrics-cost [--rounds 4]
+
+``--metrics-cost`` runs two nodes, one serving /metrics (``--metrics-listen``)
+and one without (no per-frame metrics on the hot path), and alternates the
+same 1-connection append run between them.
 
 The node runs as a real process (``python -m datanode``), started as a user
 starts it; the clients run in this process over loopback. Its CPU use is read
@@ -16,10 +21,12 @@ import argparse
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import timeit
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +36,7 @@ import trio
 
 from bench.storage import make_batch, run_engine
 from net.connection import Connection
+from net.metrics import ServerMetrics, new_registry
 from net.service import LISTENING_PREFIX
 from sbp import messages
 from sbp.connection import Side
@@ -57,7 +65,8 @@ class Throughput:
 class NodeProcess:
     """``python -m datanode`` in a temporary directory."""
 
-    def __init__(self, root: Path, sync: str) -> None:
+    def __init__(self, root: Path, sync: str, extra: tuple[str, ...] = ()) -> None:
+        root.mkdir(parents=True, exist_ok=True)
         self.stdout_path = root / "node.stdout"
         with self.stdout_path.open("wb") as out, (root / "node.stderr").open("wb") as err:
             self.process = subprocess.Popen(
@@ -73,6 +82,7 @@ class NodeProcess:
                     sync,
                     "--log-level",
                     "warning",
+                    *extra,
                 ],
                 stdout=out,
                 stderr=err,
@@ -268,11 +278,79 @@ async def run_node_benchmarks(
     return [single, multi], latencies, peak
 
 
+async def compare_metrics(
+    with_metrics: NodeProcess, without: NodeProcess, seconds: float, rounds: int
+) -> tuple[list[Throughput], list[Throughput]]:
+    """Alternate the same append run between the two nodes."""
+    on: list[Throughput] = []
+    off: list[Throughput] = []
+    for i in range(rounds):
+        # Swap which goes first each round, so drift in the machine's load
+        # does not favour one side.
+        order = [(with_metrics, on), (without, off)]
+        for node, results in order if i % 2 == 0 else reversed(order):
+            results.append(await measure_appends(node, "", 1, SINGLE_IN_FLIGHT, seconds, 1000 + i))
+    return on, off
+
+
+def observer_seconds_per_request() -> float:
+    """CPU time the metrics observer adds to one APPEND: its four calls
+    (frame in, request start and finish, frame out), timed in this process."""
+    registry = new_registry()
+    observer = ServerMetrics(registry)
+
+    def one_request() -> None:
+        observer.frame_received(Opcode.APPEND, BATCH_SIZE)
+        observer.request_started(Opcode.APPEND)
+        observer.request_finished(Opcode.APPEND, 0.002, ErrorCode.NONE)
+        observer.frame_sent(Opcode.APPEND, 100)
+
+    number = 200_000
+    return min(timeit.repeat(one_request, number=number, repeat=5)) / number
+
+
+def metrics_cost(root: Path, sync: str, seconds: float, rounds: int) -> None:
+    with_metrics = NodeProcess(root / "on", sync, ("--metrics-listen", "127.0.0.1:0"))
+    without = NodeProcess(root / "off", sync)
+    try:
+        on, off = trio.run(compare_metrics, with_metrics, without, seconds, rounds)
+    finally:
+        with_metrics.stop()
+        without.stop()
+    median_on = statistics.median(run.mb_per_s for run in on)
+    median_off = statistics.median(run.mb_per_s for run in off)
+    node_cpu_per_request = statistics.median(
+        run.node_cpu * run.seconds / run.batches for run in off
+    )
+    observer = observer_seconds_per_request()
+    print(f"metrics cost: 1 connection x {SINGLE_IN_FLIGHT} in flight, 64 KiB, sync {sync}")
+    for label, runs, median in (("with /metrics", on, median_on), ("without", off, median_off)):
+        values = ", ".join(f"{run.mb_per_s:.0f}" for run in runs)
+        print(f"  {label:<14} {values} MB/s (median {median:.0f})")
+    print(f"  A/B difference of the medians: {1 - median_on / median_off:+.1%}")
+    print(
+        f"  observer: {observer * 1e6:.2f} µs per APPEND against "
+        f"{node_cpu_per_request * 1e6:.0f} µs of node CPU per APPEND: "
+        f"{observer / node_cpu_per_request:.2%} of the node's work"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each run")
     parser.add_argument("--sync", choices=("always", "never"), default="always")
+    parser.add_argument(
+        "--metrics-cost", action="store_true", help="append throughput with /metrics on vs off"
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="--metrics-cost runs of each")
     args = parser.parse_args()
+    if args.metrics_cost:
+        root = Path(tempfile.mkdtemp(prefix="bench-metrics-"))
+        try:
+            metrics_cost(root, args.sync, args.seconds, args.rounds)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return
     root = Path(tempfile.mkdtemp(prefix="bench-datanode-"))
     try:
         node = NodeProcess(root, args.sync)

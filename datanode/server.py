@@ -50,7 +50,7 @@ from .handlers.ranges import RangeHandlers
 from .handlers.streams import StreamHandlers
 from .metrics import DataNodeMetrics
 from .pm_link import PMLink
-from .report import LoadReporter, active_range_count
+from .report import LoadReporter
 from .waiters import StreamWaiters
 
 logger = logging.getLogger(__name__)
@@ -137,13 +137,15 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
     metrics = DataNodeMetrics(
         storage_stats=engine.stats,
         waiting_fetches=lambda: waiters.waiting,
-        active_ranges=lambda: active_range_count(engine.list_ranges()),
+        hosted_ranges=engine.list_ranges,
     )
     node = NodeContext(node_id=config.node_id, engine=engine, metrics=metrics, waiters=waiters)
     server = Server(
         build_dispatcher(node, config.max_frame_bytes),
         limits=connection_limits(config),
-        observer=metrics.connections,
+        # Without a /metrics endpoint nobody reads the per-frame counters:
+        # skip them on the hot path (the counters REPORT_METRICS needs stay).
+        observer=metrics.connections if config.metrics_listen is not None else None,
         max_connections=config.max_connections,
     )
     with contextlib.ExitStack() as exits:

@@ -8,6 +8,7 @@ declare -A packages=(
     [java]=openjdk-17-jre-headless  # PySpark (the spark extra, tests/spark)
     [redis-server]=redis-server     # Redis Streams, a peer of the benchmarks
     [nats-server]=nats-server       # NATS JetStream, a peer of the benchmarks
+    [prometheus]=prometheus         # scrapes a live cluster in tests/integration/test_prometheus.py
 )
 for cmd in "${!packages[@]}"; do
     command -v "$cmd" >/dev/null 2>&1 || need+=("${packages[$cmd]}")

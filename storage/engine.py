@@ -409,6 +409,9 @@ class StorageEngine:
             appends_in_commit=writer.appends_in_commit,
             streams=len(streams),
             ranges=sum(len(s.ranges) for s in streams),
+            commit_seconds=writer.commit_seconds.snapshot(),
+            sync_seconds=writer.sync_seconds.snapshot(),
+            group_sizes=writer.group_sizes.snapshot(),
         )
 
 

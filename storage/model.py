@@ -22,6 +22,7 @@ from sbp.errors import (
     RangeSealedError,
     StreamDeletedError,
 )
+from sbp.stats import BucketCounts
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +192,14 @@ class AppendResult:
 AppendOutcome = AppendResult | ProtocolError
 
 
+#: upper bounds of the commit-latency buckets, seconds (an fsync is ~0.5-20 ms here)
+COMMIT_SECONDS_BOUNDS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+)  # fmt: skip
+#: upper bounds of the group-size buckets, appends per group commit
+GROUP_SIZE_BOUNDS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
 @dataclass(frozen=True, slots=True)
 class StorageStats:
     """A snapshot of the engine's counters, for metrics.
@@ -213,3 +222,9 @@ class StorageStats:
     appends_in_commit: int
     streams: int
     ranges: int
+    #: whole group commits: writing the group and committing it
+    commit_seconds: BucketCounts
+    #: the commit call alone: with sync ``always`` the fsyncs, the durability point
+    sync_seconds: BucketCounts
+    #: appends per group commit
+    group_sizes: BucketCounts

@@ -29,8 +29,14 @@ from typing import Final, Generic, TypeVar
 import lmdb
 
 from sbp.errors import ProtocolError, ShuttingDownError, StorageFullError, UnknownServerError
+from sbp.stats import Buckets
 
-from .model import AppendItem, AppendOutcome
+from .model import (
+    COMMIT_SECONDS_BOUNDS,
+    GROUP_SIZE_BOUNDS,
+    AppendItem,
+    AppendOutcome,
+)
 from .writes import Store, WriteContext
 
 log = logging.getLogger(__name__)
@@ -161,6 +167,9 @@ class GroupCommitWriter:
         self.appends_total = 0
         self.last_group_size = 0
         self.max_group_size = 0
+        self.commit_seconds = Buckets(COMMIT_SECONDS_BOUNDS)
+        self.sync_seconds = Buckets(COMMIT_SECONDS_BOUNDS)
+        self.group_sizes = Buckets(GROUP_SIZE_BOUNDS)
 
     def start(self) -> None:
         self._thread.start()
@@ -247,9 +256,11 @@ class GroupCommitWriter:
             txn.abort()
             raise
         # the durability point: after this returns, the group survives a crash
+        syncing = time.perf_counter()
         txn.commit()
+        committed = time.perf_counter()
         ctx.publish()
-        elapsed = time.perf_counter() - started
+        elapsed = committed - started
         appends = sum(op.appends for op in group)
         self.commits_total += 1
         self.commit_seconds_total += elapsed
@@ -257,6 +268,9 @@ class GroupCommitWriter:
         self.appends_total += appends
         self.last_group_size = appends
         self.max_group_size = max(self.max_group_size, appends)
+        self.commit_seconds.observe(elapsed)
+        self.sync_seconds.observe(committed - syncing)
+        self.group_sizes.observe(appends)
 
     @staticmethod
     def _deliver(action: Callable[..., None], *args: ProtocolError) -> None:

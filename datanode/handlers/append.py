@@ -30,7 +30,6 @@ class AppendHandler:
     def __init__(self, node: NodeContext) -> None:
         self._node = node
         self._counters = node.metrics.counters
-        self._latency = node.metrics.append_latency
 
     async def __call__(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.AppendRequest)
@@ -47,7 +46,6 @@ class AppendHandler:
         finally:
             elapsed = trio.current_time() - request.received_at
             counters.append_seconds += elapsed
-            self._latency.observe(elapsed)
         await responder.send(messages.AppendResponse(append_responses=tuple(results)))
 
     async def _append(

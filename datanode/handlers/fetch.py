@@ -39,7 +39,6 @@ class FetchHandler:
     def __init__(self, node: NodeContext, max_frame_bytes: int) -> None:
         self._node = node
         self._counters = node.metrics.counters
-        self._latency = node.metrics.fetch_latency
         self._payload_budget = max(max_frame_bytes - FRAME_OVERHEAD - _HEADER_ALLOWANCE, 1)
 
     async def __call__(self, request: Request, responder: Responder) -> None:
@@ -53,7 +52,6 @@ class FetchHandler:
         finally:
             elapsed = trio.current_time() - request.received_at
             counters.fetch_seconds += elapsed
-            self._latency.observe(elapsed)
 
     async def _serve(
         self,

@@ -162,7 +162,8 @@ def fetch_request(
 
 
 async def scrape(node: ServerProcess) -> dict[str, float]:
-    """The node's /metrics samples without labels, by name."""
+    """The node's /metrics samples by name, labels included as written
+    (``sbp_requests_total{code="NONE",opcode="APPEND"}``)."""
     assert node.metrics_address is not None
     host, _, port = node.metrics_address.rpartition(":")
     stream = await trio.open_tcp_stream(host, int(port))
@@ -173,7 +174,7 @@ async def scrape(node: ServerProcess) -> dict[str, float]:
             body += chunk
     samples: dict[str, float] = {}
     for line in body.decode().split("\r\n\r\n", 1)[1].splitlines():
-        if line and not line.startswith("#") and "{" not in line:
-            name, _, value = line.partition(" ")
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
             samples[name] = float(value)
     return samples

@@ -189,12 +189,15 @@ async def test_metrics_endpoint(datanodes: DataNodes) -> None:
     assert samples["sbp_datanode_appended_bytes_total"] == len(batch)
     assert samples["sbp_datanode_fetched_records_total"] == 4
     assert samples["sbp_datanode_fetched_bytes_total"] == len(batch)
-    assert samples["sbp_datanode_append_latency_seconds_count"] == 1
-    assert samples["sbp_datanode_fetch_latency_seconds_count"] == 1
-    assert samples["sbp_datanode_group_commits_total"] >= 2  # the sync and the append
+    assert samples['sbp_request_duration_seconds_count{opcode="APPEND"}'] == 1
+    assert samples['sbp_request_duration_seconds_count{opcode="FETCH"}'] == 1
+    assert samples['sbp_requests_total{code="NONE",opcode="APPEND"}'] == 1
+    assert samples["sbp_datanode_group_commit_appends_count"] >= 2
+    assert samples['sbp_datanode_ranges{state="open"}'] == 1
+    assert samples["process_resident_memory_bytes"] > 0
+    assert samples["sbp_datanode_group_commit_duration_seconds_count"] >= 2  # sync and append
     assert samples["sbp_datanode_storage_map_size_bytes"] == 8 << 30
     assert samples["sbp_datanode_storage_used_bytes"] > 0
-    assert samples["sbp_datanode_active_ranges"] == 1
     assert samples["sbp_datanode_waiting_fetches"] == 0
 
 

@@ -108,4 +108,4 @@ async def test_metrics_show_streams_ranges_and_nodes(tmp_path: Path) -> None:
             line.startswith('sbp_pm_data_node_seconds_since_heartbeat{node="1"}') for line in lines
         )
         assert any(line.startswith('sbp_pm_data_node_disk_free_space{node="2"}') for line in lines)
-        assert 'sbp_pm_server_requests_total{code="NONE",opcode="CREATE_STREAMS"} 1.0' in lines
+        assert 'sbp_requests_total{code="NONE",opcode="CREATE_STREAMS"} 1.0' in lines
