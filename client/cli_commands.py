@@ -67,6 +67,15 @@ class Env:
     def emit_json(self, value: Any) -> None:
         self.emit(fmt.dumps(value))
 
+    def emit_listing(
+        self, items: Sequence[Any], render: Callable[[Sequence[Any]], str], empty: str
+    ) -> None:
+        """Items as JSON, or as a table, or a line saying there are none."""
+        if self.json:
+            self.emit_json(items)
+        else:
+            self.emit(render(items) if items else empty)
+
 
 Command = Callable[[Env], Awaitable[int]]
 
@@ -148,12 +157,7 @@ async def cmd_streams_create(env: Env) -> int:
 async def cmd_streams_list(env: Env) -> int:
     """Every stream, in id order."""
     streams = [stream async for stream in env.pm.list_streams()]
-    if env.json:
-        env.emit_json(streams)
-    elif streams:
-        env.emit(_stream_rows(streams))
-    else:
-        env.emit("no streams")
+    env.emit_listing(streams, _stream_rows, "no streams")
     return EXIT_OK
 
 
@@ -250,12 +254,7 @@ async def cmd_ranges_list(env: Env) -> int:
     else:
         node = await _find_node(env, env.args.node)
         ranges = await env.pm.list_node_ranges(node)
-    if env.json:
-        env.emit_json(ranges)
-    elif ranges:
-        env.emit(_range_rows(ranges))
-    else:
-        env.emit("no ranges")
+    env.emit_listing(ranges, _range_rows, "no ranges")
     return EXIT_OK
 
 

@@ -8,38 +8,34 @@ from pathlib import Path
 from typing import Final
 
 from net.service import (
+    DEFAULT_DRAIN_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_IN_FLIGHT,
     Option,
     UsageError,
     build_parser,
+    check_storage_settings,
+    listen_options,
     load_settings,
     non_negative_int,
     parse_address,
     parse_size,
     positive_int,
+    serving_limit_options,
 )
-from sbp.constants import DEFAULT_MAX_FRAME_LENGTH, MIN_FRAME_LENGTH
+from sbp.constants import DEFAULT_MAX_FRAME_LENGTH
 
 PROG: Final = "sbp-datanode"
 
 #: LMDB reserves address space, not disk: a large map costs nothing up front,
 #: and LMDB's own default (10 MiB) would fill after a few hundred batches
 DEFAULT_MAP_SIZE: Final = 8 << 30
-DEFAULT_MAX_CONNECTIONS: Final = 1024
-DEFAULT_MAX_IN_FLIGHT: Final = 256
 DEFAULT_IDLE_TIMEOUT_S: Final = 600
 DEFAULT_HEARTBEAT_MS: Final = 1000
 DEFAULT_METRICS_REPORT_MS: Final = 5000
-DEFAULT_DRAIN_TIMEOUT_S: Final = 10
 
 OPTIONS: Final = (
-    Option(
-        "listen",
-        "address to serve SBP on; port 0 picks a free port, and the bound address is "
-        "printed on stdout as 'listening on HOST:PORT'",
-        parse_address,
-        default="127.0.0.1:0",
-        metavar="HOST:PORT",
-    ),
+    *listen_options(),
     Option(
         "advertise",
         "address given to the PM and clients (default: the bound listen address)",
@@ -52,13 +48,6 @@ OPTIONS: Final = (
         "pm",
         "the placement manager to register with; without it the node serves the ranges "
         "SYNC_RANGES gives it",
-        parse_address,
-        metavar="HOST:PORT",
-    ),
-    Option(
-        "metrics-listen",
-        "serve Prometheus /metrics on this address; the bound address is printed as "
-        "'metrics on HOST:PORT' (default: no metrics endpoint)",
         parse_address,
         metavar="HOST:PORT",
     ),
@@ -77,41 +66,13 @@ OPTIONS: Final = (
         metavar="BYTES",
     ),
     Option(
-        "max-frame-bytes",
-        "largest frame accepted; a larger one closes the connection",
-        parse_size,
-        default=str(DEFAULT_MAX_FRAME_LENGTH),
-        metavar="BYTES",
-    ),
-    Option(
-        "max-connections",
-        "connections served at once; more are refused with GOAWAY",
-        positive_int,
-        default=str(DEFAULT_MAX_CONNECTIONS),
-        metavar="N",
-    ),
-    Option(
-        "max-in-flight",
-        "requests served at once per connection; at the limit the node stops reading "
-        "from that connection (backpressure, nothing is dropped)",
-        positive_int,
-        default=str(DEFAULT_MAX_IN_FLIGHT),
-        metavar="N",
-    ),
-    Option(
         "idle-timeout-s",
         "close a connection idle this long; 0 never",
         non_negative_int,
         default=str(DEFAULT_IDLE_TIMEOUT_S),
         metavar="SECONDS",
     ),
-    Option(
-        "drain-timeout-s",
-        "on SIGTERM, how long requests in flight get to finish",
-        non_negative_int,
-        default=str(DEFAULT_DRAIN_TIMEOUT_S),
-        metavar="SECONDS",
-    ),
+    *serving_limit_options(),
     Option(
         "heartbeat-interval-ms",
         "HEARTBEAT period to the PM",
@@ -172,12 +133,7 @@ def parse_config(argv: Sequence[str] | None = None) -> DataNodeConfig:
     values = load_settings(parser, OPTIONS, argv)
     if values["node_id"] is None:
         raise UsageError("--node-id is required (or node-id in the config file)")
-    if values["data_dir"] is None:
-        raise UsageError("--data-dir is required (or data-dir in the config file)")
-    if values["max_frame_bytes"] < MIN_FRAME_LENGTH:
-        raise UsageError(f"--max-frame-bytes must be at least {MIN_FRAME_LENGTH}")
-    if values["map_size"] < 1 << 20:
-        raise UsageError("--map-size must be at least 1MiB")
+    check_storage_settings(values)
     idle = values["idle_timeout_s"]
     return DataNodeConfig(
         node_id=values["node_id"],

@@ -34,6 +34,8 @@ import trio
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import start_http_server
 
+from sbp.constants import DEFAULT_MAX_FRAME_LENGTH, MIN_FRAME_LENGTH
+
 logger = logging.getLogger(__name__)
 
 EXIT_OK: Final = 0
@@ -135,6 +137,78 @@ class Option:
     @property
     def dest(self) -> str:
         return self.name.replace("-", "_")
+
+
+#: the defaults both servers use for the settings below
+DEFAULT_MAX_CONNECTIONS: Final = 1024
+DEFAULT_MAX_IN_FLIGHT: Final = 256
+DEFAULT_DRAIN_TIMEOUT_S: Final = 10
+
+
+def listen_options() -> tuple[Option, Option]:
+    """``--listen`` and ``--metrics-listen``, as both servers take them."""
+    return (
+        Option(
+            "listen",
+            "address to serve SBP on; port 0 picks a free port, and the bound address is "
+            "printed on stdout as 'listening on HOST:PORT'",
+            parse_address,
+            default="127.0.0.1:0",
+            metavar="HOST:PORT",
+        ),
+        Option(
+            "metrics-listen",
+            "serve Prometheus /metrics on this address; the bound address is printed as "
+            "'metrics on HOST:PORT' (default: no metrics endpoint)",
+            parse_address,
+            metavar="HOST:PORT",
+        ),
+    )
+
+
+def serving_limit_options() -> tuple[Option, ...]:
+    """The limits of serving SBP, as both servers take them."""
+    return (
+        Option(
+            "max-frame-bytes",
+            "largest frame accepted; a larger one closes the connection",
+            parse_size,
+            default=str(DEFAULT_MAX_FRAME_LENGTH),
+            metavar="BYTES",
+        ),
+        Option(
+            "max-connections",
+            "connections served at once; more are refused with GOAWAY",
+            positive_int,
+            default=str(DEFAULT_MAX_CONNECTIONS),
+            metavar="N",
+        ),
+        Option(
+            "max-in-flight",
+            "requests served at once per connection; at the limit the server stops reading "
+            "from that connection (backpressure, nothing is dropped)",
+            positive_int,
+            default=str(DEFAULT_MAX_IN_FLIGHT),
+            metavar="N",
+        ),
+        Option(
+            "drain-timeout-s",
+            "on SIGTERM, how long requests in flight get to finish",
+            non_negative_int,
+            default=str(DEFAULT_DRAIN_TIMEOUT_S),
+            metavar="SECONDS",
+        ),
+    )
+
+
+def check_storage_settings(values: dict[str, Any]) -> None:
+    """The checks both servers make: a data directory, sane frame and map sizes."""
+    if values["data_dir"] is None:
+        raise UsageError("--data-dir is required (or data-dir in the config file)")
+    if values["max_frame_bytes"] < MIN_FRAME_LENGTH:
+        raise UsageError(f"--max-frame-bytes must be at least {MIN_FRAME_LENGTH}")
+    if values["map_size"] < 1 << 20:
+        raise UsageError("--map-size must be at least 1MiB")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -8,43 +8,29 @@ from pathlib import Path
 from typing import Final
 
 from net.service import (
+    DEFAULT_DRAIN_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_IN_FLIGHT,
     Option,
-    UsageError,
     build_parser,
+    check_storage_settings,
+    listen_options,
     load_settings,
-    non_negative_int,
-    parse_address,
     parse_size,
     positive_int,
+    serving_limit_options,
 )
-from sbp.constants import DEFAULT_MAX_FRAME_LENGTH, MIN_FRAME_LENGTH
+from sbp.constants import DEFAULT_MAX_FRAME_LENGTH
 
 from .metadata import DEFAULT_MAP_SIZE
 
 PROG: Final = "sbp-pm"
 
 DEFAULT_NODE_TIMEOUT_MS: Final = 5000
-DEFAULT_MAX_CONNECTIONS: Final = 1024
-DEFAULT_MAX_IN_FLIGHT: Final = 256
-DEFAULT_DRAIN_TIMEOUT_S: Final = 10
 
 OPTIONS: Final = (
-    Option(
-        "listen",
-        "address to serve SBP on; port 0 picks a free port, and the bound address is "
-        "printed on stdout as 'listening on HOST:PORT'",
-        parse_address,
-        default="127.0.0.1:0",
-        metavar="HOST:PORT",
-    ),
+    *listen_options(),
     Option("data-dir", "directory of the PM's metadata (LMDB; required)", Path, metavar="DIR"),
-    Option(
-        "metrics-listen",
-        "serve Prometheus /metrics on this address; the bound address is printed as "
-        "'metrics on HOST:PORT' (default: no metrics endpoint)",
-        parse_address,
-        metavar="HOST:PORT",
-    ),
     Option(
         "node-timeout-ms",
         "a data node that sends no HEARTBEAT for this long is dead and gets no new ranges",
@@ -66,34 +52,7 @@ OPTIONS: Final = (
         default=f"{DEFAULT_MAP_SIZE >> 30}GiB",
         metavar="BYTES",
     ),
-    Option(
-        "max-frame-bytes",
-        "largest frame accepted; a larger one closes the connection",
-        parse_size,
-        default=str(DEFAULT_MAX_FRAME_LENGTH),
-        metavar="BYTES",
-    ),
-    Option(
-        "max-connections",
-        "connections served at once; more are refused with GOAWAY",
-        positive_int,
-        default=str(DEFAULT_MAX_CONNECTIONS),
-        metavar="N",
-    ),
-    Option(
-        "max-in-flight",
-        "requests served at once per connection (backpressure beyond it)",
-        positive_int,
-        default=str(DEFAULT_MAX_IN_FLIGHT),
-        metavar="N",
-    ),
-    Option(
-        "drain-timeout-s",
-        "on SIGTERM, how long requests in flight get to finish",
-        non_negative_int,
-        default=str(DEFAULT_DRAIN_TIMEOUT_S),
-        metavar="SECONDS",
-    ),
+    *serving_limit_options(),
 )
 
 DESCRIPTION: Final = """\
@@ -134,16 +93,7 @@ def parse_config(argv: Sequence[str] | None = None) -> PMConfig:
     raises ``UsageError`` with a one-line message on anything wrong."""
     parser = build_parser(PROG, DESCRIPTION, OPTIONS)
     values = load_settings(parser, OPTIONS, argv)
-    # Defaults are given as text (shown in --help); run them through the parser too.
-    for option in OPTIONS:
-        if isinstance(values[option.dest], str) and option.parse is not str:
-            values[option.dest] = option.parse(values[option.dest])
-    if values["data_dir"] is None:
-        raise UsageError("--data-dir is required (or data-dir in the config file)")
-    if values["max_frame_bytes"] < MIN_FRAME_LENGTH:
-        raise UsageError(f"--max-frame-bytes must be at least {MIN_FRAME_LENGTH}")
-    if values["map_size"] < 1 << 20:
-        raise UsageError("--map-size must be at least 1MiB")
+    check_storage_settings(values)
     return PMConfig(
         data_dir=values["data_dir"],
         listen=values["listen"],
