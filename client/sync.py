@@ -17,8 +17,8 @@ forked child (a Spark Python worker is one) does not inherit the thread.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
@@ -33,12 +33,11 @@ from sbp.batches import DecodedRecords
 
 from ._base import DEFAULT_TIMEOUT
 from .consumer import Consumer, Record, iter_records
+from .loop_thread import LoopThread
 from .pm_client import PMClient
 from .producer import Producer, RecordHandle, RecordsHandle
 
 T = TypeVar("T")
-#: how long close() waits for the loop thread to finish
-_JOIN_TIMEOUT = 30.0
 
 
 class _Hosted(Generic[T]):
@@ -70,55 +69,35 @@ class SyncClient:
     def __init__(self, pm: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.pm_address = pm
         self.timeout = timeout
-        self._ready = threading.Event()
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._nursery: trio.Nursery | None = None
-        self._pm: PMClient | None = None
-        self._pool: ConnectionPool | None = None
-        self._stop: trio.Event | None = None
+        self._loop = LoopThread("sbp-client")
+        self._pm = PMClient(pm, pool=self._loop.pool, timeout=timeout)
         self._hosted: set[_Hosted[Any]] = set()
-        self._startup_error: BaseException | None = None
         self._closed = False
-        self._thread = threading.Thread(target=self._run_loop, name="sbp-client", daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._startup_error is not None:
-            raise self._startup_error
-
-    # -- the loop thread ------------------------------------------------------
-
-    def _run_loop(self) -> None:
-        try:
-            trio.run(self._main)
-        except BaseException as error:  # reported to the constructor
-            self._startup_error = error
-        finally:
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._stop = trio.Event()
-        async with ConnectionPool() as pool, trio.open_nursery() as nursery:
-            self._pool = pool
-            self._pm = PMClient(self.pm_address, pool=pool, timeout=self.timeout)
-            self._nursery = nursery
-            self._token = trio.lowlevel.current_trio_token()
-            self._ready.set()
-            await self._stop.wait()
-            nursery.cancel_scope.cancel()
 
     def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run ``await fn(*args)`` in the client's loop and return its result:
         the way to reach any async API (``PMClient`` methods …) from here."""
-        if self._closed or self._token is None:
+        if self._closed:
             raise RuntimeError("the client is closed")
-        return trio.from_thread.run(fn, *args, trio_token=self._token)
+        return self._loop.run(fn, *args)
+
+    def submit(self, fn: Callable[..., Awaitable[T]], *args: Any) -> Future[T]:
+        """Start ``await fn(*args)`` in the client's loop without waiting for it."""
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        return self._loop.submit(fn, *args)
+
+    @property
+    def pool(self) -> ConnectionPool:
+        """The connection pool of the client's loop (for async clients run
+        through ``run`` or ``submit``)."""
+        return self._loop.pool
 
     # -- PM calls -------------------------------------------------------------
 
     @property
     def pm(self) -> PMClient:
         """The async PM client (call its methods through ``run``)."""
-        assert self._pm is not None
         return self._pm
 
     def create_stream(
@@ -167,18 +146,17 @@ class SyncClient:
 
     def producer(self, stream_id: int, **options: Any) -> SyncProducer:
         """A producer of ``stream_id``; ``options`` are ``Producer``'s."""
-        producer = Producer(self.pm, stream_id, pool=self._pool, **options)
+        producer = Producer(self.pm, stream_id, pool=self._loop.pool, **options)
         return SyncProducer(self, self._host(producer))
 
     def consumer(self, stream_id: int, from_offset: int = 0, **options: Any) -> SyncConsumer:
         """A consumer of ``stream_id`` from ``from_offset``; ``options`` are ``Consumer``'s."""
-        consumer = Consumer(self.pm, stream_id, from_offset, pool=self._pool, **options)
+        consumer = Consumer(self.pm, stream_id, from_offset, pool=self._loop.pool, **options)
         return SyncConsumer(self, self._host(consumer))
 
     def _host(self, resource: AbstractAsyncContextManager[T]) -> _Hosted[T]:
         async def open_hosted() -> _Hosted[T]:
-            assert self._nursery is not None
-            hosted: _Hosted[T] = await self._nursery.start(_keep_open, resource)
+            hosted: _Hosted[T] = await self._loop.nursery.start(_keep_open, resource)
             self._hosted.add(hosted)
             return hosted
 
@@ -210,10 +188,8 @@ class SyncClient:
                 self._release(hosted)
             except Exception as error:
                 errors.append(error)
-        if self._stop is not None and self._token is not None:
-            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
         self._closed = True
-        self._thread.join(_JOIN_TIMEOUT)
+        self._loop.close()
         if errors:
             raise errors[0]
 

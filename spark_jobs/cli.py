@@ -9,10 +9,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from client.loop_thread import LoopThread
 from net.pool import ConnectionPool
 
 from .options import EARLIEST, LATEST
-from .portal import TrioPortal
 
 T = TypeVar("T")
 
@@ -80,6 +80,6 @@ class Progress:
 
 def call_cluster(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     """Run ``await fn(pool, *args)`` with a fresh connection pool, from sync code."""
-    with TrioPortal() as portal:
-        pool: ConnectionPool = portal.pool
-        return portal.call(fn, pool, *args)
+    with LoopThread() as loop:
+        pool: ConnectionPool = loop.pool
+        return loop.run(fn, pool, *args)

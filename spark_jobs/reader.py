@@ -14,6 +14,7 @@ from concurrent.futures import Future
 import pyarrow as pa
 
 from client.datanode_client import DataNodeClient
+from client.loop_thread import LoopThread
 from net.pool import ConnectionPool
 from sbp import messages
 from sbp.batches import batch_spans, decode_batches, peek_header
@@ -22,7 +23,6 @@ from sbp.errors import ConnectionClosed, ProtocolError, error_for
 
 from .arrow import records_to_arrow
 from .layout import RangeSlice
-from .portal import TrioPortal
 
 
 class MissingRecordsError(RuntimeError):
@@ -85,12 +85,10 @@ def read_slice(piece: RangeSlice, fetch_max_bytes: int, timeout: float) -> Itera
     """
     if piece.start >= piece.end:
         return
-    with TrioPortal() as portal:
+    with LoopThread() as loop:
 
         def fetch(at: int) -> Future[bytes | memoryview]:
-            return portal.submit(
-                fetch_from_replicas, portal.pool, piece, at, fetch_max_bytes, timeout
-            )
+            return loop.submit(fetch_from_replicas, loop.pool, piece, at, fetch_max_bytes, timeout)
 
         offset = piece.start
         pending = fetch(offset)

@@ -64,11 +64,12 @@ StreamOffsets = dict[str, int]
 
 
 def _layouts(options: ReadOptions, stream_ids: Sequence[int] | None) -> dict[int, StreamLayout]:
-    from .layout import describe_streams
-    from .portal import TrioPortal
+    from client.loop_thread import LoopThread
 
-    with TrioPortal() as portal:
-        return portal.call(describe_streams, portal.pool, options.pm, stream_ids, options.timeout)
+    from .layout import describe_streams
+
+    with LoopThread() as loop:
+        return loop.run(describe_streams, loop.pool, options.pm, stream_ids, options.timeout)
 
 
 #: ``stream_id long, offset long, timestamp timestamp, value binary``, built
@@ -281,18 +282,19 @@ class SBPWriter(DataSourceArrowWriter):
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AppendCommitMessage:
+        from client.loop_thread import LoopThread
+
         from .appender import AppendedSpan, StreamAppender
         from .arrow import column_to_batches, value_column
-        from .portal import TrioPortal
 
         options = self.options
         span = AppendedSpan()
-        with TrioPortal() as portal:
-            appender = StreamAppender(portal.pool, options.pm, options.stream, options.timeout)
+        with LoopThread() as loop:
+            appender = StreamAppender(loop.pool, options.pm, options.stream, options.timeout)
             for arrow_batch in iterator:
                 column = value_column(arrow_batch)
                 for batch, count in column_to_batches(column, options.batch_max_bytes):
-                    span.add(portal.call(appender.append, batch), count)
+                    span.add(loop.run(appender.append, batch), count)
         return AppendCommitMessage(options.stream, span)
 
     def commit(self, messages: list[Any]) -> None:

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Self
 
+from client.loop_thread import LoopThread
 from client.pm_client import PMClient
 from sbp import messages
 from sbp.batches import build_batch
 from spark_jobs.appender import StreamAppender
 from spark_jobs.layout import RangeSlice, StreamLayout, describe_stream, replica_addresses
-from spark_jobs.portal import TrioPortal
 from spark_jobs.reader import read_slice
 
 TIMEOUT_S = 10.0
@@ -29,10 +29,10 @@ class StreamOps:
 
     def __init__(self, pm_address: str) -> None:
         self.pm_address = pm_address
-        self._portal = TrioPortal()
+        self._loop = LoopThread()
 
     def __enter__(self) -> Self:
-        self._portal.__enter__()
+        self._loop.__enter__()
         return self
 
     def __exit__(
@@ -41,35 +41,35 @@ class StreamOps:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._portal.close()
+        self._loop.close()
 
     @property
     def _pm(self) -> PMClient:
-        return PMClient(self.pm_address, pool=self._portal.pool, timeout=TIMEOUT_S)
+        return PMClient(self.pm_address, pool=self._loop.pool, timeout=TIMEOUT_S)
 
     def create_stream(self, replicas: int = 1) -> int:
-        result = self._portal.call(self._pm.create_stream, replicas)
+        result = self._loop.run(self._pm.create_stream, replicas)
         assert result.stream is not None
         return int(result.stream.stream_id)
 
     def append(self, stream_id: int, values: Sequence[bytes], timestamp_ms: int = 0) -> int:
         """Append ``values`` as one batch; its base offset."""
-        appender = StreamAppender(self._portal.pool, self.pm_address, stream_id, TIMEOUT_S)
+        appender = StreamAppender(self._loop.pool, self.pm_address, stream_id, TIMEOUT_S)
         batch = build_batch(values, timestamp_ms or int(time.time() * 1000))
-        return self._portal.call(appender.append, batch)
+        return self._loop.run(appender.append, batch)
 
     def ranges(self, stream_id: int) -> tuple[messages.Range, ...]:
-        return self._portal.call(self._pm.list_stream_ranges, stream_id)
+        return self._loop.run(self._pm.list_stream_ranges, stream_id)
 
     def seal(self, stream_id: int) -> messages.Range:
         """Seal the open range (the PM opens the next one); the new open range."""
         current = self.ranges(stream_id)[-1]
-        result = self._portal.call(self._pm.seal_range, stream_id, current.range_index)
+        result = self._loop.run(self._pm.seal_range, stream_id, current.range_index)
         return result.ranges[-1]
 
     def layout(self, stream_id: int) -> StreamLayout:
-        return self._portal.call(
-            describe_stream, self._portal.pool, self.pm_address, stream_id, TIMEOUT_S
+        return self._loop.run(
+            describe_stream, self._loop.pool, self.pm_address, stream_id, TIMEOUT_S
         )
 
     def hosts(self, stream_id: int) -> set[str]:
