@@ -28,9 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from client.loop_thread import LoopThread
+from client.sync import SyncClient
 from sbp.batches import build_batch_from_arrays
-from spark_jobs.appender import StreamAppender
 
 VALUE_SIZE = 100
 RECORDS_PER_BATCH = 10_000
@@ -75,23 +74,19 @@ def fill_stream(pm: str, records: int) -> tuple[int, pa.Table]:
     values = rng.integers(0, 256, size=records * VALUE_SIZE, dtype=np.uint8)
     lengths = np.full(RECORDS_PER_BATCH, VALUE_SIZE, dtype=np.int64)
     timestamp = int(time.time() * 1000)
-    with LoopThread() as loop:
-        from client.pm_client import PMClient
-
-        pm_client = PMClient(pm, pool=loop.pool)
-        created = loop.run(pm_client.create_stream, 1)
-        assert created.stream is not None
-        stream_id = int(created.stream.stream_id)
-        appender = StreamAppender(loop.pool, pm, stream_id, 30.0)
+    with SyncClient(pm) as client:
+        stream_id = int(client.create_stream(1).stream_id)
         per_range = -(-records // RANGES)
-        for start in range(0, records, RECORDS_PER_BATCH):
-            count = min(RECORDS_PER_BATCH, records - start)
-            chunk = values[start * VALUE_SIZE : (start + count) * VALUE_SIZE]
-            loop.run(appender.append, build_batch_from_arrays(chunk, lengths[:count], timestamp))
-            done = start + count
-            if done % per_range == 0 and done < records:
-                ranges = loop.run(pm_client.list_stream_ranges, stream_id)
-                loop.run(pm_client.seal_range, stream_id, ranges[-1].range_index)
+        for first in range(0, records, per_range):
+            last = min(first + per_range, records)
+            # one producer per range: the seal comes after its records are durable
+            with client.producer(stream_id) as producer:
+                for start in range(first, last, RECORDS_PER_BATCH):
+                    count = min(RECORDS_PER_BATCH, last - start)
+                    chunk = values[start * VALUE_SIZE : (start + count) * VALUE_SIZE]
+                    producer.send_batch(build_batch_from_arrays(chunk, lengths[:count], timestamp))
+            if last < records:
+                client.seal(stream_id)
     positions = np.arange(0, (records + 1) * VALUE_SIZE, VALUE_SIZE, dtype=np.int32)
     table = pa.table(
         {

@@ -3,9 +3,10 @@
 Records accumulate in an open batch until it holds ``batch_records`` records
 or ``batch_bytes`` bytes, or ``linger`` seconds have passed since its first
 record. Closed batches are encoded at once (``sbp.batches``, numpy) and wait
-in order for the sender, which packs as many as fit in ``max_request_bytes``
-into one APPEND to the primary of the stream's open range, with up to
-``max_in_flight`` requests on the connection at a time.
+in order for the sender, as do batches the caller encoded (``send_batch``),
+which travel as they are. The sender packs as many as fit in
+``max_request_bytes`` into one APPEND to the primary of the stream's open
+range, with up to ``max_in_flight`` requests on the connection at a time.
 
 Failure handling: a retriable answer (RANGE_SEALED, RANGE_NOT_FOUND,
 NOT_PRIMARY, TIMEOUT, a lost connection …) stops the sender; it waits for
@@ -40,7 +41,7 @@ import trio
 from net.connection import Connection
 from net.pool import ConnectionPool
 from sbp import messages
-from sbp.batches import BATCH_HEADER_SIZE, build_batch
+from sbp.batches import BATCH_HEADER_SIZE, Buffer, build_batch, validate_batch
 from sbp.enums import ErrorCode, Opcode
 from sbp.errors import ProtocolError, RangeNotFoundError, SBPError, error_for
 
@@ -90,7 +91,7 @@ class _Batch:
         self.values: list[bytes] = []
         self.nbytes = 0
         self.opened_at = 0.0
-        self.data: bytearray | None = None
+        self.data: bytearray | memoryview | None = None
         self.deadline = math.inf
         self.done = trio.Event()
         self.base_offset = -1
@@ -137,7 +138,7 @@ class RecordHandle:
 
 
 class RecordsHandle:
-    """The records of one ``send_many``: ``await handle.offsets()``."""
+    """The records of one ``send_many`` or ``send_batch``: ``await handle.offsets()``."""
 
     __slots__ = ("_count", "_segments")
 
@@ -313,6 +314,33 @@ class Producer:
         await trio.lowlevel.checkpoint()
         return RecordsHandle(segments, count)
 
+    async def send_batch(self, batch: Buffer) -> RecordsHandle:
+        """Add a record batch built by the caller (``sbp.batches``), as it is.
+
+        It travels as one batch of an APPEND, after every record sent before
+        it and with the same routing and retries; records sent before it are
+        closed into a batch of their own first. The buffer is sent without
+        a copy, so it must not change until the records are durable. Raises
+        ``InvalidRecordBatchError`` for a malformed batch (the CRC is left
+        to the data node) and ``ValueError`` for one larger than
+        ``max_request_bytes``.
+        """
+        data = memoryview(batch).cast("B")
+        header = validate_batch(data, verify_crc=False)
+        if len(data) > self.max_request_bytes:
+            raise ValueError(
+                f"a {len(data)}-byte batch exceeds max_request_bytes ({self.max_request_bytes})"
+            )
+        if self._buffered >= self.buffer_bytes:
+            await self._wait_for_space()
+        # Sequence numbers give the order: what was sent before goes first.
+        self._close_open_batch()
+        built = self._new_batch()
+        built.data = data
+        self._enqueue_encoded(built)
+        await trio.lowlevel.checkpoint()
+        return RecordsHandle([(built, 0, header.record_count)], header.record_count)
+
     async def flush(self) -> None:
         """Send what is buffered now and wait until it is durable; raises the
         first delivery failure among those records."""
@@ -333,14 +361,20 @@ class Producer:
 
     # -- batches --------------------------------------------------------------
 
-    def _start_batch(self) -> _Batch:
+    def _new_batch(self) -> _Batch:
+        """A batch with the next sequence number, counted as unfinished."""
         if self._closing:
             raise ProducerClosedError("the producer is closed")
         batch = _Batch(self._next_seq)
         batch.opened_at = trio.current_time()
         self._next_seq += 1
-        self._open = batch
         self._unfinished[batch.seq] = batch
+        return batch
+
+    def _start_batch(self) -> _Batch:
+        """Open a batch for records to come; the linger clock starts."""
+        batch = self._new_batch()
+        self._open = batch
         self._wake_linger.set()
         return batch
 
@@ -351,8 +385,13 @@ class Producer:
             return
         self._open = None
         batch.data = build_batch(batch.values, int(time.time() * 1000))
-        batch.nbytes = len(batch.data)
         batch.values = []  # the encoded batch holds them now
+        self._enqueue_encoded(batch)
+
+    def _enqueue_encoded(self, batch: _Batch) -> None:
+        """Count an encoded batch as buffered and queue it for the sender."""
+        assert batch.data is not None
+        batch.nbytes = len(batch.data)
         batch.deadline = trio.current_time() + self.delivery_timeout
         self._buffered += batch.nbytes
         self._queue(batch)

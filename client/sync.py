@@ -29,7 +29,7 @@ import trio
 
 from net.pool import ConnectionPool
 from sbp import messages
-from sbp.batches import DecodedRecords
+from sbp.batches import Buffer, DecodedRecords
 
 from ._base import DEFAULT_TIMEOUT
 from .consumer import Consumer, Record, iter_records
@@ -243,7 +243,7 @@ class SyncRecordHandle:
 
 
 class SyncRecordsHandle:
-    """The records of one ``SyncProducer.send_many``."""
+    """The records of one ``SyncProducer.send_many`` or ``send_batch``."""
 
     def __init__(self, client: SyncClient, handle: RecordsHandle) -> None:
         self._client = client
@@ -279,6 +279,11 @@ class SyncProducer:
 
     def send_many(self, values: Sequence[bytes]) -> SyncRecordsHandle:
         return SyncRecordsHandle(self._client, self._client.run(self.producer.send_many, values))
+
+    def send_batch(self, batch: Buffer) -> SyncRecordsHandle:
+        """Send a record batch built by the caller, as it is (see
+        ``Producer.send_batch``; leave the buffer alone until it is durable)."""
+        return SyncRecordsHandle(self._client, self._client.run(self.producer.send_batch, batch))
 
     def flush(self) -> None:
         """Block until everything sent so far is durable; raises the first failure."""

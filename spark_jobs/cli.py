@@ -6,15 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Sequence
 
-from client.loop_thread import LoopThread
-from net.pool import ConnectionPool
+from client.sync import SyncClient
 
+from .layout import StreamLayout, describe_streams
 from .options import EARLIEST, LATEST
-
-T = TypeVar("T")
 
 
 def job_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -78,8 +75,7 @@ class Progress:
         print(f"[{self.job} {self.elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
-def call_cluster(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """Run ``await fn(pool, *args)`` with a fresh connection pool, from sync code."""
-    with LoopThread() as loop:
-        pool: ConnectionPool = loop.pool
-        return loop.run(fn, pool, *args)
+def stream_layouts(pm: str, stream_ids: Sequence[int]) -> dict[int, StreamLayout]:
+    """The streams' ranges and live ends, asked from the driver."""
+    with SyncClient(pm) as client:
+        return client.run(describe_streams, client.pm, client.pool, stream_ids)

@@ -14,8 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from spark_jobs.cli import Progress, add_read_arguments, call_cluster, job_parser, read_options
-from spark_jobs.layout import describe_stream
+from spark_jobs.cli import Progress, add_read_arguments, job_parser, read_options, stream_layouts
 from spark_jobs.session import spark_session
 
 if TYPE_CHECKING:
@@ -38,10 +37,8 @@ def parse_ranges(text: str) -> list[tuple[int, int]]:
 def _range_bounds(pm: str, ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
     """``(stream_id, start, end)`` of each range; an open one ends at its live end."""
     bounds = []
-    layouts = {}
+    layouts = stream_layouts(pm, list(dict.fromkeys(stream_id for stream_id, _ in ranges)))
     for stream_id, index in ranges:
-        if stream_id not in layouts:
-            layouts[stream_id] = call_cluster(describe_stream, pm, stream_id, 30.0)
         layout = layouts[stream_id]
         found = [rng for rng in layout.ranges if rng.range_index == index]
         if not found:

@@ -74,43 +74,35 @@ async def _live_next_offset(pool: ConnectionPool, rng: messages.Range, timeout: 
     ) from failure
 
 
-async def describe_stream(
-    pool: ConnectionPool, pm_address: str, stream_id: int, timeout: float
-) -> StreamLayout:
-    """A stream's ranges from the PM and its live end."""
-    pm = PMClient(pm_address, pool=pool, timeout=timeout)
+async def describe_stream(pm: PMClient, pool: ConnectionPool, stream_id: int) -> StreamLayout:
+    """A stream's ranges from the PM and its live end (data nodes reached
+    through ``pool``, with the PM client's timeout)."""
     ranges = tuple(sorted(await pm.list_stream_ranges(stream_id), key=lambda r: r.range_index))
     if not ranges:
         return StreamLayout(stream_id, ranges, 0)
     last = ranges[-1]
     if last.is_open:
-        next_offset = await _live_next_offset(pool, last, timeout)
+        next_offset = await _live_next_offset(pool, last, pm.timeout)
     else:
         next_offset = last.end_offset
     return StreamLayout(stream_id, ranges, next_offset)
 
 
-async def list_stream_ids(pool: ConnectionPool, pm_address: str, timeout: float) -> list[int]:
-    """Every stream the PM knows, in id order."""
-    pm = PMClient(pm_address, pool=pool, timeout=timeout)
-    return [stream.stream_id async for stream in pm.list_streams(timeout=timeout)]
-
-
 async def describe_streams(
-    pool: ConnectionPool, pm_address: str, stream_ids: Sequence[int] | None, timeout: float
+    pm: PMClient, pool: ConnectionPool, stream_ids: Sequence[int] | None
 ) -> dict[int, StreamLayout]:
-    """Layouts of ``stream_ids`` (every stream for None), described concurrently."""
+    """Layouts of ``stream_ids`` (every stream the PM knows for None), described concurrently."""
     ids = (
         list(stream_ids)
         if stream_ids is not None
-        else await list_stream_ids(pool, pm_address, timeout)
+        else [stream.stream_id async for stream in pm.list_streams()]
     )
     layouts: dict[int, StreamLayout] = {}
     limiter = trio.CapacityLimiter(_DESCRIBE_CONCURRENCY)
 
     async def describe(stream_id: int) -> None:
         async with limiter:
-            layouts[stream_id] = await describe_stream(pool, pm_address, stream_id, timeout)
+            layouts[stream_id] = await describe_stream(pm, pool, stream_id)
 
     async with trio.open_nursery() as nursery:
         for stream_id in ids:

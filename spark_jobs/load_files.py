@@ -16,24 +16,21 @@ from collections.abc import Sequence
 from functools import reduce
 from typing import TYPE_CHECKING
 
-from client.pm_client import PMClient
-from net.pool import ConnectionPool
-from spark_jobs.cli import Progress, call_cluster, job_parser
-from spark_jobs.layout import describe_stream
+from client.sync import SyncClient
+from spark_jobs.cli import Progress, job_parser, stream_layouts
 from spark_jobs.session import spark_session
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
-async def _create_stream(pool: ConnectionPool, pm: str, replicas: int) -> int:
-    result = await PMClient(pm, pool=pool).create_stream(replicas)
-    assert result.stream is not None
-    return int(result.stream.stream_id)
+def _create_stream(pm: str, replicas: int) -> int:
+    with SyncClient(pm) as client:
+        return int(client.create_stream(replicas).stream_id)
 
 
 def _stream_end(pm: str, stream_id: int) -> int:
-    return call_cluster(describe_stream, pm, stream_id, 30.0).next_offset
+    return stream_layouts(pm, [stream_id])[stream_id].next_offset
 
 
 def _lines(spark: SparkSession, paths: Sequence[str], file_format: str) -> DataFrame:
@@ -79,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = Progress("load_files")
     stream_id = args.stream
     if args.create_stream:
-        stream_id = call_cluster(_create_stream, args.pm, args.replicas)
+        stream_id = _create_stream(args.pm, args.replicas)
         progress(f"created stream {stream_id}")
     before = _stream_end(args.pm, stream_id)
     progress("starting Spark")

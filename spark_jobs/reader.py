@@ -14,7 +14,7 @@ from concurrent.futures import Future
 import pyarrow as pa
 
 from client.datanode_client import DataNodeClient
-from client.loop_thread import LoopThread
+from client.sync import SyncClient
 from net.pool import ConnectionPool
 from sbp import messages
 from sbp.batches import batch_spans, decode_batches, peek_header
@@ -77,47 +77,51 @@ def _next_offset(data: bytes | memoryview) -> int:
     return peek_header(data, last_start).next_offset
 
 
-def read_slice(piece: RangeSlice, fetch_max_bytes: int, timeout: float) -> Iterator[pa.RecordBatch]:
-    """Every record of ``piece``, in offset order, as Arrow batches.
+def read_slice(
+    client: SyncClient, piece: RangeSlice, fetch_max_bytes: int
+) -> Iterator[pa.RecordBatch]:
+    """Every record of ``piece``, in offset order, as Arrow batches, fetched
+    through ``client``'s loop and pool (with its timeout).
 
     The next fetch is sent as soon as an answer arrives, so the data node
     reads and sends it while this thread decodes and Spark takes the batch.
     """
     if piece.start >= piece.end:
         return
-    with LoopThread() as loop:
 
-        def fetch(at: int) -> Future[bytes | memoryview]:
-            return loop.submit(fetch_from_replicas, loop.pool, piece, at, fetch_max_bytes, timeout)
+    def fetch(at: int) -> Future[bytes | memoryview]:
+        return client.submit(
+            fetch_from_replicas, client.pool, piece, at, fetch_max_bytes, client.timeout
+        )
 
-        offset = piece.start
-        pending = fetch(offset)
-        while offset < piece.end:
-            data = pending.result()
-            if not data:
-                raise MissingRecordsError(
-                    f"stream {piece.stream_id} has no records at offset {offset} on "
-                    f"{piece.replicas[0]}, though range {piece.range_index} was planned "
-                    f"to hold [{piece.start}, {piece.end})"
-                )
-            fetched_end = _next_offset(data)
-            if fetched_end < piece.end:
-                pending = fetch(fetched_end)
-            records = decode_batches(data)
-            first = int(records.offsets[0])
-            # offsets within one answer are dense (SPEC §4): positions follow by subtraction
-            if fetched_end - first != len(records):
-                raise MissingRecordsError(
-                    f"stream {piece.stream_id}: the batches fetched from offset {offset} "
-                    "do not hold dense offsets"
-                )
-            skip = offset - first
-            take = min(len(records), piece.end - first) - skip
-            if skip < 0 or take <= 0:
-                raise MissingRecordsError(
-                    f"stream {piece.stream_id}: asked for offset {offset}, "
-                    f"got batches from offset {first}"
-                )
-            batch = records_to_arrow(piece.stream_id, records)
-            yield batch if skip == 0 and take == len(records) else batch.slice(skip, take)
-            offset += take
+    offset = piece.start
+    pending = fetch(offset)
+    while offset < piece.end:
+        data = pending.result()
+        if not data:
+            raise MissingRecordsError(
+                f"stream {piece.stream_id} has no records at offset {offset} on "
+                f"{piece.replicas[0]}, though range {piece.range_index} was planned "
+                f"to hold [{piece.start}, {piece.end})"
+            )
+        fetched_end = _next_offset(data)
+        if fetched_end < piece.end:
+            pending = fetch(fetched_end)
+        records = decode_batches(data)
+        first = int(records.offsets[0])
+        # offsets within one answer are dense (SPEC §4): positions follow by subtraction
+        if fetched_end - first != len(records):
+            raise MissingRecordsError(
+                f"stream {piece.stream_id}: the batches fetched from offset {offset} "
+                "do not hold dense offsets"
+            )
+        skip = offset - first
+        take = min(len(records), piece.end - first) - skip
+        if skip < 0 or take <= 0:
+            raise MissingRecordsError(
+                f"stream {piece.stream_id}: asked for offset {offset}, "
+                f"got batches from offset {first}"
+            )
+        batch = records_to_arrow(piece.stream_id, records)
+        yield batch if skip == 0 and take == len(records) else batch.slice(skip, take)
+        offset += take

@@ -54,8 +54,8 @@ from .options import EARLIEST_CODE, ReadOptions, SBPOptionError, WriteOptions
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from .appender import AppendedSpan
     from .layout import StreamLayout
+    from .writer import AppendedSpan
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +64,12 @@ StreamOffsets = dict[str, int]
 
 
 def _layouts(options: ReadOptions, stream_ids: Sequence[int] | None) -> dict[int, StreamLayout]:
-    from client.loop_thread import LoopThread
+    from client.sync import SyncClient
 
     from .layout import describe_streams
 
-    with LoopThread() as loop:
-        return loop.run(describe_streams, loop.pool, options.pm, stream_ids, options.timeout)
+    with SyncClient(options.pm, timeout=options.timeout) as client:
+        return client.run(describe_streams, client.pm, client.pool, stream_ids)
 
 
 #: ``stream_id long, offset long, timestamp timestamp, value binary``, built
@@ -95,12 +95,16 @@ def _check_schema(schema: StructType) -> None:
 
 
 def _read(partition: InputPartition, options: ReadOptions) -> Iterator[pa.RecordBatch]:
+    from client.sync import SyncClient
+
     from .layout import RangeSlice
     from .reader import read_slice
 
     if not isinstance(partition, RangeSlice):
         return  # Spark's stand-in partition when partitions() planned none
-    yield from read_slice(partition, options.fetch_max_bytes, options.timeout)
+    # made here, in the worker that reads: a client does not survive Spark's fork
+    with SyncClient(options.pm, timeout=options.timeout) as client:
+        yield from read_slice(client, partition, options.fetch_max_bytes)
 
 
 def _plan(
@@ -282,20 +286,9 @@ class SBPWriter(DataSourceArrowWriter):
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AppendCommitMessage:
-        from client.loop_thread import LoopThread
+        from .writer import append_values
 
-        from .appender import AppendedSpan, StreamAppender
-        from .arrow import column_to_batches, value_column
-
-        options = self.options
-        span = AppendedSpan()
-        with LoopThread() as loop:
-            appender = StreamAppender(loop.pool, options.pm, options.stream, options.timeout)
-            for arrow_batch in iterator:
-                column = value_column(arrow_batch)
-                for batch, count in column_to_batches(column, options.batch_max_bytes):
-                    span.add(loop.run(appender.append, batch), count)
-        return AppendCommitMessage(options.stream, span)
+        return AppendCommitMessage(self.options.stream, append_values(self.options, iterator))
 
     def commit(self, messages: list[Any]) -> None:
         """The records are already durable; only note what the job appended."""

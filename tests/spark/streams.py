@@ -8,11 +8,9 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Self
 
-from client.loop_thread import LoopThread
-from client.pm_client import PMClient
+from client.sync import SyncClient
 from sbp import messages
 from sbp.batches import build_batch
-from spark_jobs.appender import StreamAppender
 from spark_jobs.layout import RangeSlice, StreamLayout, describe_stream, replica_addresses
 from spark_jobs.reader import read_slice
 
@@ -25,14 +23,13 @@ def make_values(tag: str, count: int) -> list[bytes]:
 
 
 class StreamOps:
-    """A connection to the cluster for test set-up and checks."""
+    """A client of the cluster for test set-up and checks."""
 
     def __init__(self, pm_address: str) -> None:
         self.pm_address = pm_address
-        self._loop = LoopThread()
+        self._client = SyncClient(pm_address, timeout=TIMEOUT_S)
 
     def __enter__(self) -> Self:
-        self._loop.__enter__()
         return self
 
     def __exit__(
@@ -41,36 +38,27 @@ class StreamOps:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._loop.close()
-
-    @property
-    def _pm(self) -> PMClient:
-        return PMClient(self.pm_address, pool=self._loop.pool, timeout=TIMEOUT_S)
+        self._client.close()
 
     def create_stream(self, replicas: int = 1) -> int:
-        result = self._loop.run(self._pm.create_stream, replicas)
-        assert result.stream is not None
-        return int(result.stream.stream_id)
+        return int(self._client.create_stream(replicas).stream_id)
 
     def append(self, stream_id: int, values: Sequence[bytes], timestamp_ms: int = 0) -> int:
         """Append ``values`` as one batch; its base offset."""
-        appender = StreamAppender(self._loop.pool, self.pm_address, stream_id, TIMEOUT_S)
         batch = build_batch(values, timestamp_ms or int(time.time() * 1000))
-        return self._loop.run(appender.append, batch)
+        with self._client.producer(stream_id, request_timeout=TIMEOUT_S) as producer:
+            return int(producer.send_batch(batch).offsets()[0])
 
     def ranges(self, stream_id: int) -> tuple[messages.Range, ...]:
-        return self._loop.run(self._pm.list_stream_ranges, stream_id)
+        return self._client.list_ranges(stream_id)
 
     def seal(self, stream_id: int) -> messages.Range:
         """Seal the open range (the PM opens the next one); the new open range."""
-        current = self.ranges(stream_id)[-1]
-        result = self._loop.run(self._pm.seal_range, stream_id, current.range_index)
-        return result.ranges[-1]
+        return self._client.seal(stream_id)[-1]
 
     def layout(self, stream_id: int) -> StreamLayout:
-        return self._loop.run(
-            describe_stream, self._loop.pool, self.pm_address, stream_id, TIMEOUT_S
-        )
+        client = self._client
+        return client.run(describe_stream, client.pm, client.pool, stream_id)
 
     def hosts(self, stream_id: int) -> set[str]:
         """The data nodes holding the primaries of the stream's ranges."""
@@ -85,6 +73,6 @@ class StreamOps:
             piece = RangeSlice(
                 stream_id, rng.range_index, rng.start_offset, end, replica_addresses(rng)
             )
-            for batch in read_slice(piece, 1 << 20, TIMEOUT_S):
+            for batch in read_slice(self._client, piece, 1 << 20):
                 values.extend(batch.column("value").to_pylist())
         return values

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import trio
 
-from client import Consumer, Producer, Record, SyncClient
+from client import Consumer, PMClient, Producer, Record, SyncClient
 from net.pool import ConnectionPool
 from net.server import Dispatcher, Request, Responder, Server
 from sbp import messages as m
-from sbp.batches import peek_header, stamp_base_offset
+from sbp.batches import build_batch, peek_header, stamp_base_offset
 from sbp.enums import ErrorCode, Opcode
 from sbp.errors import InvalidRecordBatchError, NotPrimaryError, StreamDeletedError
 
@@ -205,6 +205,47 @@ async def test_retries_stop_at_the_delivery_timeout(fake: FakeCluster) -> None:
         assert producer.buffered_bytes == 0
 
 
+async def test_send_batch_goes_as_built_between_the_records_around_it(
+    fake: FakeCluster,
+) -> None:
+    built = build_batch(values(5), base_timestamp=1_700_000_000_000)
+    async with Producer(fake.address, STREAM, batch_records=100) as producer:
+        before = await producer.send_many(values(3))
+        batch = await producer.send_batch(built)
+        after = await producer.send(b"after")
+        await producer.flush()
+        assert len(batch) == 5
+        np.testing.assert_array_equal(await before.offsets(), np.arange(3))
+        np.testing.assert_array_equal(await batch.offsets(), np.arange(3, 8))
+        assert await after.offset() == 8
+    assert fake.batch_sizes() == [3, 5, 1]
+    # the same bytes but the base offset, which the data node stamps
+    assert fake.batches[1][8:] == built[8:]
+    assert peek_header(fake.batches[1]).base_timestamp == 1_700_000_000_000
+
+
+async def test_send_batch_is_retried_in_order_after_a_seal(fake: FakeCluster) -> None:
+    fake.append_faults = [ErrorCode.RANGE_SEALED]
+    async with Producer(fake.address, STREAM) as producer:
+        first = await producer.send_batch(build_batch(values(4), 0))
+        second = await producer.send_batch(memoryview(build_batch(values(6)[4:], 0)))
+        await producer.flush()
+        np.testing.assert_array_equal(await first.offsets(), np.arange(4))
+        np.testing.assert_array_equal(await second.offsets(), np.arange(4, 6))
+    assert len(fake.ranges()) == 2
+    assert [record.value for record in await read_values(fake)] == values(6)
+
+
+async def test_send_batch_refuses_a_malformed_or_oversized_batch(fake: FakeCluster) -> None:
+    async with Producer(fake.address, STREAM, max_request_bytes=100) as producer:
+        with pytest.raises(InvalidRecordBatchError, match="batch_length"):
+            await producer.send_batch(build_batch(values(2), 0)[:-1])
+        with pytest.raises(ValueError, match="max_request_bytes"):
+            await producer.send_batch(build_batch(values(10), 0))
+        assert producer.buffered_bytes == 0
+    assert fake.batches == []
+
+
 # -- consumer -----------------------------------------------------------------
 
 
@@ -288,3 +329,32 @@ async def test_sync_client_round_trip_from_a_plain_thread(fake: FakeCluster) -> 
     assert [record.value for record in records] == [b"one", *values(9)]
     assert ranges == 1
     assert fake.batch_sizes() == [4, 4, 2]
+
+
+async def test_sync_producer_sends_built_batches(fake: FakeCluster) -> None:
+    def script() -> list[list[int]]:
+        with SyncClient(pm=fake.address) as client, client.producer(STREAM) as producer:
+            handles = [producer.send_batch(build_batch(values(n), 0)) for n in (2, 3)]
+            producer.flush()
+            return [handle.offsets().tolist() for handle in handles]
+
+    assert await trio.to_thread.run_sync(script) == [[0, 1], [2, 3, 4]]
+    assert fake.batch_sizes() == [2, 3]
+
+
+async def test_sync_client_submit_runs_on_the_loop_with_its_pool(fake: FakeCluster) -> None:
+    async def fail(message: str) -> None:
+        raise StreamDeletedError(message)
+
+    def script() -> tuple[int, bool, BaseException | None]:
+        with SyncClient(pm=fake.address) as client:
+            pm = PMClient(fake.address, pool=client.pool)
+            ranges = client.submit(pm.list_stream_ranges, STREAM).result(timeout=10)
+            shared = client.pool.connection(fake.address) is not None
+            return len(ranges), shared, client.submit(fail, "gone").exception(timeout=10)
+
+    count, shared, error = await trio.to_thread.run_sync(script)
+    assert count == 1
+    assert shared  # the PM call went through the client's own pool
+    assert isinstance(error, StreamDeletedError)
+    assert str(error) == "STREAM_DELETED: gone"
