@@ -119,6 +119,15 @@ def test_checksum_mismatch_is_rejected(payload: bytes) -> None:
     assert event.error_code == ErrorCode.CHECKSUM_MISMATCH
 
 
+@settings(max_examples=50)
+@given(st.binary(min_size=1, max_size=200_000))
+def test_checksum_is_zlibs_crc32(payload: bytes) -> None:
+    """SPEC §1 names zlib.crc32; the faster implementation must agree with it."""
+    encoded = encode_frame(Opcode.APPEND, Flags.NONE, 3, b"h", payload)
+    assert struct.unpack(">I", encoded[-4:])[0] == zlib.crc32(payload)
+    assert isinstance(decode_frame(encoded), Frame)
+
+
 def test_frame_length_too_small_is_fatal() -> None:
     decoder = FrameDecoder()
     events = decoder.feed(struct.pack(">I", MIN_FRAME_LENGTH - 1) + bytes(40))
