@@ -5,8 +5,9 @@ A local cluster (PM + 2 data nodes) is started, one stream is filled with
 records of 100 bytes (its open range sealed every quarter, so the reads plan
 four ranges over both nodes), and the same rows are written to one Parquet
 file with pyarrow. Each measurement runs ``count(*)`` and
-``sum(length(value))`` (so every value is read), after one warm-up query of
-each kind; the kinds alternate and the median of the repeats is reported.
+``sum(length(value))`` (so every value is read), after three warm-up rounds
+of both (the JVM keeps compiling for several queries); the kinds alternate
+and the median of the repeats is reported.
 
     .venv/bin/python -m bench.spark_read [--quick] [--records N] [--repeat R]
 """
@@ -34,6 +35,8 @@ from sbp.batches import build_batch_from_arrays
 VALUE_SIZE = 100
 RECORDS_PER_BATCH = 10_000
 RANGES = 4
+SBP_READER = "sbp-spark-source"
+PARQUET_READER = "spark-parquet"
 READY_TIMEOUT_S = 60.0
 
 
@@ -112,14 +115,18 @@ def timed(query: Callable[[], tuple[int, int]], expected: tuple[int, int]) -> fl
     return elapsed
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench.spark_read", description=__doc__.split("\n")[0])
-    parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="200,000 records, one repeat")
-    args = parser.parse_args(argv)
-    records, repeat = (200_000, 1) if args.quick else (args.records, args.repeat)
+WARMUPS = 3
+REPEAT = 5
 
+
+def measure(records: int, repeat: int, warmups: int = WARMUPS) -> dict[str, list[float]]:
+    """Seconds per query of each reader, ``repeat`` times each, alternating.
+
+    A local cluster and a Spark session are started for the run and stopped
+    after it. ``warmups`` rounds of both queries come first and are not
+    counted: they start the Python workers and let the JVM compile both
+    readers' code, which takes Spark several queries.
+    """
     from spark_jobs.session import spark_session
 
     with tempfile.TemporaryDirectory(prefix="sbp-bench-spark-") as tmp:
@@ -135,13 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             aggregate = ["count(*) AS n", "sum(length(value)) AS bytes"]
 
             def sbp_query() -> tuple[int, int]:
-                df = (
-                    spark.read.format("sbp")
-                    .option("pm", pm)
-                    .option("streams", str(stream_id))
-                    .load()
-                )
-                row = df.selectExpr(*aggregate).first()
+                frame = spark.read.format("sbp").option("pm", pm).option("streams", str(stream_id))
+                row = frame.load().selectExpr(*aggregate).first()
                 assert row is not None
                 return int(row.n), int(row.bytes)
 
@@ -150,18 +152,33 @@ def main(argv: list[str] | None = None) -> int:
                 assert row is not None
                 return int(row.n), int(row.bytes)
 
-            timed(sbp_query, expected)  # warm-up: Python workers start
-            timed(parquet_query, expected)
-            sbp_times, parquet_times = [], []
-            for _ in range(repeat):
-                sbp_times.append(timed(sbp_query, expected))
-                parquet_times.append(timed(parquet_query, expected))
+            queries = {SBP_READER: sbp_query, PARQUET_READER: parquet_query}
+            times: dict[str, list[float]] = {name: [] for name in queries}
+            for round_ in range(warmups + repeat):
+                for name, query in queries.items():
+                    seconds = timed(query, expected)
+                    if round_ >= warmups:
+                        times[name].append(seconds)
             spark.stop()
         finally:
             cluster.send_signal(signal.SIGTERM)
             cluster.wait(30)
+    return times
 
-    sbp_s, parquet_s = statistics.median(sbp_times), statistics.median(parquet_times)
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.spark_read", description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=REPEAT)
+    parser.add_argument("--quick", action="store_true", help="200,000 records, one repeat")
+    args = parser.parse_args(argv)
+    if args.quick:
+        records, repeat, warmups = 200_000, 1, 1
+    else:
+        records, repeat, warmups = args.records, args.repeat, WARMUPS
+    times = measure(records, repeat, warmups)
+    sbp_s = statistics.median(times[SBP_READER])
+    parquet_s = statistics.median(times[PARQUET_READER])
     mb = records * VALUE_SIZE / 1e6
     print(f"\n{records:,} records of {VALUE_SIZE} B, median of {repeat} (cores: {os.cpu_count()})")
     print("| reader | seconds | records/s | MB/s of values |")

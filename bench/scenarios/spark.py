@@ -1,9 +1,9 @@
 """Spark read: rows/s through the ``sbp`` data source, against Spark reading
 the same rows from a local Parquet file in the same session.
 
-Built from ``bench.spark_read``'s pieces (its local cluster of two data
-nodes, its stream of 100-byte records over four ranges, its timing that
-checks every answer); ``count(*)`` and ``sum(length(value))`` read every
+Measured by ``bench.spark_read.measure`` (a local cluster of two data
+nodes, one stream of 100-byte records over four ranges, warm-up rounds, a
+check of every answer); ``count(*)`` and ``sum(length(value))`` read every
 value. When pyspark is not installed, the scenario reports that and
 measures nothing.
 """
@@ -11,11 +11,8 @@ measures nothing.
 from __future__ import annotations
 
 import importlib.util
-import signal
 import statistics
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
 from matplotlib.figure import Figure
 
@@ -26,44 +23,10 @@ from bench.scenarios.options import Options
 NAME = "spark"
 
 
-def _measure(records: int, repeat: int) -> list[Measurement]:
-    import pyarrow.parquet as pq
+def _measure(records: int, repeat: int, warmups: int) -> list[Measurement]:
+    from bench.spark_read import VALUE_SIZE, measure
 
-    from bench.spark_read import VALUE_SIZE, fill_stream, start_cluster, timed
-    from spark_jobs.session import spark_session
-
-    with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp:
-        root = Path(tmp)
-        cluster, pm = start_cluster(root)
-        try:
-            stream_id, rows = fill_stream(pm, records)
-            parquet_path = root / "rows.parquet"
-            pq.write_table(rows, parquet_path)
-            spark = spark_session("sbp-bench-suite")
-            expected = (records, records * VALUE_SIZE)
-            aggregate = ["count(*) AS n", "sum(length(value)) AS bytes"]
-
-            def sbp_query() -> tuple[int, int]:
-                frame = spark.read.format("sbp").option("pm", pm).option("streams", str(stream_id))
-                row = frame.load().selectExpr(*aggregate).first()
-                assert row is not None
-                return int(row.n), int(row.bytes)
-
-            def parquet_query() -> tuple[int, int]:
-                row = spark.read.parquet(str(parquet_path)).selectExpr(*aggregate).first()
-                assert row is not None
-                return int(row.n), int(row.bytes)
-
-            timed(sbp_query, expected)  # warm-up: the Python workers start
-            timed(parquet_query, expected)
-            times: dict[str, list[float]] = {"sbp-spark-source": [], "spark-parquet": []}
-            for _ in range(repeat):
-                times["sbp-spark-source"].append(timed(sbp_query, expected))
-                times["spark-parquet"].append(timed(parquet_query, expected))
-            spark.stop()
-        finally:
-            cluster.send_signal(signal.SIGTERM)
-            cluster.wait(30)
+    times = measure(records, repeat, warmups)
     return [
         Measurement(
             system=system,
@@ -92,8 +55,14 @@ def _plot(ms: list[Measurement]) -> Callable[[Figure], None]:
 
 
 def run(options: Options) -> ScenarioResult:
-    records, repeat = (200_000, 1) if options.quick else (1_000_000, 3)
-    settings: dict[str, object] = options.as_settings() | {"records": records, "repeat": repeat}
+    from bench.spark_read import REPEAT, WARMUPS
+
+    records, repeat, warmups = (200_000, 1, 1) if options.quick else (1_000_000, REPEAT, WARMUPS)
+    settings: dict[str, object] = options.as_settings() | {
+        "records": records,
+        "warm-up rounds": warmups,
+        "repeat": repeat,
+    }
     if importlib.util.find_spec("pyspark") is None:
         return ScenarioResult(
             name=NAME,
@@ -102,7 +71,7 @@ def run(options: Options) -> ScenarioResult:
             tables=["Spark is not installed (`pip install -e '.[spark]'`): nothing measured."],
             extra={"skipped": "pyspark is not installed"},
         )
-    measurements = _measure(records, repeat)
+    measurements = _measure(records, repeat, warmups)
     rows = [
         (m.system, number(m.seconds, 2), number(m.records_per_s), number(m.mb_per_s))
         for m in measurements
