@@ -192,11 +192,19 @@ class FrameDecoder:
             total = frame_length + LENGTH_FIELD_SIZE
             if len(buffer) < total:
                 break
-            # One copy out of the receive buffer; header and payload are views
-            # into it, so the buffer itself can be compacted right away.
-            with memoryview(buffer) as view:
-                raw = bytes(view[:total])
-            del buffer[:total]
+            raw: bytes | bytearray
+            if len(buffer) - total < total:
+                # The frame is most of the buffer: hand the buffer itself over
+                # and keep a copy of the (smaller) rest, so a large payload is
+                # never copied out of the receive buffer.
+                raw = buffer
+                buffer = self._buffer = buffer[total:]
+                del raw[total:]
+            else:
+                # One copy of a small frame; the buffer is compacted at once.
+                with memoryview(buffer) as view:
+                    raw = bytes(view[:total])
+                del buffer[:total]
             events.append(_decode_whole_frame(raw))
         return events
 
@@ -214,8 +222,9 @@ class FrameDecoder:
         )
 
 
-def _decode_whole_frame(raw: bytes) -> FrameEvent:
-    """Classify one complete frame (``raw`` includes the length field)."""
+def _decode_whole_frame(raw: bytes | bytearray) -> FrameEvent:
+    """Classify one complete frame (``raw`` includes the length field; the
+    payload of a good frame is a view into it, so nothing may change it)."""
     frame_length, magic, opcode, flags_value, stream_id = FIXED_HEADER.unpack_from(raw, 0)
     if magic != MAGIC:
         return DiscardedFrame(DiscardReason.BAD_MAGIC, opcode, stream_id, frame_length)
@@ -256,7 +265,7 @@ def _decode_whole_frame(raw: bytes) -> FrameEvent:
             ErrorCode.CHECKSUM_MISMATCH,
             f"payload checksum 0x{actual:08x} does not match 0x{checksum:08x}",
         )
-    header = raw[_HEADER_START:payload_start]
+    header = view[_HEADER_START:payload_start].tobytes()
     return Frame(opcode, flags, stream_id, header, payload)
 
 
