@@ -1,5 +1,5 @@
 """The PM's calls to data nodes: SYNC_RANGES, SEAL_RANGES, DESCRIBE_RANGES,
-DELETE_STREAMS, over one pooled connection per node.
+DELETE_STREAMS and LIST_RANGES, over one pooled connection per node.
 
 Every call retries what may pass (a connection refused or closed, a node
 shutting down, any retriable error code) with backoff until the caller's
@@ -31,7 +31,7 @@ from sbp.errors import (
 )
 
 from .records import RangeRecord
-from .wire import DataNodeCache, range_message
+from .wire import DataNodeCache, range_message, range_record
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +149,24 @@ class DataNodeLink:
                         node_id,
                         error_for(result.error_code, result.error_message),
                     )
+
+    async def hosted_ranges(self, node_id: int) -> list[RangeRecord]:
+        """LIST_RANGES by data node, asked of the node itself: what it holds."""
+        owner = messages.RangeOwner(data_node=self._data_node(node_id))
+
+        def ranges(response: messages.ListRangesResponse) -> list[RangeRecord]:
+            listed: list[RangeRecord] = []
+            for result in response.list_responses:
+                _raise_for(result.error_code, result.error_message)
+                listed.extend(range_record(rng) for rng in result.ranges)
+            return listed
+
+        return await self._call(
+            node_id,
+            Opcode.LIST_RANGES,
+            partial(_timed, messages.ListRangesRequest, range_owners=(owner,)),
+            ranges,
+        )
 
     async def _call(
         self,

@@ -100,6 +100,17 @@ class NodeRegistry:
         state.last_heartbeat_ms = self._wall_ms()
         return changed
 
+    def is_returning(self, node_id: int) -> bool:
+        """Whether a heartbeat from ``node_id`` now would bring it back: it is
+        new, not heard from since the PM started, or was silent past the node
+        timeout (whether or not a sweep has marked it dead yet)."""
+        state = self._nodes.get(node_id)
+        return (
+            state is None
+            or state.last_heartbeat_ms == 0
+            or self._clock() - state.last_seen > self.node_timeout
+        )
+
     def report(self, node: NodeRecord, metrics: Mapping[str, int]) -> bool:
         """Record a load report; like ``heartbeat``, True when the node must be persisted."""
         changed = self.heartbeat(node)

@@ -11,8 +11,9 @@ Rules that hold throughout:
   shielded from cancellation, so a request whose deadline passes mid-commit
   still learns whether it committed.
 - Telling the data nodes (SYNC_RANGES, DELETE_STREAMS) after a commit is best
-  effort within the request's deadline: the change is already the truth, and a
-  data node that missed it asks the PM (LIST_RANGES) when it meets the stream.
+  effort within the request's deadline: the change is already the truth; a
+  data node that missed it asks the PM (LIST_RANGES) when it meets the stream,
+  and is reconciled with the metadata when it comes back (``reconcile_node``).
   Sealing is different: the PM cannot record an end offset without the
   primary's answer, so a seal fails when the primary does not answer.
 - Changes to one stream's ranges (seal, trim, update, delete) are serialised
@@ -45,6 +46,7 @@ from sbp.errors import (
     StreamNotFoundError,
 )
 
+from . import reconcile
 from .liveness import NodeRegistry, NodeState
 from .locks import StreamLocks
 from .metadata import (
@@ -59,6 +61,7 @@ from .metadata import (
     RaiseNextStreamId,
 )
 from .placement import place
+from .reconcile import ReconcilePlan
 from .records import NodeRecord, RangeRecord, StreamRecord
 
 log = logging.getLogger(__name__)
@@ -71,6 +74,10 @@ MAX_REPLICA_NUMS: Final = 127
 #: (10,000 results stay far below the 16 MiB frame limit)
 DEFAULT_LIST_LIMIT: Final = 1000
 MAX_LIST_LIMIT: Final = 10_000
+#: how long reconciling a returning data node may take, and the wait before
+#: trying again after a failure
+RECONCILE_TIMEOUT_S: Final = 60.0
+RECONCILE_RETRY_S: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +110,9 @@ class DataNodeCalls(Protocol):
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
         """DELETE_STREAMS."""
 
+    async def hosted_ranges(self, node_id: int) -> list[RangeRecord]:
+        """LIST_RANGES by data node, asked of the node: the ranges it holds."""
+
 
 class PlacementManager:
     """Streams, ranges and data nodes: the PM's requests as methods."""
@@ -124,12 +134,18 @@ class PlacementManager:
         # high-water mark, so a restart never hands out an acknowledged id again.
         self._next_stream_id = store.next_stream_id()
         registry.restore(store.nodes(), store.range_counts_by_node())
+        # Nodes back from the dead (or first heard of since start-up) whose
+        # data may predate changes they were not told of; see reconcile_node.
+        self._returning: set[int] = set()
+        self._returning_added = trio.Event()
+        self._reconcile_retry_at: dict[int, float] = {}
 
     # -- data nodes -----------------------------------------------------------
 
     async def heartbeat(self, node: NodeRecord) -> None:
         """A data node's HEARTBEAT: register or refresh it (persisted when new)."""
         _check_node(node)
+        self._note_if_returning(node.node_id)
         if self.registry.heartbeat(node):
             await self._commit([PutNode(node)])
             log.info("data node %d registered at %s", node.node_id, node.address)
@@ -137,9 +153,72 @@ class PlacementManager:
     async def report_metrics(self, node: NodeRecord, metrics: dict[str, int]) -> None:
         """A data node's REPORT_METRICS: its latest load, and a sign of life."""
         _check_node(node)
+        self._note_if_returning(node.node_id)
         if self.registry.report(node, metrics):
             await self._commit([PutNode(node)])
             log.info("data node %d registered at %s", node.node_id, node.address)
+
+    def _note_if_returning(self, node_id: int) -> None:
+        retry_at = self._reconcile_retry_at.get(node_id)
+        due = retry_at is not None and trio.current_time() >= retry_at
+        if self.registry.is_returning(node_id) or due:
+            self._reconcile_retry_at.pop(node_id, None)
+            self._returning.add(node_id)
+            self._returning_added.set()
+
+    async def reconcile_returning_nodes(self, timeout: float = RECONCILE_TIMEOUT_S) -> None:
+        """Run forever: reconcile each data node as it comes back (see
+        ``reconcile_node``); a failed attempt is tried again at a heartbeat
+        ``RECONCILE_RETRY_S`` later."""
+        while True:
+            await self._returning_added.wait()
+            self._returning_added = trio.Event()
+            pending, self._returning = sorted(self._returning), set()
+            for node_id in pending:
+                try:
+                    with trio.fail_after(timeout):
+                        await self.reconcile_node(node_id)
+                except (SBPError, OSError, trio.TooSlowError) as exc:
+                    log.warning(
+                        "reconciling data node %d failed (%s); trying again in %.0f s",
+                        node_id,
+                        exc or type(exc).__name__,
+                        RECONCILE_RETRY_S,
+                    )
+                    self._reconcile_retry_at[node_id] = trio.current_time() + RECONCILE_RETRY_S
+
+    async def reconcile_node(self, node_id: int) -> ReconcilePlan:
+        """Tell a data node what it missed while away (``pm.reconcile``):
+        DELETE_STREAMS for streams deleted since, SYNC_RANGES (the PM's whole
+        list, under the stream's lock so it cannot overtake a newer change)
+        for streams trimmed, sealed or created since. Returns what was done."""
+        hosted = await self._link.hosted_ranges(node_id)
+        todo = reconcile.plan(
+            hosted,
+            self.store.ranges_on_node(node_id),
+            lambda stream_id: self.store.stream(stream_id) is not None,
+            self._next_stream_id,
+        )
+        if todo.foreign:
+            log.warning(
+                "data node %d holds streams this PM never created (%s); left alone",
+                node_id,
+                _id_list(todo.foreign),
+            )
+        if todo.delete:
+            await self._link.delete_streams(node_id, todo.delete)
+        for stream_id in todo.sync:
+            async with self._locks.hold(stream_id):
+                ranges = self.store.ranges(stream_id)
+                await self._link.sync_ranges(node_id, [(stream_id, ranges)])
+        if not todo.empty:
+            log.info(
+                "data node %d was behind: deleted streams %s, synced streams %s",
+                node_id,
+                _id_list(todo.delete) or "none",
+                _id_list(todo.sync) or "none",
+            )
+        return todo
 
     def cluster(self) -> list[NodeState]:
         """Every known data node with its liveness and latest report."""
@@ -463,11 +542,17 @@ class PlacementManager:
             async with trio.open_nursery() as nursery:
                 for node_id, what, call in calls:
                     # A dead node would only be waited for until the deadline;
-                    # it asks the PM about its streams when it is back.
+                    # it is reconciled when it is back (reconcile_node).
                     if self.registry.is_alive(node_id):
                         nursery.start_soon(attempt, what, call)
                     else:
                         log.info("%s skipped: the node is dead", what)
+
+
+def _id_list(ids: Sequence[int], shown: int = 10) -> str:
+    """Ids for a log line: the first few and how many more."""
+    text = ", ".join(str(i) for i in ids[:shown])
+    return f"{text} and {len(ids) - shown} more" if len(ids) > shown else text
 
 
 def _no_stream(stream_id: int) -> StreamNotFoundError:

@@ -77,6 +77,7 @@ async def run_pm(config: PMConfig) -> int:
                     )
                     announce(LISTENING_PREFIX, host, port)
                     nursery.start_soon(_watch_liveness, registry)
+                    nursery.start_soon(manager.reconcile_returning_nodes)
                     await signals.requested.wait()
                     await _drain(server, config.drain_timeout_s, signals.forced)
                     nursery.cancel_scope.cancel()

@@ -101,6 +101,44 @@ async def test_a_stopped_node_turns_dead_and_gets_no_new_ranges(tmp_path: Path) 
 
 
 @pytest.mark.deadline(90)
+async def test_a_node_back_from_the_dead_hears_what_it_missed(tmp_path: Path) -> None:
+    async with pm_cluster(tmp_path, node_ids=(1, 2)) as cluster:
+        pm = cluster.pm_client()
+        # two replicas on two nodes: node 2 hosts every range
+        doomed, trimmed, kept = [(await pm.create_stream(2)).range for _ in range(3)]
+        assert doomed is not None and trimmed is not None and kept is not None
+        await append_values(cluster, trimmed, [b"0", b"1", b"2"])
+        _, second = (await pm.seal_range(trimmed.stream_id, 0)).ranges
+        await append_values(cluster, second, [b"3"])
+
+        await cluster.nodes[2].terminate()
+        await cluster.wait_alive({1}, dead={2})
+        # Both changes are committed; node 2 is dead, so it is not told.
+        await pm.delete_stream(doomed.stream_id)
+        await pm.trim_stream(trimmed.stream_id, 3)
+
+        restarted = await cluster.start_node(2)
+        await cluster.wait_alive({1, 2})
+        me = messages.DataNode(node_id=2, advertise_addr=restarted.address)
+        node = cluster.node_client(restarted.address)
+        with trio.fail_after(20):
+            while True:
+                hosted = {
+                    (r.stream_id, r.range_index, r.start_offset)
+                    for r in await node.list_node_ranges(me)
+                }
+                if hosted == {(trimmed.stream_id, 1, 3), (kept.stream_id, 0, 0)}:
+                    break
+                await trio.sleep(0.1)
+        # The deleted stream is deleted on the node too: writes are refused.
+        [refused] = await node.append(
+            [(doomed.stream_id, bytes(build_batch([b"z"], base_timestamp=1)))]
+        )
+        assert refused.error_code == ErrorCode.STREAM_DELETED
+        assert await read_stream(cluster, trimmed.stream_id) == [b"3"]
+
+
+@pytest.mark.deadline(90)
 async def test_pm_killed_and_restarted_keeps_everything(tmp_path: Path) -> None:
     async with pm_cluster(tmp_path) as cluster:
         pm = cluster.pm_client()

@@ -27,6 +27,8 @@ class FakeDataNodes:
         self.next_offsets: dict[int, int] = {}
         self.seal_delay = 0.0
         self.unreachable: set[int] = set()
+        #: what each node lists as its own ranges (LIST_RANGES by data node)
+        self.hosted: dict[int, list[RangeRecord]] = {}
 
     async def sync_ranges(
         self, node_id: int, streams: Sequence[tuple[int, Sequence[RangeRecord]]]
@@ -48,6 +50,9 @@ class FakeDataNodes:
 
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
         self.deleted.append((node_id, tuple(stream_ids)))
+
+    async def hosted_ranges(self, node_id: int) -> list[RangeRecord]:
+        return list(self.hosted.get(node_id, []))
 
 
 @pytest.fixture

@@ -1,0 +1,96 @@
+"""A data node that was away hears what it missed: streams deleted, ranges
+trimmed or sealed, and nothing of streams this PM never created."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pm import reconcile
+from pm.liveness import NodeRegistry
+from pm.manager import PlacementManager
+from pm.metadata import MetadataStore
+from pm.records import NodeRecord, RangeRecord, StreamRecord
+from sbp.constants import OPEN_END_OFFSET
+
+from .test_pm_manager import FakeDataNodes
+
+
+def _range(stream_id: int, index: int, start: int, end: int = OPEN_END_OFFSET) -> RangeRecord:
+    return RangeRecord(stream_id, index, start, (1,), end)
+
+
+def test_plan_compares_the_node_with_the_metadata() -> None:
+    on_node = [
+        _range(1, 0, 0),  # the same on both sides
+        _range(2, 0, 0, 10),  # trimmed away since
+        _range(2, 1, 10),
+        _range(3, 0, 0),  # deleted since
+        _range(4, 0, 0),  # sealed since
+        _range(90, 0, 0),  # an id this PM never handed out
+    ]
+    in_metadata = [_range(1, 0, 0), _range(2, 1, 12), _range(4, 0, 0, 7), _range(5, 0, 0)]
+    known = {1, 2, 4, 5}
+    todo = reconcile.plan(on_node, in_metadata, known.__contains__, next_stream_id=6)
+    assert todo.delete == [3]
+    assert todo.sync == [2, 4, 5]  # 5: created while the node was away
+    assert todo.foreign == [90]
+    assert not todo.empty
+
+
+def test_plan_of_a_node_in_step_is_empty() -> None:
+    ranges = [_range(1, 0, 0, 5), _range(1, 1, 5)]
+    todo = reconcile.plan(ranges, ranges, lambda _: True, next_stream_id=2)
+    assert todo.empty and not todo.foreign
+
+
+def test_a_node_is_returning_when_new_unheard_since_start_or_silent_too_long() -> None:
+    now = [100.0]
+    registry = NodeRegistry(5.0, clock=lambda: now[0])
+    node = NodeRecord(1, "127.0.0.1:9001")
+    assert registry.is_returning(1)  # never seen
+    registry.restore([node], {})
+    assert registry.is_returning(1)  # known from the metadata, not heard since start
+    registry.heartbeat(node)
+    assert not registry.is_returning(1)
+    now[0] += 4.9
+    assert not registry.is_returning(1)
+    now[0] += 0.2
+    assert registry.is_returning(1)  # silent past the node timeout
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[MetadataStore]:
+    opened = MetadataStore(tmp_path / "pm", map_size=64 << 20)
+    yield opened
+    opened.close()
+
+
+async def test_reconcile_deletes_and_syncs_what_the_node_missed(store: MetadataStore) -> None:
+    nodes = FakeDataNodes()
+    registry = NodeRegistry(5.0)
+    manager = PlacementManager(store, registry, nodes)
+    await manager.heartbeat(NodeRecord(1, "127.0.0.1:9001"))
+    created = await manager.create_streams([StreamRecord(0, 1)] * 3, timeout=5)
+    ranges = [r.value[1] for r in created if r.value is not None]
+    kept, doomed, trimmed = (r.stream_id for r in ranges)
+    nodes.next_offsets[trimmed] = 8
+    await manager.seal_ranges([(trimmed, 0)], timeout=5)
+    # What the node holds when it comes back: the state before these changes.
+    nodes.hosted[1] = [*ranges, RangeRecord(77, 0, 0, (1,))]
+    await manager.delete_streams([doomed], timeout=5)
+    await manager.trim_streams([(trimmed, 8)], timeout=5)
+    nodes.synced.clear()
+    nodes.deleted.clear()
+
+    todo = await manager.reconcile_node(1)
+
+    assert nodes.deleted == [(1, (doomed,))]
+    assert [(n, sid) for n, sid, _ in nodes.synced] == [(1, trimmed)]
+    [(_, _, sent)] = nodes.synced
+    assert sent == tuple(store.ranges(trimmed))
+    assert [(r.range_index, r.start_offset) for r in sent] == [(1, 8)]
+    assert todo.foreign == [77]
+    assert kept not in todo.sync + todo.delete
