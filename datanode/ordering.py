@@ -6,13 +6,12 @@ start tasks in the order they were spawned (it runs a batch of ready tasks
 forwards or backwards at random), so the order in which APPEND handlers reach
 the storage engine must be restored explicitly.
 
-A request's place is ``(received_at, stream_id)``: frames read in one chunk
-share ``received_at`` and are told apart by their stream ids, which a client
-allocates in increasing order. Each handler registers its place, yields once
-(so every request spawned in the same scheduler batch has registered too),
-then waits until no earlier request of its connection is still before the
-gate. Only the short step up to the engine submission is serialized; the
-waits for durability overlap freely.
+A request's place is ``Request.arrival``, its position among the requests
+read from its connection. Each handler registers its place, yields once (so
+every request spawned in the same scheduler batch has registered too), then
+waits until no earlier request of its connection is still before the gate.
+Only the short step up to the engine submission is serialized; the waits for
+durability overlap freely.
 """
 
 from __future__ import annotations
@@ -26,15 +25,13 @@ import trio
 
 from net.request import Request
 
-_Place = tuple[float, int]
-
 
 class _ConnectionGate:
     __slots__ = ("events", "places")
 
     def __init__(self) -> None:
-        self.places: list[_Place] = []  # a heap: the earliest place first
-        self.events: dict[_Place, trio.Event] = {}
+        self.places: list[int] = []  # a heap: the earliest place first
+        self.events: dict[int, trio.Event] = {}
 
     def wake_first(self) -> None:
         if self.places:
@@ -55,7 +52,7 @@ class ArrivalOrder:
         gate = self._gates.get(request.connection)
         if gate is None:
             gate = self._gates[request.connection] = _ConnectionGate()
-        place = (request.received_at, request.stream_id)
+        place = request.arrival
         heapq.heappush(gate.places, place)
         try:
             await trio.lowlevel.checkpoint()

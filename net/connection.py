@@ -243,6 +243,8 @@ class Connection:
         self._writer_done = trio.Event()
         self._finished = trio.Event()
         self._last_received = 0.0
+        #: requests received so far: the next one's ``Request.arrival``
+        self._arrivals = 0
         #: last frame other than PING in either direction (the idle timer)
         self._last_activity = 0.0
         #: PINGs in flight either way: keepalive traffic does not keep a connection busy
@@ -704,6 +706,10 @@ class Connection:
         frame: Frame | None,
         rejection: tuple[ErrorCode, str] | None,
     ) -> None:
+        # Taken before a possible wait: the request's place among those of
+        # this connection, and when the chunk holding it was read.
+        arrival, received_at = self._arrivals, self._last_received
+        self._arrivals += 1
         # The backpressure point: with every slot taken the reader waits here
         # and reads nothing more from the socket.
         try:
@@ -714,7 +720,9 @@ class Connection:
         if opcode == Opcode.PING:
             self._pings += 1
         assert self._nursery is not None
-        self._nursery.start_soon(self._serve, opcode, stream_id, frame, rejection)
+        self._nursery.start_soon(
+            self._serve, opcode, stream_id, frame, rejection, arrival, received_at
+        )
 
     async def _serve(
         self,
@@ -722,12 +730,14 @@ class Connection:
         stream_id: int,
         frame: Frame | None,
         rejection: tuple[ErrorCode, str] | None,
+        arrival: int,
+        received_at: float,
     ) -> None:
         responder = Responder(self, opcode, stream_id, tracked=frame is not None)
         started = trio.current_time()
         self._observer.request_started(opcode)
         try:
-            await self._answer(opcode, frame, rejection, responder)
+            await self._answer(opcode, frame, rejection, responder, arrival, received_at)
         except ConnectionClosed:
             pass  # nobody left to answer
         finally:
@@ -746,6 +756,8 @@ class Connection:
         frame: Frame | None,
         rejection: tuple[ErrorCode, str] | None,
         responder: Responder,
+        arrival: int,
+        received_at: float,
     ) -> None:
         if frame is None:
             assert rejection is not None
@@ -769,7 +781,8 @@ class Connection:
             frame.stream_id,
             frame.header,
             memoryview(frame.payload),
-            self._last_received,
+            received_at,
+            arrival,
         )
         try:
             await self._handler(request, responder)

@@ -28,6 +28,7 @@ class Request:
 
     __slots__ = (
         "_header",
+        "arrival",
         "connection",
         "opcode",
         "payload",
@@ -44,13 +45,18 @@ class Request:
         raw_header: bytes,
         payload: memoryview,
         received_at: float,
+        arrival: int,
     ) -> None:
         self.connection = connection
         self.opcode = opcode
         self.stream_id = stream_id
         self.raw_header = raw_header
         self.payload = payload
+        #: trio time at which the chunk holding the request was read
         self.received_at = received_at
+        #: the request's place among those received on its connection (0, 1, …):
+        #: handlers run as concurrent tasks, which trio starts in no set order
+        self.arrival = arrival
         self._header: Any = _UNDECODED
 
     @property
