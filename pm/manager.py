@@ -75,9 +75,10 @@ MAX_REPLICA_NUMS: Final = 127
 DEFAULT_LIST_LIMIT: Final = 1000
 MAX_LIST_LIMIT: Final = 10_000
 #: how long reconciling a returning data node may take, and the wait before
-#: trying again after a failure
+#: trying again after a failure (doubling per failure in a row, up to the max)
 RECONCILE_TIMEOUT_S: Final = 60.0
 RECONCILE_RETRY_S: Final = 10.0
+RECONCILE_RETRY_MAX_S: Final = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +140,8 @@ class PlacementManager:
         self._returning: set[int] = set()
         self._returning_added = trio.Event()
         self._reconcile_retry_at: dict[int, float] = {}
+        self._reconcile_failures: dict[int, int] = {}
+        self._reconciling: set[int] = set()
 
     # -- data nodes -----------------------------------------------------------
 
@@ -168,24 +171,39 @@ class PlacementManager:
 
     async def reconcile_returning_nodes(self, timeout: float = RECONCILE_TIMEOUT_S) -> None:
         """Run forever: reconcile each data node as it comes back (see
-        ``reconcile_node``); a failed attempt is tried again at a heartbeat
-        ``RECONCILE_RETRY_S`` later."""
-        while True:
-            await self._returning_added.wait()
-            self._returning_added = trio.Event()
-            pending, self._returning = sorted(self._returning), set()
-            for node_id in pending:
-                try:
-                    with trio.fail_after(timeout):
-                        await self.reconcile_node(node_id)
-                except (SBPError, OSError, trio.TooSlowError) as exc:
-                    log.warning(
-                        "reconciling data node %d failed (%s); trying again in %.0f s",
-                        node_id,
-                        exc or type(exc).__name__,
-                        RECONCILE_RETRY_S,
-                    )
-                    self._reconcile_retry_at[node_id] = trio.current_time() + RECONCILE_RETRY_S
+        ``reconcile_node``), several nodes at once."""
+        async with trio.open_nursery() as nursery:
+            while True:
+                await self._returning_added.wait()
+                self._returning_added = trio.Event()
+                pending, self._returning = sorted(self._returning), set()
+                for node_id in pending:
+                    if node_id not in self._reconciling:
+                        self._reconciling.add(node_id)
+                        nursery.start_soon(self._reconcile_in_background, node_id, timeout)
+
+    async def _reconcile_in_background(self, node_id: int, timeout: float) -> None:
+        """One attempt; a failure is tried again at a heartbeat after a delay
+        that doubles with each failure in a row (``RECONCILE_RETRY_S`` up to
+        ``RECONCILE_RETRY_MAX_S``)."""
+        try:
+            with trio.fail_after(timeout):
+                await self.reconcile_node(node_id)
+            self._reconcile_failures.pop(node_id, None)
+        except (SBPError, OSError, trio.TooSlowError) as exc:
+            failures = self._reconcile_failures[node_id] = (
+                self._reconcile_failures.get(node_id, 0) + 1
+            )
+            delay = min(RECONCILE_RETRY_S * 2 ** (failures - 1), RECONCILE_RETRY_MAX_S)
+            log.warning(
+                "reconciling data node %d failed (%s); trying again in %.0f s",
+                node_id,
+                exc or type(exc).__name__,
+                delay,
+            )
+            self._reconcile_retry_at[node_id] = trio.current_time() + delay
+        finally:
+            self._reconciling.discard(node_id)
 
     async def reconcile_node(self, node_id: int) -> ReconcilePlan:
         """Tell a data node what it missed while away (``pm.reconcile``):

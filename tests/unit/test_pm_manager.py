@@ -29,6 +29,9 @@ class FakeDataNodes:
         self.unreachable: set[int] = set()
         #: what each node lists as its own ranges (LIST_RANGES by data node)
         self.hosted: dict[int, list[RangeRecord]] = {}
+        #: when each listing was asked for (trio time), and how many more fail
+        self.listed_at: list[float] = []
+        self.listings_failing = 0
 
     async def sync_ranges(
         self, node_id: int, streams: Sequence[tuple[int, Sequence[RangeRecord]]]
@@ -52,6 +55,10 @@ class FakeDataNodes:
         self.deleted.append((node_id, tuple(stream_ids)))
 
     async def hosted_ranges(self, node_id: int) -> list[RangeRecord]:
+        self.listed_at.append(trio.current_time())
+        if self.listings_failing:
+            self.listings_failing -= 1
+            raise OSError("connection refused")
         return list(self.hosted.get(node_id, []))
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
 from pm import reconcile
 from pm.liveness import NodeRegistry
@@ -94,3 +95,24 @@ async def test_reconcile_deletes_and_syncs_what_the_node_missed(store: MetadataS
     assert [(r.range_index, r.start_offset) for r in sent] == [(1, 8)]
     assert todo.foreign == [77]
     assert kept not in todo.sync + todo.delete
+
+
+async def test_a_failed_reconcile_is_tried_again_later_and_later(
+    store: MetadataStore, autojump_clock: trio.testing.MockClock
+) -> None:
+    nodes = FakeDataNodes()
+    nodes.listings_failing = 2
+    manager = PlacementManager(store, NodeRegistry(5.0), nodes)
+    node = NodeRecord(1, "127.0.0.1:9001")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(manager.reconcile_returning_nodes)
+        for _ in range(60):  # a heartbeat a second
+            await manager.heartbeat(node)
+            await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    # the first heartbeat, then a heartbeat 10 s and 20 s after each failure;
+    # nothing more once it succeeded
+    assert len(nodes.listed_at) == 3
+    first, second, third = nodes.listed_at
+    assert 10 <= second - first <= 11
+    assert 20 <= third - second <= 21
