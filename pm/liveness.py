@@ -101,14 +101,14 @@ class NodeRegistry:
         return changed
 
     def is_returning(self, node_id: int) -> bool:
-        """Whether a heartbeat from ``node_id`` now would bring it back: it is
-        new, not heard from since the PM started, or was silent past the node
-        timeout (whether or not a sweep has marked it dead yet)."""
+        """Whether a heartbeat from ``node_id`` now would bring back a node
+        this PM knows: one not heard from since the PM started, or silent past
+        the node timeout (whether or not a sweep has marked it dead yet). A
+        node id never seen before is not returning: it holds nothing of this
+        cluster."""
         state = self._nodes.get(node_id)
-        return (
-            state is None
-            or state.last_heartbeat_ms == 0
-            or self._clock() - state.last_seen > self.node_timeout
+        return state is not None and (
+            state.last_heartbeat_ms == 0 or self._clock() - state.last_seen > self.node_timeout
         )
 
     def report(self, node: NodeRecord, metrics: Mapping[str, int]) -> bool:

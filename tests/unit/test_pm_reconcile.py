@@ -47,11 +47,11 @@ def test_plan_of_a_node_in_step_is_empty() -> None:
     assert todo.empty and not todo.foreign
 
 
-def test_a_node_is_returning_when_new_unheard_since_start_or_silent_too_long() -> None:
+def test_a_known_node_is_returning_when_unheard_since_start_or_silent_too_long() -> None:
     now = [100.0]
     registry = NodeRegistry(5.0, clock=lambda: now[0])
     node = NodeRecord(1, "127.0.0.1:9001")
-    assert registry.is_returning(1)  # never seen
+    assert not registry.is_returning(1)  # never seen: a new node, nothing to catch up on
     registry.restore([node], {})
     assert registry.is_returning(1)  # known from the metadata, not heard since start
     registry.heartbeat(node)
@@ -102,8 +102,10 @@ async def test_a_failed_reconcile_is_tried_again_later_and_later(
 ) -> None:
     nodes = FakeDataNodes()
     nodes.listings_failing = 2
-    manager = PlacementManager(store, NodeRegistry(5.0), nodes)
+    registry = NodeRegistry(5.0)
+    manager = PlacementManager(store, registry, nodes)
     node = NodeRecord(1, "127.0.0.1:9001")
+    registry.restore([node], {})  # known from the metadata, as after a PM restart
     async with trio.open_nursery() as nursery:
         nursery.start_soon(manager.reconcile_returning_nodes)
         for _ in range(60):  # a heartbeat a second
