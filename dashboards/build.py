@@ -30,10 +30,11 @@ class Panel(NamedTuple):
     kind: str = "timeseries"
 
 
-def quantile(q: float, selector: str, by: str) -> str:
+def quantile(
+    q: float, selector: str, by: str, histogram: str = "sbp_request_duration_seconds"
+) -> str:
     return (
-        f"histogram_quantile({q}, sum by (le, {by}) "
-        f"(rate(sbp_request_duration_seconds_bucket{{{selector}}}{RATE})))"
+        f"histogram_quantile({q}, sum by (le, {by}) (rate({histogram}_bucket{{{selector}}}{RATE})))"
     )
 
 
@@ -158,11 +159,13 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
                 "s",
                 (
                     (
-                        f"histogram_quantile(0.99, sum by (le, instance) (rate(sbp_datanode_group_commit_duration_seconds_bucket{{{NODE}}}{RATE})))",
+                        quantile(
+                            0.99, NODE, "instance", "sbp_datanode_group_commit_duration_seconds"
+                        ),
                         "commit {{instance}}",
                     ),
                     (
-                        f"histogram_quantile(0.99, sum by (le, instance) (rate(sbp_datanode_sync_duration_seconds_bucket{{{NODE}}}{RATE})))",
+                        quantile(0.99, NODE, "instance", "sbp_datanode_sync_duration_seconds"),
                         "sync {{instance}}",
                     ),
                 ),

@@ -26,6 +26,7 @@ Rules that hold throughout:
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -137,10 +138,7 @@ class PlacementManager:
         registry.restore(store.nodes(), store.range_counts_by_node())
         # Nodes back from the dead (or first heard of since start-up) whose
         # data may predate changes they were not told of; see reconcile_node.
-        self._returning: set[int] = set()
-        self._returning_added = trio.Event()
-        self._reconcile_retry_at: dict[int, float] = {}
-        self._reconcile_failures: dict[int, int] = {}
+        self._returning, self._returned = trio.open_memory_channel[int](math.inf)
         self._reconciling: set[int] = set()
 
     # -- data nodes -----------------------------------------------------------
@@ -162,46 +160,40 @@ class PlacementManager:
             log.info("data node %d registered at %s", node.node_id, node.address)
 
     def _note_if_returning(self, node_id: int) -> None:
-        retry_at = self._reconcile_retry_at.get(node_id)
-        due = retry_at is not None and trio.current_time() >= retry_at
-        if self.registry.is_returning(node_id) or due:
-            self._reconcile_retry_at.pop(node_id, None)
-            self._returning.add(node_id)
-            self._returning_added.set()
+        if self.registry.is_returning(node_id):
+            self._returning.send_nowait(node_id)
 
     async def reconcile_returning_nodes(self, timeout: float = RECONCILE_TIMEOUT_S) -> None:
         """Run forever: reconcile each data node as it comes back (see
         ``reconcile_node``), several nodes at once."""
         async with trio.open_nursery() as nursery:
-            while True:
-                await self._returning_added.wait()
-                self._returning_added = trio.Event()
-                pending, self._returning = sorted(self._returning), set()
-                for node_id in pending:
-                    if node_id not in self._reconciling:
-                        self._reconciling.add(node_id)
-                        nursery.start_soon(self._reconcile_in_background, node_id, timeout)
+            async for node_id in self._returned:
+                if node_id not in self._reconciling:
+                    self._reconciling.add(node_id)
+                    nursery.start_soon(self._reconcile_until_done, node_id, timeout)
 
-    async def _reconcile_in_background(self, node_id: int, timeout: float) -> None:
-        """One attempt; a failure is tried again at a heartbeat after a delay
-        that doubles with each failure in a row (``RECONCILE_RETRY_S`` up to
-        ``RECONCILE_RETRY_MAX_S``)."""
+    async def _reconcile_until_done(self, node_id: int, timeout: float) -> None:
+        """Reconcile, trying again after a failure with a delay that doubles
+        each time (``RECONCILE_RETRY_S`` up to ``RECONCILE_RETRY_MAX_S``) while
+        the node stays alive; a node that died is reconciled when it is back."""
+        delay = RECONCILE_RETRY_S
         try:
-            with trio.fail_after(timeout):
-                await self.reconcile_node(node_id)
-            self._reconcile_failures.pop(node_id, None)
-        except (SBPError, OSError, trio.TooSlowError) as exc:
-            failures = self._reconcile_failures[node_id] = (
-                self._reconcile_failures.get(node_id, 0) + 1
-            )
-            delay = min(RECONCILE_RETRY_S * 2 ** (failures - 1), RECONCILE_RETRY_MAX_S)
-            log.warning(
-                "reconciling data node %d failed (%s); trying again in %.0f s",
-                node_id,
-                exc or type(exc).__name__,
-                delay,
-            )
-            self._reconcile_retry_at[node_id] = trio.current_time() + delay
+            while True:
+                try:
+                    with trio.fail_after(timeout):
+                        await self.reconcile_node(node_id)
+                    return
+                except (SBPError, OSError, trio.TooSlowError) as exc:
+                    log.warning(
+                        "reconciling data node %d failed (%s); trying again in %.0f s",
+                        node_id,
+                        exc or type(exc).__name__,
+                        delay,
+                    )
+                await trio.sleep(delay)
+                if not self.registry.is_alive(node_id):
+                    return
+                delay = min(delay * 2, RECONCILE_RETRY_MAX_S)
         finally:
             self._reconciling.discard(node_id)
 

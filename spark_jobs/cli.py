@@ -6,11 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
 
-from client.sync import SyncClient
-
-from .layout import StreamLayout, describe_streams
 from .options import EARLIEST, LATEST
 
 
@@ -73,9 +69,3 @@ class Progress:
 
     def __call__(self, message: str) -> None:
         print(f"[{self.job} {self.elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
-
-
-def stream_layouts(pm: str, stream_ids: Sequence[int]) -> dict[int, StreamLayout]:
-    """The streams' ranges and live ends, asked from the driver."""
-    with SyncClient(pm) as client:
-        return client.run(describe_streams, client.pm, client.pool, stream_ids)

@@ -14,7 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from spark_jobs.cli import Progress, add_read_arguments, job_parser, read_options, stream_layouts
+from spark_jobs.cli import Progress, add_read_arguments, job_parser, read_options
+from spark_jobs.layout import stream_layouts
 from spark_jobs.session import spark_session
 
 if TYPE_CHECKING:

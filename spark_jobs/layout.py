@@ -14,8 +14,10 @@ from dataclasses import dataclass
 import trio
 from pyspark.sql.datasource import InputPartition
 
+from client._base import DEFAULT_TIMEOUT
 from client.datanode_client import DataNodeClient
 from client.pm_client import PMClient
+from client.sync import SyncClient
 from net.pool import ConnectionPool
 from sbp import messages
 from sbp.errors import ConnectionClosed, ProtocolError
@@ -108,6 +110,14 @@ async def describe_streams(
         for stream_id in ids:
             nursery.start_soon(describe, stream_id)
     return {stream_id: layouts[stream_id] for stream_id in ids}
+
+
+def stream_layouts(
+    pm_address: str, stream_ids: Sequence[int] | None, timeout: float = DEFAULT_TIMEOUT
+) -> dict[int, StreamLayout]:
+    """``describe_streams`` from synchronous code (a Spark driver, a job)."""
+    with SyncClient(pm_address, timeout=timeout) as client:
+        return client.run(describe_streams, client.pm, client.pool, stream_ids)
 
 
 @dataclass

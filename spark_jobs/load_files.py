@@ -17,7 +17,8 @@ from functools import reduce
 from typing import TYPE_CHECKING
 
 from client.sync import SyncClient
-from spark_jobs.cli import Progress, job_parser, stream_layouts
+from spark_jobs.cli import Progress, job_parser
+from spark_jobs.layout import stream_layouts
 from spark_jobs.session import spark_session
 
 if TYPE_CHECKING:

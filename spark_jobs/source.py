@@ -64,12 +64,9 @@ StreamOffsets = dict[str, int]
 
 
 def _layouts(options: ReadOptions, stream_ids: Sequence[int] | None) -> dict[int, StreamLayout]:
-    from client.sync import SyncClient
+    from .layout import stream_layouts
 
-    from .layout import describe_streams
-
-    with SyncClient(options.pm, timeout=options.timeout) as client:
-        return client.run(describe_streams, client.pm, client.pool, stream_ids)
+    return stream_layouts(options.pm, stream_ids, options.timeout)
 
 
 #: ``stream_id long, offset long, timestamp timestamp, value binary``, built
