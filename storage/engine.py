@@ -14,8 +14,9 @@ a worker thread, or use ``submit`` / ``submit_command``.
 from __future__ import annotations
 
 import os
+import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
@@ -23,7 +24,7 @@ from typing import Any, Final, Literal, TypeVar
 
 import lmdb
 
-from sbp.batches import Buffer, stamp_base_offset
+from sbp.batches import BATCH_LOG_OVERHEAD, Buffer, stamp_base_offset
 from sbp.errors import (
     InvalidRequestError,
     OffsetOutOfRangeError,
@@ -32,7 +33,7 @@ from sbp.errors import (
 )
 
 from . import layout, writes
-from .layout import BATCH_KEY, INDEX_VALUE
+from .layout import BATCH_KEY
 from .model import (
     AppendItem,
     AppendOutcome,
@@ -66,7 +67,10 @@ RESERVE_FRACTION: Final = 0.05
 
 SyncMode = Literal["always", "never"]
 
-_RECORD_COUNT_OFFSET: Final = 19  # record_count within a batch header (SPEC §4)
+# int32 fields of a batch header (SPEC §4): batch_length at 8, record_count at 19
+_INT32: Final = struct.Struct(">i")
+_BATCH_LENGTH_OFFSET: Final = 8
+_RECORD_COUNT_OFFSET: Final = 19
 
 
 class StorageEngine:
@@ -146,10 +150,15 @@ class StorageEngine:
         with env.begin(write=True) as txn:
             meta = store.dbs[layout.META_DB]
             version = txn.get(layout.FORMAT_KEY, db=meta)
-            if version is None:
-                txn.put(layout.FORMAT_KEY, layout.COUNTER.pack(layout.FORMAT_VERSION), db=meta)
-            elif layout.COUNTER.unpack(version)[0] != layout.FORMAT_VERSION:
+            if version is not None and layout.COUNTER.unpack(version)[0] not in (
+                layout.READABLE_FORMATS
+            ):
                 raise RuntimeError(f"{self.path}: unknown storage format {version.hex()}")
+            if version is not None and layout.COUNTER.unpack(version)[0] == 1:
+                # format 1 stored one batch per value: count them once
+                entries = txn.stat(store.dbs[layout.BATCHES_DB])["entries"]
+                txn.put(layout.STORED_BATCHES_KEY, layout.COUNTER.pack(entries), db=meta)
+            txn.put(layout.FORMAT_KEY, layout.COUNTER.pack(layout.FORMAT_VERSION), db=meta)
         with env.begin() as txn:
             streams: dict[int, StreamState] = {}
             for key, value in txn.cursor(db=store.dbs[layout.STREAMS_DB]):
@@ -176,14 +185,14 @@ class StorageEngine:
                 if seek_floor(index, layout.batch_key(stream_id, layout.MAX_OFFSET_KEY)):
                     key_stream, base_offset = BATCH_KEY.unpack(index.key())
                     if key_stream == stream_id:
-                        last_batch_end = base_offset + INDEX_VALUE.unpack(index.value())[1]
+                        entry = layout.decode_index(index.value())
+                        last_batch_end = base_offset + entry.record_count
                 state.next_offset = max(floor, last_batch_end)
             store.streams = streams
             batches = txn.cursor(db=store.dbs[layout.BATCHES_DB])
             store.last_batch_key = batches.key() if batches.last() else b""
-            counter = txn.get(layout.STORED_BYTES_KEY, db=store.dbs[layout.META_DB])
-            store.stored_bytes = layout.COUNTER.unpack(counter)[0] if counter else 0
-            store.stored_batches = txn.stat(store.dbs[layout.BATCHES_DB])["entries"]
+            store.stored_bytes = _counter(txn, store, layout.STORED_BYTES_KEY)
+            store.stored_batches = _counter(txn, store, layout.STORED_BATCHES_KEY)
 
     def close(self) -> None:
         """Finish everything submitted, then close the environment. Idempotent."""
@@ -213,13 +222,16 @@ class StorageEngine:
         ``items`` are ``AppendItem(stream_id, batch)``, each batch one whole
         record batch (any buffer; a memoryview of the receive buffer is stored
         without an intermediate copy). The buffers must stay unchanged until the
-        callback runs. All items go into one transaction. ``callback`` is called
-        ON THE WRITER THREAD once that transaction is durable, with one outcome
-        per item, in order: an ``AppendResult`` or the ``ProtocolError`` that
-        item failed with (InvalidRecordBatchError, RangeNotFoundError,
-        RangeSealedError, StreamDeletedError, NotPrimaryError, StorageFullError).
-        Items of one stream are applied in submission order. Raises
-        ShuttingDownError after ``close``.
+        callback runs. The batches are validated here, on the caller's thread
+        (a CRC-32C pass over each). All items go into one transaction.
+        ``callback`` is called ON THE WRITER THREAD once that transaction is
+        durable (possibly while the writer's next transaction is open, so it
+        should hand the outcomes over and return), with one outcome per item,
+        in order: an ``AppendResult`` or the ``ProtocolError`` that item failed
+        with (InvalidRecordBatchError, RangeNotFoundError, RangeSealedError,
+        StreamDeletedError, NotPrimaryError, StorageFullError). Items of one
+        stream are applied in submission order. Raises ShuttingDownError after
+        ``close``.
         """
         self._writer.submit(AppendOp(items, callback))
 
@@ -324,29 +336,32 @@ class StorageEngine:
             cursor = txn.cursor()
             if not seek_floor(cursor, layout.batch_key(stream_id, offset)):
                 raise _trimmed(stream_id, offset)
-            key_stream, base_offset = BATCH_KEY.unpack(cursor.key())
-            value = cursor.value()
-            count = int.from_bytes(value[_RECORD_COUNT_OFFSET : _RECORD_COUNT_OFFSET + 4], "big")
-            if key_stream != stream_id or not base_offset <= offset < base_offset + count:
-                raise _trimmed(stream_id, offset)
-            # The views point into LMDB's map and die with the transaction, so the
-            # batches are copied once, into the buffer returned; nothing else is.
-            views = [value]
-            bases = [base_offset]
-            total = len(value)
-            while cursor.next():
-                key_stream, base_offset = BATCH_KEY.unpack(cursor.key())
-                value = cursor.value()
-                if key_stream != stream_id or base_offset >= stop or total + len(value) > max_bytes:
+            # The chunks are views into LMDB's map that die with the
+            # transaction, so the batches are copied once, into the buffer
+            # returned; nothing else is. Consecutive batches of one chunk are
+            # copied as one slice.
+            pieces: list[list[Any]] = []  # [chunk, start, end]
+            stamps: list[tuple[int, int]] = []  # (position in the result, base offset)
+            total = 0
+            for base_offset, count, chunk, start, end in _batches(cursor, stream_id):
+                if not stamps:
+                    if base_offset > offset:
+                        break  # the batch holding offset was trimmed meanwhile
+                    if base_offset + count <= offset:
+                        continue  # below the read, in the same chunk
+                elif base_offset >= stop or total + (end - start) > max_bytes:
                     break
-                views.append(value)
-                bases.append(base_offset)
-                total += len(value)
-            out = bytearray().join(views)
-        position = 0
-        for base_offset, view in zip(bases, views, strict=True):
+                stamps.append((total, base_offset))
+                total += end - start
+                if pieces and pieces[-1][0] is chunk and pieces[-1][2] == start:
+                    pieces[-1][2] = end
+                else:
+                    pieces.append([chunk, start, end])
+            if not stamps:
+                raise _trimmed(stream_id, offset)
+            out = bytearray().join(chunk[start:end] for chunk, start, end in pieces)
+        for position, base_offset in stamps:
             stamp_base_offset(out, base_offset, position)
-            position += len(view)
         return out
 
     # -- what the node hosts --------------------------------------------------
@@ -420,6 +435,31 @@ def seek_floor(cursor: Any, key: bytes) -> bool:
     if cursor.set_range(key):
         return cursor.key() == key or bool(cursor.prev())
     return bool(cursor.last())
+
+
+def _batches(cursor: Any, stream_id: int) -> Iterator[tuple[int, int, Any, int, int]]:
+    """(base_offset, record_count, chunk, start, end) of each batch of the
+    stream's chunks, from the cursor's chunk on."""
+    while True:
+        key_stream, base_offset = BATCH_KEY.unpack(cursor.key())
+        if key_stream != stream_id:
+            return
+        chunk = cursor.value()
+        start, size = 0, len(chunk)
+        while start < size:
+            batch_length = _INT32.unpack_from(chunk, start + _BATCH_LENGTH_OFFSET)[0]
+            end = start + BATCH_LOG_OVERHEAD + batch_length
+            count = _INT32.unpack_from(chunk, start + _RECORD_COUNT_OFFSET)[0]
+            yield base_offset, count, chunk, start, end
+            base_offset += count
+            start = end
+        if not cursor.next():
+            return
+
+
+def _counter(txn: Any, store: Store, name: bytes) -> int:
+    value = txn.get(name, db=store.dbs[layout.META_DB])
+    return layout.COUNTER.unpack(value)[0] if value else 0
 
 
 def _check_stream_id(stream_id: int) -> None:

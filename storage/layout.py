@@ -5,24 +5,33 @@ Keys are big-endian so that LMDB's byte order is numeric order:
 =============  ==========================  ==========================================
 database       key                         value
 =============  ==========================  ==========================================
-``batches``    stream_id u64, base u64     the record batch exactly as appended
-``index``      stream_id u64, base u64     append_time_ms i64, record_count i32, size i32
+``batches``    stream_id u64, base u64     a chunk: the stream's batches of one group
+                                           commit, end to end, exactly as appended
+``index``      stream_id u64, base u64     append_time_ms i64, record_count i32,
+                                           size i32, batch count i32 (of the chunk)
 ``ranges``     stream_id u64, index u32    JSON range record (``RangeInfo``)
 ``streams``    stream_id u64               JSON stream record (first offset, deleted, retention)
 ``meta``       name                        engine-wide counters and the format version
 =============  ==========================  ==========================================
 
-The batch holding an offset is one ``set_range`` seek plus at most one step
-back. ``index`` mirrors ``batches`` with the small per-batch facts, so that a
+A group commit writes each stream's appends as one value (a chunk) keyed by
+its first base offset: LMDB then does one put per stream per group instead of
+one per batch, and py-lmdb lets go of the GIL (and must get it back) on every
+put, which is what a busy data node's writer spends its time waiting for.
+
+The chunk holding an offset is one ``set_range`` seek plus at most one step
+back; the batch inside it is found by walking the chunk's batch headers.
+``index`` mirrors ``batches`` with the small per-chunk facts, so that a
 stream's next offset (its last index entry), trims and retention never touch
-the batch values.
+the batch values. Format 1 wrote one batch per value and a 16-byte index
+entry: exactly a chunk of one batch, so it is read as is.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from .model import RangeInfo, ReplicaInfo, StreamRecord
 
@@ -33,19 +42,44 @@ STREAMS_DB: Final = b"streams"
 META_DB: Final = b"meta"
 ALL_DBS: Final = (BATCHES_DB, INDEX_DB, RANGES_DB, STREAMS_DB, META_DB)
 
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
+#: formats this code opens (format 1 is upgraded in place: see the module doc)
+READABLE_FORMATS: Final = (1, 2)
 FORMAT_KEY: Final = b"format"
 STORED_BYTES_KEY: Final = b"stored_bytes"
+STORED_BATCHES_KEY: Final = b"stored_batches"
 
 BATCH_KEY: Final = struct.Struct(">QQ")
 RANGE_KEY: Final = struct.Struct(">QI")
 STREAM_KEY: Final = struct.Struct(">Q")
-INDEX_VALUE: Final = struct.Struct(">qii")
+INDEX_VALUE: Final = struct.Struct(">qiii")
+#: the index value of format 1: no batch count (one batch per value)
+INDEX_VALUE_V1: Final = struct.Struct(">qii")
 COUNTER: Final = struct.Struct(">q")
 
 MAX_STREAM_ID: Final = (1 << 63) - 1
 #: sorts after every base offset of a stream
 MAX_OFFSET_KEY: Final = (1 << 64) - 1
+
+
+class IndexEntry(NamedTuple):
+    """What the index holds about one chunk."""
+
+    append_time_ms: int
+    record_count: int
+    size: int
+    batches: int
+
+
+def encode_index(entry: IndexEntry) -> bytes:
+    return INDEX_VALUE.pack(*entry)
+
+
+def decode_index(value: bytes) -> IndexEntry:
+    if len(value) == INDEX_VALUE_V1.size:
+        append_time_ms, record_count, size = INDEX_VALUE_V1.unpack(value)
+        return IndexEntry(append_time_ms, record_count, size, 1)
+    return IndexEntry(*INDEX_VALUE.unpack(value))
 
 
 def batch_key(stream_id: int, base_offset: int) -> bytes:

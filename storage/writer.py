@@ -7,6 +7,12 @@ runs with sync off), publishes the new stream states, and only then completes
 each operation. One sync thus serves every append that arrived while the
 previous one was running: the busier the node, the bigger the groups.
 
+A committed group is completed when the next group has been applied, just
+before that one's commit, or at once if nothing else is waiting: callers
+woken by a completion then run while the writer waits for the disk rather
+than while it applies the next group, where every put that lets go of the
+GIL would hand it to them.
+
 The thread exists because an LMDB write transaction must stay on the thread
 that began it, and so that no event loop ever waits for a sync.
 
@@ -28,6 +34,7 @@ from typing import Final, Generic, TypeVar
 
 import lmdb
 
+from sbp.batches import Buffer, validate_batch
 from sbp.errors import ProtocolError, ShuttingDownError, StorageFullError, UnknownServerError
 from sbp.stats import Buckets
 
@@ -77,23 +84,34 @@ class WriteOp(ABC):
 
 
 class AppendOp(WriteOp):
-    """A request's appends: applied in one transaction, answered by one callback."""
+    """A request's appends: applied in one transaction, answered by one callback.
+
+    The batches are validated here, on the submitting thread, not by the
+    writer: the writer's loop is the one serial path every append goes
+    through, and the checks (the CRC-32C above all) need nothing it owns.
+    """
 
     def __init__(self, items: Sequence[AppendItem], callback: AppendCallback) -> None:
         self.items = items
         self.callback = callback
         self.appends = len(items)
         self.size = sum(len(item.batch) for item in items)
+        #: per item, its record count, or the error that refuses the batch
+        self.checked = [_record_count(item.batch) for item in items]
         self.outcomes: list[AppendOutcome] = []
 
     def apply(self, ctx: WriteContext) -> None:
-        self.outcomes = []
-        for stream_id, batch in self.items:
+        outcomes: list[AppendOutcome] = []
+        self.outcomes = outcomes
+        for (stream_id, batch), checked in zip(self.items, self.checked, strict=True):
+            if isinstance(checked, ProtocolError):
+                outcomes.append(checked)
+                continue
             try:
-                outcome: AppendOutcome = ctx.append(stream_id, batch)
+                outcome: AppendOutcome = ctx.append(stream_id, batch, checked)
             except ProtocolError as error:
                 outcome = error
-            self.outcomes.append(outcome)
+            outcomes.append(outcome)
 
     def complete(self) -> None:
         self.callback(self.outcomes)
@@ -106,6 +124,13 @@ class AppendOp(WriteOp):
         self.callback(own + [error] * (len(self.items) - len(own)))
 
 
+def _record_count(batch: Buffer) -> int | ProtocolError:
+    try:
+        return validate_batch(batch).record_count
+    except ProtocolError as error:
+        return error
+
+
 class CommandOp(WriteOp, Generic[T]):
     """Any other change (seal, trim, sync ranges ...), answered through a future."""
 
@@ -116,10 +141,15 @@ class CommandOp(WriteOp, Generic[T]):
         self._error: ProtocolError | None = None
 
     def apply(self, ctx: WriteContext) -> None:
+        # the appends before this command must be in LMDB for it to see (or drop) them
+        ctx.write_appends()
         try:
             self._result, self._error = self.fn(ctx), None
         except ProtocolError as error:
             self._result, self._error = None, error
+        finally:
+            # a command may change ranges: later appends look their range up again
+            ctx.forget_append_targets()
 
     def complete(self) -> None:
         if self._error is not None:
@@ -158,6 +188,9 @@ class GroupCommitWriter:
         self._closed = False
         self._last_time_ms = 0
         self._thread = threading.Thread(target=self._run, name="storage-writer", daemon=True)
+        #: committed operations whose completion waits for the next commit to
+        #: start syncing, or for the queue to run empty (see ``_commit``)
+        self._committed: list[WriteOp] = []
         # statistics: written by the writer thread, read by anyone
         self.appends_waiting = 0
         self.appends_in_commit = 0
@@ -196,9 +229,15 @@ class GroupCommitWriter:
             self._thread.join()
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._complete_committed()
+
+    def _loop(self) -> None:
         stopping = False
         while not stopping:
-            first = self._queue.get()
+            first = self._next_op()
             if isinstance(first, _Stop):
                 return
             group = [first]
@@ -223,10 +262,26 @@ class GroupCommitWriter:
                 log.exception("storage writer: unexpected failure")
             self.appends_in_commit = 0
 
+    def _next_op(self) -> WriteOp | _Stop:
+        """The next submitted operation; with none waiting, complete the last
+        group first, then wait."""
+        if self._committed:
+            try:
+                return self._queue.get_nowait()
+            except queue.Empty:
+                self._complete_committed()
+        return self._queue.get()
+
+    def _complete_committed(self) -> None:
+        committed, self._committed = self._committed, []
+        for op in committed:
+            self._deliver(op.complete)
+
     def _run_group(self, group: list[WriteOp]) -> None:
         try:
             self._commit(group)
         except Exception as exc:
+            self._complete_committed()
             if len(group) > 1:
                 for op in group:
                     self._run_group([op])
@@ -240,8 +295,7 @@ class GroupCommitWriter:
                 error = UnknownServerError(f"storage write failed: {exc}")
             self._deliver(group[0].fail, error)
             return
-        for op in group:
-            self._deliver(op.complete)
+        self._committed.extend(group)
 
     def _commit(self, group: list[WriteOp]) -> None:
         started = time.perf_counter()
@@ -251,10 +305,14 @@ class GroupCommitWriter:
             ctx = WriteContext(self.store, txn, now_ms)
             for op in group:
                 op.apply(ctx)
-            ctx.save_counters()
+            ctx.finish()
         except BaseException:
             txn.abort()
             raise
+        # The previous group is completed only now, after this group's apply:
+        # its callers wake up and take the GIL while this commit syncs (LMDB
+        # releases the GIL), instead of contending with the apply's puts.
+        self._complete_committed()
         # the durability point: after this returns, the group survives a crash
         syncing = time.perf_counter()
         txn.commit()

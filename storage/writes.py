@@ -8,6 +8,10 @@ the published catalog as it was.
 Each operation checks everything that can refuse it before its first write:
 a ``ProtocolError`` raised by an operation means "nothing was written", which
 is what lets one bad item fail alone inside a shared transaction.
+
+Appends are gathered per stream and written as one chunk per stream when the
+transaction is finished, or before the next command runs (a command may read
+or drop batches, so it must find them in LMDB); see ``storage.layout``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sbp.batches import Buffer, validate_batch
+from sbp.batches import Buffer
 from sbp.constants import OPEN_END_OFFSET
 from sbp.errors import (
     InvalidRequestError,
@@ -27,7 +31,7 @@ from sbp.errors import (
 )
 
 from . import layout
-from .layout import BATCH_KEY, INDEX_VALUE, batch_key, range_key, stream_key
+from .layout import BATCH_KEY, IndexEntry, batch_key, range_key, stream_key
 from .model import AppendResult, RangeInfo, StreamState
 
 
@@ -70,6 +74,17 @@ class Store:
         return -(-2 * (batch_size + 96) // self.page_size)
 
 
+@dataclass(slots=True)
+class _Chunk:
+    """One stream's appends of this transaction, not yet written."""
+
+    base_offset: int
+    next_offset: int
+    batches: list[Buffer]
+    record_count: int
+    size: int
+
+
 class WriteContext:
     """One write transaction of the group-commit writer."""
 
@@ -84,6 +99,10 @@ class WriteContext:
         self.used_pages: int | None = None
         self._batches = store.dbs[layout.BATCHES_DB]
         self._index = store.dbs[layout.INDEX_DB]
+        #: stream id -> the range its appends go to; looked up once per stream
+        #: and transaction, and again after any command (see forget_append_targets)
+        self._append_targets: dict[int, RangeInfo] = {}
+        self._chunks: dict[int, _Chunk] = {}
 
     # -- stream states ----------------------------------------------------
 
@@ -124,35 +143,64 @@ class WriteContext:
 
     # -- batches ----------------------------------------------------------
 
-    def append(self, stream_id: int, batch: Buffer) -> AppendResult:
-        """Append one batch to the stream's open range; the wire error if refused."""
-        state = self.current(stream_id)
-        if state is None:
-            raise RangeNotFoundError(f"stream {stream_id} is unknown here")
-        target = state.append_range(self.store.node_id)
-        header = validate_batch(batch)
-        self._reserve(len(batch))
-        state = self.for_update(stream_id)
+    def append(self, stream_id: int, batch: Buffer, record_count: int) -> AppendResult:
+        """Append one batch to the stream's open range; the wire error if refused.
+
+        ``batch`` is already validated (``sbp.batches.validate_batch``) and holds
+        ``record_count`` records.
+        """
+        target = self._append_targets.get(stream_id)
+        if target is None:
+            state = self.current(stream_id)
+            if state is None:
+                raise RangeNotFoundError(f"stream {stream_id} is unknown here")
+            target = self._append_targets[stream_id] = state.append_range(self.store.node_id)
+        size = len(batch)
+        self._reserve(size)
+        # pending states are this transaction's own copies: the common case
+        state = self.pending.get(stream_id) or self.for_update(stream_id)
         base_offset = max(state.next_offset, target.start_offset)
-        key = batch_key(stream_id, base_offset)
+        chunk = self._chunks.get(stream_id)
+        if chunk is not None and chunk.next_offset == base_offset:
+            chunk.batches.append(batch)
+            chunk.record_count += record_count
+            chunk.size += size
+        else:
+            if chunk is not None:  # offsets jumped (a new range): a chunk of its own
+                self._write_chunk(stream_id, chunk)
+            chunk = self._chunks[stream_id] = _Chunk(
+                base_offset, base_offset, [batch], record_count, size
+            )
+        chunk.next_offset = state.next_offset = base_offset + record_count
+        self.stored_bytes += size
+        self.stored_batches += 1
+        return AppendResult(base_offset, record_count, self.now_ms)
+
+    def write_appends(self) -> None:
+        """Write the appends gathered so far, one chunk per stream."""
+        # in key order, so that as many puts as possible can use MDB_APPEND
+        for stream_id in sorted(self._chunks):
+            self._write_chunk(stream_id, self._chunks[stream_id])
+        self._chunks.clear()
+
+    def _write_chunk(self, stream_id: int, chunk: _Chunk) -> None:
+        key = BATCH_KEY.pack(stream_id, chunk.base_offset)
         # MDB_APPEND skips the search when the key sorts after every stored key
         at_end = key > self.last_batch_key
-        # The batch goes in as received (base_offset still -1): LMDB copies the
-        # caller's buffer straight into its pages, and reads stamp the offset
-        # from the key into the copy they return.
-        self.txn.put(key, batch, db=self._batches, append=at_end)
-        self.txn.put(
-            key,
-            INDEX_VALUE.pack(self.now_ms, header.record_count, len(batch)),
-            db=self._index,
-            append=at_end,
-        )
+        # The batches go in as received (base_offset still -1), a lone batch
+        # without a copy: LMDB copies the caller's buffer straight into its
+        # pages. Reads stamp the base offsets into the copy they return.
+        batches = chunk.batches
+        value = batches[0] if len(batches) == 1 else b"".join(batches)
+        entry = IndexEntry(self.now_ms, chunk.record_count, chunk.size, len(batches))
+        self.txn.put(key, value, db=self._batches, append=at_end)
+        self.txn.put(key, layout.encode_index(entry), db=self._index, append=at_end)
         if at_end:
             self.last_batch_key = key
-        state.next_offset = base_offset + header.record_count
-        self.stored_bytes += len(batch)
-        self.stored_batches += 1
-        return AppendResult(base_offset, header.record_count, self.now_ms)
+
+    def forget_append_targets(self) -> None:
+        """Drop the looked-up append ranges (a seal, sync or delete may have changed them)."""
+        self._append_targets.clear()
 
     def _reserve(self, batch_size: int) -> None:
         if self.used_pages is None:
@@ -165,8 +213,8 @@ class WriteContext:
             )
         self.used_pages += needed
 
-    def index_entries(self, stream_id: int) -> Iterable[tuple[int, int, int, int]]:
-        """(base_offset, append_time_ms, record_count, size) of the stream's batches, in order."""
+    def index_entries(self, stream_id: int) -> Iterable[tuple[int, IndexEntry]]:
+        """(base_offset, index entry) of the stream's chunks, in order."""
         cursor = self.txn.cursor(db=self._index)
         if not cursor.set_range(batch_key(stream_id, 0)):
             return
@@ -174,26 +222,27 @@ class WriteContext:
             key_stream, base_offset = BATCH_KEY.unpack(key)
             if key_stream != stream_id:
                 return
-            yield (base_offset, *INDEX_VALUE.unpack(value))
+            yield base_offset, layout.decode_index(value)
 
     def drop_batches(self, stream_id: int, keep: Callable[[int, int], bool]) -> int:
-        """Delete the stream's batches from the first one ``keep(base, end)`` accepts on.
+        """Delete the stream's chunks up to the first one ``keep(base, end)`` accepts.
 
-        Returns the number of batches dropped. Deleted pages return to LMDB's
-        free list and are reused by later transactions.
+        A chunk goes whole or not at all. Returns the number of batches
+        dropped. Deleted pages return to LMDB's free list and are reused by
+        later transactions.
         """
-        doomed: list[tuple[int, int]] = []
-        for base_offset, _time, count, size in self.index_entries(stream_id):
-            if keep(base_offset, base_offset + count):
+        doomed: list[tuple[int, IndexEntry]] = []
+        for base_offset, entry in self.index_entries(stream_id):
+            if keep(base_offset, base_offset + entry.record_count):
                 break
-            doomed.append((base_offset, size))
-        for base_offset, size in doomed:
+            doomed.append((base_offset, entry))
+        for base_offset, entry in doomed:
             key = batch_key(stream_id, base_offset)
             self.txn.delete(key, db=self._batches)
             self.txn.delete(key, db=self._index)
-            self.stored_bytes -= size
-            self.stored_batches -= 1
-        return len(doomed)
+            self.stored_bytes -= entry.size
+            self.stored_batches -= entry.batches
+        return sum(entry.batches for _base, entry in doomed)
 
     def publish(self) -> None:
         """Make this (committed) transaction's changes visible to readers."""
@@ -207,12 +256,15 @@ class WriteContext:
         store.stored_bytes = self.stored_bytes
         store.stored_batches = self.stored_batches
 
-    def save_counters(self) -> None:
+    def finish(self) -> None:
+        """Write what the transaction still holds: the appends and the counters."""
+        self.write_appends()
+        meta = self.store.dbs[layout.META_DB]
         if self.stored_bytes != self.store.stored_bytes:
+            self.txn.put(layout.STORED_BYTES_KEY, layout.COUNTER.pack(self.stored_bytes), db=meta)
+        if self.stored_batches != self.store.stored_batches:
             self.txn.put(
-                layout.STORED_BYTES_KEY,
-                layout.COUNTER.pack(self.stored_bytes),
-                db=self.store.dbs[layout.META_DB],
+                layout.STORED_BATCHES_KEY, layout.COUNTER.pack(self.stored_batches), db=meta
             )
 
 
@@ -263,11 +315,11 @@ def expire_stream(ctx: WriteContext, stream_id: int) -> int | None:
         return None
     cutoff = ctx.now_ms - state.retention_period_ms
     expired_end: int | None = None
-    for base_offset, append_time_ms, count, _size in ctx.index_entries(stream_id):
+    for base_offset, entry in ctx.index_entries(stream_id):
         # append times never decrease along a stream (the writer's clock is monotonic)
-        if append_time_ms >= cutoff:
+        if entry.append_time_ms >= cutoff:
             break
-        expired_end = base_offset + count
+        expired_end = base_offset + entry.record_count
     if expired_end is None or expired_end <= state.first_offset:
         return None
     return trim_stream(ctx, stream_id, expired_end)

@@ -3,10 +3,13 @@ restart, a full map and group commit."""
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
+import lmdb
 import pytest
 
 from sbp.batches import build_batch, decode_batches, peek_header
@@ -22,7 +25,16 @@ from sbp.errors import (
     StorageFullError,
     StreamDeletedError,
 )
-from storage import AppendItem, AppendOutcome, AppendResult, RangeInfo, ReplicaInfo, StorageEngine
+from storage import (
+    AppendItem,
+    AppendOutcome,
+    AppendResult,
+    RangeInfo,
+    ReplicaInfo,
+    StorageEngine,
+    layout,
+    writes,
+)
 
 NODE = 1
 OTHER = 2
@@ -109,6 +121,110 @@ def test_read_respects_the_byte_budget_but_returns_one_batch_at_least(
     assert len(engine.read(1, 0, 3 * size)) == 3 * size
     assert len(engine.read(1, 0, 3 * size + size - 1)) == 3 * size
     assert len(engine.read(1, 2, 1 << 20)) == 8 * size
+
+
+def append_together(engine: StorageEngine, items: list[AppendItem]) -> list[AppendOutcome]:
+    """One request: its batches are applied in one transaction."""
+    done: Future[list[AppendOutcome]] = Future()
+    engine.submit(items, done.set_result)
+    return done.result(timeout=10)
+
+
+def test_a_group_stores_each_streams_batches_as_one_chunk(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(2, [open_range(2)])
+    items = [AppendItem(1 + i % 2, batch(bytes([i]) * 50, bytes([i]) * 7)) for i in range(6)]
+    outcomes = append_together(engine, items)
+    assert [o.base_offset for o in outcomes] == [0, 0, 2, 2, 4, 4]  # type: ignore[union-attr]
+    assert engine.stats().stored_batches == 6
+    with engine._store.env.begin() as txn:  # one value per stream, not per batch
+        assert txn.stat(engine._store.dbs[b"batches"])["entries"] == 2
+    # every offset of the chunk reads from the batch holding it, stamped
+    assert values_at(engine, 1, 0) == [
+        (0, b"\x00" * 50), (1, b"\x00" * 7), (2, b"\x02" * 50), (3, b"\x02" * 7),
+        (4, b"\x04" * 50), (5, b"\x04" * 7),
+    ]  # fmt: skip
+    assert values_at(engine, 2, 3) == [(2, b"\x03" * 50), (3, b"\x03" * 7), (4, b"\x05" * 50),
+                                       (5, b"\x05" * 7)]  # fmt: skip
+    # the byte budget cuts between the batches of a chunk
+    size = len(items[0].batch)
+    assert len(engine.read(1, 2, 1)) == size
+    assert len(engine.read(1, 2, 2 * size - 1)) == size
+    assert len(engine.read(1, 0, 2 * size)) == 2 * size
+    assert [peek_header(engine.read(1, o, 1)).base_offset for o in range(6)] == [0, 0, 2, 2, 4, 4]
+    # a later append opens a chunk of its own; a read runs across both
+    engine.append(1, batch(b"next"))
+    assert values_at(engine, 1, 5)[1:] == [(5, b"\x04" * 7), (6, b"next")]
+    engine = reopen(engine)
+    assert engine.next_offset(1) == 7
+    assert engine.stats().stored_batches == 7
+    assert values_at(engine, 1, 3)[:2] == [(2, b"\x02" * 50), (3, b"\x02" * 7)]
+    engine.close()
+
+
+def test_a_trim_frees_a_chunk_only_once_wholly_below(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    append_together(engine, [AppendItem(1, batch(bytes([i]))) for i in range(4)])  # 0..3
+    engine.append(1, batch(b"tail"))  # 4
+    assert engine.trim(1, 2) == 2
+    assert engine.stats().stored_batches == 5  # the chunk straddles 2: kept whole
+    with pytest.raises(OffsetOutOfRangeError):
+        engine.read(1, 1, 100)
+    assert values_at(engine, 1, 2) == [(2, b"\x02"), (3, b"\x03"), (4, b"tail")]
+    assert engine.trim(1, 4) == 4
+    assert engine.stats().stored_batches == 1
+    assert engine.stats().stored_bytes == len(batch(b"tail"))
+    assert values_at(engine, 1, 4) == [(4, b"tail")]
+
+
+def test_a_command_sees_the_appends_submitted_before_it(engine: StorageEngine) -> None:
+    """Appends and a trim that land in one group: the trim must find (and free)
+    the appends' chunk, which is written before any command runs."""
+    engine.sync_ranges(1, [open_range(1)])
+    release = threading.Event()
+    engine.submit_command(lambda _ctx: release.wait(10))  # holds the writer
+    appended: Future[list[AppendOutcome]] = Future()
+    engine.submit([AppendItem(1, batch(b"a")), AppendItem(1, batch(b"b"))], appended.set_result)
+    trimmed = engine.submit_command(lambda ctx: writes.trim_stream(ctx, 1, 2))
+    later: Future[list[AppendOutcome]] = Future()
+    engine.submit([AppendItem(1, batch(b"c"))], later.set_result)
+    release.set()
+    assert trimmed.result(timeout=10) == 2
+    assert [o.base_offset for o in appended.result(timeout=10)] == [0, 1]  # type: ignore[union-attr]
+    assert later.result(timeout=10)[0].base_offset == 2  # type: ignore[union-attr]
+    assert engine.stats().stored_batches == 1
+    assert values_at(engine, 1, 2) == [(2, b"c")]
+
+
+def test_a_format_1_directory_is_read_and_upgraded(tmp_path: Path) -> None:
+    """Format 1 stored one batch per value with a 16-byte index entry and no
+    batch counter: it is a store of one-batch chunks."""
+    path = tmp_path / "v1"
+    with StorageEngine(path, map_size=MAP_SIZE, node_id=NODE) as engine:
+        engine.sync_ranges(1, [open_range(1)])
+    env = lmdb.open(str(path), map_size=MAP_SIZE, max_dbs=len(layout.ALL_DBS))
+    with env.begin(write=True) as txn:
+        dbs = {name: env.open_db(name, txn=txn) for name in layout.ALL_DBS}
+        for base, values in ((0, [b"a", b"b"]), (2, [b"c"])):
+            b = batch(*values)
+            key = layout.batch_key(1, base)
+            txn.put(key, bytes(b), db=dbs[layout.BATCHES_DB])
+            txn.put(key, struct.pack(">qii", 5, len(values), len(b)), db=dbs[layout.INDEX_DB])
+        txn.put(layout.FORMAT_KEY, layout.COUNTER.pack(1), db=dbs[layout.META_DB])
+        txn.delete(layout.STORED_BATCHES_KEY, db=dbs[layout.META_DB])
+    env.close()
+    with StorageEngine(path, map_size=MAP_SIZE, node_id=NODE) as engine:
+        assert engine.next_offset(1) == 3
+        assert engine.stats().stored_batches == 2
+        assert values_at(engine, 1, 1) == [(0, b"a"), (1, b"b"), (2, b"c")]
+        assert engine.append(1, batch(b"d")).base_offset == 3
+        assert engine.trim(1, 2) == 2
+        assert engine.stats().stored_batches == 2
+    with StorageEngine(path, map_size=MAP_SIZE, node_id=NODE) as engine:
+        with engine._store.env.begin() as txn:
+            version = txn.get(layout.FORMAT_KEY, db=engine._store.dbs[layout.META_DB])
+        assert layout.COUNTER.unpack(version)[0] == layout.FORMAT_VERSION
+        assert values_at(engine, 1, 2) == [(2, b"c"), (3, b"d")]
 
 
 def test_read_at_the_tail_is_empty_and_beyond_it_out_of_range(engine: StorageEngine) -> None:

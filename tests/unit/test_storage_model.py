@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from hypothesis import settings
@@ -19,7 +20,7 @@ from sbp.errors import (
     RangeNotFoundError,
     RangeSealedError,
 )
-from storage import RangeInfo, ReplicaInfo, StorageEngine
+from storage import AppendItem, AppendOutcome, AppendResult, RangeInfo, ReplicaInfo, StorageEngine
 
 NODE = 1
 STREAMS = (1, 2)
@@ -60,22 +61,26 @@ class StorageMachine(RuleBasedStateMachine):
 
     @rule(
         stream_id=st.sampled_from(STREAMS),
-        values=st.lists(st.binary(max_size=40), min_size=1, max_size=6),
+        batches=st.lists(
+            st.lists(st.binary(max_size=40), min_size=1, max_size=6), min_size=1, max_size=4
+        ),
     )
-    def append(self, stream_id: int, values: list[bytes]) -> None:
+    def append(self, stream_id: int, batches: list[list[bytes]]) -> None:
+        """One request of several batches: one transaction, so one stored chunk."""
         model = self.model[stream_id]
-        batch = build_batch(values, 0)
+        built = [build_batch(values, 0) for values in batches]
+        done: Future[list[AppendOutcome]] = Future()
+        self.engine.submit([AppendItem(stream_id, b) for b in built], done.set_result)
+        outcomes = done.result()
         if not model.open:
             expected: type[ProtocolError] = RangeSealedError if model.ranges else RangeNotFoundError
-            try:
-                self.engine.append(stream_id, batch)
-            except expected:
-                return
-            raise AssertionError(f"append to a stream without open range did not raise {expected}")
-        result = self.engine.append(stream_id, batch)
-        assert result.base_offset == model.next_offset
-        model.batches.append((model.next_offset, values, len(batch)))
-        model.next_offset += len(values)
+            assert all(type(outcome) is expected for outcome in outcomes), outcomes
+            return
+        for values, batch, outcome in zip(batches, built, outcomes, strict=True):
+            assert isinstance(outcome, AppendResult), outcome
+            assert outcome.base_offset == model.next_offset
+            model.batches.append((model.next_offset, values, len(batch)))
+            model.next_offset += len(values)
 
     @precondition(lambda self: any(m.open for m in self.model.values()))
     @rule(data=st.data())
