@@ -335,8 +335,13 @@ def configure_logging(level: str) -> None:
 
 def announce(prefix: str, host: str, port: int) -> None:
     """Print ``<prefix>HOST:PORT`` on one line of stdout, flushed at once:
-    the machine-readable form tools wait for."""
-    print(f"{prefix}{format_address(host, port)}", flush=True)
+    the machine-readable form tools wait for.
+
+    One ``write`` of the whole line: ``print`` writes the newline separately,
+    and with unbuffered output (``PYTHONUNBUFFERED``) a log line sent to the
+    same file in between would end up inside the address."""
+    sys.stdout.write(f"{prefix}{format_address(host, port)}\n")
+    sys.stdout.flush()
 
 
 # -- main() -------------------------------------------------------------------------

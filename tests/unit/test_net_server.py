@@ -4,6 +4,7 @@ backpressure, and the TCP server (limits, drain)."""
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -15,6 +16,7 @@ import trio.testing
 from net.connection import CLIENT_LIMITS, RECEIVE_CHUNK, Connection, ConnectionLimits
 from net.request import Request, Responder
 from net.server import Dispatcher, Server
+from net.service import announce
 from sbp import messages
 from sbp.connection import Side
 from sbp.constants import FIXED_HEADER_SIZE, SERVER_STREAM_ID_BIT
@@ -437,3 +439,22 @@ async def wait_until(condition: object, timeout: float = 5.0) -> None:
     with trio.fail_after(timeout):
         while not condition():
             await trio.sleep(0.005)
+
+
+def test_the_address_line_is_written_in_one_piece(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log line written to the same file between the address and its newline
+    would corrupt the line tools parse (with PYTHONUNBUFFERED, print writes
+    the two separately)."""
+    writes: list[str] = []
+
+    class Recorder:
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            writes.append("<flush>")
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    announce("listening on ", "::1", 7000)
+    assert writes == ["listening on [::1]:7000\n", "<flush>"]
