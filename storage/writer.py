@@ -148,8 +148,8 @@ class CommandOp(WriteOp, Generic[T]):
         except ProtocolError as error:
             self._result, self._error = None, error
         finally:
-            # a command may change ranges: later appends look their range up again
-            ctx.forget_append_targets()
+            # later appends look up their range and the pages in use again
+            ctx.after_command()
 
     def complete(self) -> None:
         if self._error is not None:

@@ -54,6 +54,11 @@ class Store:
     last_batch_key: bytes = b""
     stored_bytes: int = 0
     stored_batches: int = 0
+    #: pages in use as of the last commit, or more: counted (``pages_in_use``,
+    #: a few LMDB calls that each hand the GIL away) only when unknown or when
+    #: an append would pass the limit, and otherwise grown by the appends'
+    #: generous estimates. None: count before the next append.
+    used_pages_bound: int | None = None
 
     def pages_in_use(self, txn: Any) -> int:
         """Pages the databases occupy as ``txn`` sees them (free pages excluded)."""
@@ -96,11 +101,14 @@ class WriteContext:
         self.last_batch_key = store.last_batch_key
         self.stored_bytes = store.stored_bytes
         self.stored_batches = store.stored_batches
-        self.used_pages: int | None = None
+        self.used_pages = store.used_pages_bound
+        #: estimated pages of the appends gathered but not yet written
+        self._unwritten_pages = 0
+        self._counted = False
         self._batches = store.dbs[layout.BATCHES_DB]
         self._index = store.dbs[layout.INDEX_DB]
         #: stream id -> the range its appends go to; looked up once per stream
-        #: and transaction, and again after any command (see forget_append_targets)
+        #: and transaction, and again after any command (see after_command)
         self._append_targets: dict[int, RangeInfo] = {}
         self._chunks: dict[int, _Chunk] = {}
 
@@ -182,6 +190,7 @@ class WriteContext:
         for stream_id in sorted(self._chunks):
             self._write_chunk(stream_id, self._chunks[stream_id])
         self._chunks.clear()
+        self._unwritten_pages = 0
 
     def _write_chunk(self, stream_id: int, chunk: _Chunk) -> None:
         key = BATCH_KEY.pack(stream_id, chunk.base_offset)
@@ -198,20 +207,25 @@ class WriteContext:
         if at_end:
             self.last_batch_key = key
 
-    def forget_append_targets(self) -> None:
-        """Drop the looked-up append ranges (a seal, sync or delete may have changed them)."""
+    def after_command(self) -> None:
+        """Forget what a command may have changed: the ranges appends go to (a
+        seal, sync or delete), and the pages in use (a trim frees some)."""
         self._append_targets.clear()
+        self.used_pages = None
 
     def _reserve(self, batch_size: int) -> None:
-        if self.used_pages is None:
-            self.used_pages = self.store.pages_in_use(self.txn)
         needed = self.store.estimate_pages(batch_size)
-        if self.used_pages + needed > self.store.append_limit_pages:
+        limit = self.store.append_limit_pages
+        if self.used_pages is None or (self.used_pages + needed > limit and not self._counted):
+            self.used_pages = self.store.pages_in_use(self.txn) + self._unwritten_pages
+            self._counted = True
+        if self.used_pages + needed > limit:
             raise StorageFullError(
                 f"storage full: {self.used_pages * self.store.page_size} bytes in use of "
                 f"{self.store.map_size}; a {batch_size}-byte batch does not fit"
             )
         self.used_pages += needed
+        self._unwritten_pages += needed
 
     def index_entries(self, stream_id: int) -> Iterable[tuple[int, IndexEntry]]:
         """(base_offset, index entry) of the stream's chunks, in order."""
@@ -255,6 +269,7 @@ class WriteContext:
         store.last_batch_key = max(store.last_batch_key, self.last_batch_key)
         store.stored_bytes = self.stored_bytes
         store.stored_batches = self.stored_batches
+        store.used_pages_bound = self.used_pages
 
     def finish(self) -> None:
         """Write what the transaction still holds: the appends and the counters."""

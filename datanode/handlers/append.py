@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 from collections.abc import Sequence
@@ -23,13 +24,15 @@ class AppendHandler:
     The payload is cut into one memoryview per item (no copy) and the whole
     request goes to the storage engine as one submission, so one group commit
     answers it. The engine calls back on its writer thread; the callback only
-    schedules ``_Pending.deliver`` on the trio thread, which wakes the handler
-    and the FETCHes waiting on those streams.
+    hands the outcomes to ``_Completions``, which has trio run
+    ``_Pending.deliver`` for each: that wakes the handler and the FETCHes
+    waiting on those streams.
     """
 
     def __init__(self, node: NodeContext) -> None:
         self._node = node
         self._counters = node.metrics.counters
+        self._completions: _Completions | None = None
 
     async def __call__(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.AppendRequest)
@@ -58,7 +61,9 @@ class AppendHandler:
         if not items:
             return []
         node = self._node
-        pending = _Pending(self, items)
+        if self._completions is None:
+            self._completions = _Completions(trio.lowlevel.current_trio_token())
+        pending = _Pending(self, items, self._completions)
         with trio.move_on_at(deadline):
             # Up to the submission, requests of one connection go in arrival
             # order: that is what keeps one stream's batches in request order.
@@ -105,23 +110,56 @@ class AppendHandler:
         return results
 
 
+class _Completions:
+    """Outcomes handed from the storage writer thread to trio, many per wake-up.
+
+    ``run_sync_soon`` costs the writer a syscall (the event loop's wake-up
+    socket) and with it the GIL, which it must then win back from the busy
+    event loop: paying that once per group commit instead of once per
+    request keeps the writer, the node's bottleneck, on its own work.
+    """
+
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+        self._token = token
+        self._ready: collections.deque[tuple[_Pending, list[AppendOutcome]]] = collections.deque()
+        self._scheduled = False
+
+    def put(self, pending: _Pending, outcomes: list[AppendOutcome]) -> None:
+        """On the writer thread: queue, and wake trio unless a drain is due."""
+        self._ready.append((pending, outcomes))
+        if not self._scheduled:
+            self._scheduled = True
+            with contextlib.suppress(trio.RunFinishedError):
+                self._token.run_sync_soon(self._drain)
+
+    def _drain(self) -> None:
+        # Cleared before popping: whatever the writer queues from now on
+        # either is popped below or schedules the next drain.
+        self._scheduled = False
+        ready = self._ready
+        while ready:
+            pending, outcomes = ready.popleft()
+            pending.deliver(outcomes)
+
+
 class _Pending:
     """One submission's outcomes, handed from the writer thread to trio."""
 
-    __slots__ = ("done", "handler", "items", "outcomes", "submitted", "token")
+    __slots__ = ("completions", "done", "handler", "items", "outcomes", "submitted")
 
-    def __init__(self, handler: AppendHandler, items: list[AppendItem]) -> None:
+    def __init__(
+        self, handler: AppendHandler, items: list[AppendItem], completions: _Completions
+    ) -> None:
         self.handler = handler
         self.items = items
-        self.token = trio.lowlevel.current_trio_token()
+        self.completions = completions
         self.done = trio.Event()
         self.outcomes: list[AppendOutcome] | None = None
         self.submitted = False
 
     def on_durable(self, outcomes: list[AppendOutcome]) -> None:
-        """Runs on the storage writer thread: schedule, never block."""
-        with contextlib.suppress(trio.RunFinishedError):
-            self.token.run_sync_soon(self.deliver, outcomes)
+        """Runs on the storage writer thread: hand over, never block."""
+        self.completions.put(self, outcomes)
 
     def deliver(self, outcomes: list[AppendOutcome]) -> None:
         """On the trio thread: count, wake the FETCHes waiting on these streams
