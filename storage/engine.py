@@ -343,7 +343,7 @@ class StorageEngine:
             pieces: list[list[Any]] = []  # [chunk, start, end]
             stamps: list[tuple[int, int]] = []  # (position in the result, base offset)
             total = 0
-            for base_offset, count, chunk, start, end in _batches(cursor, stream_id):
+            for base_offset, count, chunk, start, end in _stream_batches(cursor, stream_id):
                 if not stamps:
                     if base_offset > offset:
                         break  # the batch holding offset was trimmed meanwhile
@@ -437,7 +437,7 @@ def seek_floor(cursor: Any, key: bytes) -> bool:
     return bool(cursor.last())
 
 
-def _batches(cursor: Any, stream_id: int) -> Iterator[tuple[int, int, Any, int, int]]:
+def _stream_batches(cursor: Any, stream_id: int) -> Iterator[tuple[int, int, Any, int, int]]:
     """(base_offset, record_count, chunk, start, end) of each batch of the
     stream's chunks, from the cursor's chunk on."""
     while True:
