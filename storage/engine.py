@@ -24,7 +24,7 @@ from typing import Any, Final, Literal, TypeVar
 
 import lmdb
 
-from sbp.batches import BATCH_LOG_OVERHEAD, Buffer, stamp_base_offset
+from sbp.batches import Buffer, batch_spans, stamp_base_offset
 from sbp.errors import (
     InvalidRequestError,
     OffsetOutOfRangeError,
@@ -67,9 +67,8 @@ RESERVE_FRACTION: Final = 0.05
 
 SyncMode = Literal["always", "never"]
 
-# int32 fields of a batch header (SPEC §4): batch_length at 8, record_count at 19
-_INT32: Final = struct.Struct(">i")
-_BATCH_LENGTH_OFFSET: Final = 8
+# record_count within a batch header (SPEC §4)
+_RECORD_COUNT: Final = struct.Struct(">i")
 _RECORD_COUNT_OFFSET: Final = 19
 
 
@@ -149,16 +148,16 @@ class StorageEngine:
         env = store.env
         with env.begin(write=True) as txn:
             meta = store.dbs[layout.META_DB]
-            version = txn.get(layout.FORMAT_KEY, db=meta)
-            if version is not None and layout.COUNTER.unpack(version)[0] not in (
-                layout.READABLE_FORMATS
-            ):
-                raise RuntimeError(f"{self.path}: unknown storage format {version.hex()}")
-            if version is not None and layout.COUNTER.unpack(version)[0] == 1:
+            stored = txn.get(layout.FORMAT_KEY, db=meta)
+            version = layout.FORMAT_VERSION if stored is None else layout.COUNTER.unpack(stored)[0]
+            if version not in layout.READABLE_FORMATS:
+                raise RuntimeError(f"{self.path}: unknown storage format {stored.hex()}")
+            if version == 1:
                 # format 1 stored one batch per value: count them once
                 entries = txn.stat(store.dbs[layout.BATCHES_DB])["entries"]
                 txn.put(layout.STORED_BATCHES_KEY, layout.COUNTER.pack(entries), db=meta)
-            txn.put(layout.FORMAT_KEY, layout.COUNTER.pack(layout.FORMAT_VERSION), db=meta)
+            if stored is None or version != layout.FORMAT_VERSION:
+                txn.put(layout.FORMAT_KEY, layout.COUNTER.pack(layout.FORMAT_VERSION), db=meta)
         with env.begin() as txn:
             streams: dict[int, StreamState] = {}
             for key, value in txn.cursor(db=store.dbs[layout.STREAMS_DB]):
@@ -445,14 +444,10 @@ def _stream_batches(cursor: Any, stream_id: int) -> Iterator[tuple[int, int, Any
         if key_stream != stream_id:
             return
         chunk = cursor.value()
-        start, size = 0, len(chunk)
-        while start < size:
-            batch_length = _INT32.unpack_from(chunk, start + _BATCH_LENGTH_OFFSET)[0]
-            end = start + BATCH_LOG_OVERHEAD + batch_length
-            count = _INT32.unpack_from(chunk, start + _RECORD_COUNT_OFFSET)[0]
+        for start, end in batch_spans(chunk):
+            count = _RECORD_COUNT.unpack_from(chunk, start + _RECORD_COUNT_OFFSET)[0]
             yield base_offset, count, chunk, start, end
             base_offset += count
-            start = end
         if not cursor.next():
             return
 

@@ -84,10 +84,13 @@ class _Chunk:
     """One stream's appends of this transaction, not yet written."""
 
     base_offset: int
-    next_offset: int
     batches: list[Buffer]
     record_count: int
     size: int
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.record_count
 
 
 class WriteContext:
@@ -122,6 +125,9 @@ class WriteContext:
 
     def for_update(self, stream_id: int) -> StreamState:
         """A private copy of the stream to change; RangeNotFoundError if unknown."""
+        state = self.pending.get(stream_id)
+        if state is not None:  # pending states are this transaction's own copies
+            return state
         state = self.current(stream_id)
         if state is None:
             raise RangeNotFoundError(f"stream {stream_id} is unknown here")
@@ -165,8 +171,7 @@ class WriteContext:
             target = self._append_targets[stream_id] = state.append_range(self.store.node_id)
         size = len(batch)
         self._reserve(size)
-        # pending states are this transaction's own copies: the common case
-        state = self.pending.get(stream_id) or self.for_update(stream_id)
+        state = self.for_update(stream_id)
         base_offset = max(state.next_offset, target.start_offset)
         chunk = self._chunks.get(stream_id)
         if chunk is not None and chunk.next_offset == base_offset:
@@ -176,10 +181,8 @@ class WriteContext:
         else:
             if chunk is not None:  # offsets jumped (a new range): a chunk of its own
                 self._write_chunk(stream_id, chunk)
-            chunk = self._chunks[stream_id] = _Chunk(
-                base_offset, base_offset, [batch], record_count, size
-            )
-        chunk.next_offset = state.next_offset = base_offset + record_count
+            chunk = self._chunks[stream_id] = _Chunk(base_offset, [batch], record_count, size)
+        state.next_offset = base_offset + record_count
         self.stored_bytes += size
         self.stored_batches += 1
         return AppendResult(base_offset, record_count, self.now_ms)
