@@ -164,8 +164,10 @@ async def _tail(
     acked: dict[bytes, float] = {}
     received: dict[bytes, float] = {}
     # a pool: each XADD in flight takes its own connection, as pipelining
-    # would not let the answers come back one by one
-    producer = redis.asyncio.Redis(port=port, max_connections=64)
+    # would not let the answers come back one by one. The pool blocks when
+    # all 64 are busy (a slow disk): the plain pool raises instead.
+    pool = redis.asyncio.BlockingConnectionPool(port=port, max_connections=64, timeout=None)
+    producer = redis.asyncio.Redis(connection_pool=pool)
     reader = redis.asyncio.Redis(port=port)
 
     async def consume() -> None:
@@ -199,5 +201,6 @@ async def _tail(
     consumer.cancel()
     await asyncio.gather(consumer, return_exceptions=True)
     await producer.aclose()
+    await pool.aclose()
     await reader.aclose()
     return [received[e] - acked[e] for e in acked if e in received], len(tasks)
