@@ -24,6 +24,7 @@ from net.service import (
     serving_limit_options,
 )
 from sbp.constants import DEFAULT_MAX_FRAME_LENGTH
+from storage.engine import DEFAULT_PAGE_CACHE_WINDOW
 
 PROG: Final = "sbp-datanode"
 
@@ -63,6 +64,14 @@ OPTIONS: Final = (
         "largest size of the data (LMDB map size), e.g. 64GiB",
         parse_size,
         default="8GiB",
+        metavar="BYTES",
+    ),
+    Option(
+        "page-cache-window",
+        "keep the newest BYTES written in the OS page cache and drop older written pages "
+        "once synced, so new writes reuse the memory; 0 leaves the cache to the OS",
+        parse_size,
+        default="256MiB",
         metavar="BYTES",
     ),
     Option(
@@ -112,6 +121,7 @@ class DataNodeConfig:
     metrics_listen: tuple[str, int] | None = None
     sync: bool = True
     map_size: int = DEFAULT_MAP_SIZE
+    page_cache_window: int = DEFAULT_PAGE_CACHE_WINDOW
     max_frame_bytes: int = DEFAULT_MAX_FRAME_LENGTH
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
@@ -144,6 +154,7 @@ def parse_config(argv: Sequence[str] | None = None) -> DataNodeConfig:
         metrics_listen=values["metrics_listen"],
         sync=values["sync"] == "always",
         map_size=values["map_size"],
+        page_cache_window=values["page_cache_window"],
         max_frame_bytes=values["max_frame_bytes"],
         max_connections=values["max_connections"],
         max_in_flight=values["max_in_flight"],

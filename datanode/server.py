@@ -112,6 +112,7 @@ def open_engine(config: DataNodeConfig) -> StorageEngine:
             map_size=config.map_size,
             sync="always" if config.sync else "never",
             node_id=config.node_id,
+            page_cache_window=config.page_cache_window,
         )
     except (OSError, lmdb.Error) as error:
         raise ServiceError(f"cannot open storage in {config.data_dir}: {error}") from None

@@ -43,6 +43,7 @@ from .model import (
     StreamState,
     hosts,
 )
+from .page_cache import WrittenPageDropper
 from .writer import (
     DEFAULT_MAX_GROUP_BYTES,
     DEFAULT_MAX_GROUP_OPS,
@@ -64,6 +65,8 @@ DEFAULT_MAP_SIZE: Final = 4 * 1024**3
 MIN_RESERVE_BYTES: Final = 256 * 1024
 MAX_RESERVE_BYTES: Final = 64 * 1024 * 1024
 RESERVE_FRACTION: Final = 0.05
+#: the newest written bytes kept in the OS page cache (see storage/page_cache.py)
+DEFAULT_PAGE_CACHE_WINDOW: Final = 256 * 1024**2
 
 SyncMode = Literal["always", "never"]
 
@@ -82,6 +85,10 @@ class StorageEngine:
     ``sync="always"`` (the default) fsyncs every commit; ``"never"`` leaves
     flushing to the OS: a process crash loses nothing, a machine crash may lose
     the latest commits. For benchmarks and throwaway nodes.
+
+    ``page_cache_window``: written pages further than this many bytes behind
+    the end of the data file are dropped from the OS page cache (0: never);
+    see ``storage/page_cache.py``.
     """
 
     def __init__(
@@ -94,7 +101,10 @@ class StorageEngine:
         clock: Callable[[], int] = wall_clock_ms,
         max_group_bytes: int = DEFAULT_MAX_GROUP_BYTES,
         max_group_ops: int = DEFAULT_MAX_GROUP_OPS,
+        page_cache_window: int = DEFAULT_PAGE_CACHE_WINDOW,
     ) -> None:
+        if page_cache_window < 0:
+            raise ValueError(f"page_cache_window must be >= 0, not {page_cache_window}")
         if sync not in ("always", "never"):
             raise ValueError(f"sync must be 'always' or 'never', not {sync!r}")
         Path(path).mkdir(parents=True, exist_ok=True)
@@ -132,8 +142,15 @@ class StorageEngine:
         except BaseException:
             env.close()
             raise
+        self._page_cache = WrittenPageDropper(
+            self.path / "data.mdb", page_cache_window, synced=durable
+        )
         self._writer = GroupCommitWriter(
-            self._store, clock=clock, max_group_bytes=max_group_bytes, max_group_ops=max_group_ops
+            self._store,
+            clock=clock,
+            max_group_bytes=max_group_bytes,
+            max_group_ops=max_group_ops,
+            page_cache=self._page_cache,
         )
         self._writer.start()
         self._closed = False
@@ -200,6 +217,7 @@ class StorageEngine:
                 return
             self._closed = True
         self._writer.close()
+        self._page_cache.close()
         self._store.env.close()
 
     def __enter__(self) -> StorageEngine:

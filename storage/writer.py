@@ -44,6 +44,7 @@ from .model import (
     AppendItem,
     AppendOutcome,
 )
+from .page_cache import WrittenPageDropper
 from .writes import Store, WriteContext
 
 log = logging.getLogger(__name__)
@@ -178,8 +179,10 @@ class GroupCommitWriter:
         clock: Callable[[], int] = wall_clock_ms,
         max_group_bytes: int = DEFAULT_MAX_GROUP_BYTES,
         max_group_ops: int = DEFAULT_MAX_GROUP_OPS,
+        page_cache: WrittenPageDropper | None = None,
     ) -> None:
         self.store = store
+        self.page_cache = page_cache
         self.clock = clock
         self.max_group_bytes = max_group_bytes
         self.max_group_ops = max_group_ops
@@ -318,6 +321,8 @@ class GroupCommitWriter:
         txn.commit()
         committed = time.perf_counter()
         ctx.publish()
+        if self.page_cache is not None:
+            self.page_cache.committed(sum(op.size for op in group))
         elapsed = committed - started
         appends = sum(op.appends for op in group)
         self.commits_total += 1
