@@ -588,17 +588,26 @@ class Connection:
     async def _read_loop(self) -> None:
         stream = self._stream
         decoder = self._decoder
+        # A TCP stream is read straight into the decoder's buffer (recv_into):
+        # one copy of each received byte fewer than receive_some + feed.
+        sock = stream.socket if isinstance(stream, trio.SocketStream) else None
         while True:
             try:
-                data = await stream.receive_some(RECEIVE_CHUNK)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                if sock is not None:
+                    nbytes = await sock.recv_into(decoder.receive_buffer())
+                    events = decoder.received(nbytes)
+                else:
+                    data = await stream.receive_some(RECEIVE_CHUNK)
+                    nbytes = len(data)
+                    events = decoder.feed(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 self._set_reason(f"receive failed: {exc or type(exc).__name__}")
                 return
-            if not data:
+            if not nbytes:
                 self._set_reason(f"{self.peer} closed the connection")
                 return
             self._last_received = trio.current_time()
-            for event in decoder.feed(data):
+            for event in events:
                 if not await self._on_event(event):
                     return
 

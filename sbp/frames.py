@@ -19,13 +19,18 @@ event                     what the receiver does
 
 The length limit is checked as soon as the 4-byte length is in, before any of
 the body is buffered, so a peer cannot make a receiver hold more than one
-frame of at most ``max_frame_length`` bytes.
+frame of at most ``max_frame_length`` bytes. A socket reader can read
+straight into the decoder's buffer (``receive_buffer``, then ``received``)
+instead of handing it chunks; room is made a read at a time (at most
+``MAX_READ_SIZE`` ahead of what has arrived), never for a whole announced
+frame at once.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Final
 
 # The same CRC-32 as zlib.crc32 (SPEC §1), but zlib-ng's folds with carry-less
 # multiplication: about 15x faster on 64 KiB payloads than the stdlib's zlib,
@@ -157,21 +162,41 @@ def encode_frame(
     )
 
 
+#: bytes a receive buffer offers a read when no large frame is under way
+READ_SIZE: Final = 64 * 1024
+#: a frame whose rest is larger than a read is read straight to its end, in a
+#: buffer of its own, up to this much per read (a peer that announces a huge
+#: frame and sends nothing more does not make the receiver allocate it)
+MAX_READ_SIZE: Final = 1024 * 1024
+
+
 class FrameDecoder:
     """Incremental decoder: ``feed`` chunks, get back the events of every
-    frame completed so far; a partial frame stays buffered."""
+    frame completed so far; a partial frame stays buffered.
+
+    A socket reader can skip the copy ``feed`` makes: read into
+    ``receive_buffer()`` (``recv_into``), then call ``received(nbytes)``.
+    """
 
     def __init__(self, max_frame_length: int = DEFAULT_MAX_FRAME_LENGTH) -> None:
         if max_frame_length < MIN_FRAME_LENGTH:
             raise ValueError(f"max_frame_length must be at least {MIN_FRAME_LENGTH}")
         self.max_frame_length = max_frame_length
+        # the received bytes are _buffer[:_filled]; the rest is room for reads
         self._buffer = bytearray()
+        self._filled = 0
         self._failed = False
+        #: the view receive_buffer handed out: a bytearray with a live view
+        #: cannot be resized, so it is released before anything else
+        self._view: memoryview | None = None
+        #: the size of the last frame larger than a read: the size a fresh
+        #: buffer gets, so that the next such frame fits it with no copy
+        self._large_frame = 0
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet part of a returned event."""
-        return len(self._buffer)
+        return self._filled
 
     @property
     def failed(self) -> bool:
@@ -179,38 +204,109 @@ class FrameDecoder:
         return self._failed
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[FrameEvent]:
+        self._release_view()
         if self._failed:
             return []
+        size = len(data) if not isinstance(data, memoryview) else data.nbytes
+        self._make_room(size)
+        self._buffer[self._filled : self._filled + size] = data
+        self._filled += size
+        return self._frames()
+
+    def receive_buffer(self) -> memoryview:
+        """Where the next bytes read from the stream go; then ``received``.
+
+        A read's worth of room (``READ_SIZE``, or the size of the last frame
+        larger than that), or, while a frame of more than a quarter read is
+        under way, exactly the rest of it (at most ``MAX_READ_SIZE`` at a
+        time): a large frame then arrives in a buffer of its own and is
+        handed over with no copy.
+        """
+        self._release_view()
+        filled = self._filled
+        # room for a read, or for a whole frame like the last large one
+        size = max(READ_SIZE, self._large_frame)
+        if filled >= LENGTH_FIELD_SIZE and not self._failed:
+            (frame_length,) = _LENGTH.unpack_from(self._buffer, 0)
+            rest = frame_length + LENGTH_FIELD_SIZE - filled
+            if rest > READ_SIZE // 4 and frame_length <= self.max_frame_length:
+                size = min(rest, MAX_READ_SIZE)
+        self._make_room(size)
+        view = self._view = memoryview(self._buffer)[filled : filled + size]
+        return view
+
+    def received(self, nbytes: int) -> list[FrameEvent]:
+        """``nbytes`` were read into the last ``receive_buffer()``."""
+        self._release_view()
+        if self._failed:
+            return []
+        self._filled += nbytes
+        return self._frames()
+
+    def _release_view(self) -> None:
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+
+    def _make_room(self, size: int) -> None:
+        """Room for ``size`` more bytes after the received ones."""
         buffer = self._buffer
-        buffer += data
+        filled = self._filled
+        needed = filled + size
+        if len(buffer) >= needed:
+            return
+        if filled == 0:
+            self._buffer = bytearray(max(needed, self._large_frame))
+            return
+        # geometric growth: a frame read in MAX_READ_SIZE pieces is copied
+        # a bounded number of times, not once per piece
+        grown = bytearray(max(needed, 2 * len(buffer)))
+        with memoryview(buffer) as view:
+            grown[:filled] = view[:filled]
+        self._buffer = grown
+
+    def _frames(self) -> list[FrameEvent]:
+        """The events of the whole frames received, removed from the buffer."""
+        buffer = self._buffer
+        filled = self._filled
+        start = 0
         events: list[FrameEvent] = []
-        while len(buffer) >= LENGTH_FIELD_SIZE:
-            (frame_length,) = _LENGTH.unpack_from(buffer, 0)
+        while filled - start >= LENGTH_FIELD_SIZE:
+            (frame_length,) = _LENGTH.unpack_from(buffer, start)
             if frame_length < MIN_FRAME_LENGTH or frame_length > self.max_frame_length:
                 events.append(self._fail(frame_length))
-                break
+                return events
             total = frame_length + LENGTH_FIELD_SIZE
-            if len(buffer) < total:
+            if filled - start < total:
                 break
             raw: bytes | bytearray
-            if len(buffer) - total < total:
-                # The frame is most of the buffer: hand the buffer itself over
-                # and keep a copy of the (smaller) rest, so a large payload is
-                # never copied out of the receive buffer.
+            if start == 0 and filled - total < total:
+                # The frame is most of what was received: hand the buffer
+                # itself over and keep a copy of the (smaller) rest, so a
+                # large payload is never copied out of the receive buffer.
+                if total > READ_SIZE:
+                    self._large_frame = total
                 raw = buffer
-                buffer = self._buffer = buffer[total:]
+                buffer = self._buffer = bytearray(buffer[total:filled])
+                filled = len(buffer)
                 del raw[total:]
             else:
-                # One copy of a small frame; the buffer is compacted at once.
+                # One copy of a small frame.
                 with memoryview(buffer) as view:
-                    raw = bytes(view[:total])
-                del buffer[:total]
+                    raw = bytes(view[start : start + total])
+                start += total
             events.append(_decode_whole_frame(raw))
+        if start:
+            # from the front of a bytearray: O(1), its start just moves
+            del buffer[:start]
+            filled -= start
+        self._filled = filled
         return events
 
     def _fail(self, frame_length: int) -> FatalFrameError:
         self._failed = True
-        self._buffer.clear()
+        self._buffer = bytearray()
+        self._filled = 0
         if frame_length > self.max_frame_length:
             return FatalFrameError(
                 ErrorCode.FRAME_TOO_LARGE,

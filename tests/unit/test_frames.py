@@ -3,6 +3,7 @@ never changes the events; corruption yields only typed events)."""
 
 from __future__ import annotations
 
+import itertools
 import struct
 import zlib
 
@@ -13,6 +14,8 @@ from hypothesis import strategies as st
 from sbp.constants import FIXED_HEADER_SIZE, MAX_HEADER_LENGTH, MIN_FRAME_LENGTH
 from sbp.enums import ErrorCode, Flags, Opcode
 from sbp.frames import (
+    MAX_READ_SIZE,
+    READ_SIZE,
     DiscardedFrame,
     DiscardReason,
     FatalFrameError,
@@ -193,12 +196,121 @@ def feed_in_chunks(data: bytes, cuts: list[int], max_frame_length: int = 4096) -
     return events
 
 
+def receive_in_reads(
+    data: bytes, reads: list[int], max_frame_length: int = 4096
+) -> list[FrameEvent]:
+    """What a socket reader gets: each read fills up to ``reads[i]`` bytes of
+    the decoder's receive buffer (and at least one, as a socket would)."""
+    decoder = FrameDecoder(max_frame_length)
+    events: list[FrameEvent] = []
+    position = 0
+    for wanted in itertools.cycle(reads or [len(data)]):
+        if position >= len(data) or decoder.failed:
+            break
+        target = decoder.receive_buffer()
+        assert len(target) > 0
+        n = max(1, min(wanted, len(target), len(data) - position))
+        target[:n] = data[position : position + n]
+        position += n
+        events += decoder.received(n)
+    return events
+
+
 @given(st.lists(frames, max_size=12), st.lists(st.integers(0, 4000), max_size=30))
 def test_chunking_never_changes_the_events(encoded: list[bytes], cuts: list[int]) -> None:
     data = b"".join(encoded)
     whole = FrameDecoder(4096).feed(data)
     assert feed_in_chunks(data, [c for c in cuts if c <= len(data)]) == whole
     assert len(whole) == len(encoded)
+
+
+@given(
+    st.lists(frames, max_size=12),
+    st.lists(st.integers(1, 5000), max_size=30),
+    st.lists(st.integers(0, 4000), max_size=10),
+)
+def test_reading_into_the_decoder_gives_the_events_of_feeding_it(
+    encoded: list[bytes], reads: list[int], cuts: list[int]
+) -> None:
+    data = b"".join(encoded)
+    whole = FrameDecoder(4096).feed(data)
+    assert receive_in_reads(data, reads) == whole
+    # the two ways mix: feed some, read the rest
+    decoder = FrameDecoder(4096)
+    cut = min(cuts, default=0) if cuts else 0
+    events = decoder.feed(data[:cut])
+    target = decoder.receive_buffer()
+    while cut < len(data):
+        n = min(len(target), len(data) - cut)
+        target[:n] = data[cut : cut + n]
+        cut += n
+        events += decoder.received(n)
+        target = decoder.receive_buffer()
+    assert events == whole
+
+
+large_frames = st.builds(
+    encode_frame,
+    st.just(int(Opcode.APPEND)),
+    st.just(0),
+    st.integers(0, 1000),
+    st.binary(max_size=40),
+    st.integers(0, 150_000).map(lambda n: bytes(n % 251 for _ in range(1)) * n),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.one_of(frames, large_frames), max_size=6),
+    st.lists(st.integers(1, 200_000), max_size=20),
+)
+def test_large_frames_read_in_any_pieces_give_the_events_of_feeding_them(
+    encoded: list[bytes], reads: list[int]
+) -> None:
+    data = b"".join(encoded)
+    whole = FrameDecoder(1 << 20).feed(data)
+    assert len(whole) == len(encoded)
+    assert receive_in_reads(data, reads, 1 << 20) == whole
+
+
+def test_a_large_frame_is_read_into_a_buffer_of_its_own_and_handed_over() -> None:
+    payload = bytes(range(256)) * 1000  # 256,000 bytes: more than a read
+    frame = encode_frame(Opcode.APPEND, Flags.NONE, 9, b"h" * 24, payload)
+    decoder = FrameDecoder()
+    first = decoder.receive_buffer()
+    assert len(first) == READ_SIZE
+    first[:] = frame[:READ_SIZE]
+    assert decoder.received(READ_SIZE) == []
+    # once its length is known, the reader is offered exactly the rest
+    rest = decoder.receive_buffer()
+    assert len(rest) == len(frame) - READ_SIZE
+    rest[:] = frame[READ_SIZE:]
+    (event,) = decoder.received(len(frame) - READ_SIZE)
+    assert isinstance(event, Frame) and event.payload == payload
+    assert decoder.buffered == 0
+    # the payload is a view of the very buffer that was read into
+    assert isinstance(event.payload, memoryview)
+    assert memoryview(event.payload.obj).nbytes == len(frame)
+    # and the next buffer has room for a frame as large, in one read
+    assert len(decoder.receive_buffer()) == len(frame)
+
+
+def test_an_announced_huge_frame_is_not_allocated_ahead_of_its_bytes() -> None:
+    decoder = FrameDecoder(max_frame_length=64 * 1024 * 1024)
+    target = decoder.receive_buffer()
+    target[:4] = struct.pack(">I", 60 * 1024 * 1024)
+    assert decoder.received(4) == []
+    assert len(decoder.receive_buffer()) == MAX_READ_SIZE
+
+
+def test_a_frame_length_over_the_limit_is_fatal_when_read_into() -> None:
+    decoder = FrameDecoder(max_frame_length=1024)
+    target = decoder.receive_buffer()
+    target[:4] = struct.pack(">I", 5000)
+    (event,) = decoder.received(4)
+    assert isinstance(event, FatalFrameError)
+    assert event.error_code == ErrorCode.FRAME_TOO_LARGE
+    assert decoder.received(0) == [] and decoder.buffered == 0
 
 
 @settings(max_examples=300)
