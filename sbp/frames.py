@@ -168,6 +168,8 @@ READ_SIZE: Final = 64 * 1024
 #: buffer of its own, up to this much per read (a peer that announces a huge
 #: frame and sends nothing more does not make the receiver allocate it)
 MAX_READ_SIZE: Final = 1024 * 1024
+#: frames larger than this are read exactly to their end
+_LARGE_FRAME: Final = READ_SIZE // 4
 
 
 class FrameDecoder:
@@ -216,21 +218,21 @@ class FrameDecoder:
     def receive_buffer(self) -> memoryview:
         """Where the next bytes read from the stream go; then ``received``.
 
-        A read's worth of room (``READ_SIZE``, or the size of the last frame
-        larger than that), or, while a frame of more than a quarter read is
-        under way, exactly the rest of it (at most ``MAX_READ_SIZE`` at a
-        time): a large frame then arrives in a buffer of its own and is
-        handed over with no copy.
+        Up to a read's worth (``READ_SIZE``) while the next frame's length is
+        unknown or the frame is small; once a large frame's length is in,
+        exactly the rest of it (at most ``MAX_READ_SIZE`` at a time). A fresh
+        buffer has room for a frame as large as the last large one, so such
+        a frame arrives in a buffer of its own and is handed over with no
+        copy, and no read reaches past it into the next frame.
         """
         self._release_view()
         filled = self._filled
-        # room for a read, or for a whole frame like the last large one
-        size = max(READ_SIZE, self._large_frame)
+        size = READ_SIZE
         if filled >= LENGTH_FIELD_SIZE and not self._failed:
             (frame_length,) = _LENGTH.unpack_from(self._buffer, 0)
-            rest = frame_length + LENGTH_FIELD_SIZE - filled
-            if rest > READ_SIZE // 4 and frame_length <= self.max_frame_length:
-                size = min(rest, MAX_READ_SIZE)
+            total = frame_length + LENGTH_FIELD_SIZE
+            if total > _LARGE_FRAME and frame_length <= self.max_frame_length:
+                size = min(total - filled, MAX_READ_SIZE)
         self._make_room(size)
         view = self._view = memoryview(self._buffer)[filled : filled + size]
         return view
@@ -287,8 +289,10 @@ class FrameDecoder:
                 if total > READ_SIZE:
                     self._large_frame = total
                 raw = buffer
-                buffer = self._buffer = bytearray(buffer[total:filled])
-                filled = len(buffer)
+                filled -= total
+                buffer = self._buffer = bytearray(max(filled, READ_SIZE, self._large_frame))
+                with memoryview(raw) as view:
+                    buffer[:filled] = view[total : total + filled]
                 del raw[total:]
             else:
                 # One copy of a small frame.
