@@ -52,6 +52,7 @@ from sbp.errors import (
     error_for,
 )
 from sbp.frames import (
+    READ_SIZE,
     DiscardedFrame,
     FatalFrameError,
     Frame,
@@ -66,9 +67,9 @@ from .request import Request, RequestHandler, Responder
 
 logger = logging.getLogger(__name__)
 
-#: bytes asked of the stream per read; with the decoder's one partial frame
-#: this bounds what a connection holds of unread input
-RECEIVE_CHUNK = 64 * 1024
+#: bytes asked of a non-socket stream per read: the decoder's own read size,
+#: which with its one partial frame bounds what a connection holds unread
+RECEIVE_CHUNK = READ_SIZE
 #: frames waiting for the writer; senders wait when it is full
 OUTGOING_QUEUE_FRAMES = 64
 #: queued frames are joined into one write up to this many bytes; larger

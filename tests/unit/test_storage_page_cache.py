@@ -37,12 +37,17 @@ def grow(path: Path, size: int) -> None:
         file.truncate(size)
 
 
+def dropper_over(tmp_path: Path, window: int, *, synced: bool) -> tuple[Path, WrittenPageDropper]:
+    """A 40 MiB data file and a dropper keeping ``window`` bytes of it."""
+    data = tmp_path / "data.mdb"
+    grow(data, 40 * MiB)
+    return data, WrittenPageDropper(data, window, synced=synced)
+
+
 def test_drops_what_falls_behind_the_window_once_per_step(
     tmp_path: Path, advice: list[tuple[int, int, int]]
 ) -> None:
-    data = tmp_path / "data.mdb"
-    grow(data, 40 * MiB)
-    dropper = WrittenPageDropper(data, 8 * MiB, synced=True)
+    data, dropper = dropper_over(tmp_path, 8 * MiB, synced=True)
     dropper.committed(DROP_STEP_BYTES - 1)
     assert advice == []  # less than a step written: no system call at all
     dropper.committed(1)
@@ -62,9 +67,7 @@ def test_unsynced_ranges_are_advised_twice(
     # with sync never the pages may still be dirty when first advised (the
     # kernel then only starts writing them back), so each range is advised
     # again one step later, when they are clean and can be dropped
-    data = tmp_path / "data.mdb"
-    grow(data, 40 * MiB)
-    dropper = WrittenPageDropper(data, 8 * MiB, synced=False)
+    data, dropper = dropper_over(tmp_path, 8 * MiB, synced=False)
     dropper.committed(DROP_STEP_BYTES)
     grow(data, 72 * MiB)
     dropper.committed(DROP_STEP_BYTES)
@@ -81,9 +84,7 @@ def test_unsynced_ranges_are_advised_twice(
 def test_window_zero_leaves_the_cache_alone(
     tmp_path: Path, advice: list[tuple[int, int, int]]
 ) -> None:
-    data = tmp_path / "data.mdb"
-    grow(data, 40 * MiB)
-    dropper = WrittenPageDropper(data, 0, synced=True)
+    _, dropper = dropper_over(tmp_path, 0, synced=True)
     dropper.committed(10 * DROP_STEP_BYTES)
     dropper.close()
     assert advice == []
