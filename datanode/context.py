@@ -22,6 +22,7 @@ from .convert import range_to_info
 from .metrics import DataNodeMetrics
 from .ordering import ArrivalOrder
 from .pm_link import PMLink
+from .timeouts import TimeoutQueue
 from .waiters import StreamWaiters
 
 T = TypeVar("T")
@@ -36,6 +37,9 @@ class NodeContext:
     metrics: DataNodeMetrics
     waiters: StreamWaiters = field(default_factory=StreamWaiters)
     append_order: ArrivalOrder = field(default_factory=ArrivalOrder)
+    #: answers the APPENDs of the immediate path whose timeout_ms passes
+    #: before they are durable (``run`` it for that)
+    append_timeouts: TimeoutQueue = field(default_factory=TimeoutQueue)
     #: "host:port" given to the PM and clients; set once the listener is bound
     advertise_addr: str = ""
     pm: PMLink | None = None

@@ -1,10 +1,12 @@
-"""Arrival order for the appends of one connection.
+"""Arrival order for the appends of one connection served by tasks.
 
 SPEC §5: batches of one stream on one connection are applied in request
-order. Each request is served in its own task, and trio does not promise to
-start tasks in the order they were spawned (it runs a batch of ready tasks
-forwards or backwards at random), so the order in which APPEND handlers reach
-the storage engine must be restored explicitly.
+order. Most APPENDs are submitted by the connection's reader itself, in order
+(``AppendHandler.start_nowait``); the ones that must wait first (for the PM)
+are served each in its own task, and trio does not promise to start tasks in
+the order they were spawned (it runs a batch of ready tasks forwards or
+backwards at random), so the order in which those reach the storage engine
+must be restored explicitly.
 
 A request's place is ``Request.arrival``, its position among the requests
 read from its connection. Each handler registers its place, yields once (so

@@ -157,6 +157,7 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
             )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(signals.watch)
+            nursery.start_soon(node.append_timeouts.run)
             host, port = await _listen(nursery, server, config.listen)
             advertise = config.advertise or (host, port)
             node.advertise_addr = format_address(*advertise)

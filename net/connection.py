@@ -4,7 +4,8 @@ A ``Connection`` drives the sans-IO codec (``sbp.frames.FrameDecoder``) and
 state (``sbp.connection.ConnectionState``) over a ``trio.abc.Stream``:
 
 - one reader task turns bytes into frames: responses go to the request
-  waiting for them, requests are served each in its own task;
+  waiting for them, requests are served each in its own task, or with no
+  task by the handler's synchronous path (``start_nowait``) when it has one;
 - one writer task owns the stream's send side, so frames never interleave;
   frames queued while it writes go out together in one ``send_all``, which
   saves a system call per frame when many requests are in flight;
@@ -63,7 +64,7 @@ from sbp.frames import (
 )
 
 from .observer import NULL_OBSERVER, ConnectionObserver
-from .request import Request, RequestHandler, Responder
+from .request import ImmediateStart, Request, RequestHandler, Responder
 
 logger = logging.getLogger(__name__)
 
@@ -226,6 +227,8 @@ class Connection:
         self.limits = limits
         self._stream = stream
         self._handler = handler
+        #: the handler's synchronous path, if it has one (see ``_start_serving``)
+        self._start_nowait: ImmediateStart | None = getattr(handler, "start_nowait", None)
         self._observer = observer or NULL_OBSERVER
         self._state = ConnectionState(side)
         self._decoder = FrameDecoder(limits.max_frame_length)
@@ -729,54 +732,111 @@ class Connection:
         self._serving += 1
         if opcode == Opcode.PING:
             self._pings += 1
+        responder = Responder(self, opcode, stream_id, tracked=frame is not None)
+        self._observer.request_started(opcode)
+        request = None
+        offered = False
+        if frame is not None and rejection is None and opcode != Opcode.PING:
+            request = Request(
+                self,
+                Opcode(opcode),
+                stream_id,
+                frame.header,
+                memoryview(frame.payload),
+                received_at,
+                arrival,
+            )
+            if self._start_nowait is not None and not self._state.goaway_sent:
+                # The handler's synchronous path: no task; it answers later
+                # through Responder.end_nowait. A request it declines is served
+                # by a task calling the handler; one it refuses with an error
+                # is answered by a task with that error.
+                offered = True
+                try:
+                    if self._start_nowait(request, responder):
+                        return
+                except ProtocolError as exc:
+                    rejection = (_wire_code(exc.code), exc.message)
+                except Exception:
+                    logger.exception("%s handler failed (peer %s)", request.opcode.name, self.peer)
+                    rejection = (ErrorCode.UNKNOWN, "internal server error")
         assert self._nursery is not None
-        self._nursery.start_soon(
-            self._serve, opcode, stream_id, frame, rejection, arrival, received_at
-        )
+        self._nursery.start_soon(self._serve, responder, frame, request, rejection, offered)
 
     async def _serve(
         self,
-        opcode: int,
-        stream_id: int,
+        responder: Responder,
         frame: Frame | None,
+        request: Request | None,
         rejection: tuple[ErrorCode, str] | None,
-        arrival: int,
-        received_at: float,
+        offered: bool,
     ) -> None:
-        responder = Responder(self, opcode, stream_id, tracked=frame is not None)
-        started = trio.current_time()
-        self._observer.request_started(opcode)
         try:
-            await self._answer(opcode, frame, rejection, responder, arrival, received_at)
+            await self._answer(responder, frame, request, rejection, offered)
         except ConnectionClosed:
             pass  # nobody left to answer
         finally:
-            self._slots.release()
-            self._serving -= 1
-            if opcode == Opcode.PING:
-                self._pings -= 1
-            self._after_request()
-            self._observer.request_finished(
-                opcode, trio.current_time() - started, responder.error_code
-            )
+            self._request_done(responder)
+
+    def _request_done(self, responder: Responder) -> None:
+        """Bookkeeping once a request of the peer is answered, by either path."""
+        self._slots.release()
+        self._serving -= 1
+        opcode = responder.opcode
+        if opcode == Opcode.PING:
+            self._pings -= 1
+        self._after_request()
+        self._observer.request_finished(
+            opcode, trio.current_time() - responder.started, responder.error_code
+        )
+
+    def _end_nowait(self, responder: Responder, header: bytes) -> None:
+        """The last response frame of a request served without a task.
+
+        The request keeps its slot until the frame is queued: with the queue
+        full, a task waits for room, so a peer that does not read its answers
+        still stops being read from (the backpressure of the task path).
+        """
+        stream_id = responder.stream_id
+        data = encode_frame(responder.opcode, _RESPONSE_END, stream_id, header, b"")
+        self._state.response_sent(stream_id, end=True)
+        try:
+            queued = self._write_nowait(responder.opcode, data)
+        except ConnectionClosed:
+            queued = True  # nobody left to answer
+        if queued or self._nursery is None:
+            self._request_done(responder)
+            return
+        self._nursery.start_soon(self._write_then_done, responder, data)
+
+    async def _write_then_done(self, responder: Responder, data: bytes) -> None:
+        try:
+            await self._write(responder.opcode, data)
+        except ConnectionClosed:
+            pass
+        finally:
+            self._request_done(responder)
 
     async def _answer(
         self,
-        opcode: int,
-        frame: Frame | None,
-        rejection: tuple[ErrorCode, str] | None,
         responder: Responder,
-        arrival: int,
-        received_at: float,
+        frame: Frame | None,
+        request: Request | None,
+        rejection: tuple[ErrorCode, str] | None,
+        offered: bool,
     ) -> None:
-        if frame is None:
-            assert rejection is not None
+        opcode = responder.opcode
+        if rejection is not None:
             await responder.send_error(*rejection)
             return
+        assert frame is not None
         if opcode == Opcode.PING:
             await responder.send_raw(frame.header, frame.payload)
             return
-        if self._state.goaway_sent:
+        assert request is not None
+        # A request the immediate path declined goes to its handler whatever
+        # happened since (the handler may have counted on serving it).
+        if not offered and self._state.goaway_sent:
             await responder.send_error(ErrorCode.SHUTTING_DOWN, "the connection is draining")
             return
         if self._handler is None:
@@ -785,15 +845,6 @@ class Connection:
                 f"this {self.side.value} end serves no {Opcode(opcode).name}",
             )
             return
-        request = Request(
-            self,
-            Opcode(opcode),
-            frame.stream_id,
-            frame.header,
-            memoryview(frame.payload),
-            received_at,
-            arrival,
-        )
         try:
             await self._handler(request, responder)
         except ProtocolError as exc:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import trio
+
 from sbp import messages
 from sbp.enums import ErrorCode, Flags, Opcode
 
@@ -82,7 +84,7 @@ class Responder:
     """Sends the response sequence of one request: any number of frames, the
     last with RESPONSE_END. Anything sent after the end is a bug and raises."""
 
-    __slots__ = ("_connection", "_done", "_tracked", "error_code", "opcode", "stream_id")
+    __slots__ = ("_connection", "_done", "_tracked", "error_code", "opcode", "started", "stream_id")
 
     def __init__(
         self, connection: Connection, opcode: int, stream_id: int, *, tracked: bool = True
@@ -97,6 +99,8 @@ class Responder:
         self._done = False
         #: the SYSTEM_ERROR code sent, NONE for a normal response
         self.error_code = ErrorCode.NONE
+        #: trio time at which serving the request began
+        self.started = trio.current_time()
 
     @property
     def done(self) -> bool:
@@ -134,6 +138,23 @@ class Responder:
         )
         self._done = end
 
+    def end_nowait(self, header: messages.Message) -> None:
+        """Send the one and last response frame without waiting, from a
+        request an immediate handler took (``start_nowait``). Only for those:
+        the request ends here, when its frame is queued."""
+        if self._done:
+            raise RuntimeError(f"response to stream {self.stream_id} already ended")
+        self._done = True
+        self._connection._end_nowait(self, header.encode())
+
 
 #: ``async def handler(request, responder) -> None``
 RequestHandler = Callable[[Request, Responder], Awaitable[None]]
+
+#: ``handler.start_nowait(request, responder) -> bool``, a handler's optional
+#: synchronous path, tried first for every request it would serve. True: it
+#: took the request and will end the response with ``Responder.end_nowait``
+#: (from trio's thread, no task per request). False: the request is served as
+#: usual, by a task calling the handler. A ``ProtocolError`` it raises (before
+#: doing anything) is the request's answer.
+ImmediateStart = Callable[[Request, Responder], bool]

@@ -23,7 +23,7 @@ from sbp.frames import encode_frame
 
 from .connection import SERVER_LIMITS, Connection, ConnectionLimits
 from .observer import ConnectionObserver
-from .request import Request, RequestHandler, Responder
+from .request import ImmediateStart, Request, RequestHandler, Responder
 
 __all__ = ["Dispatcher", "Request", "RequestHandler", "Responder", "Server"]
 
@@ -42,13 +42,29 @@ class Dispatcher:
     def __init__(self, role_name: str) -> None:
         self.role_name = role_name
         self._handlers: dict[int, RequestHandler] = {}
+        self._immediate: dict[int, ImmediateStart] = {}
 
     def register(self, opcode: Opcode, handler: RequestHandler) -> None:
+        """Serve ``opcode`` with ``handler``; a handler object with a
+        ``start_nowait`` method gets its requests offered there first."""
         if opcode in _BUILT_IN:
             raise ValueError(f"{opcode.name} is answered by the connection itself")
         if opcode in self._handlers:
             raise ValueError(f"{opcode.name} already has a handler")
         self._handlers[opcode] = handler
+        start_nowait = getattr(handler, "start_nowait", None)
+        if start_nowait is not None:
+            self._immediate[opcode] = start_nowait
+
+    def start_nowait(self, request: Request, responder: Responder) -> bool:
+        """The connection's synchronous path (``net.request.ImmediateStart``):
+        handed to the handler's own, if it has one."""
+        start = self._immediate.get(request.opcode)
+        if start is None:
+            return False
+        # A bad header is answered INVALID_REQUEST before the handler sees it.
+        _ = request.header
+        return start(request, responder)
 
     @property
     def opcodes(self) -> frozenset[int]:

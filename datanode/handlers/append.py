@@ -16,6 +16,7 @@ from sbp.errors import InvalidRequestError, ProtocolError
 from storage.model import AppendItem, AppendOutcome
 
 from ..context import NodeContext
+from ..timeouts import TimeoutQueue
 
 
 class AppendHandler:
@@ -24,32 +25,89 @@ class AppendHandler:
     The payload is cut into one memoryview per item (no copy) and the whole
     request goes to the storage engine as one submission, so one group commit
     answers it. The engine calls back on its writer thread; the callback only
-    hands the outcomes to ``_Completions``, which has trio run
-    ``_Pending.deliver`` for each: that wakes the handler and the FETCHes
-    waiting on those streams.
+    hands the outcomes to ``_Completions``, which has trio deliver them: that
+    answers the request and wakes the FETCHes waiting on those streams.
+
+    Two paths lead to the engine:
+
+    - ``start_nowait``, the common case: the connection's reader offers the
+      request as soon as it is decoded and it is submitted right there, in
+      arrival order, and answered from the delivery. No task, no cancel scope;
+      ``timeout_ms`` is kept by the node's ``TimeoutQueue``.
+    - ``__call__``, a task per request, for a request that has to wait before
+      its submission: one naming a stream this node must first learn about
+      from the PM, and every later APPEND of its connection until those have
+      been submitted (they queue at ``node.append_order`` in arrival order).
     """
 
     def __init__(self, node: NodeContext) -> None:
         self._node = node
         self._counters = node.metrics.counters
         self._completions: _Completions | None = None
+        #: per connection, the requests handed to the task path and not yet
+        #: submitted: while there are any, later ones follow them there
+        self._waiting: dict[object, set[Request]] = {}
 
-    async def __call__(self, request: Request, responder: Responder) -> None:
+    def start_nowait(self, request: Request, responder: Responder) -> bool:
+        """Submit now, if nothing must be waited for first (see the class)."""
         header = request.header_as(messages.AppendRequest)
         infos = header.append_requests
         items = _split_payload(infos, request.payload)
+        node = self._node
+        connection = request.connection
+        if (
+            not items
+            or connection in self._waiting
+            or not all(node.knows(item.stream_id) for item in items)
+        ):
+            self._waiting.setdefault(connection, set()).add(request)
+            return False
+        pending = _ImmediateAppend(
+            self, items, self._completions_now(), infos, responder, request.received_at
+        )
+        node.engine.submit(items, pending.on_durable)
+        self._count_request(infos)
+        if header.timeout_ms > 0:
+            pending.timeouts = node.append_timeouts
+            node.append_timeouts.add(request.received_at + header.timeout_ms / 1000, pending)
+        return True
+
+    async def __call__(self, request: Request, responder: Responder) -> None:
+        try:
+            header = request.header_as(messages.AppendRequest)
+            infos = header.append_requests
+            items = _split_payload(infos, request.payload)
+            self._count_request(infos)
+            deadline = (
+                request.received_at + header.timeout_ms / 1000
+                if header.timeout_ms > 0
+                else math.inf
+            )
+            try:
+                results = await self._append(request, infos, items, deadline)
+            finally:
+                self._counters.append_seconds += trio.current_time() - request.received_at
+        finally:
+            self._submitted(request)
+        await responder.send(messages.AppendResponse(append_responses=tuple(results)))
+
+    def _count_request(self, infos: Sequence[messages.AppendInfo]) -> None:
         counters = self._counters
         counters.append_requests += 1
         counters.append_items += len(infos)
-        deadline = (
-            request.received_at + header.timeout_ms / 1000 if header.timeout_ms > 0 else math.inf
-        )
-        try:
-            results = await self._append(request, infos, items, deadline)
-        finally:
-            elapsed = trio.current_time() - request.received_at
-            counters.append_seconds += elapsed
-        await responder.send(messages.AppendResponse(append_responses=tuple(results)))
+
+    def _completions_now(self) -> _Completions:
+        if self._completions is None:
+            self._completions = _Completions(trio.lowlevel.current_trio_token())
+        return self._completions
+
+    def _submitted(self, request: Request) -> None:
+        """A request of the task path is past its submission (or failed)."""
+        waiting = self._waiting.get(request.connection)
+        if waiting is not None:
+            waiting.discard(request)
+            if not waiting:
+                del self._waiting[request.connection]
 
     async def _append(
         self,
@@ -61,9 +119,7 @@ class AppendHandler:
         if not items:
             return []
         node = self._node
-        if self._completions is None:
-            self._completions = _Completions(trio.lowlevel.current_trio_token())
-        pending = _Pending(self, items, self._completions)
+        pending = _Pending(self, items, self._completions_now())
         with trio.move_on_at(deadline):
             # Up to the submission, requests of one connection go in arrival
             # order: that is what keeps one stream's batches in request order.
@@ -73,6 +129,7 @@ class AppendHandler:
                         await node.learn_stream(stream_id)
                 node.engine.submit(items, pending.on_durable)
                 pending.submitted = True
+                self._submitted(request)
             await pending.done.wait()
         if pending.outcomes is None:
             # The deadline passed first. Items already submitted still become
@@ -143,7 +200,8 @@ class _Completions:
 
 
 class _Pending:
-    """One submission's outcomes, handed from the writer thread to trio."""
+    """One submission's outcomes, handed from the writer thread to trio; the
+    task path's handler waits for ``done``."""
 
     __slots__ = ("completions", "done", "handler", "items", "outcomes", "submitted")
 
@@ -163,7 +221,7 @@ class _Pending:
 
     def deliver(self, outcomes: list[AppendOutcome]) -> None:
         """On the trio thread: count, wake the FETCHes waiting on these streams
-        (even when the request itself already timed out), wake the handler."""
+        (even when the request itself already timed out), then answer."""
         counters = self.handler._counters
         waiters = self.handler._node.waiters
         for item, outcome in zip(self.items, outcomes, strict=True):
@@ -173,9 +231,64 @@ class _Pending:
                 counters.appended_records += outcome.record_count
                 counters.appended_bytes += len(item.batch)
                 waiters.notify(item.stream_id)
+        self.items = []  # the payload views: their receive buffers can go
+        self._answer(outcomes)
+
+    def _answer(self, outcomes: list[AppendOutcome]) -> None:
         if not self.done.is_set():
             self.outcomes = outcomes
             self.done.set()
+
+
+class _ImmediateAppend(_Pending):
+    """A submission taken by ``start_nowait``: answered from the delivery, or
+    with TIMEOUT by the node's ``TimeoutQueue`` if its deadline comes first."""
+
+    __slots__ = ("answered", "infos", "received_at", "responder", "timeouts")
+
+    def __init__(
+        self,
+        handler: AppendHandler,
+        items: list[AppendItem],
+        completions: _Completions,
+        infos: Sequence[messages.AppendInfo],
+        responder: Responder,
+        received_at: float,
+    ) -> None:
+        # no trio.Event: nothing waits on this one
+        self.handler = handler
+        self.items = items
+        self.completions = completions
+        self.infos = infos
+        self.responder: Responder | None = responder
+        self.received_at = received_at
+        self.timeouts: TimeoutQueue | None = None
+        self.answered = False
+
+    @property
+    def finished(self) -> bool:
+        return self.answered
+
+    def _answer(self, outcomes: list[AppendOutcome]) -> None:
+        if self.answered:
+            return  # timed out already
+        if self.timeouts is not None:
+            self.timeouts.finished()
+        self._end(self.handler._results(self.infos, outcomes))
+
+    def expire(self) -> None:
+        """The deadline passed first. The items still become durable (a retry
+        may then append them twice, as in any at-least-once log); the client
+        is told they did not finish in time."""
+        self.handler._counters.append_items_failed += len(self.infos)
+        self._end([_timed_out(info) for info in self.infos])
+
+    def _end(self, results: list[messages.AppendResult]) -> None:
+        self.answered = True
+        responder, self.responder = self.responder, None
+        self.handler._counters.append_seconds += trio.current_time() - self.received_at
+        assert responder is not None
+        responder.end_nowait(messages.AppendResponse(append_responses=tuple(results)))
 
 
 def _split_payload(infos: Sequence[messages.AppendInfo], payload: memoryview) -> list[AppendItem]:

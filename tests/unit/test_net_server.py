@@ -21,7 +21,7 @@ from sbp import messages
 from sbp.connection import Side
 from sbp.constants import FIXED_HEADER_SIZE, SERVER_STREAM_ID_BIT
 from sbp.enums import ErrorCode, Flags, Opcode
-from sbp.errors import ChecksumMismatchError, ShuttingDownError
+from sbp.errors import ChecksumMismatchError, ShuttingDownError, ThrottledError
 from sbp.frames import Frame, FrameDecoder, encode_frame
 
 RESPONSE_END = Flags.RESPONSE | Flags.RESPONSE_END
@@ -102,7 +102,7 @@ class Handlers:
 
 @asynccontextmanager
 async def serving(
-    handlers: Handlers, limits: ConnectionLimits = CLIENT_LIMITS
+    handlers: Handlers | Immediate, limits: ConnectionLimits = CLIENT_LIMITS
 ) -> AsyncIterator[tuple[Peer, Connection]]:
     client_stream, server_stream = trio.testing.memory_stream_pair()
     server = Connection(
@@ -458,3 +458,114 @@ def test_the_address_line_is_written_in_one_piece(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(sys, "stdout", Recorder())
     announce("listening on ", "::1", 7000)
     assert writes == ["listening on [::1]:7000\n", "<flush>"]
+
+
+# -- the immediate path (start_nowait) ----------------------------------------------
+
+
+class Immediate:
+    """HEARTBEAT served without a task: ``later`` requests are held and ended
+    by ``finish``; ``task`` ones are declined (served by ``__call__``);
+    ``bad`` and ``crash`` ones raise."""
+
+    def __init__(self, answer: str = "x") -> None:
+        self.answer = answer
+        self.held: list[Responder] = []
+        self.offered: list[Request] = []
+        self.called: list[Request] = []
+
+    def start_nowait(self, request: Request, responder: Responder) -> bool:
+        self.offered.append(request)
+        case = request.header_as(messages.HeartbeatRequest).client_id
+        if case == "task":
+            return False
+        if case == "bad":
+            raise ThrottledError("not now")
+        if case == "crash":
+            raise ZeroDivisionError("boom")
+        if case == "later":
+            self.held.append(responder)
+        else:
+            responder.end_nowait(messages.HeartbeatResponse(client_id=self.answer))
+        return True
+
+    async def __call__(self, request: Request, responder: Responder) -> None:
+        self.called.append(request)
+        await responder.send(messages.HeartbeatResponse(client_id="from task"))
+
+    def finish(self) -> None:
+        for responder in self.held:
+            responder.end_nowait(messages.HeartbeatResponse(client_id="later"))
+        self.held.clear()
+
+    def dispatcher(self) -> Dispatcher:
+        dispatcher = Dispatcher("test")
+        dispatcher.register(Opcode.HEARTBEAT, self)
+        return dispatcher
+
+
+async def test_immediate_handlers_answer_without_a_task_and_decline_to_one() -> None:
+    handler = Immediate()
+    async with serving(handler) as (peer, server):
+        for stream_id, case in enumerate(("later", "now", "task", "bad", "crash", "later")):
+            await peer.request(Opcode.HEARTBEAT, stream_id, heartbeat(case))
+        answered = {}
+        for _ in range(4):
+            frame = await peer.receive()
+            answered[frame.stream_id] = frame
+        assert messages.HeartbeatResponse.decode(answered[1].header).client_id == "x"
+        assert messages.HeartbeatResponse.decode(answered[2].header).client_id == "from task"
+        assert system_error(answered[3]) == (3, ErrorCode.THROTTLED)
+        assert system_error(answered[4]) == (4, ErrorCode.UNKNOWN)
+        # the declined request reached the handler itself, the same object;
+        # the refused ones never did
+        assert [request.stream_id for request in handler.called] == [2]
+        assert handler.called[0] is handler.offered[2]
+        assert server.serving == 2  # the held ones keep their slots
+        handler.finish()
+        for _ in range(2):
+            frame = await peer.receive()
+            assert frame.flags == RESPONSE_END and frame.stream_id in (0, 5)
+        await trio.testing.wait_all_tasks_blocked()
+        assert server.serving == 0
+
+
+@pytest.mark.deadline(60)
+async def test_immediate_answers_to_a_peer_that_does_not_read_stop_the_reading() -> None:
+    """The outgoing queue full, an immediate answer waits for room holding its
+    slot, so the slots fill and the server stops reading, as on the task path."""
+    handler = Immediate(answer="a" * 60_000)
+    limits = ConnectionLimits(max_concurrent_requests=8)
+    server = Server(handler.dispatcher(), limits=limits)
+    async with trio.open_nursery() as nursery:
+        host, port = await nursery.start(server.serve, "127.0.0.1", 0)
+        stream = await trio.open_tcp_stream(host, port)
+        requests = 1000  # 60 MB of answers: more than the socket buffers hold
+        sent = 0
+
+        async def flood() -> None:
+            nonlocal sent
+            for i in range(requests):
+                await stream.send_all(
+                    encode_frame(Opcode.HEARTBEAT, Flags.NONE, i, heartbeat("now"), bytes(1024))
+                )
+                sent += 1
+
+        nursery.start_soon(flood)
+        with trio.move_on_after(1.0):
+            while True:
+                await trio.sleep(0.01)
+                (connection,) = server.connections
+                assert connection.serving <= 8
+        (connection,) = server.connections
+        assert connection.serving == 8
+        assert sent < requests
+        decoder = FrameDecoder(max_frame_length=1 << 20)
+        answered = 0
+        while answered < requests:
+            for event in decoder.feed(await stream.receive_some(1 << 20)):
+                assert isinstance(event, Frame) and event.flags == RESPONSE_END
+                answered += 1
+        assert sent == requests
+        await stream.aclose()
+        nursery.cancel_scope.cancel()

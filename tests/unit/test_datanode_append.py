@@ -1,0 +1,166 @@
+"""APPEND in a data node's own process: the immediate path keeps a
+connection's order behind a request that must first learn a stream from the
+PM, answers TIMEOUT when durability takes longer than timeout_ms (and the
+data still lands), and never leaves a request without an answer."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from datanode.context import NodeContext
+from datanode.metrics import DataNodeMetrics
+from datanode.server import build_dispatcher
+from net.connection import CLIENT_LIMITS, Connection
+from sbp import messages
+from sbp.batches import build_batch
+from sbp.connection import Side
+from sbp.enums import ErrorCode, Opcode
+from sbp.errors import InvalidRequestError
+from storage import RangeInfo, ReplicaInfo, StorageEngine
+
+NODE = 1
+KNOWN, UNKNOWN = 1, 2
+MAP_SIZE = 64 * 1024 * 1024
+
+
+@contextmanager
+def engine_at(path: Path) -> Iterator[StorageEngine]:
+    engine = StorageEngine(path, map_size=MAP_SIZE, node_id=NODE)
+    try:
+        replica = ReplicaInfo(NODE, "127.0.0.1:9001", True)
+        engine.sync_ranges(KNOWN, [RangeInfo(KNOWN, 0, 0, replicas=(replica,), epoch=1)])
+        yield engine
+    finally:
+        engine.close()
+
+
+class SlowPM:
+    """Stands in for the PM link: every lookup waits for ``answer``, then
+    reports the stream unknown."""
+
+    def __init__(self) -> None:
+        self.answer = trio.Event()
+        self.asked: list[int] = []
+
+    async def refresh_stream(self, stream_id: int) -> bool:
+        self.asked.append(stream_id)
+        await self.answer.wait()
+        return False
+
+
+@asynccontextmanager
+async def node_connection(engine: StorageEngine, pm: Any = None) -> AsyncIterator[Any]:
+    metrics = DataNodeMetrics(engine.stats, lambda: 0, engine.list_ranges)
+    node = NodeContext(node_id=NODE, engine=engine, metrics=metrics, pm=pm)
+    client_stream, server_stream = trio.testing.memory_stream_pair()
+    server = Connection(
+        server_stream, side=Side.SERVER, handler=build_dispatcher(node, 1 << 20), peer="client"
+    )
+    client = Connection(client_stream, side=Side.CLIENT, limits=CLIENT_LIMITS, peer="node")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(node.append_timeouts.run)
+        await nursery.start(server.run)
+        await nursery.start(client.run)
+        yield node, client, server
+        nursery.cancel_scope.cancel()
+
+
+async def append(
+    client: Connection, items: list[tuple[int, bytes]], timeout_ms: int = 30_000
+) -> tuple[messages.AppendResult, ...]:
+    request = messages.AppendRequest(
+        timeout_ms=timeout_ms,
+        append_requests=tuple(
+            messages.AppendInfo(stream_id=stream_id, request_index=index, batch_length=len(batch))
+            for index, (stream_id, batch) in enumerate(items)
+        ),
+    )
+    response = await client.request(Opcode.APPEND, request, b"".join(b for _, b in items))
+    results: tuple[messages.AppendResult, ...] = response.header.append_responses
+    return results
+
+
+def batch(records: int) -> bytes:
+    return bytes(build_batch([b"r%d" % i for i in range(records)], 1000))
+
+
+async def test_appends_after_one_that_waits_for_the_pm_keep_their_order(tmp_path: Path) -> None:
+    pm = SlowPM()
+    with engine_at(tmp_path) as engine:
+        async with node_connection(engine, pm) as (node, client, server):
+            results: dict[str, tuple[messages.AppendResult, ...]] = {}
+
+            async def send(name: str, items: list[tuple[int, bytes]]) -> None:
+                results[name] = await append(client, items)
+
+            async with trio.open_nursery() as nursery:
+                # The first request names a stream the node must ask the PM
+                # about; the second only a known one, so it could be
+                # submitted at once, before the first, if order were not kept.
+                nursery.start_soon(send, "first", [(KNOWN, batch(3)), (UNKNOWN, batch(1))])
+                await trio.testing.wait_all_tasks_blocked()
+                assert pm.asked == [UNKNOWN]
+                nursery.start_soon(send, "second", [(KNOWN, batch(2))])
+                await trio.testing.wait_all_tasks_blocked()
+                assert server.serving == 2 and not results
+                pm.answer.set()
+            # and once the queue is empty, appends go the immediate way again
+            third = await append(client, [(KNOWN, batch(1))])
+    first_known, first_unknown = results["first"]
+    (second,) = results["second"]
+    assert (first_known.error_code, first_known.base_offset) == (ErrorCode.NONE, 0)
+    assert first_unknown.error_code == ErrorCode.RANGE_NOT_FOUND
+    assert (second.error_code, second.base_offset) == (ErrorCode.NONE, 3)
+    assert (third[0].error_code, third[0].base_offset) == (ErrorCode.NONE, 5)
+    gate = node.append_order._gates.get(server)
+    assert gate is None or not gate.places
+
+
+async def test_an_append_slower_than_its_timeout_answers_timeout_and_still_lands(
+    tmp_path: Path,
+) -> None:
+    with engine_at(tmp_path) as engine:
+        async with node_connection(engine) as (node, client, server):
+            # Hold the storage writer: the next commit waits for the release.
+            release = threading.Event()
+            held = engine.submit_command(lambda ctx: release.wait(10))
+            with trio.fail_after(5):
+                (result,) = await append(client, [(KNOWN, batch(4))], timeout_ms=100)
+            assert result.error_code == ErrorCode.TIMEOUT
+            assert result.base_offset == -1
+            assert server.serving == 0
+            assert node.metrics.counters.append_items_failed == 1
+            release.set()
+            await trio.to_thread.run_sync(held.result)
+            # The late commit delivers: no second answer, and the data is there.
+            with trio.fail_after(5):
+                while engine.next_offset(KNOWN) != 4:
+                    await trio.sleep(0.01)
+            (after,) = await append(client, [(KNOWN, batch(1))], timeout_ms=100)
+            assert (after.error_code, after.base_offset) == (ErrorCode.NONE, 4)
+            assert client.discarded == {}
+            assert len(node.append_timeouts) <= 2
+
+
+async def test_a_malformed_append_is_refused_and_the_connection_goes_on(tmp_path: Path) -> None:
+    with engine_at(tmp_path) as engine:
+        async with node_connection(engine) as (_, client, server):
+            request = messages.AppendRequest(
+                timeout_ms=1000,
+                append_requests=(
+                    messages.AppendInfo(stream_id=KNOWN, request_index=0, batch_length=999),
+                ),
+            )
+            with pytest.raises(InvalidRequestError, match="batch_lengths"):
+                await client.request(Opcode.APPEND, request, batch(1))
+            (ok,) = await append(client, [(KNOWN, batch(2))])
+            assert (ok.error_code, ok.base_offset) == (ErrorCode.NONE, 0)
+            assert server.serving == 0
