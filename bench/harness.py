@@ -297,6 +297,15 @@ class LocalCluster:
                     ids.append(result.stream.stream_id)
         return ids
 
+    async def delete_streams(self, stream_ids: list[int]) -> None:
+        """Delete streams a measurement is done with, so their data is freed
+        and a long run does not fill the node's storage."""
+        async with PMClient(self.pm_address) as pm:
+            for first in range(0, len(stream_ids), 1000):
+                for result in await pm.delete_streams(stream_ids[first : first + 1000], timeout=60):
+                    if result.error_code != 0:
+                        raise RuntimeError(f"DELETE_STREAMS failed: {result.error_message}")
+
 
 @asynccontextmanager
 async def local_cluster(sync: str, parent: Path) -> AsyncIterator[LocalCluster]:

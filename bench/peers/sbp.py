@@ -64,6 +64,7 @@ async def measure_appends(
         SYSTEM, workload, durability_label(sync), load.in_flight, server.stop(), client.stop()
     )
     measurement.extra["batches_per_request"] = load.batches_per_request
+    await cluster.delete_streams(stream_ids)
     return measurement
 
 
