@@ -119,7 +119,7 @@ class AppendHandler:
         if not items:
             return []
         node = self._node
-        pending = _Pending(self, items, self._completions_now())
+        pending = _AwaitedAppend(self, items, self._completions_now())
         with trio.move_on_at(deadline):
             # Up to the submission, requests of one connection go in arrival
             # order: that is what keeps one stream's batches in request order.
@@ -128,7 +128,6 @@ class AppendHandler:
                     if not node.knows(stream_id):
                         await node.learn_stream(stream_id)
                 node.engine.submit(items, pending.on_durable)
-                pending.submitted = True
                 self._submitted(request)
             await pending.done.wait()
         if pending.outcomes is None:
@@ -178,10 +177,12 @@ class _Completions:
 
     def __init__(self, token: trio.lowlevel.TrioToken) -> None:
         self._token = token
-        self._ready: collections.deque[tuple[_Pending, list[AppendOutcome]]] = collections.deque()
+        self._ready: collections.deque[tuple[_Submission, list[AppendOutcome]]] = (
+            collections.deque()
+        )
         self._scheduled = False
 
-    def put(self, pending: _Pending, outcomes: list[AppendOutcome]) -> None:
+    def put(self, pending: _Submission, outcomes: list[AppendOutcome]) -> None:
         """On the writer thread: queue, and wake trio unless a drain is due."""
         self._ready.append((pending, outcomes))
         if not self._scheduled:
@@ -199,11 +200,11 @@ class _Completions:
             pending.deliver(outcomes)
 
 
-class _Pending:
-    """One submission's outcomes, handed from the writer thread to trio; the
-    task path's handler waits for ``done``."""
+class _Submission:
+    """One request's items on their way through the storage writer: the
+    outcomes come back on the writer thread and are delivered on trio's."""
 
-    __slots__ = ("completions", "done", "handler", "items", "outcomes", "submitted")
+    __slots__ = ("completions", "handler", "items")
 
     def __init__(
         self, handler: AppendHandler, items: list[AppendItem], completions: _Completions
@@ -211,9 +212,6 @@ class _Pending:
         self.handler = handler
         self.items = items
         self.completions = completions
-        self.done = trio.Event()
-        self.outcomes: list[AppendOutcome] | None = None
-        self.submitted = False
 
     def on_durable(self, outcomes: list[AppendOutcome]) -> None:
         """Runs on the storage writer thread: hand over, never block."""
@@ -235,12 +233,28 @@ class _Pending:
         self._answer(outcomes)
 
     def _answer(self, outcomes: list[AppendOutcome]) -> None:
+        raise NotImplementedError
+
+
+class _AwaitedAppend(_Submission):
+    """A submission of the task path: its handler waits for ``done``."""
+
+    __slots__ = ("done", "outcomes")
+
+    def __init__(
+        self, handler: AppendHandler, items: list[AppendItem], completions: _Completions
+    ) -> None:
+        super().__init__(handler, items, completions)
+        self.done = trio.Event()
+        self.outcomes: list[AppendOutcome] | None = None
+
+    def _answer(self, outcomes: list[AppendOutcome]) -> None:
         if not self.done.is_set():
             self.outcomes = outcomes
             self.done.set()
 
 
-class _ImmediateAppend(_Pending):
+class _ImmediateAppend(_Submission):
     """A submission taken by ``start_nowait``: answered from the delivery, or
     with TIMEOUT by the node's ``TimeoutQueue`` if its deadline comes first."""
 
@@ -255,10 +269,7 @@ class _ImmediateAppend(_Pending):
         responder: Responder,
         received_at: float,
     ) -> None:
-        # no trio.Event: nothing waits on this one
-        self.handler = handler
-        self.items = items
-        self.completions = completions
+        super().__init__(handler, items, completions)
         self.infos = infos
         self.responder: Responder | None = responder
         self.received_at = received_at

@@ -313,14 +313,58 @@ async def test_request_flood_stops_reading_at_the_concurrency_limit() -> None:
         assert handlers.most_running == 4
 
 
+async def flood_without_reading(
+    dispatcher: Dispatcher, client_id: str, request_payload: bytes, answer_bytes: int
+) -> None:
+    """Send 1,000 requests and read no answer until the server has stopped
+    reading: its writes stall, its 8 slots fill, and the client's sends
+    block; then read every answer (each ``answer_bytes`` of payload)."""
+    slots = 8
+    server = Server(dispatcher, limits=ConnectionLimits(max_concurrent_requests=slots))
+    async with trio.open_nursery() as nursery:
+        host, port = await nursery.start(server.serve, "127.0.0.1", 0)
+        stream = await trio.open_tcp_stream(host, port)
+        requests = 1000  # more requests and answers than the socket buffers hold
+        sent = 0
+
+        async def flood() -> None:
+            nonlocal sent
+            for i in range(requests):
+                frame = encode_frame(
+                    Opcode.HEARTBEAT, Flags.NONE, i, heartbeat(client_id), request_payload
+                )
+                await stream.send_all(frame)
+                sent += 1
+
+        nursery.start_soon(flood)
+        with trio.move_on_after(1.0):
+            while True:
+                await trio.sleep(0.01)
+                (connection,) = server.connections
+                assert connection.serving <= slots
+                assert connection.buffered <= RECEIVE_CHUNK
+        (connection,) = server.connections
+        assert connection.serving == slots  # every slot held by a blocked write
+        assert sent < requests  # the server stopped reading, so the client blocks
+        # Now read everything: all requests complete.
+        decoder = FrameDecoder(max_frame_length=1 << 20)
+        answered = 0
+        while answered < requests:
+            for event in decoder.feed(await stream.receive_some(1 << 20)):
+                assert isinstance(event, Frame) and event.flags == RESPONSE_END
+                assert len(event.payload) == answer_bytes
+                answered += 1
+        assert sent == requests
+        await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
 @pytest.mark.deadline(60)
 async def test_slow_reader_over_tcp_bounds_handlers_and_memory() -> None:
     """A client that sends many requests and reads no answer: the server's
     writes stall, its slots fill, it stops reading; nothing grows unbounded."""
     handlers = Handlers()
-    limits = ConnectionLimits(max_concurrent_requests=8)
     big = bytes(64 * 1024)
-    request_payload = bytes(16 * 1024)
 
     async def large(request: Request, responder: Responder) -> None:
         handlers.running += 1
@@ -332,42 +376,8 @@ async def test_slow_reader_over_tcp_bounds_handlers_and_memory() -> None:
 
     dispatcher = Dispatcher("test")
     dispatcher.register(Opcode.HEARTBEAT, large)
-    server = Server(dispatcher, limits=limits)
-    async with trio.open_nursery() as nursery:
-        host, port = await nursery.start(server.serve, "127.0.0.1", 0)
-        stream = await trio.open_tcp_stream(host, port)
-        requests = 1000  # 16 MiB of requests: more than the socket buffers hold
-        sent = 0
-
-        async def flood() -> None:
-            nonlocal sent
-            for i in range(requests):
-                frame = encode_frame(
-                    Opcode.HEARTBEAT, Flags.NONE, i, heartbeat("x"), request_payload
-                )
-                await stream.send_all(frame)
-                sent += 1
-
-        nursery.start_soon(flood)
-        with trio.move_on_after(1.0):
-            while True:
-                await trio.sleep(0.01)
-                (connection,) = server.connections
-                assert connection.serving <= 8
-                assert connection.buffered <= RECEIVE_CHUNK
-        (connection,) = server.connections
-        assert connection.serving == 8  # every slot held by a blocked write
-        assert sent < requests  # the server stopped reading, so the client blocks
-        # Now read everything: all requests complete.
-        decoder = FrameDecoder()
-        answered = 0
-        while answered < requests:
-            for event in decoder.feed(await stream.receive_some(1 << 20)):
-                assert isinstance(event, Frame) and len(event.payload) == len(big)
-                answered += 1
-        assert handlers.most_running <= 8
-        await stream.aclose()
-        nursery.cancel_scope.cancel()
+    await flood_without_reading(dispatcher, "x", bytes(16 * 1024), len(big))
+    assert handlers.most_running <= 8
 
 
 # -- the TCP server -----------------------------------------------------------------
@@ -535,37 +545,5 @@ async def test_immediate_answers_to_a_peer_that_does_not_read_stop_the_reading()
     """The outgoing queue full, an immediate answer waits for room holding its
     slot, so the slots fill and the server stops reading, as on the task path."""
     handler = Immediate(answer="a" * 60_000)
-    limits = ConnectionLimits(max_concurrent_requests=8)
-    server = Server(handler.dispatcher(), limits=limits)
-    async with trio.open_nursery() as nursery:
-        host, port = await nursery.start(server.serve, "127.0.0.1", 0)
-        stream = await trio.open_tcp_stream(host, port)
-        requests = 1000  # 60 MB of answers: more than the socket buffers hold
-        sent = 0
-
-        async def flood() -> None:
-            nonlocal sent
-            for i in range(requests):
-                await stream.send_all(
-                    encode_frame(Opcode.HEARTBEAT, Flags.NONE, i, heartbeat("now"), bytes(1024))
-                )
-                sent += 1
-
-        nursery.start_soon(flood)
-        with trio.move_on_after(1.0):
-            while True:
-                await trio.sleep(0.01)
-                (connection,) = server.connections
-                assert connection.serving <= 8
-        (connection,) = server.connections
-        assert connection.serving == 8
-        assert sent < requests
-        decoder = FrameDecoder(max_frame_length=1 << 20)
-        answered = 0
-        while answered < requests:
-            for event in decoder.feed(await stream.receive_some(1 << 20)):
-                assert isinstance(event, Frame) and event.flags == RESPONSE_END
-                answered += 1
-        assert sent == requests
-        await stream.aclose()
-        nursery.cancel_scope.cancel()
+    await flood_without_reading(handler.dispatcher(), "now", bytes(1024), 0)
+    assert not handler.called
