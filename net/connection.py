@@ -16,7 +16,9 @@ Backpressure: a serving connection holds at most
 ``limits.max_concurrent_requests`` requests; while all slots are taken the
 reader stops reading, so a flood of requests waits in the peer's socket buffer,
 not in our memory. The outgoing queue is bounded too, so a peer that does not
-read stalls the tasks that answer it rather than growing a buffer.
+read stalls the tasks that answer it rather than growing a buffer (an
+answer from a synchronous path waits for room in a task too, and keeps its
+request's slot until then).
 """
 
 from __future__ import annotations
