@@ -553,12 +553,25 @@ class Connection:
         *,
         tracked: bool,
     ) -> None:
+        await self._write(
+            opcode, self._response_frame(opcode, flags, stream_id, header, payload, tracked)
+        )
+
+    def _response_frame(
+        self,
+        opcode: int,
+        flags: Flags,
+        stream_id: int,
+        header: bytes,
+        payload: bytes | memoryview,
+        tracked: bool,
+    ) -> bytes:
         data = encode_frame(opcode, flags, stream_id, header, payload)
         if tracked:
             # Before the frame is queued: once it is out the peer may reuse
             # the id, and that new request must not look like a duplicate.
             self._state.response_sent(stream_id, bool(flags & Flags.RESPONSE_END))
-        await self._write(opcode, data)
+        return data
 
     async def _write_loop(self) -> None:
         stream = self._stream
@@ -799,9 +812,9 @@ class Connection:
         full, a task waits for room, so a peer that does not read its answers
         still stops being read from (the backpressure of the task path).
         """
-        stream_id = responder.stream_id
-        data = encode_frame(responder.opcode, _RESPONSE_END, stream_id, header, b"")
-        self._state.response_sent(stream_id, end=True)
+        data = self._response_frame(
+            responder.opcode, _RESPONSE_END, responder.stream_id, header, b"", True
+        )
         try:
             queued = self._write_nowait(responder.opcode, data)
         except ConnectionClosed:

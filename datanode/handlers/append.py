@@ -50,16 +50,12 @@ class AppendHandler:
 
     def start_nowait(self, request: Request, responder: Responder) -> bool:
         """Submit now, if nothing must be waited for first (see the class)."""
-        header = request.header_as(messages.AppendRequest)
-        infos = header.append_requests
-        items = _split_payload(infos, request.payload)
+        infos, items, deadline = _parse(request)
+        if not items:
+            return False  # nothing to submit, nothing to keep in order
         node = self._node
         connection = request.connection
-        if (
-            not items
-            or connection in self._waiting
-            or not all(node.knows(item.stream_id) for item in items)
-        ):
+        if connection in self._waiting or not all(node.knows(item.stream_id) for item in items):
             self._waiting.setdefault(connection, set()).add(request)
             return False
         pending = _ImmediateAppend(
@@ -67,28 +63,18 @@ class AppendHandler:
         )
         node.engine.submit(items, pending.on_durable)
         self._count_request(infos)
-        if header.timeout_ms > 0:
+        if deadline < math.inf:
             pending.timeouts = node.append_timeouts
-            node.append_timeouts.add(request.received_at + header.timeout_ms / 1000, pending)
+            node.append_timeouts.add(deadline, pending)
         return True
 
     async def __call__(self, request: Request, responder: Responder) -> None:
+        infos, items, deadline = _parse(request)
+        self._count_request(infos)
         try:
-            header = request.header_as(messages.AppendRequest)
-            infos = header.append_requests
-            items = _split_payload(infos, request.payload)
-            self._count_request(infos)
-            deadline = (
-                request.received_at + header.timeout_ms / 1000
-                if header.timeout_ms > 0
-                else math.inf
-            )
-            try:
-                results = await self._append(request, infos, items, deadline)
-            finally:
-                self._counters.append_seconds += trio.current_time() - request.received_at
+            results = await self._append(request, infos, items, deadline)
         finally:
-            self._submitted(request)
+            self._counters.append_seconds += trio.current_time() - request.received_at
         await responder.send(messages.AppendResponse(append_responses=tuple(results)))
 
     def _count_request(self, infos: Sequence[messages.AppendInfo]) -> None:
@@ -102,7 +88,8 @@ class AppendHandler:
         return self._completions
 
     def _submitted(self, request: Request) -> None:
-        """A request of the task path is past its submission (or failed)."""
+        """A request of the task path is past its submission (or never will
+        be): later APPENDs of its connection may go straight in again."""
         waiting = self._waiting.get(request.connection)
         if waiting is not None:
             waiting.discard(request)
@@ -123,11 +110,13 @@ class AppendHandler:
         with trio.move_on_at(deadline):
             # Up to the submission, requests of one connection go in arrival
             # order: that is what keeps one stream's batches in request order.
-            async with node.append_order.turn(request):
-                for stream_id in {item.stream_id for item in items}:
-                    if not node.knows(stream_id):
-                        await node.learn_stream(stream_id)
-                node.engine.submit(items, pending.on_durable)
+            try:
+                async with node.append_order.turn(request):
+                    for stream_id in {item.stream_id for item in items}:
+                        if not node.knows(stream_id):
+                            await node.learn_stream(stream_id)
+                    node.engine.submit(items, pending.on_durable)
+            finally:
                 self._submitted(request)
             await pending.done.wait()
         if pending.outcomes is None:
@@ -258,7 +247,7 @@ class _ImmediateAppend(_Submission):
     """A submission taken by ``start_nowait``: answered from the delivery, or
     with TIMEOUT by the node's ``TimeoutQueue`` if its deadline comes first."""
 
-    __slots__ = ("answered", "infos", "received_at", "responder", "timeouts")
+    __slots__ = ("finished", "infos", "received_at", "responder", "timeouts")
 
     def __init__(
         self,
@@ -274,14 +263,11 @@ class _ImmediateAppend(_Submission):
         self.responder: Responder | None = responder
         self.received_at = received_at
         self.timeouts: TimeoutQueue | None = None
-        self.answered = False
-
-    @property
-    def finished(self) -> bool:
-        return self.answered
+        #: answered, from the delivery or by ``expire`` (``timeouts.Expiring``)
+        self.finished = False
 
     def _answer(self, outcomes: list[AppendOutcome]) -> None:
-        if self.answered:
+        if self.finished:
             return  # timed out already
         if self.timeouts is not None:
             self.timeouts.finished()
@@ -295,11 +281,20 @@ class _ImmediateAppend(_Submission):
         self._end([_timed_out(info) for info in self.infos])
 
     def _end(self, results: list[messages.AppendResult]) -> None:
-        self.answered = True
+        self.finished = True
         responder, self.responder = self.responder, None
         self.handler._counters.append_seconds += trio.current_time() - self.received_at
         assert responder is not None
         responder.end_nowait(messages.AppendResponse(append_responses=tuple(results)))
+
+
+def _parse(request: Request) -> tuple[Sequence[messages.AppendInfo], list[AppendItem], float]:
+    """The request's items, one payload view each, and its deadline (trio
+    time; infinite without ``timeout_ms``)."""
+    header = request.header_as(messages.AppendRequest)
+    infos = header.append_requests
+    deadline = request.received_at + header.timeout_ms / 1000 if header.timeout_ms > 0 else math.inf
+    return infos, _split_payload(infos, request.payload), deadline
 
 
 def _split_payload(infos: Sequence[messages.AppendInfo], payload: memoryview) -> list[AppendItem]:
