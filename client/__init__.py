@@ -7,7 +7,13 @@ from ._base import DEFAULT_TIMEOUT, SBPClient
 from .consumer import Consumer, Record
 from .datanode_client import DataNodeClient, FetchedBatches
 from .pm_client import PMClient
-from .producer import Producer, ProducerClosedError, RecordHandle, RecordsHandle
+from .producer import (
+    Producer,
+    ProducerClosedError,
+    RecordHandle,
+    RecordsHandle,
+    RecordTooLargeError,
+)
 from .sync import SyncClient, SyncConsumer, SyncProducer
 
 __all__ = [
@@ -20,6 +26,7 @@ __all__ = [
     "ProducerClosedError",
     "Record",
     "RecordHandle",
+    "RecordTooLargeError",
     "RecordsHandle",
     "SBPClient",
     "SyncClient",

@@ -12,6 +12,11 @@ failure into one line on stderr and an exit code (docs/cli.md):
 4     no answer within ``--timeout``
 130   interrupted (Ctrl-C)
 ====  ==========================================================
+
+``--timeout`` is the whole command's deadline, except for ``append``,
+``read``, ``tail`` and ``top``, which may rightly run for long: there it
+bounds each wait for the cluster (a batch not stored within it fails the
+append; a read gives up after failing that long).
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ from typing import IO
 import trio
 
 from net.pool import ConnectionPool, parse_address
+from sbp.enums import ErrorCode
 from sbp.errors import ConnectionClosed, ProtocolError, SBPError
 
+from .cli_append import cmd_append
 from .cli_commands import (
     DEFAULT_PM,
     DEFAULT_TIMEOUT_S,
@@ -39,7 +46,6 @@ from .cli_commands import (
     Command,
     Env,
     UsageError,
-    cmd_append,
     cmd_cluster_status,
     cmd_ping,
     cmd_ranges_describe,
@@ -74,7 +80,7 @@ def _integer(text: str, low: int, high: int | None = None) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        bound = f"from {low} to {high:,}" if high is not None else f">= {low}"
         raise argparse.ArgumentTypeError(f"must be {bound}: {text!r}")
     return value
 
@@ -85,6 +91,18 @@ def _non_negative(text: str) -> int:
 
 def _positive(text: str) -> int:
     return _integer(text, 1)
+
+
+#: stream ids and offsets are int64 on the wire
+_INT64_MAX = (1 << 63) - 1
+
+
+def _stream_id(text: str) -> int:
+    return _integer(text, 1, _INT64_MAX)
+
+
+def _offset(text: str) -> int:
+    return _integer(text, 0, _INT64_MAX)
 
 
 def _replicas(text: str) -> int:
@@ -165,25 +183,25 @@ def build_parser() -> argparse.ArgumentParser:
     get = stream_commands.add_parser(
         "get", help="show streams by id", description=cmd_streams_get.__doc__
     )
-    get.add_argument("stream_ids", type=_positive, nargs="+", metavar="STREAM")
+    get.add_argument("stream_ids", type=_stream_id, nargs="+", metavar="STREAM")
     _command(get, cmd_streams_get)
     update = stream_commands.add_parser(
         "update", help="change a stream's settings", description=cmd_streams_update.__doc__
     )
-    update.add_argument("stream_id", type=_positive, metavar="STREAM")
+    update.add_argument("stream_id", type=_stream_id, metavar="STREAM")
     update.add_argument("--replicas", type=_replicas, help="new replica count")
     update.add_argument("--retention-ms", type=_non_negative, metavar="MS", help="new retention")
     _command(update, cmd_streams_update)
     delete = stream_commands.add_parser(
         "delete", help="delete streams and their records", description=cmd_streams_delete.__doc__
     )
-    delete.add_argument("stream_ids", type=_positive, nargs="+", metavar="STREAM")
+    delete.add_argument("stream_ids", type=_stream_id, nargs="+", metavar="STREAM")
     _command(delete, cmd_streams_delete)
     trim = stream_commands.add_parser(
         "trim", help="drop records below an offset", description=cmd_streams_trim.__doc__
     )
-    trim.add_argument("stream_id", type=_positive, metavar="STREAM")
-    trim.add_argument("offset", type=_non_negative, metavar="OFFSET")
+    trim.add_argument("stream_id", type=_stream_id, metavar="STREAM")
+    trim.add_argument("offset", type=_offset, metavar="OFFSET")
     _command(trim, cmd_streams_trim)
 
     ranges = commands.add_parser("ranges", help="list, describe and seal ranges")
@@ -191,19 +209,19 @@ def build_parser() -> argparse.ArgumentParser:
     list_ranges = range_commands.add_parser(
         "list", help="a stream's ranges, or a node's", description=cmd_ranges_list.__doc__
     )
-    list_ranges.add_argument("stream_id", type=_positive, nargs="?", metavar="STREAM")
+    list_ranges.add_argument("stream_id", type=_stream_id, nargs="?", metavar="STREAM")
     list_ranges.add_argument("--node", type=_non_negative, metavar="NODE_ID", help="a data node")
     _command(list_ranges, cmd_ranges_list)
     describe = range_commands.add_parser(
         "describe", help="one range", description=cmd_ranges_describe.__doc__
     )
-    describe.add_argument("stream_id", type=_positive, metavar="STREAM")
+    describe.add_argument("stream_id", type=_stream_id, metavar="STREAM")
     describe.add_argument("range_index", type=_non_negative, metavar="RANGE")
     _command(describe, cmd_ranges_describe)
     seal = range_commands.add_parser(
         "seal", help="seal a range and open the next", description=cmd_ranges_seal.__doc__
     )
-    seal.add_argument("stream_id", type=_positive, metavar="STREAM")
+    seal.add_argument("stream_id", type=_stream_id, metavar="STREAM")
     seal.add_argument(
         "range_index", type=_non_negative, nargs="?", metavar="RANGE", help="default: the open one"
     )
@@ -217,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Prints the offsets given to the first and last record."
         ),
     )
-    append.add_argument("stream_id", type=_positive, metavar="STREAM")
+    append.add_argument("stream_id", type=_stream_id, metavar="STREAM")
     append.add_argument("file", nargs="?", metavar="FILE", help="input file (default: stdin)")
     append.add_argument(
         "--progress",
@@ -236,11 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
         (read, None, "first offset to read (default: the stream's first stored offset)"),
         (tail, None, "first offset (default: the stream's end, only new records)"),
     ):
-        sub.add_argument("stream_id", type=_positive, metavar="STREAM")
+        sub.add_argument("stream_id", type=_stream_id, metavar="STREAM")
         sub.add_argument(
             "--from",
             dest="from_offset",
-            type=_non_negative,
+            type=_offset,
             default=default_from,
             metavar="OFFSET",
             help=from_help,
@@ -292,6 +310,8 @@ def describe_failure(error: BaseException) -> tuple[int, str] | None:
         if isinstance(leaf, UsageError):
             return EXIT_USAGE, str(leaf)
         if isinstance(leaf, ProtocolError):
+            if leaf.code == ErrorCode.TIMEOUT:
+                return EXIT_TIMEOUT, str(leaf)
             return EXIT_SERVER_ERROR, str(leaf)
         if isinstance(leaf, ConnectionClosed | OSError):
             return EXIT_CONNECT, f"cannot connect: {leaf}"
@@ -304,11 +324,21 @@ def describe_failure(error: BaseException) -> tuple[int, str] | None:
     return None
 
 
+#: commands that may rightly run for long: --timeout bounds each wait, not the whole
+LONG_RUNNING: frozenset[Command] = frozenset({cmd_append, cmd_read, cmd_tail, cmd_top})
+#: a one-shot command's server is given --timeout; its answer may take this much longer
+ANSWER_GRACE_S = 0.25
+
+
 async def run_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     async with ConnectionPool() as pool:
         pm = PMClient(args.pm, pool=pool, timeout=args.timeout)
         command: Command = args.command
-        return await command(Env(args, pm, pool, out, err))
+        env = Env(args, pm, pool, out, err)
+        if command in LONG_RUNNING:
+            return await command(env)
+        with trio.fail_after(args.timeout + ANSWER_GRACE_S):
+            return await command(env)
 
 
 def main(argv: Sequence[str] | None = None, *, out: IO[str] | None = None) -> int:

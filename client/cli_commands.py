@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Final
 
@@ -28,12 +26,9 @@ from ._routing import primary_of
 from .consumer import Consumer
 from .datanode_client import DataNodeClient
 from .pm_client import PMClient
-from .producer import Producer, RecordsHandle
 
 DEFAULT_PM: Final = "127.0.0.1:7400"
 DEFAULT_TIMEOUT_S: Final = 10.0
-#: lines handed to the producer at a time by ``append``
-APPEND_CHUNK_LINES: Final = 10_000
 
 EXIT_OK: Final = 0
 EXIT_SERVER_ERROR: Final = 1
@@ -197,18 +192,18 @@ async def cmd_streams_update(env: Env) -> int:
 
 async def cmd_streams_delete(env: Env) -> int:
     """Delete streams, their ranges and their records on the data nodes."""
-    results = await env.pm.delete_streams(env.args.stream_ids)
+    stream_ids = list(dict.fromkeys(env.args.stream_ids))  # each once, in the order given
+    results = await env.pm.delete_streams(stream_ids)
     failed = [r for r in results if r.error_code]
     if env.json:
         env.emit_json(results)
     else:
         deleted = [
-            stream_id
-            for stream_id, r in zip(env.args.stream_ids, results, strict=False)
-            if not r.error_code
+            stream_id for stream_id, r in zip(stream_ids, results, strict=False) if not r.error_code
         ]
         if deleted:
-            env.emit("deleted stream " + ", ".join(str(s) for s in deleted))
+            noun = "stream" if len(deleted) == 1 else "streams"
+            env.emit(f"deleted {noun} " + ", ".join(str(s) for s in deleted))
     for result in failed:
         print(_item_error(result.error_code, result.error_message), file=env.err)
     return EXIT_SERVER_ERROR if failed else EXIT_OK
@@ -216,11 +211,19 @@ async def cmd_streams_delete(env: Env) -> int:
 
 async def cmd_streams_trim(env: Env) -> int:
     """Drop a stream's records below an offset."""
-    result = await env.pm.trim_stream(env.args.stream_id, env.args.offset)
+    stream_id, offset = env.args.stream_id, env.args.offset
+    before = await env.pm.list_stream_ranges(stream_id)
+    first_before = before[0].start_offset if before else 0
+    result = await env.pm.trim_stream(stream_id, offset)
     if env.json:
         env.emit_json(result)
+    elif offset <= first_before:
+        env.emit(
+            f"nothing changed: stream {stream_id} already starts at offset {first_before}, "
+            f"not below {offset}"
+        )
     else:
-        env.emit(f"trimmed stream {env.args.stream_id} below offset {env.args.offset}")
+        env.emit(f"trimmed stream {stream_id} below offset {offset}")
     return EXIT_OK
 
 
@@ -289,103 +292,6 @@ async def _find_node(env: Env, node_id: int) -> messages.DataNode:
 
 
 # --------------------------------------------------------------------------- append
-
-
-class Progress:
-    """A one-line progress report on stderr, redrawn at most 10 times a second."""
-
-    def __init__(self, stream: IO[str], enabled: bool, total_bytes: int | None) -> None:
-        self._stream = stream
-        self._enabled = enabled
-        self._total = total_bytes
-        self._started = time.monotonic()
-        self._last_draw = 0.0
-
-    def update(self, records: int, nbytes: int, *, final: bool = False) -> None:
-        if not self._enabled:
-            return
-        now = time.monotonic()
-        if not final and now - self._last_draw < 0.1:
-            return
-        self._last_draw = now
-        rate = records / max(now - self._started, 1e-6)
-        line = f"{records:,} records, {fmt.size_text(nbytes)}, {rate:,.0f} records/s"
-        if self._total:
-            done = min(1.0, nbytes / self._total)
-            filled = int(done * 30)
-            line = f"[{'#' * filled}{'.' * (30 - filled)}] {done:4.0%} " + line
-        self._stream.write("\r" + line + ("\n" if final else ""))
-        self._stream.flush()
-
-
-def read_lines(source: IO[bytes], chunk_lines: int) -> Iterator[tuple[list[bytes], int]]:
-    """Chunks of input lines without their line ends, with the bytes read."""
-    chunk: list[bytes] = []
-    nbytes = 0
-    for line in source:
-        nbytes += len(line)
-        chunk.append(line.rstrip(b"\r\n") if line.endswith(b"\n") else line)
-        if len(chunk) >= chunk_lines:
-            yield chunk, nbytes
-            chunk, nbytes = [], 0
-    if chunk:
-        yield chunk, nbytes
-
-
-async def cmd_append(env: Env) -> int:
-    """Append each input line as one record."""
-    args = env.args
-    total: int | None = None
-    if args.file in (None, "-"):
-        source: IO[bytes] = sys.stdin.buffer
-    else:
-        try:
-            source = open(args.file, "rb")  # noqa: SIM115 - closed below
-        except OSError as error:
-            raise UsageError(f"cannot read {args.file}: {error.strerror}") from error
-        total = os.fstat(source.fileno()).st_size
-    progress = Progress(env.err, args.progress or env.err.isatty(), total)
-    records = value_bytes = read_bytes = 0
-    first: RecordsHandle | None = None
-    last: RecordsHandle | None = None
-    started = time.monotonic()
-    try:
-        async with Producer(
-            env.pm, args.stream_id, pool=env.pool, request_timeout=args.timeout
-        ) as producer:
-            for lines, nbytes in read_lines(source, APPEND_CHUNK_LINES):
-                last = await producer.send_many(lines)
-                first = first or last
-                records += len(lines)
-                value_bytes += sum(len(line) for line in lines)
-                read_bytes += nbytes
-                progress.update(records, read_bytes)
-            await producer.flush()
-    finally:
-        if source is not sys.stdin.buffer:
-            source.close()
-    progress.update(records, read_bytes, final=True)
-    seconds = time.monotonic() - started
-    first_offset = int((await first.offsets())[0]) if first else None
-    last_offset = int((await last.offsets())[-1]) if last else None
-    summary = {
-        "stream_id": args.stream_id,
-        "records": records,
-        "bytes": value_bytes,
-        "first_offset": first_offset,
-        "last_offset": last_offset,
-        "seconds": round(seconds, 3),
-    }
-    if env.json:
-        env.emit_json(summary)
-    elif records:
-        env.emit(
-            f"appended {fmt.plural(records, 'record')} ({fmt.size_text(value_bytes)}) to stream "
-            f"{args.stream_id}, offsets {first_offset}..{last_offset}, in {seconds:.2f} s"
-        )
-    else:
-        env.emit(f"no input: nothing appended to stream {args.stream_id}")
-    return EXIT_OK
 
 
 # --------------------------------------------------------------------------- read / tail
@@ -525,7 +431,13 @@ def node_summary(status: messages.DataNodeStatus, now: float) -> dict[str, Any]:
         "node_id": status.data_node.node_id,
         "address": status.data_node.advertise_addr,
         "alive": status.alive,
-        "last_heartbeat": fmt.age_text(status.last_heartbeat_ms, now),
+        "last_heartbeat_ms": status.last_heartbeat_ms,
+        # seconds since the last heartbeat (None: never heard from)
+        "heartbeat_age_s": (
+            round(max(0.0, now - status.last_heartbeat_ms / 1000), 3)
+            if status.last_heartbeat_ms > 0
+            else None
+        ),
         "ranges": status.range_count,
         "active_ranges": report.range_active_cnt,
         "in_bytes_per_s": report.disk_in_rate,
@@ -536,7 +448,8 @@ def node_summary(status: messages.DataNodeStatus, now: float) -> dict[str, Any]:
         "append_ms": report.network_append_avg_latency,
         "fetch_ms": report.network_fetch_avg_latency,
         "commit_ms": report.uring_task_avg_latency,
-        "disk_free_bytes": report.disk_free_space,
+        # None until the node's first REPORT_METRICS
+        "disk_free_bytes": report.disk_free_space if status.metrics is not None else None,
         "memory_bytes": report.memory_used,
         "reported": status.metrics is not None,
     }
@@ -561,11 +474,11 @@ async def cmd_cluster_status(env: Env) -> int:
                         row["node_id"],
                         row["address"],
                         row["alive"],
-                        row["last_heartbeat"],
+                        fmt.age_text(row["last_heartbeat_ms"], now),
                         row["ranges"],
                         row["active_ranges"],
                         fmt.size_text(row["in_bytes_per_s"]),
-                        fmt.size_text(row["disk_free_bytes"]),
+                        fmt.optional_size_text(row["disk_free_bytes"]),
                     ]
                     for row in rows
                 ],

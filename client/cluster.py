@@ -6,11 +6,22 @@ the ports default to fixed values derived from ``--port-base``, so starting the
 cluster again on the same directory finds every stream and record again, at
 the same addresses. Ctrl-C or SIGTERM shuts the data nodes down gracefully
 (each drains its connections and closes its storage), then the PM.
+
+A child that dies on its own is started again after a backoff (1 s, doubling
+to 30 s, back to 1 s once it has run for a minute), so the cluster keeps
+serving while a node is down, as a failover test needs; ``--no-restart``
+stops the whole cluster instead. The launcher holds a lock on the data
+directory, so a second launcher there is refused with one line naming the
+first one's pid, and it never leaves a child behind: every way out stops
+them, and a child is sent SIGTERM by the kernel if the launcher itself is
+killed.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import signal
 import subprocess
 import sys
@@ -20,11 +31,21 @@ from pathlib import Path
 
 import trio
 
+from net.dirlock import locked_dir
+from net.service import ServiceError
+
 DEFAULT_PORT_BASE = 7400
 DEFAULT_NODES = 3
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 LISTENING_PREFIX = "listening on "
+LOCK_FILE = "cluster.lock"
+#: a dead child is started again after this, doubling per quick death up to the cap
+RESTART_BACKOFF_S = 1.0
+RESTART_BACKOFF_MAX_S = 30.0
+#: a child that ran this long before it died starts the backoff afresh
+RESTART_RESET_S = 60.0
+_PR_SET_PDEATHSIG = 1
 
 
 class ClusterError(Exception):
@@ -40,6 +61,9 @@ class Child:
     log_path: Path
     address: str = ""
     process: trio.Process | None = field(default=None, repr=False)
+    #: the arguments it was last started with beyond ``argv`` (kept for restarts)
+    extra_args: tuple[str, ...] = ()
+    started_at: float = 0.0
 
     @property
     def running(self) -> bool:
@@ -104,10 +128,16 @@ async def start_child(child: Child, nursery: trio.Nursery, extra_args: Sequence[
     """
     child.log_path.parent.mkdir(parents=True, exist_ok=True)
     log = child.log_path.open("ab", buffering=0)
+    child.extra_args = tuple(extra_args)
     argv = [*child.argv, *extra_args]
     child.process = await trio.lowlevel.open_process(
-        argv, stdout=subprocess.PIPE, stderr=log, start_new_session=True
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
     )
+    child.started_at = trio.current_time()
     assert child.process.stdout is not None
     ready = trio.Event()
 
@@ -137,7 +167,30 @@ async def start_child(child: Child, nursery: trio.Nursery, extra_args: Sequence[
     if not ready.is_set():
         code = child.process.poll()
         why = f"exited with status {code}" if code is not None else "did not report its address"
-        raise ClusterError(f"{child.name} {why}; see {child.log_path}")
+        last = _last_log_line(child.log_path)
+        raise ClusterError(
+            f"{child.name} {why}" + (f": {last}" if last else "") + f" (log: {child.log_path})"
+        )
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: the kernel sends SIGTERM when the launcher
+    dies, even by SIGKILL, so no server is left serving on its own."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def _last_log_line(path: Path) -> str:
+    """The last non-empty line a child wrote (its one-line error, usually)."""
+    try:
+        with path.open("rb") as log:
+            log.seek(0, 2)
+            log.seek(max(0, log.tell() - 4096))
+            lines = [line.strip() for line in log.read().decode("utf-8", "replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [line for line in lines if line]
+    return lines[-1] if lines else ""
 
 
 async def stop_child(child: Child) -> int | None:
@@ -193,7 +246,15 @@ def _banner(pm: Child, data_nodes: list[Child], data_dir: Path) -> str:
 
 async def run_cluster(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with locked_dir(data_dir, LOCK_FILE, "sbp-cluster"):
+            return await _run_locked(args, data_dir)
+    except ServiceError as error:
+        print(f"sbp-cluster: {error}", file=sys.stderr, flush=True)
+        return 1
+
+
+async def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
     pm, data_nodes = plan_children(
         data_dir, args.nodes, args.host, args.port_base, args.sync, sys.executable
     )
@@ -201,31 +262,22 @@ async def run_cluster(args: argparse.Namespace) -> int:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             try:
-                print(
-                    f"starting PM and {len(data_nodes)} data nodes under {data_dir} …", flush=True
-                )
-                await start_child(pm, nursery)
-                async with trio.open_nursery() as starting:
-                    for node in data_nodes:
-                        starting.start_soon(start_child, node, nursery, ("--pm", pm.address))
-                alive = await wait_for_nodes(pm.address, len(data_nodes), READY_TIMEOUT_S)
-                if alive < len(data_nodes):
-                    raise ClusterError(
-                        f"the PM sees {alive} of {len(data_nodes)} data nodes alive; "
-                        f"see the logs in {data_dir / 'logs'}"
-                    )
-                print(_banner(pm, data_nodes, data_dir), flush=True)
-                if args.ready_file:
-                    Path(args.ready_file).write_text(pm.address + "\n")
-                await _wait_for_stop(signals, children)
+                with trio.CancelScope() as running:
+                    nursery.start_soon(_cancel_on_signal, signals, running)
+                    await _start_all(pm, data_nodes, nursery, data_dir)
+                    print(_banner(pm, data_nodes, data_dir), flush=True)
+                    if args.ready_file:
+                        Path(args.ready_file).write_text(pm.address + "\n")
+                    await _supervise(children, nursery, restart=not args.no_restart)
             except ClusterError as error:
                 print(f"sbp-cluster: {error}", file=sys.stderr, flush=True)
-                await _stop_all(pm, data_nodes)
-                nursery.cancel_scope.cancel()
                 return 1
-            print("stopping the cluster …", flush=True)
-            await _stop_all(pm, data_nodes)
-            nursery.cancel_scope.cancel()
+            finally:
+                # Every way out stops the children, an unexpected error too.
+                with trio.CancelScope(shield=True):
+                    print("stopping the cluster …", flush=True)
+                    await _stop_all(pm, data_nodes)
+                nursery.cancel_scope.cancel()
     failed = [c.name for c in children if c.process and c.process.returncode not in (0, None)]
     if failed:
         print(f"sbp-cluster: {', '.join(failed)} did not stop cleanly", file=sys.stderr)
@@ -234,28 +286,71 @@ async def run_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _wait_for_stop(signals: AsyncIterator[int], children: list[Child]) -> None:
-    """Until a signal arrives, or a child dies on its own (then stop all)."""
-    async with trio.open_nursery() as nursery:
+async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope) -> None:
+    async for _ in signals:
+        scope.cancel()
+        return
 
-        async def on_signal() -> None:
-            async for _ in signals:
-                nursery.cancel_scope.cancel()
-                return
 
-        async def on_child_exit(child: Child) -> None:
-            assert child.process is not None
-            code = await child.process.wait()
-            print(
-                f"sbp-cluster: {child.name} exited with status {code}; see {child.log_path}",
-                file=sys.stderr,
-                flush=True,
-            )
-            nursery.cancel_scope.cancel()
+async def _start_all(
+    pm: Child, data_nodes: list[Child], nursery: trio.Nursery, data_dir: Path
+) -> None:
+    print(f"starting PM and {len(data_nodes)} data nodes under {data_dir} …", flush=True)
+    await start_child(pm, nursery)
+    async with trio.open_nursery() as starting:
+        for node in data_nodes:
+            starting.start_soon(start_child, node, nursery, ("--pm", pm.address))
+    alive = await wait_for_nodes(pm.address, len(data_nodes), READY_TIMEOUT_S)
+    if alive < len(data_nodes):
+        raise ClusterError(
+            f"the PM sees {alive} of {len(data_nodes)} data nodes alive; "
+            f"see the logs in {data_dir / 'logs'}"
+        )
 
-        nursery.start_soon(on_signal)
+
+async def _supervise(children: list[Child], nursery: trio.Nursery, *, restart: bool) -> None:
+    """Until cancelled: start a child that dies again after a backoff, or,
+    without ``restart``, return when the first one dies."""
+    async with trio.open_nursery() as watchers:
+
+        async def watch(child: Child) -> None:
+            delay = RESTART_BACKOFF_S
+            while True:
+                assert child.process is not None
+                code = await child.process.wait()
+                ran = trio.current_time() - child.started_at
+                print(
+                    f"sbp-cluster: {child.name} exited with status {code}; see {child.log_path}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                if not restart:
+                    watchers.cancel_scope.cancel()
+                    return
+                if ran >= RESTART_RESET_S:
+                    delay = RESTART_BACKOFF_S
+                _keep_address(child)
+                while True:
+                    print(f"sbp-cluster: restarting {child.name} in {delay:g} s", flush=True)
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, RESTART_BACKOFF_MAX_S)
+                    try:
+                        await start_child(child, nursery, child.extra_args)
+                    except ClusterError as error:
+                        print(f"sbp-cluster: {error}", file=sys.stderr, flush=True)
+                        continue
+                    print(f"sbp-cluster: {child.name} is back on {child.address}", flush=True)
+                    break
+
         for child in children:
-            nursery.start_soon(on_child_exit, child)
+            watchers.start_soon(watch, child)
+
+
+def _keep_address(child: Child) -> None:
+    """Listen where the child listened before, so that its peers (and, for
+    the PM, the data nodes started with its address) find it again."""
+    if child.address and "--listen" in child.argv:
+        child.argv[child.argv.index("--listen") + 1] = child.address
 
 
 async def _stop_all(pm: Child, data_nodes: list[Child]) -> None:
@@ -312,6 +407,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("always", "never"),
         default="always",
         help="data node durability: sync every group commit (default) or never (benchmarks only)",
+    )
+    parser.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="stop the whole cluster when one server dies (default: start it again)",
     )
     parser.add_argument("--ready-file", help=argparse.SUPPRESS)
     return parser

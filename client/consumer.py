@@ -14,7 +14,13 @@ with backoff, for up to ``retry_timeout`` seconds.
 
 Without ``tail`` the consumer stops at the end of the stream as it is when
 the fetcher gets there; with ``tail`` it long-polls (``max_wait_ms``) for
-new records and never stops by itself.
+new records and never stops by itself. At the tail it talks to the data
+node alone: the PM is asked again only when the node says the range moved
+(a seal) or cannot be reached, so a tail outlives a PM restart.
+
+``from_offset`` None (the default) starts at the stream's first stored
+offset, as ``sbp read`` does, so a trimmed stream reads from where its data
+begins.
 """
 
 from __future__ import annotations
@@ -99,7 +105,7 @@ class Consumer:
         self,
         pm: str | PMClient,
         stream_id: int,
-        from_offset: int = 0,
+        from_offset: int | None = None,
         *,
         pool: ConnectionPool | None = None,
         tail: bool = False,
@@ -109,7 +115,7 @@ class Consumer:
         retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     ) -> None:
-        if from_offset < 0:
+        if from_offset is not None and from_offset < 0:
             raise ValueError("from_offset must be >= 0")
         if prefetch < 1 or fetch_bytes < 1:
             raise ValueError("prefetch and fetch_bytes must be at least 1")
@@ -127,8 +133,9 @@ class Consumer:
         self._send = send
         self._receive = receive
         self._finished = False
-        #: the offset after the last record handed out
-        self.position = from_offset
+        #: the offset after the last record handed out (the start until then;
+        #: with ``from_offset`` None, known once the ranges were listed)
+        self.position = 0 if from_offset is None else from_offset
 
     # -- lifetime -------------------------------------------------------------
 
@@ -195,7 +202,9 @@ class Consumer:
         """Fetch chunk after chunk from ``from_offset`` to the end (or forever)."""
         routes = StreamRoutes(self._context.pm, self.stream_id)
         await self._retrying(routes.refresh)
-        offset = self.from_offset
+        offset = routes.first_offset if self.from_offset is None else self.from_offset
+        if self.from_offset is None:
+            self.position = offset
         failures = 0
         failing_since: float | None = None
         while True:
@@ -246,10 +255,13 @@ class Consumer:
                     f"range {rng.range_index} of stream {self.stream_id} returned nothing "
                     f"at {offset}, before its end {rng.end_offset}"
                 )
+            if not sealed:
+                # The open range's tail: the node answers RANGE_SEALED once a
+                # seal moves the stream on, so the PM is not needed here.
+                if not self.tail:
+                    return
+                continue
             await self._retrying(routes.refresh)
-            current = routes.range_for(offset)
-            if current is not None and current.end_offset < 0 and not self.tail:
-                return
 
     async def _locate(self, routes: StreamRoutes, offset: int) -> messages.Range:
         """The range holding ``offset`` after listing the ranges again."""

@@ -111,6 +111,11 @@ def age_text(epoch_ms: int, now: float | None = None) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
+def optional_size_text(value: float | None) -> str:
+    """``size_text``, or ``-`` for a size not known yet."""
+    return "-" if value is None else size_text(value)
+
+
 def size_text(value: float) -> str:
     """Bytes in binary units: ``512 B``, ``1.5 MiB``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

@@ -67,6 +67,20 @@ class ProducerClosedError(SBPError):
     """``send`` on a producer that is closed or closing."""
 
 
+class RecordTooLargeError(SBPError, ValueError):
+    """A record or batch that no APPEND could carry (larger than the
+    producer's ``max_request_bytes``). Raised by ``send``, ``send_many`` and
+    ``send_batch`` before anything of it is sent: retrying cannot help."""
+
+    def __init__(self, size: int, limit: int, what: str = "record") -> None:
+        super().__init__(
+            f"a {what} of {size:,} bytes is larger than one request may carry "
+            f"({limit:,} bytes, max_request_bytes)"
+        )
+        self.size = size
+        self.limit = limit
+
+
 class _Batch:
     """Records that travel together: filled while open, then encoded once.
 
@@ -158,6 +172,20 @@ class RecordsHandle:
         """Until every record is durable; raises the first failure."""
         for batch, _, _ in self._segments:
             await batch.wait()
+
+    async def settle(self) -> tuple[list[tuple[int, int]], BaseException | None]:
+        """Wait until every record is stored or failed for good, without
+        raising: the stored runs as (first offset, record count), in the
+        order sent, and the first failure (None when all were stored)."""
+        stored: list[tuple[int, int]] = []
+        failure: BaseException | None = None
+        for batch, first, count in self._segments:
+            await batch.done.wait()
+            if batch.error is None:
+                stored.append((batch.base_offset + first, count))
+            elif failure is None:
+                failure = batch.error
+        return stored, failure
 
     async def offsets(self) -> npt.NDArray[np.int64]:
         """Each record's offset, in the order sent."""
@@ -269,7 +297,9 @@ class Producer:
     # -- sending --------------------------------------------------------------
 
     async def send(self, value: bytes) -> RecordHandle:
-        """Add one record; returns at once unless the buffer is full."""
+        """Add one record; returns at once unless the buffer is full. Raises
+        ``RecordTooLargeError`` for a record no request could carry."""
+        self._check_record_size(len(value))
         if self._buffered >= self.buffer_bytes:
             await self._wait_for_space()
         batch = self._open or self._start_batch()
@@ -283,13 +313,16 @@ class Producer:
         return handle
 
     async def send_many(self, values: Sequence[bytes]) -> RecordsHandle:
-        """Add records in order; the work per record is a length and a slice."""
+        """Add records in order; the work per record is a length and a slice.
+        Raises ``RecordTooLargeError``, with none of them added, when one is
+        larger than a request may carry."""
         count = len(values)
         if count == 0:
             return RecordsHandle([], 0)
+        sizes = np.fromiter(map(len, values), dtype=np.int64, count=count)
+        self._check_record_size(int(sizes.max()))
         if self._buffered >= self.buffer_bytes:
             await self._wait_for_space()
-        sizes = np.fromiter(map(len, values), dtype=np.int64, count=count)
         sizes += _RECORD_OVERHEAD
         ends = np.cumsum(sizes)  # bytes used by values[:i+1]
         segments: list[tuple[_Batch, int, int]] = []
@@ -322,15 +355,13 @@ class Producer:
         closed into a batch of their own first. The buffer is sent without
         a copy, so it must not change until the records are durable. Raises
         ``InvalidRecordBatchError`` for a malformed batch (the CRC is left
-        to the data node) and ``ValueError`` for one larger than
-        ``max_request_bytes``.
+        to the data node) and ``RecordTooLargeError`` (a ``ValueError``) for
+        one larger than ``max_request_bytes``.
         """
         data = memoryview(batch).cast("B")
         header = validate_batch(data, verify_crc=False)
         if len(data) > self.max_request_bytes:
-            raise ValueError(
-                f"a {len(data)}-byte batch exceeds max_request_bytes ({self.max_request_bytes})"
-            )
+            raise RecordTooLargeError(len(data), self.max_request_bytes, "batch")
         if self._buffered >= self.buffer_bytes:
             await self._wait_for_space()
         # Sequence numbers give the order: what was sent before goes first.
@@ -353,6 +384,11 @@ class Producer:
                 error = batch.error
         if error is not None:
             raise error
+
+    def _check_record_size(self, largest: int) -> None:
+        # A record alone in a batch: the batch header and its length word.
+        if BATCH_HEADER_SIZE + _RECORD_OVERHEAD + largest > self.max_request_bytes:
+            raise RecordTooLargeError(largest, self.max_request_bytes - BATCH_HEADER_SIZE - 4)
 
     @property
     def buffered_bytes(self) -> int:

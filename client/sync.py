@@ -142,6 +142,42 @@ class SyncClient:
     def delete_stream(self, stream_id: int) -> None:
         self.run(self.pm.delete_stream, stream_id)
 
+    def update_stream(
+        self,
+        stream_id: int,
+        *,
+        replica_nums: int | None = None,
+        retention_period_ms: int | None = None,
+    ) -> messages.Stream:
+        """Change a stream's replica count or retention (None keeps it); returns
+        the stream as stored."""
+
+        async def update() -> messages.Stream:
+            current = await self.pm.get_stream(stream_id)
+            wanted = messages.Stream(
+                stream_id=stream_id,
+                replica_nums=current.replica_nums if replica_nums is None else replica_nums,
+                retention_period_ms=(
+                    current.retention_period_ms
+                    if retention_period_ms is None
+                    else retention_period_ms
+                ),
+                epoch=current.epoch,
+            )
+            return await self.pm.update_stream(wanted)
+
+        return self.run(update)
+
+    def trim(self, stream_id: int, trim_offset: int) -> int:
+        """Drop the stream's records below ``trim_offset``; returns its first
+        offset afterwards (unchanged when it already started there or later)."""
+
+        async def trim() -> int:
+            result = await self.pm.trim_stream(stream_id, trim_offset)
+            return result.range.start_offset if result.range is not None else trim_offset
+
+        return self.run(trim)
+
     # -- producers and consumers ----------------------------------------------
 
     def producer(self, stream_id: int, **options: Any) -> SyncProducer:
@@ -149,8 +185,11 @@ class SyncClient:
         producer = Producer(self.pm, stream_id, pool=self._loop.pool, **options)
         return SyncProducer(self, self._host(producer))
 
-    def consumer(self, stream_id: int, from_offset: int = 0, **options: Any) -> SyncConsumer:
-        """A consumer of ``stream_id`` from ``from_offset``; ``options`` are ``Consumer``'s."""
+    def consumer(
+        self, stream_id: int, from_offset: int | None = None, **options: Any
+    ) -> SyncConsumer:
+        """A consumer of ``stream_id`` from ``from_offset`` (None: the first
+        stored offset); ``options`` are ``Consumer``'s."""
         consumer = Consumer(self.pm, stream_id, from_offset, pool=self._loop.pool, **options)
         return SyncConsumer(self, self._host(consumer))
 

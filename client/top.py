@@ -3,14 +3,23 @@
 Every frame comes from one DESCRIBE_CLUSTER: the PM holds each data node's
 liveness, range count and latest REPORT_METRICS, whose rates and latencies
 the node measured over its last report interval (datanode/report.py). The
-screen is redrawn with plain ANSI escapes; ``--once`` prints one frame
-without them, for scripts and tests.
+screen is redrawn with plain ANSI escapes, each line cut to the terminal's
+width rather than wrapped; ``q`` or Ctrl-C quits. ``--once`` prints one
+frame without escapes, for scripts and tests; ``--json`` prints one JSON
+object per frame (a line each), never escapes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import signal
+import sys
+import termios
 import time
+import tty
+from collections.abc import Iterator
 from typing import Any, Final
 
 import trio
@@ -60,7 +69,7 @@ def render_frame(pm: str, rows: list[dict[str, Any]], now: float) -> str:
                 row["node_id"],
                 row["address"],
                 "alive" if row["alive"] else "DEAD",
-                row["last_heartbeat"],
+                fmt.age_text(row["last_heartbeat_ms"], now),
                 row["ranges"],
                 fmt.size_text(row["in_bytes_per_s"]),
                 fmt.size_text(row["out_bytes_per_s"]),
@@ -70,7 +79,7 @@ def render_frame(pm: str, rows: list[dict[str, Any]], now: float) -> str:
                 row["fetch_ms"],
                 row["commit_ms"],
                 row["failed_per_s"],
-                fmt.size_text(row["disk_free_bytes"]),
+                fmt.optional_size_text(row["disk_free_bytes"]),
             ]
             for row in rows
         ],
@@ -84,6 +93,27 @@ async def sample(env: Env) -> list[dict[str, Any]]:
     return [node_summary(status, now) for status in await env.pm.describe_cluster()]
 
 
+def fit_width(text: str, width: int) -> str:
+    """Every line cut to ``width`` characters: a narrow terminal shows the
+    first columns rather than wrapped rows."""
+    return "\n".join(line[:width] for line in text.split("\n"))
+
+
+@contextlib.contextmanager
+def _keys_unbuffered(fd: int) -> Iterator[bool]:
+    """Single keypresses from a terminal (cbreak mode, restored on exit);
+    yields False when ``fd`` is not a terminal."""
+    if not os.isatty(fd):
+        yield False
+        return
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setcbreak(fd)
+        yield True
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
 async def run_top(env: Env) -> int:
     if env.args.once:
         rows = await sample(env)
@@ -92,7 +122,11 @@ async def run_top(env: Env) -> int:
         else:
             env.emit(render_frame(env.args.pm, rows, time.time()))
         return 0
-    with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+    stdin = sys.stdin.fileno()
+    with (
+        trio.open_signal_receiver(signal.SIGINT) as interrupts,
+        _keys_unbuffered(stdin) as keys,
+    ):
         async with trio.open_nursery() as nursery:
 
             async def stop_on_interrupt() -> None:
@@ -100,11 +134,27 @@ async def run_top(env: Env) -> int:
                     nursery.cancel_scope.cancel()
                     return
 
+            async def stop_on_q() -> None:
+                while True:
+                    key = await trio.to_thread.run_sync(
+                        os.read, stdin, 1, abandon_on_cancel=True
+                    )
+                    if key in (b"q", b"Q", b""):
+                        nursery.cancel_scope.cancel()
+                        return
+
             nursery.start_soon(stop_on_interrupt)
+            if keys:
+                nursery.start_soon(stop_on_q)
             while True:
                 rows = await sample(env)
-                env.out.write(CLEAR + render_frame(env.args.pm, rows, time.time()) + "\n")
-                env.out.write("\nCtrl-C to quit\n")
-                env.out.flush()
+                if env.json:
+                    env.emit_json({"pm": env.args.pm, "time": time.time(), "data_nodes": rows})
+                else:
+                    width = shutil.get_terminal_size().columns
+                    frame = render_frame(env.args.pm, rows, time.time())
+                    hint = "q or Ctrl-C quits" if keys else "Ctrl-C quits"
+                    env.out.write(CLEAR + fit_width(frame, width) + f"\n\n{hint}\n")
+                    env.out.flush()
                 await trio.sleep(env.args.interval)
     return 0

@@ -34,6 +34,7 @@ DEFAULT_MAP_SIZE: Final = 8 << 30
 DEFAULT_IDLE_TIMEOUT_S: Final = 600
 DEFAULT_HEARTBEAT_MS: Final = 1000
 DEFAULT_METRICS_REPORT_MS: Final = 5000
+DEFAULT_RETENTION_INTERVAL_MS: Final = 30_000
 
 OPTIONS: Final = (
     *listen_options(),
@@ -96,6 +97,14 @@ OPTIONS: Final = (
         default=str(DEFAULT_METRICS_REPORT_MS),
         metavar="MS",
     ),
+    Option(
+        "retention-interval-ms",
+        "drop batches older than their stream's retention period this often (also soon "
+        "after the PM changes a stream)",
+        positive_int,
+        default=str(DEFAULT_RETENTION_INTERVAL_MS),
+        metavar="MS",
+    ),
 )
 
 DESCRIPTION: Final = """\
@@ -129,6 +138,7 @@ class DataNodeConfig:
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_MS / 1000
     metrics_interval_s: float = DEFAULT_METRICS_REPORT_MS / 1000
+    retention_interval_s: float = DEFAULT_RETENTION_INTERVAL_MS / 1000
     log_level: str = "info"
 
     @property
@@ -162,5 +172,6 @@ def parse_config(argv: Sequence[str] | None = None) -> DataNodeConfig:
         drain_timeout_s=float(values["drain_timeout_s"]),
         heartbeat_interval_s=values["heartbeat_interval_ms"] / 1000,
         metrics_interval_s=values["metrics_interval_ms"] / 1000,
+        retention_interval_s=values["retention_interval_ms"] / 1000,
         log_level=values["log_level"],
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -45,6 +45,9 @@ class NodeContext:
     pm: PMLink | None = None
     #: set on shutdown: long polls answer what they have instead of waiting
     draining: bool = False
+    #: called with the streams a SYNC_RANGES touched (their settings may have
+    #: changed on the PM: the retention keeper looks again)
+    on_streams_synced: Callable[[Iterable[int]], None] = lambda _ids: None
 
     def identity(self) -> messages.DataNode:
         return messages.DataNode(node_id=self.node_id, advertise_addr=self.advertise_addr)

@@ -51,6 +51,9 @@ class NodeCounters:
     fetch_seconds: float = 0.0
     fetched_records: int = 0
     fetched_bytes: int = 0
+    retention_runs: int = 0
+    retention_freed_records: int = 0
+    retention_freed_bytes: int = 0
 
     def snapshot(self) -> NodeCounters:
         return NodeCounters(*(getattr(self, f.name) for f in fields(self)))
@@ -111,6 +114,9 @@ class _CountersCollector(Collector):
             ("fetched_bytes", "record batch bytes returned by FETCH", c.fetched_bytes),
             ("fetch_requests", "FETCH requests served", c.fetch_requests),
             ("fetch_items_failed", "FETCH items answered with an error", c.fetch_items_failed),
+            ("retention_runs", "passes applying the streams' retention periods", c.retention_runs),
+            ("retention_freed_records", "records dropped by retention", c.retention_freed_records),
+            ("retention_freed_bytes", "stored bytes freed by retention", c.retention_freed_bytes),
         ):
             yield CounterMetricFamily(f"{NAMESPACE}_{name}", text, value=value)
         storage = self._storage()

@@ -15,7 +15,7 @@ the loops only log the transitions (lost, back), never stop the node.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 import trio
@@ -164,6 +164,48 @@ class PMLink:
                 return None
             return list(result.ranges)
         return None
+
+    async def retention_periods(self, stream_ids: Sequence[int]) -> dict[int, int] | None:
+        """Each stream's retention period as the PM has it (GET_STREAMS);
+        streams the PM does not know are left out. None when the PM cannot
+        be asked."""
+        request = messages.GetStreamsRequest(
+            timeout_ms=int(PM_REQUEST_TIMEOUT_S * 1000), stream_ids=tuple(stream_ids)
+        )
+        try:
+            response = await self._call(Opcode.GET_STREAMS, request)
+        except (SBPError, OSError) as error:
+            logger.info("GET_STREAMS of %d streams on the PM failed: %s", len(stream_ids), error)
+            return None
+        return {
+            result.stream.stream_id: result.stream.retention_period_ms
+            for result in response.get_responses
+            if result.error_code == ErrorCode.NONE and result.stream is not None
+        }
+
+    async def report_trims(self, trims: Sequence[tuple[int, int]]) -> bool:
+        """Tell the PM the streams' new first offsets (TRIM_STREAMS); False
+        when the PM could not be asked. Items the PM refuses (a stream
+        deleted meanwhile) are logged and count as told."""
+        request = messages.TrimStreamsRequest(
+            timeout_ms=int(PM_REQUEST_TIMEOUT_S * 1000),
+            trimmed_streams=tuple(
+                messages.TrimmedStream(stream_id=sid, trim_offset=offset) for sid, offset in trims
+            ),
+        )
+        try:
+            response = await self._call(Opcode.TRIM_STREAMS, request)
+        except (SBPError, OSError) as error:
+            logger.info("TRIM_STREAMS of %d streams on the PM failed: %s", len(trims), error)
+            return False
+        for (stream_id, _), result in zip(trims, response.trim_responses, strict=False):
+            if result.error_code != ErrorCode.NONE:
+                logger.info(
+                    "the PM did not take stream %d's retention trim: %s",
+                    stream_id,
+                    error_for(result.error_code, result.error_message),
+                )
+        return True
 
     async def _call(self, opcode: Opcode, request: messages.Message) -> Any:
         connection = await self._pool.get(self.address)

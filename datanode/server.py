@@ -14,9 +14,7 @@ commits what it was given and the environment closes; exit status 0.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -26,6 +24,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from net.connection import ConnectionLimits
+from net.dirlock import locked_dir
 from net.pool import ConnectionPool
 from net.server import Dispatcher, Server
 from net.service import (
@@ -51,6 +50,7 @@ from .handlers.streams import StreamHandlers
 from .metrics import DataNodeMetrics
 from .pm_link import PMLink
 from .report import LoadReporter
+from .retention import RetentionKeeper
 from .waiters import StreamWaiters
 
 logger = logging.getLogger(__name__)
@@ -85,24 +85,9 @@ def connection_limits(config: DataNodeConfig) -> ConnectionLimits:
     )
 
 
-@contextlib.contextmanager
-def locked_data_dir(path: Path) -> Iterator[None]:
-    """Create ``path`` if needed and hold an exclusive lock on it: LMDB itself
-    lets two processes open one environment, but two nodes would each keep
-    their own idea of the offsets."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as error:
-        raise ServiceError(f"cannot use data directory {path}: {error.strerror}") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ServiceError(f"data directory {path} is in use by another data node") from None
-        yield
-    finally:
-        os.close(fd)
+def locked_data_dir(path: Path) -> contextlib.AbstractContextManager[None]:
+    """Hold the node's data directory for as long as it runs (see ``net.dirlock``)."""
+    return locked_dir(path, LOCK_FILE, "data node")
 
 
 def open_engine(config: DataNodeConfig) -> StorageEngine:
@@ -188,6 +173,9 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
                         metrics_interval=config.metrics_interval_s,
                     )
                     nursery.start_soon(node.pm.run)
+                retention = RetentionKeeper(node, config.retention_interval_s)
+                node.on_streams_synced = retention.nudge
+                nursery.start_soon(retention.run)
                 await signals.requested.wait()
                 await _drain(server, node, signals, config.drain_timeout_s)
                 nursery.cancel_scope.cancel()

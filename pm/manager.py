@@ -338,17 +338,34 @@ class PlacementManager:
             async with self._locks.hold_all(spec.stream_id for spec in specs):
                 # Later items of the batch see the earlier ones' changes.
                 updated: dict[int, StreamRecord] = {}
+                retention_changed: set[int] = set()
                 for index, spec in enumerate(specs):
                     try:
                         current = updated.get(spec.stream_id) or self._require_stream(
                             spec.stream_id
                         )
-                        updated[spec.stream_id] = _updated(current, spec)
+                        new = _updated(current, spec)
+                        if new.replica_nums != current.replica_nums:
+                            # As CREATE_STREAMS would: a count no live nodes can
+                            # hold would make every later seal fail.
+                            place(
+                                self.registry.loads(),
+                                new.replica_nums,
+                                min_free_space=self._min_free_space,
+                            )
                     except ProtocolError as exc:
                         results[index] = Outcome(error=exc)
                         continue
-                    results[index] = Outcome(updated[spec.stream_id])
+                    if new.retention_period_ms != current.retention_period_ms:
+                        retention_changed.add(spec.stream_id)
+                    updated[spec.stream_id] = new
+                    results[index] = Outcome(new)
                 await self._commit([PutStream(stream) for stream in updated.values()])
+                # The hosting data nodes apply retention; a SYNC_RANGES makes
+                # them read the stream's new period now rather than on their
+                # next pass.
+                for stream_id in sorted(retention_changed):
+                    await self._sync_stream(stream_id, deadline)
         return results
 
     def get_streams(self, stream_ids: Sequence[int]) -> list[Outcome[StreamRecord]]:

@@ -11,6 +11,7 @@ from typing import Final
 import trio
 
 from net.connection import ConnectionLimits
+from net.dirlock import locked_dir
 from net.server import Server
 from net.service import (
     EXIT_OK,
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 
 #: servers ping idle peers so that a dead one does not hold its slot forever
 KEEPALIVE_INTERVAL_S: Final = 30.0
+#: held in the data directory while the PM runs: a second PM there is refused
+LOCK_FILE: Final = "pm.lock"
 #: liveness is checked this often (and at most every quarter of the node timeout)
 LIVENESS_CHECK_S: Final = 1.0
 
@@ -87,14 +90,16 @@ async def run_pm(config: PMConfig) -> int:
 
 @contextlib.contextmanager
 def _open_store(config: PMConfig) -> Iterator[MetadataStore]:
-    try:
-        store = MetadataStore(config.data_dir, map_size=config.map_size)
-    except MetadataError as exc:
-        raise ServiceError(str(exc)) from exc
-    try:
-        yield store
-    finally:
-        store.close()
+    # Two PMs on one directory would hand out the same stream ids.
+    with locked_dir(config.data_dir, LOCK_FILE, "PM"):
+        try:
+            store = MetadataStore(config.data_dir, map_size=config.map_size)
+        except MetadataError as exc:
+            raise ServiceError(str(exc)) from exc
+        try:
+            yield store
+        finally:
+            store.close()
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from client.pm_client import PMClient
 from client.sync import SyncClient
 from net.pool import ConnectionPool
 from sbp import messages
-from sbp.errors import ConnectionClosed, ProtocolError
+from sbp.errors import ConnectionClosed, ProtocolError, SBPError, StreamNotFoundError
 
 from .options import EARLIEST_CODE, LATEST_CODE, OffsetSpec
 
@@ -48,16 +48,43 @@ class StreamLayout:
     def first_offset(self) -> int:
         return self.ranges[0].start_offset if self.ranges else self.next_offset
 
-    def bound(self, offset: int) -> int:
-        """An offset of a spec (earliest, latest, or a number) clamped to the records there are."""
+    def bound(self, offset: int, *, fail_on_data_loss: bool = False) -> int:
+        """An offset of a spec (earliest, latest, or a number) clamped to the
+        records there are. With ``fail_on_data_loss``, a number below the
+        first offset (trimmed away) raises ``DataLossError`` instead."""
         if offset == EARLIEST_CODE:
             return self.first_offset
         if offset == LATEST_CODE:
             return self.next_offset
+        if fail_on_data_loss and offset < self.first_offset:
+            raise DataLossError(
+                f"offset {offset} of stream {self.stream_id} was trimmed away: the stream "
+                f"starts at {self.first_offset} now (failOnDataLoss=false reads from there)"
+            )
         return min(max(offset, self.first_offset), self.next_offset)
 
-    def resolve(self, spec: OffsetSpec) -> int:
-        return self.bound(spec.for_stream(self.stream_id))
+    def resolve(self, spec: OffsetSpec, *, fail_on_data_loss: bool = False) -> int:
+        return self.bound(spec.for_stream(self.stream_id), fail_on_data_loss=fail_on_data_loss)
+
+
+class DataLossError(RuntimeError):
+    """Records a query asked for are gone (trimmed, or expired by retention)."""
+
+
+class SourceError(RuntimeError):
+    """The cluster could not say where the streams are: one line naming the
+    stream or the address."""
+
+
+def _one_line(error: BaseException, pm_address: str) -> SourceError:
+    """The first real error inside (nested) exception groups, as one line."""
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    if isinstance(error, StreamNotFoundError):
+        return SourceError(f"no such stream on the PM at {pm_address}: {error.message}")
+    if isinstance(error, ConnectionClosed | OSError | trio.TooSlowError):
+        return SourceError(f"cannot reach the PM at {pm_address}: {error or 'no answer'}")
+    return SourceError(f"cannot describe the streams (PM {pm_address}): {error}")
 
 
 async def _live_next_offset(pool: ConnectionPool, rng: messages.Range, timeout: float) -> int:
@@ -115,9 +142,15 @@ async def describe_streams(
 def stream_layouts(
     pm_address: str, stream_ids: Sequence[int] | None, timeout: float = DEFAULT_TIMEOUT
 ) -> dict[int, StreamLayout]:
-    """``describe_streams`` from synchronous code (a Spark driver, a job)."""
-    with SyncClient(pm_address, timeout=timeout) as client:
-        return client.run(describe_streams, client.pm, client.pool, stream_ids)
+    """``describe_streams`` from synchronous code (a Spark driver, a job);
+    raises ``SourceError``, one line, when the cluster cannot answer."""
+    try:
+        with SyncClient(pm_address, timeout=timeout) as client:
+            return client.run(describe_streams, client.pm, client.pool, stream_ids)
+    except (SBPError, OSError, trio.TooSlowError, BaseExceptionGroup, RuntimeError) as error:
+        if isinstance(error, SourceError):
+            raise
+        raise _one_line(error, pm_address) from None
 
 
 @dataclass

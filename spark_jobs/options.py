@@ -7,8 +7,9 @@ parser here turns one option into a typed value or raises
 
 from __future__ import annotations
 
+import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -33,7 +34,50 @@ DEFAULT_TIMEOUT_S: Final = 30.0
 
 
 class SBPOptionError(ValueError):
-    """An option of the ``sbp`` source is missing or malformed."""
+    """An option of the ``sbp`` source is missing, unknown or malformed."""
+
+
+#: every option a read takes (docs/spark.md)
+READ_OPTIONS: Final = (
+    "pm",
+    "streams",
+    "startingOffsets",
+    "endingOffsets",
+    "failOnDataLoss",
+    "maxRecordsPerPartition",
+    "maxRecordsPerTrigger",
+    "fetchMaxBytes",
+    "timeoutMs",
+)
+#: every option a write takes
+WRITE_OPTIONS: Final = ("pm", "stream", "batchMaxBytes", "timeoutMs")
+#: Kafka source names with the same meaning here (offsets are dense, so
+#: Kafka's offsets per trigger are records per trigger)
+KAFKA_ALIASES: Final = {"maxOffsetsPerTrigger": "maxRecordsPerTrigger"}
+#: keys Spark itself may pass along with the user's options
+_SPARK_KEYS: Final = frozenset({"path"})
+
+
+def canonical_options(options: Mapping[str, str], known: Iterable[str]) -> dict[str, str]:
+    """The options under their documented names (Spark lower-cases keys;
+    Kafka's names become ours). An unknown option is an error that names the
+    nearest known one: a misspelt limit must not silently read everything."""
+    names = {name.lower(): name for name in known}
+    names.update({alias.lower(): ours for alias, ours in KAFKA_ALIASES.items() if ours in known})
+    result: dict[str, str] = {}
+    for key, value in options.items():
+        lowered = str(key).lower()
+        if lowered in _SPARK_KEYS:
+            continue
+        name = names.get(lowered)
+        if name is None:
+            nearest = difflib.get_close_matches(lowered, list(names), n=1, cutoff=0.6)
+            hint = f"; did you mean {names[nearest[0]]!r}?" if nearest else ""
+            raise SBPOptionError(
+                f"unknown option {key!r}{hint} (known: {', '.join(sorted(set(names.values())))})"
+            )
+        result[name] = value
+    return result
 
 
 def _required(options: Mapping[str, str], name: str) -> str:
@@ -140,6 +184,16 @@ def parse_positive_int(options: Mapping[str, str], name: str, default: int) -> i
     return value
 
 
+def parse_bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    text = options.get(name)
+    if text is None:
+        return default
+    lowered = str(text).strip().lower()
+    if lowered not in ("true", "false"):
+        raise SBPOptionError(f"option {name!r} must be true or false, got {text!r}")
+    return lowered == "true"
+
+
 def parse_timeout(options: Mapping[str, str]) -> float:
     """Option ``timeoutMs``: the deadline of one request, in seconds."""
     return parse_positive_int(options, "timeoutMs", int(DEFAULT_TIMEOUT_S * 1000)) / 1000
@@ -157,9 +211,13 @@ class ReadOptions:
     max_records_per_trigger: int
     fetch_max_bytes: int
     timeout: float
+    #: offsets asked for that were trimmed away fail the query (as Kafka's
+    #: option); false reads from the first record there is instead
+    fail_on_data_loss: bool = True
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
+        options = canonical_options(options, READ_OPTIONS)
         return cls(
             pm=parse_pm(options),
             streams=parse_streams(options),
@@ -173,6 +231,7 @@ class ReadOptions:
             ),
             fetch_max_bytes=parse_positive_int(options, "fetchMaxBytes", DEFAULT_FETCH_MAX_BYTES),
             timeout=parse_timeout(options),
+            fail_on_data_loss=parse_bool(options, "failOnDataLoss", True),
         )
 
 
@@ -187,6 +246,7 @@ class WriteOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
+        options = canonical_options(options, WRITE_OPTIONS)
         return cls(
             pm=parse_pm(options),
             stream=parse_stream(options),

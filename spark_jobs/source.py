@@ -153,9 +153,19 @@ class SBPBatchReader(DataSourceReader):
         options = self.options
         layouts = _layouts(options, options.streams)
         bounds = []
+        fail = options.fail_on_data_loss
         for stream_id, layout in layouts.items():
-            start = layout.resolve(options.starting)
-            end = max(start, layout.resolve(options.ending))
+            start = layout.resolve(options.starting, fail_on_data_loss=fail)
+            end = layout.resolve(options.ending)
+            wanted_start = options.starting.for_stream(stream_id)
+            wanted_end = options.ending.for_stream(stream_id)
+            if start > end or (0 <= wanted_end < wanted_start):
+                shown_start = start if wanted_start < 0 else wanted_start
+                shown_end = end if wanted_end < 0 else wanted_end
+                raise SBPOptionError(
+                    f"stream {stream_id}: startingOffsets ({shown_start}) is after "
+                    f"endingOffsets ({shown_end})"
+                )
             bounds.append((stream_id, start, end))
         return _plan(layouts, bounds, options.max_records_per_partition)
 
@@ -200,8 +210,9 @@ class SBPStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _layouts(self.options, ids)
 
     def initialOffset(self) -> StreamOffsets:
+        fail = self.options.fail_on_data_loss
         return {
-            str(stream_id): layout.resolve(self.options.starting)
+            str(stream_id): layout.resolve(self.options.starting, fail_on_data_loss=fail)
             for stream_id, layout in self._layouts().items()
         }
 
@@ -224,7 +235,10 @@ class SBPStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             key = str(stream_id)
             if self._target is not None and key not in self._target:
                 continue  # appeared after an availableNow run began
-            begin = layout.bound(int(start.get(key, EARLIEST_CODE)))
+            begin = layout.bound(
+                int(start.get(key, EARLIEST_CODE)),
+                fail_on_data_loss=self.options.fail_on_data_loss,
+            )
             latest = layout.next_offset
             if self._target is not None:
                 latest = min(latest, self._target[key])

@@ -320,16 +320,17 @@ class StorageEngine:
 
         Returns the new first offset of each stream that lost batches.
         """
+        expired = self._run(writes.expire_streams)
+        return {done.stream_id: done.first_offset for done in expired}
 
-        def expire(ctx: WriteContext) -> dict[int, int]:
-            risen: dict[int, int] = {}
-            for stream_id in list(ctx.store.streams):
-                first_offset = writes.expire_stream(ctx, stream_id)
-                if first_offset is not None:
-                    risen[stream_id] = first_offset
-            return risen
-
-        return self._run(expire)
+    def retention_periods(self) -> dict[int, int]:
+        """Each live stream's retention period in ms (0: kept forever)."""
+        return {
+            stream_id: state.retention_period_ms
+            # list() copies in one step: the writer thread may publish meanwhile
+            for stream_id, state in list(self._store.streams.items())
+            if not state.deleted
+        }
 
     # -- reads ----------------------------------------------------------------
 

@@ -326,8 +326,24 @@ def trim_stream(ctx: WriteContext, stream_id: int, trim_offset: int) -> int:
     return trim_offset
 
 
-def expire_stream(ctx: WriteContext, stream_id: int) -> int | None:
-    """Apply the stream's retention period; the new first offset if it rose."""
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """What retention freed in one stream: the first offset before and after,
+    and the stored bytes (batch values and headers) that went."""
+
+    stream_id: int
+    old_first_offset: int
+    first_offset: int
+    freed_bytes: int
+
+    @property
+    def freed_records(self) -> int:
+        return self.first_offset - self.old_first_offset
+
+
+def expire_stream(ctx: WriteContext, stream_id: int) -> Expired | None:
+    """Apply the stream's retention period: drop the batches appended more
+    than that long ago. None when nothing was old enough."""
     state = ctx.current(stream_id)
     if state is None or state.deleted or state.retention_period_ms <= 0:
         return None
@@ -340,7 +356,25 @@ def expire_stream(ctx: WriteContext, stream_id: int) -> int | None:
         expired_end = base_offset + entry.record_count
     if expired_end is None or expired_end <= state.first_offset:
         return None
-    return trim_stream(ctx, stream_id, expired_end)
+    bytes_before = ctx.stored_bytes
+    first_offset = trim_stream(ctx, stream_id, expired_end)
+    return Expired(stream_id, state.first_offset, first_offset, bytes_before - ctx.stored_bytes)
+
+
+def expire_streams(ctx: WriteContext, stream_ids: Iterable[int] | None = None) -> list[Expired]:
+    """``expire_stream`` for the given streams (every stream by default)."""
+    ids = list(ctx.store.streams) if stream_ids is None else list(stream_ids)
+    return [done for sid in ids if (done := expire_stream(ctx, sid)) is not None]
+
+
+def set_retentions(ctx: WriteContext, periods: dict[int, int]) -> None:
+    """Record each live stream's retention period (ms, 0 keeps forever); streams
+    not hosted here or deleted are skipped."""
+    for stream_id, period in periods.items():
+        state = ctx.current(stream_id)
+        if state is None or state.deleted or state.retention_period_ms == max(0, period):
+            continue
+        set_retention(ctx, stream_id, period)
 
 
 def set_retention(ctx: WriteContext, stream_id: int, retention_period_ms: int) -> None:

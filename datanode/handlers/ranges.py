@@ -129,6 +129,9 @@ class RangeHandlers:
                     stream_id=stream_id, ranges=tuple(info_to_range(info) for info in synced)
                 )
             )
+        self._node.on_streams_synced(
+            result.stream_id for result in results if result.error_code == ErrorCode.NONE
+        )
         await responder.send(messages.SyncRangesResponse(sync_responses=tuple(results)))
 
     async def describe_ranges(self, request: Request, responder: Responder) -> None:

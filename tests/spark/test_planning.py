@@ -9,7 +9,7 @@ import pytest
 from sbp import messages
 from sbp.batches import decode_batches
 from spark_jobs.arrow import ARROW_SCHEMA, column_to_batches, records_to_arrow
-from spark_jobs.layout import StreamLayout, plan_slices
+from spark_jobs.layout import DataLossError, StreamLayout, plan_slices
 from spark_jobs.options import (
     EARLIEST_CODE,
     LATEST_CODE,
@@ -17,7 +17,8 @@ from spark_jobs.options import (
     ReadOptions,
     SBPOptionError,
 )
-from spark_jobs.source import _fair_shares
+from spark_jobs.options import WriteOptions
+from spark_jobs.source import SBPBatchReader, _fair_shares
 
 
 def wire_range(index: int, start: int, end: int, node: str) -> messages.Range:
@@ -64,6 +65,56 @@ def test_options_parse_with_defaults() -> None:
 def test_bad_options(options: dict[str, str], message: str) -> None:
     with pytest.raises(SBPOptionError, match=message):
         ReadOptions.parse(options)
+
+
+@pytest.mark.parametrize(
+    ("key", "nearest"),
+    [
+        ("maxRecordPerTrigger", "maxRecordsPerTrigger"),
+        ("startingoffset", "startingOffsets"),
+        ("failondataloss_", "failOnDataLoss"),
+    ],
+)
+def test_unknown_options_are_refused_naming_the_nearest(key: str, nearest: str) -> None:
+    with pytest.raises(SBPOptionError, match=f"unknown option '{key}'; did you mean '{nearest}'"):
+        ReadOptions.parse({"pm": "h:1", "streams": "1", key: "5"})
+
+
+def test_options_are_case_insensitive_and_take_kafkas_names() -> None:
+    # Spark lower-cases the keys it hands over.
+    parsed = ReadOptions.parse(
+        {"pm": "h:1", "streams": "1", "maxoffsetspertrigger": "7", "failondataloss": "false"}
+    )
+    assert parsed.max_records_per_trigger == 7
+    assert parsed.fail_on_data_loss is False
+    assert ReadOptions.parse({"pm": "h:1", "streams": "1"}).fail_on_data_loss is True
+    with pytest.raises(SBPOptionError, match="true or false"):
+        ReadOptions.parse({"pm": "h:1", "streams": "1", "failOnDataLoss": "maybe"})
+    with pytest.raises(SBPOptionError, match="unknown option 'streams'"):
+        WriteOptions.parse({"pm": "h:1", "stream": "1", "streams": "1"})
+
+
+TRIMMED = StreamLayout(7, (wire_range(2, 25, -1, "n1:1"),), 31)
+
+
+def test_fail_on_data_loss_refuses_trimmed_offsets() -> None:
+    with pytest.raises(DataLossError, match="offset 3 of stream 7 was trimmed away.*starts at 25"):
+        TRIMMED.bound(3, fail_on_data_loss=True)
+    assert TRIMMED.bound(3) == 25
+    assert TRIMMED.bound(EARLIEST_CODE, fail_on_data_loss=True) == 25
+
+
+def test_starting_after_ending_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("spark_jobs.source._layouts", lambda options, ids: {7: LAYOUT})
+    options = ReadOptions.parse(
+        {"pm": "h:1", "streams": "7", "startingOffsets": '{"7": 20}', "endingOffsets": '{"7": 10}'}
+    )
+    with pytest.raises(
+        SBPOptionError, match=r"stream 7: startingOffsets \(20\) is after endingOffsets \(10\)"
+    ):
+        SBPBatchReader(options).partitions()
+    fine = ReadOptions.parse({"pm": "h:1", "streams": "7", "startingOffsets": '{"7": 10}'})
+    assert sum(p.records for p in SBPBatchReader(fine).partitions()) == 21
 
 
 def test_layout_resolves_and_clamps_offsets() -> None:

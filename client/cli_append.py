@@ -1,0 +1,270 @@
+"""``sbp append``: input lines become records, as they arrive.
+
+Input is read in chunks of whatever has arrived (a worker thread blocks on
+the file descriptor, never the event loop), so a live pipe such as
+``tail -F app.log | sbp append 7`` stores each line within the producer's
+linger (50 ms) of its arrival, and a file is read in 1 MiB chunks.
+
+The count shown and printed is of records the cluster acknowledged. Ctrl-C
+stops reading, waits for what was read to be stored (a second Ctrl-C gives
+up at once), reports it and exits 130. On a failure the command says which
+offsets were stored before it, so that nobody appends the same input twice
+to find out.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import IO, Final
+
+import trio
+
+from sbp.errors import SBPError
+
+from . import format as fmt
+from .cli_commands import EXIT_INTERRUPTED, EXIT_OK, Env, UsageError
+from .producer import Producer, RecordsHandle, RecordTooLargeError
+
+#: bytes asked of the input per read; a pipe returns what it has
+READ_CHUNK_BYTES: Final = 1 << 20
+#: records wait this long for more before they are sent (the producer's linger)
+APPEND_LINGER_S: Final = 0.05
+
+
+class Progress:
+    """A one-line progress report on stderr, redrawn at most 10 times a second."""
+
+    def __init__(self, stream: IO[str], enabled: bool, total_bytes: int | None) -> None:
+        self._stream = stream
+        self._enabled = enabled
+        self._total = total_bytes
+        self._started = time.monotonic()
+        self._last_draw = 0.0
+
+    def update(self, records: int, nbytes: int, *, final: bool = False) -> None:
+        if not self._enabled:
+            return
+        now = time.monotonic()
+        if not final and now - self._last_draw < 0.1:
+            return
+        self._last_draw = now
+        rate = records / max(now - self._started, 1e-6)
+        line = f"{records:,} records stored, {fmt.size_text(nbytes)}, {rate:,.0f} records/s"
+        if self._total:
+            done = min(1.0, nbytes / self._total)
+            filled = int(done * 30)
+            line = f"[{'#' * filled}{'.' * (30 - filled)}] {done:4.0%} " + line
+        self._stream.write("\r" + line + ("\n" if final else ""))
+        self._stream.flush()
+
+
+class LineReader:
+    """Complete input lines, without their line ends, as they arrive.
+
+    A line ends at ``\\n``; one ``\\r`` before it goes too (CRLF input),
+    any other ``\\r`` stays part of the value. A last line without ``\\n``
+    is a record too. A line longer than ``max_line`` is refused as soon as
+    it is seen, before it fills memory.
+    """
+
+    def __init__(self, fd: int, max_line: int) -> None:
+        self._fd = fd
+        self._max_line = max_line
+        self._pending = b""
+        self.eof = False
+
+    async def next_lines(self) -> tuple[list[bytes], int]:
+        """The lines completed by the next read and the bytes they took;
+        ``([], 0)`` once the input has ended (``eof``)."""
+        while not self.eof:
+            data = await trio.to_thread.run_sync(
+                os.read, self._fd, READ_CHUNK_BYTES, abandon_on_cancel=True
+            )
+            if not data:
+                self.eof = True
+                last, self._pending = self._pending, b""
+                return ([last], len(last)) if last else ([], 0)
+            text = self._pending + data if self._pending else data
+            end = text.rfind(b"\n")
+            if end < 0:
+                self._pending = text
+                self._check(len(text))
+                continue
+            self._pending = text[end + 1 :]
+            self._check(len(self._pending))
+            lines = text[:end].split(b"\n")
+            if b"\r" in text:
+                lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
+            for line in lines:
+                self._check(len(line))
+            return lines, end + 1
+        return [], 0
+
+    def _check(self, length: int) -> None:
+        if length > self._max_line:
+            raise UsageError(
+                f"a line of over {length:,} bytes is larger than a record may be "
+                f"({self._max_line:,} bytes)"
+            )
+
+
+@dataclass
+class Tally:
+    """What the cluster acknowledged, followed in the order sent."""
+
+    records: int = 0
+    input_bytes: int = 0
+    value_bytes: int = 0
+    first_offset: int | None = None
+    last_offset: int | None = None
+    failed: int = 0
+    failure: BaseException | None = None
+    runs: list[tuple[int, int]] = field(default_factory=list)
+
+    async def follow(
+        self,
+        handles: trio.MemoryReceiveChannel[tuple[RecordsHandle, int, int]],
+        progress: Progress,
+    ) -> None:
+        async for handle, input_bytes, value_bytes in handles:
+            stored, failure = await handle.settle()
+            count = sum(n for _, n in stored)
+            if failure is None:
+                self.input_bytes += input_bytes
+                self.value_bytes += value_bytes
+            else:
+                self.failure = self.failure or failure
+                self.failed += len(handle) - count
+            self.records += count
+            for first, n in stored:
+                if self.first_offset is None:
+                    self.first_offset = first
+                self.last_offset = first + n - 1
+            progress.update(self.records, self.input_bytes)
+
+    def stored_text(self, stream_id: int) -> str:
+        if not self.records:
+            return f"nothing was stored in stream {stream_id}"
+        return (
+            f"stored {fmt.plural(self.records, 'record')} in stream {stream_id}, "
+            f"offsets {self.first_offset}..{self.last_offset}"
+        )
+
+
+def _open_input(path: str | None) -> tuple[int, int | None, bool]:
+    """The input's file descriptor, its size when it is a file, and whether
+    to close it."""
+    if path in (None, "-"):
+        return sys.stdin.buffer.fileno(), None, False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as error:
+        raise UsageError(f"cannot read {path}: {error.strerror}") from None
+    return fd, os.fstat(fd).st_size, True
+
+
+async def cmd_append(env: Env) -> int:
+    """Append each input line as one record."""
+    args = env.args
+    fd, total, close = _open_input(args.file)
+    progress = Progress(env.err, args.progress or env.err.isatty(), total)
+    tally = Tally()
+    refused: UsageError | None = None
+    interrupted = False
+    started = time.monotonic()
+    try:
+        with trio.open_signal_receiver(signal.SIGINT) as interrupts, trio.CancelScope() as whole:
+            async with Producer(
+                env.pm,
+                args.stream_id,
+                pool=env.pool,
+                linger=APPEND_LINGER_S,
+                request_timeout=args.timeout,
+                # --timeout bounds each wait for the cluster: a batch not
+                # stored within it fails the append
+                delivery_timeout=args.timeout,
+            ) as producer:
+                reader = LineReader(fd, producer.max_request_bytes)
+                send, receive = trio.open_memory_channel[tuple[RecordsHandle, int, int]](
+                    math.inf
+                )
+                reading = trio.CancelScope()
+
+                async def read_and_send() -> None:
+                    nonlocal refused
+                    async with send:
+                        with reading:
+                            try:
+                                while not reader.eof:
+                                    lines, nbytes = await reader.next_lines()
+                                    if lines:
+                                        handle = await producer.send_many(lines)
+                                        # the values' bytes: the input less the line ends
+                                        await send.send((handle, nbytes, nbytes - len(lines)))
+                            except (UsageError, RecordTooLargeError) as error:
+                                # What was sent before is still stored and reported.
+                                refused = UsageError(str(error))
+
+                async def on_interrupt() -> None:
+                    nonlocal interrupted
+                    async for _ in interrupts:
+                        if interrupted:
+                            whole.cancel()  # a second Ctrl-C: stop waiting
+                            return
+                        interrupted = True
+                        reading.cancel()
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(on_interrupt)
+                    nursery.start_soon(read_and_send)
+                    # Until every record sent is stored or failed for good.
+                    await tally.follow(receive, progress)
+                    nursery.cancel_scope.cancel()
+    except (SBPError, OSError, trio.TooSlowError) as error:
+        _report_partial(env, tally)
+        raise error from None
+    finally:
+        if close:
+            os.close(fd)
+    progress.update(tally.records, tally.input_bytes, final=True)
+    failure = refused or tally.failure
+    if failure is not None:
+        _report_partial(env, tally)
+        raise failure
+    return _summarize(env, tally, time.monotonic() - started, interrupted)
+
+
+def _report_partial(env: Env, tally: Tally) -> None:
+    print(f"sbp: {tally.stored_text(env.args.stream_id)} before the error", file=env.err)
+
+
+def _summarize(env: Env, tally: Tally, seconds: float, interrupted: bool) -> int:
+    stream_id = env.args.stream_id
+    summary = {
+        "stream_id": stream_id,
+        "records": tally.records,
+        "bytes": tally.value_bytes,
+        "first_offset": tally.first_offset,
+        "last_offset": tally.last_offset,
+        "seconds": round(seconds, 3),
+        "interrupted": interrupted,
+    }
+    if env.json:
+        env.emit_json(summary)
+    elif tally.records:
+        env.emit(
+            f"appended {fmt.plural(tally.records, 'record')} ({fmt.size_text(tally.value_bytes)}) "
+            f"to stream {stream_id}, offsets {tally.first_offset}..{tally.last_offset}, "
+            f"in {seconds:.2f} s"
+        )
+    else:
+        env.emit(f"no input: nothing appended to stream {stream_id}")
+    if interrupted:
+        print("sbp: interrupted; what was read before is stored", file=env.err)
+        return EXIT_INTERRUPTED
+    return EXIT_OK
