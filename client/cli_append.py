@@ -108,7 +108,7 @@ class LineReader:
     def _check(self, length: int) -> None:
         if length > self._max_line:
             raise UsageError(
-                f"a line of over {length:,} bytes is larger than a record may be "
+                f"a line is longer than the largest record a request can carry "
                 f"({self._max_line:,} bytes)"
             )
 
@@ -189,7 +189,7 @@ async def cmd_append(env: Env) -> int:
                 # stored within it fails the append
                 delivery_timeout=args.timeout,
             ) as producer:
-                reader = LineReader(fd, producer.max_request_bytes)
+                reader = LineReader(fd, producer.max_record_bytes)
                 send, receive = trio.open_memory_channel[tuple[RecordsHandle, int, int]](
                     math.inf
                 )
@@ -204,8 +204,8 @@ async def cmd_append(env: Env) -> int:
                                     lines, nbytes = await reader.next_lines()
                                     if lines:
                                         handle = await producer.send_many(lines)
-                                        # the values' bytes: the input less the line ends
-                                        await send.send((handle, nbytes, nbytes - len(lines)))
+                                        values = sum(map(len, lines))
+                                        await send.send((handle, nbytes, values))
                             except (UsageError, RecordTooLargeError) as error:
                                 # What was sent before is still stored and reported.
                                 refused = UsageError(str(error))

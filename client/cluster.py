@@ -13,15 +13,14 @@ serving while a node is down, as a failover test needs; ``--no-restart``
 stops the whole cluster instead. The launcher holds a lock on the data
 directory, so a second launcher there is refused with one line naming the
 first one's pid, and it never leaves a child behind: every way out stops
-them, and a child is sent SIGTERM by the kernel if the launcher itself is
-killed.
+them, and a child drains and exits by itself within a second of the
+launcher's death, even by SIGKILL (``SBP_EXIT_WITH_PARENT``).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
+import os
 import signal
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from pathlib import Path
 import trio
 
 from net.dirlock import locked_dir
-from net.service import ServiceError
+from net.service import PARENT_ENV, ServiceError
 
 DEFAULT_PORT_BASE = 7400
 DEFAULT_NODES = 3
@@ -45,7 +44,6 @@ RESTART_BACKOFF_S = 1.0
 RESTART_BACKOFF_MAX_S = 30.0
 #: a child that ran this long before it died starts the backoff afresh
 RESTART_RESET_S = 60.0
-_PR_SET_PDEATHSIG = 1
 
 
 class ClusterError(Exception):
@@ -135,7 +133,8 @@ async def start_child(child: Child, nursery: trio.Nursery, extra_args: Sequence[
         stdout=subprocess.PIPE,
         stderr=log,
         start_new_session=True,
-        preexec_fn=_die_with_parent,
+        # the child drains and exits once this launcher is gone, however it went
+        env={**os.environ, PARENT_ENV: str(os.getpid())},
     )
     child.started_at = trio.current_time()
     assert child.process.stdout is not None
@@ -171,13 +170,6 @@ async def start_child(child: Child, nursery: trio.Nursery, extra_args: Sequence[
         raise ClusterError(
             f"{child.name} {why}" + (f": {last}" if last else "") + f" (log: {child.log_path})"
         )
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: the kernel sends SIGTERM when the launcher
-    dies, even by SIGKILL, so no server is left serving on its own."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def _last_log_line(path: Path) -> str:

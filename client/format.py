@@ -34,7 +34,10 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-def dumps(value: Any) -> str:
+def dumps(value: Any, *, one_line: bool = False) -> str:
+    """JSON text of ``value``: indented, or on one line (JSON lines)."""
+    if one_line:
+        return json.dumps(to_jsonable(value), separators=(",", ":"))
     return json.dumps(to_jsonable(value), indent=2, sort_keys=False)
 
 

@@ -74,8 +74,8 @@ class RecordTooLargeError(SBPError, ValueError):
 
     def __init__(self, size: int, limit: int, what: str = "record") -> None:
         super().__init__(
-            f"a {what} of {size:,} bytes is larger than one request may carry "
-            f"({limit:,} bytes, max_request_bytes)"
+            f"a {what} of {size:,} bytes is larger than the largest one a request can "
+            f"carry ({limit:,} bytes; see the producer's max_request_bytes)"
         )
         self.size = size
         self.limit = limit
@@ -385,10 +385,15 @@ class Producer:
         if error is not None:
             raise error
 
+    @property
+    def max_record_bytes(self) -> int:
+        """The largest record value a request can carry: alone in its batch,
+        after the batch header and its length word."""
+        return self.max_request_bytes - BATCH_HEADER_SIZE - _RECORD_OVERHEAD
+
     def _check_record_size(self, largest: int) -> None:
-        # A record alone in a batch: the batch header and its length word.
-        if BATCH_HEADER_SIZE + _RECORD_OVERHEAD + largest > self.max_request_bytes:
-            raise RecordTooLargeError(largest, self.max_request_bytes - BATCH_HEADER_SIZE - 4)
+        if largest > self.max_record_bytes:
+            raise RecordTooLargeError(largest, self.max_record_bytes)
 
     @property
     def buffered_bytes(self) -> int:

@@ -149,12 +149,13 @@ async def run_top(env: Env) -> int:
             while True:
                 rows = await sample(env)
                 if env.json:
-                    env.emit_json({"pm": env.args.pm, "time": time.time(), "data_nodes": rows})
+                    frame = {"pm": env.args.pm, "time": time.time(), "data_nodes": rows}
+                    env.emit(fmt.dumps(frame, one_line=True))
                 else:
                     width = shutil.get_terminal_size().columns
-                    frame = render_frame(env.args.pm, rows, time.time())
+                    screen = render_frame(env.args.pm, rows, time.time())
                     hint = "q or Ctrl-C quits" if keys else "Ctrl-C quits"
-                    env.out.write(CLEAR + fit_width(frame, width) + f"\n\n{hint}\n")
+                    env.out.write(CLEAR + fit_width(screen, width) + f"\n\n{hint}\n")
                     env.out.flush()
                 await trio.sleep(env.args.interval)
     return 0

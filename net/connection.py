@@ -66,9 +66,12 @@ from sbp.frames import (
 )
 
 from .observer import NULL_OBSERVER, ConnectionObserver
+from .ratelog import RateLimitedLog
 from .request import ImmediateStart, Request, RequestHandler, Responder
 
 logger = logging.getLogger(__name__)
+#: frames that end a connection (FRAME_TOO_LARGE …): logged, but not a flood
+_bad_frames = RateLimitedLog(logger)
 
 #: bytes asked of a non-socket stream per read: the decoder's own read size,
 #: which with its one partial frame bounds what a connection holds unread
@@ -656,6 +659,13 @@ class Connection:
         elif type(event) is FatalFrameError:
             self._discard("fatal")
             self._set_reason(f"bad frame from {self.peer}: {event.message}")
+            _bad_frames.warning(
+                event.error_code.name,
+                "%s from %s: %s; closing the connection",
+                event.error_code.name,
+                self.peer,
+                event.message,
+            )
             with suppress(ConnectionClosed):
                 await self.send_goaway(event.error_code, event.message)
             return False

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import re
 import signal
 import sys
@@ -382,6 +383,11 @@ def _describe(error: ServiceError | OSError) -> str:
 # -- signals ------------------------------------------------------------------------
 
 
+#: a launcher's pid, in its children's environment: they stop when it is gone
+PARENT_ENV: Final = "SBP_EXIT_WITH_PARENT"
+PARENT_CHECK_S: Final = 1.0
+
+
 class ShutdownSignals:
     """SIGTERM and SIGINT as events: the first sets ``requested`` (drain
     gracefully), a second one sets ``forced`` (stop waiting for the drain).
@@ -414,9 +420,30 @@ class ShutdownSignals:
             self._receiver.__exit__(exc_type, exc, tb)
 
     async def watch(self) -> None:
-        """Turn received signals into the two events; runs until cancelled."""
+        """Turn received signals into the two events; runs until cancelled.
+
+        A server started by a launcher that sets ``SBP_EXIT_WITH_PARENT`` to
+        its pid (``sbp-cluster``) also drains when that process is gone, even
+        killed with SIGKILL, so no server is left serving on its own.
+        """
         if self._channel is None:
             raise RuntimeError("enter the ShutdownSignals context first")
+        async with trio.open_nursery() as nursery:
+            parent = os.environ.get(PARENT_ENV, "")
+            if parent.isdigit():
+                nursery.start_soon(self._watch_parent, int(parent))
+            await self._watch_signals()
+            nursery.cancel_scope.cancel()
+
+    async def _watch_parent(self, parent: int) -> None:
+        while os.getppid() == parent:
+            await trio.sleep(PARENT_CHECK_S)
+        if not self.requested.is_set():
+            logger.warning("the launching process (pid %d) is gone: draining connections", parent)
+            self.requested.set()
+
+    async def _watch_signals(self) -> None:
+        assert self._channel is not None
         async for signum in self._channel:
             self.received.append(signum)
             name = signal.Signals(signum).name

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import math
 from collections.abc import Sequence
 
 import trio
 
+from net.ratelog import RateLimitedLog
 from net.request import Request, Responder
 from sbp import messages
 from sbp.enums import ErrorCode
@@ -17,6 +19,9 @@ from storage.model import AppendItem, AppendOutcome
 
 from ..context import NodeContext
 from ..timeouts import TimeoutQueue
+
+#: a full disk refuses every append: one warning per interval says so
+_storage_full = RateLimitedLog(logging.getLogger(__name__))
 
 
 class AppendHandler:
@@ -214,6 +219,10 @@ class _Submission:
         for item, outcome in zip(self.items, outcomes, strict=True):
             if isinstance(outcome, ProtocolError):
                 counters.append_items_failed += 1
+                if outcome.code == ErrorCode.STORAGE_FULL:
+                    _storage_full.warning(
+                        "STORAGE_FULL", "APPEND to stream %d refused: %s", item.stream_id, outcome
+                    )
             else:
                 counters.appended_records += outcome.record_count
                 counters.appended_bytes += len(item.batch)

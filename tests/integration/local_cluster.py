@@ -44,7 +44,7 @@ class LocalCluster:
         return self.log_path.read_text(errors="replace")
 
 
-def start_cluster(data_dir: Path, nodes: int = 2) -> LocalCluster:
+def start_cluster(data_dir: Path, nodes: int = 2, extra: Sequence[str] = ()) -> LocalCluster:
     """Start ``python -m client.cluster`` on free ports and wait until it is up."""
     ready = data_dir.parent / f"{data_dir.name}.ready"
     ready.unlink(missing_ok=True)
@@ -61,6 +61,7 @@ def start_cluster(data_dir: Path, nodes: int = 2) -> LocalCluster:
         str(nodes),
         "--ready-file",
         str(ready),
+        *extra,
     ]
     with log_path.open("ab") as log:
         process = subprocess.Popen(

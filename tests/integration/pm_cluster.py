@@ -60,7 +60,7 @@ class PMCluster:
         self.pm = await start_server("pm", args, self.root / "logs", name="pm")
         return self.pm
 
-    async def start_node(self, node_id: int) -> ServerProcess:
+    async def start_node(self, node_id: int, *extra: str) -> ServerProcess:
         args = [
             "--listen",
             "127.0.0.1:0",
@@ -74,6 +74,7 @@ class PMCluster:
             str(HEARTBEAT_MS),
             "--metrics-interval-ms",
             str(REPORT_MS),
+            *extra,
         ]
         node = await start_server("datanode", args, self.root / "logs", name=f"node-{node_id}")
         self.nodes[node_id] = node

@@ -3,12 +3,18 @@ and a restart on the same directory finds every stream and record again."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
 from .local_cluster import lines, sbp, sbp_json, start_cluster
+from .procs import _child_env
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +37,13 @@ def test_serves_stops_cleanly_and_restarts_with_its_data(tmp_path: Path) -> None
     assert status == 0, cluster.output()
     assert "cluster stopped" in cluster.output()
     assert not any(child.is_running() and child.status() != "zombie" for child in children)
-    assert sorted(p.name for p in data_dir.iterdir()) == ["logs", "node-1", "node-2", "pm"]
+    assert sorted(p.name for p in data_dir.iterdir()) == [
+        "cluster.lock",
+        "logs",
+        "node-1",
+        "node-2",
+        "pm",
+    ]
 
     again = start_cluster(data_dir, nodes=2)
     try:
@@ -53,3 +65,87 @@ def test_help_and_bad_flags() -> None:
     assert usage.returncode == 0 and "--port-base" in usage.stdout and "--data-dir" in usage.stdout
     bad = run_cli("client.cluster", ["--nodes", "0"])
     assert bad.returncode == 2 and "between 1 and 64" in bad.stderr
+
+
+def _children_of(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children()
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_a_second_launcher_is_refused_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    data_dir = tmp_path / "var"
+    cluster = start_cluster(data_dir, nodes=1)
+    try:
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "client.cluster",
+                "--data-dir",
+                str(data_dir),
+                "--port-base",
+                "0",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_child_env(),
+            check=False,
+        )
+        assert second.returncode == 1
+        assert second.stderr.strip() == (
+            f"sbp-cluster: data directory {data_dir.resolve()} is in use by another "
+            f"sbp-cluster (pid {cluster.process.pid})"
+        )
+        assert "Traceback" not in second.stdout + second.stderr
+        # It started nothing: the first cluster's PM is the only one there.
+        assert len(_children_of(cluster.process.pid)) == 2
+    finally:
+        assert cluster.stop() == 0, cluster.output()
+
+
+def test_a_dead_node_is_restarted_and_the_cluster_keeps_serving(tmp_path: Path) -> None:
+    cluster = start_cluster(tmp_path / "var", nodes=2)
+    try:
+        pm = cluster.pm_address
+        stream = sbp_json(pm, "streams", "create")[0]["stream"]["stream_id"]
+        assert sbp(pm, "append", str(stream), stdin=lines(["before"])).returncode == 0
+        node = next(
+            child for child in _children_of(cluster.process.pid) if "datanode" in child.cmdline()
+        )
+        node.send_signal(signal.SIGKILL)
+        _wait_until(lambda: "is back on" in cluster.output())
+        assert cluster.process.poll() is None  # the launcher kept running
+        _wait_until(
+            lambda: all(row["alive"] for row in sbp_json(pm, "cluster", "status")["data_nodes"])
+        )
+        more = sbp_json(pm, "append", str(stream), stdin=lines(["after"]))
+        assert more["first_offset"] == 1
+        assert sbp(pm, "read", str(stream)).stdout.splitlines() == ["before", "after"]
+    finally:
+        assert cluster.stop() == 0, cluster.output()
+
+
+def test_no_restart_stops_the_cluster_when_a_node_dies(tmp_path: Path) -> None:
+    cluster = start_cluster(tmp_path / "var", nodes=2, extra=("--no-restart",))
+    children = _children_of(cluster.process.pid)
+    node = next(child for child in children if "datanode" in child.cmdline())
+    node.send_signal(signal.SIGKILL)
+    assert cluster.process.wait(60) == 1
+    assert "node-" in cluster.output() and "exited with status -9" in cluster.output()
+    _wait_until(lambda: not any(c.is_running() and c.status() != "zombie" for c in children))
+
+
+def test_children_stop_when_the_launcher_is_killed(tmp_path: Path) -> None:
+    cluster = start_cluster(tmp_path / "var", nodes=1)
+    children = _children_of(cluster.process.pid)
+    assert len(children) == 2
+    cluster.process.send_signal(signal.SIGKILL)
+    cluster.process.wait()
+    _wait_until(lambda: not any(c.is_running() and c.status() != "zombie" for c in children))

@@ -47,7 +47,7 @@ def test_unusable_data_dir_exits_1(tmp_path: Path) -> None:
     occupied.write_text("not a directory")
     result = run_cli("pm", ["--data-dir", str(occupied)])
     assert result.returncode == 1
-    assert "cannot open metadata" in result.stderr
+    assert "cannot use data directory" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
@@ -109,3 +109,21 @@ async def test_metrics_show_streams_ranges_and_nodes(tmp_path: Path) -> None:
         )
         assert any(line.startswith('sbp_pm_data_node_disk_free_space{node="2"}') for line in lines)
         assert 'sbp_requests_total{code="NONE",opcode="CREATE_STREAMS"} 1.0' in lines
+
+
+async def test_second_pm_on_a_data_dir_is_refused_naming_the_holder(tmp_path: Path) -> None:
+    first = await start_server("pm", ["--data-dir", str(tmp_path)], tmp_path / "logs", name="pm1")
+    try:
+        second = await trio.to_thread.run_sync(
+            run_cli, "pm", ["--data-dir", str(tmp_path), "--listen", "127.0.0.1:0"]
+        )
+        assert second.returncode == 1
+        assert second.stderr.strip() == (
+            f"sbp-pm: error: data directory {tmp_path} is in use by another PM "
+            f"(pid {first.process.pid})"
+        )
+    finally:
+        await first.terminate()
+    # The lock goes with its holder: a PM starts there again.
+    again = await start_server("pm", ["--data-dir", str(tmp_path)], tmp_path / "logs", name="pm2")
+    await again.terminate()

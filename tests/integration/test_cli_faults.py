@@ -1,0 +1,203 @@
+"""What a new user ran into with ``sbp``, each against a real cluster: input
+too large, live pipes, Ctrl-C, --timeout, refused updates, trims that change
+nothing, and the smaller faults of the command line."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from .local_cluster import LocalCluster, lines, sbp, sbp_json, start_cluster
+from .procs import _child_env
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    running = start_cluster(tmp_path_factory.mktemp("cli-faults") / "var", nodes=2)
+    try:
+        yield running
+    finally:
+        assert running.stop() == 0, running.output()
+
+
+def new_stream(pm: str, *flags: str) -> int:
+    return int(sbp_json(pm, "streams", "create", *flags)[0]["stream"]["stream_id"])
+
+
+def stored(pm: str, stream: int) -> list[str]:
+    result = sbp(pm, "read", str(stream))
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def sbp_process(pm: str, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "client.cli", "--pm", pm, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_child_env(),
+    )
+
+
+def test_an_oversized_record_is_refused_before_it_is_sent(cluster: LocalCluster) -> None:
+    pm = cluster.pm_address
+    stream = new_stream(pm)
+    started = time.monotonic()
+    result = sbp(pm, "append", str(stream), stdin=b"small\n" + b"x" * (20 << 20) + b"\n")
+    assert time.monotonic() - started < 20  # not retried for a minute
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"sbp: stored 1 record in stream {stream}, offsets 0..0 before the error",
+        "sbp: a line is longer than the largest record a request can carry (8,388,573 bytes)",
+    ]
+    assert stored(pm, stream) == ["small"]
+
+
+def test_a_live_pipe_is_stored_as_it_arrives_and_ctrl_c_keeps_what_was_read(
+    cluster: LocalCluster,
+) -> None:
+    pm = cluster.pm_address
+    stream = new_stream(pm)
+    append = sbp_process(pm, "append", str(stream), "--progress")
+    assert append.stdin is not None
+    try:
+        append.stdin.write(b"first\n")
+        append.stdin.flush()
+        # Stored while the pipe is still open: no wait for EOF or 10,000 lines.
+        wait_until(lambda: stored(pm, stream) == ["first"], timeout=10)
+        append.stdin.write(b"second\r\nthird\r\r\n")
+        append.stdin.flush()
+        wait_until(lambda: len(stored(pm, stream)) == 3, timeout=10)
+        append.send_signal(signal.SIGINT)
+        out, err = append.communicate(timeout=30)
+    finally:
+        append.kill()
+    assert append.returncode == 130, err
+    assert f"appended 3 records (17 B) to stream {stream}, offsets 0..2" in out.decode()
+    # Progress counts what the cluster acknowledged.
+    assert "3 records stored" in err.decode()
+    assert "interrupted" in err.decode()
+    # One \r before the \n goes (CRLF input); any other stays in the value.
+    as_hex = sbp(pm, "read", str(stream), "--hex").stdout.split()
+    assert [bytes.fromhex(value) for value in as_hex] == [b"first", b"second", b"third\r"]
+
+
+def test_storage_full_says_what_was_stored(tmp_path: Any) -> None:
+    import trio
+
+    from .pm_cluster import pm_cluster
+
+    async def scenario() -> tuple[subprocess.CompletedProcess[str], str, int]:
+        async with pm_cluster(tmp_path, node_ids=()) as running:
+            node = await running.start_node(1, "--map-size", "4MiB")
+            await running.wait_alive({1})
+            pm = running.pm_address
+            stream = await trio.to_thread.run_sync(new_stream, pm)
+            values = [f"{i:08d}" + "v" * 200 for i in range(40_000)]
+            result = await trio.to_thread.run_sync(
+                lambda: sbp(pm, "append", str(stream), stdin=lines(values))
+            )
+            stats = await trio.to_thread.run_sync(
+                lambda: sbp_json(pm, "read", str(stream), "--stats")
+            )
+            return result, node.stderr(), stats["records"]
+
+    result, node_log, count = trio.run(scenario)
+    assert result.returncode == 1
+    assert 0 < count < 40_000
+    assert result.stderr.splitlines()[0] == (
+        f"sbp: stored {count:,} records in stream 1, offsets 0..{count - 1} before the error"
+    )
+    assert "STORAGE_FULL" in result.stderr
+    assert "APPEND to stream 1 refused: STORAGE_FULL" in node_log
+
+
+def test_timeout_bounds_a_command_against_a_silent_server() -> None:
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = "%s:%d" % silent.getsockname()
+        started = time.monotonic()
+        result = sbp(address, "--timeout", "1.5", "streams", "list")
+        took = time.monotonic() - started
+    assert result.returncode == 4, result.stderr
+    assert len(result.stderr.splitlines()) == 1
+    assert took < 8
+
+
+def test_update_to_more_replicas_than_nodes_is_refused(cluster: LocalCluster) -> None:
+    pm = cluster.pm_address
+    stream = new_stream(pm)
+    refused = sbp(pm, "streams", "update", str(stream), "--replicas", "9")
+    assert refused.returncode == 1
+    assert "NO_AVAILABLE_DATA_NODE" in refused.stderr
+    assert "9 replicas wanted, 2 live data nodes" in refused.stderr
+    assert sbp_json(pm, "streams", "get", str(stream))[0]["stream"]["replica_nums"] == 1
+    # A count the nodes can hold is taken, and seals go on working.
+    assert sbp_json(pm, "streams", "update", str(stream), "--replicas", "2")["replica_nums"] == 2
+    assert sbp(pm, "ranges", "seal", str(stream)).returncode == 0
+
+
+def test_a_trim_that_changes_nothing_says_so(cluster: LocalCluster) -> None:
+    pm = cluster.pm_address
+    stream = new_stream(pm)
+    assert sbp(pm, "append", str(stream), stdin=lines([str(i) for i in range(10)])).returncode == 0
+    assert sbp(pm, "streams", "trim", str(stream), "5").stdout.strip() == (
+        f"trimmed stream {stream} below offset 5"
+    )
+    again = sbp(pm, "streams", "trim", str(stream), "3")
+    assert again.returncode == 0
+    assert again.stdout.strip() == (
+        f"nothing changed: stream {stream} already starts at offset 5, not below 3"
+    )
+
+
+def test_smaller_command_line_faults(cluster: LocalCluster) -> None:
+    pm = cluster.pm_address
+    huge = sbp(pm, "read", "99999999999999999999999")
+    assert huge.returncode == 2
+    assert "Traceback" not in huge.stderr and "ExceptionGroup" not in huge.stderr
+    assert "must be from 1 to 9,223,372,036,854,775,807" in huge.stderr
+
+    stream = new_stream(pm)
+    deleted = sbp(pm, "streams", "delete", str(stream), str(stream))
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stdout.strip() == f"deleted stream {stream}"
+
+    status = sbp_json(pm, "cluster", "status")
+    for row in status["data_nodes"]:
+        assert isinstance(row["heartbeat_age_s"], float) and row["heartbeat_age_s"] < 30
+        assert isinstance(row["last_heartbeat_ms"], int)
+
+
+def test_top_json_prints_json_lines_without_escapes(cluster: LocalCluster) -> None:
+    top = sbp_process(cluster.pm_address, "--json", "top", "--interval", "0.2")
+    try:
+        assert top.stdout is not None
+        first, second = top.stdout.readline(), top.stdout.readline()
+    finally:
+        top.send_signal(signal.SIGINT)
+        top.communicate(timeout=30)
+    assert top.returncode == 0
+    for line in (first, second):
+        assert b"\x1b" not in line
+        frame = json.loads(line)
+        assert len(frame["data_nodes"]) == 2
