@@ -11,11 +11,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from pathlib import Path
 
 import pytest
+import trio
 
 from .local_cluster import LocalCluster, lines, sbp, sbp_json, start_cluster
+from .pm_cluster import append_values, pm_cluster
 from .procs import _child_env
 
 pytestmark = pytest.mark.integration
@@ -100,11 +102,7 @@ def test_a_live_pipe_is_stored_as_it_arrives_and_ctrl_c_keeps_what_was_read(
     assert [bytes.fromhex(value) for value in as_hex] == [b"first", b"second", b"third\r"]
 
 
-def test_storage_full_says_what_was_stored(tmp_path: Any) -> None:
-    import trio
-
-    from .pm_cluster import pm_cluster
-
+def test_storage_full_says_what_was_stored(tmp_path: Path) -> None:
     async def scenario() -> tuple[subprocess.CompletedProcess[str], str, int]:
         async with pm_cluster(tmp_path, node_ids=()) as running:
             node = await running.start_node(1, "--map-size", "4MiB")
@@ -134,7 +132,8 @@ def test_timeout_bounds_a_command_against_a_silent_server() -> None:
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
-        address = "%s:%d" % silent.getsockname()
+        host, port = silent.getsockname()
+        address = f"{host}:{port}"
         started = time.monotonic()
         result = sbp(address, "--timeout", "1.5", "streams", "list")
         took = time.monotonic() - started
@@ -201,3 +200,50 @@ def test_top_json_prints_json_lines_without_escapes(cluster: LocalCluster) -> No
         assert b"\x1b" not in line
         frame = json.loads(line)
         assert len(frame["data_nodes"]) == 2
+
+
+async def test_tail_outlives_a_pm_restart(tmp_path: Path) -> None:
+    async with pm_cluster(tmp_path, node_ids=(1,)) as cluster:
+        created = await cluster.pm_client().create_stream(1)
+        assert created.stream is not None and created.range is not None
+        pm = cluster.pm_address
+        tail = sbp_process(
+            pm, "--timeout", "2", "tail", str(created.stream.stream_id), "--count", "2"
+        )
+        try:
+            await trio.sleep(1.5)  # it found the stream's end
+            assert cluster.pm is not None
+            await cluster.pm.terminate()
+            await trio.sleep(4)  # twice its --timeout without a PM
+            await append_values(cluster, created.range, [b"while the PM is down"])
+            await cluster.start_pm(pm)
+            await append_values(cluster, created.range, [b"after it is back"])
+            out, err = await trio.to_thread.run_sync(lambda: tail.communicate(timeout=30))
+        finally:
+            tail.kill()
+        assert tail.returncode == 0, err
+        assert out.decode().splitlines() == ["while the PM is down", "after it is back"]
+
+
+async def test_timeout_bounds_an_append_to_a_dead_primary(tmp_path: Path) -> None:
+    async with pm_cluster(tmp_path, node_ids=(1,)) as cluster:
+        created = await cluster.pm_client().create_stream(1)
+        assert created.stream is not None
+        await cluster.nodes[1].kill()
+        started = time.monotonic()
+        result = await trio.to_thread.run_sync(
+            lambda: sbp(
+                cluster.pm_address,
+                "--timeout",
+                "3",
+                "append",
+                str(created.stream.stream_id),  # type: ignore[union-attr]
+                stdin=b"x\n",
+            )
+        )
+        took = time.monotonic() - started
+        assert result.returncode == 3, result.stderr
+        assert took < 10
+        assert result.stderr.splitlines()[0] == (
+            "sbp: nothing was stored in stream 1 before the error"
+        )

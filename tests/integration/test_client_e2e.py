@@ -153,3 +153,30 @@ async def test_a_killed_data_node_loses_no_acknowledged_record(tmp_path: Path) -
             for index, offset in enumerate(acknowledged.tolist()):
                 assert values[position[offset]] == expected[index]
             assert set(values) == set(expected)
+
+
+async def test_sync_client_trims_updates_and_reads_from_the_first_stored_offset(
+    tmp_path: Path,
+) -> None:
+    from client import RecordTooLargeError, SyncClient
+
+    async with pm_cluster(tmp_path, node_ids=(1, 2)) as cluster:
+
+        def scenario() -> None:
+            with SyncClient(cluster.pm_address) as client:
+                stream = client.create_stream().stream_id
+                with client.producer(stream) as producer:
+                    producer.send_many([b"%d" % i for i in range(10)]).wait()
+                    with pytest.raises(RecordTooLargeError, match="8,388,573 bytes"):
+                        producer.send(b"x" * (9 << 20))
+                assert client.trim(stream, 4) == 4
+                assert client.trim(stream, 2) == 4  # below the first offset: nothing changes
+                # The default start is the first stored record, not offset 0.
+                with client.consumer(stream) as consumer:
+                    first = next(iter(consumer))
+                assert (first.offset, first.value) == (4, b"4")
+                updated = client.update_stream(stream, retention_period_ms=60_000)
+                assert (updated.retention_period_ms, updated.replica_nums) == (60_000, 1)
+                assert client.update_stream(stream, replica_nums=2).retention_period_ms == 60_000
+
+        await trio.to_thread.run_sync(scenario)

@@ -56,6 +56,10 @@ class StreamOps:
         """Seal the open range (the PM opens the next one); the new open range."""
         return self._client.seal(stream_id)[-1]
 
+    def trim(self, stream_id: int, offset: int) -> int:
+        """Drop the records below ``offset``; the stream's first offset after."""
+        return self._client.trim(stream_id, offset)
+
     def layout(self, stream_id: int) -> StreamLayout:
         client = self._client
         return client.run(describe_stream, client.pm, client.pool, stream_id)

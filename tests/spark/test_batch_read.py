@@ -137,6 +137,10 @@ def test_all_streams(spark: SparkSession, ops: StreamOps) -> None:
             {"pm": "127.0.0.1:1", "streams": "1", "maxRecordsPerPartition": "0"},
             "option 'maxRecordsPerPartition' must be a positive integer",
         ),
+        (
+            {"pm": "127.0.0.1:1", "streams": "1", "maxRecordPerPartition": "5"},
+            "(?i)unknown option 'maxRecordPerPartition'; did you mean 'maxRecordsPerPartition'",
+        ),
     ],
 )
 def test_bad_options_are_named(spark: SparkSession, options: dict[str, str], message: str) -> None:
@@ -144,9 +148,59 @@ def test_bad_options_are_named(spark: SparkSession, options: dict[str, str], mes
         spark.read.format("sbp").options(**options).load().collect()
 
 
-def test_unknown_stream_fails_with_its_id(spark: SparkSession, ops: StreamOps) -> None:
-    with pytest.raises(PySparkException, match="STREAM_NOT_FOUND"):
+def _last_line(error: BaseException) -> str:
+    """The error's own line at the end of what Spark reports (before SQLSTATE)."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[-2] if lines[-1].strip().startswith("SQLSTATE") else lines[-1]
+
+
+def test_unknown_stream_fails_with_its_id_in_one_line(spark: SparkSession, ops: StreamOps) -> None:
+    with pytest.raises(PySparkException) as failed:
         read(spark, ops.pm_address, streams="999999").collect()
+    assert "ExceptionGroup" not in str(failed.value)
+    assert _last_line(failed.value) == (
+        f"spark_jobs.layout.SourceError: no such stream on the PM at {ops.pm_address}: "
+        "no stream 999999"
+    )
+
+
+def test_unreachable_pm_fails_in_one_line(spark: SparkSession) -> None:
+    with pytest.raises(PySparkException) as failed:
+        spark.read.format("sbp").options(pm="127.0.0.1:1", streams="1").load().collect()
+    assert "ExceptionGroup" not in str(failed.value)
+    assert _last_line(failed.value).startswith(
+        "spark_jobs.layout.SourceError: cannot reach the PM at 127.0.0.1:1"
+    )
+
+
+def test_starting_after_ending_is_an_error(spark: SparkSession, ops: StreamOps) -> None:
+    stream = ops.create_stream()
+    ops.append(stream, make_values("x", 10))
+    with pytest.raises(
+        PySparkException, match=r"startingOffsets \(8\) is after endingOffsets \(3\)"
+    ):
+        read(
+            spark,
+            ops.pm_address,
+            streams=str(stream),
+            startingOffsets=json.dumps({str(stream): 8}),
+            endingOffsets=json.dumps({str(stream): 3}),
+        ).collect()
+
+
+def test_trimmed_offsets_fail_unless_data_loss_is_allowed(
+    spark: SparkSession, ops: StreamOps
+) -> None:
+    stream = ops.create_stream()
+    ops.append(stream, make_values("t", 10))
+    ops.trim(stream, 6)
+    start = json.dumps({str(stream): 2})
+    with pytest.raises(PySparkException, match=r"offset 2 of stream .* was trimmed away"):
+        read(spark, ops.pm_address, streams=str(stream), startingOffsets=start).collect()
+    rows = read(
+        spark, ops.pm_address, streams=str(stream), startingOffsets=start, failOnDataLoss="false"
+    ).collect()
+    assert sorted(row.offset for row in rows) == [6, 7, 8, 9]
 
 
 def test_timestamps_are_utc_instants(spark: SparkSession, ops: StreamOps) -> None:

@@ -16,8 +16,8 @@ from spark_jobs.options import (
     OffsetSpec,
     ReadOptions,
     SBPOptionError,
+    WriteOptions,
 )
-from spark_jobs.options import WriteOptions
 from spark_jobs.source import SBPBatchReader, _fair_shares
 
 
@@ -98,7 +98,7 @@ TRIMMED = StreamLayout(7, (wire_range(2, 25, -1, "n1:1"),), 31)
 
 
 def test_fail_on_data_loss_refuses_trimmed_offsets() -> None:
-    with pytest.raises(DataLossError, match="offset 3 of stream 7 was trimmed away.*starts at 25"):
+    with pytest.raises(DataLossError, match=r"offset 3 of stream 7 was trimmed away.*starts at 25"):
         TRIMMED.bound(3, fail_on_data_loss=True)
     assert TRIMMED.bound(3) == 25
     assert TRIMMED.bound(EARLIEST_CODE, fail_on_data_loss=True) == 25

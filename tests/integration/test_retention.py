@@ -1,0 +1,65 @@
+"""Retention on real processes: a data node drops batches older than their
+stream's period on its schedule, and soon after UPDATE_STREAMS changes the
+period; the PM's first offset follows, and /metrics counts what was freed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from .conftest import scrape
+from .pm_cluster import PMCluster, append_values, pm_cluster, read_stream
+
+pytestmark = pytest.mark.integration
+
+
+async def wait_first_offset(cluster: PMCluster, stream_id: int, offset: int) -> None:
+    pm = cluster.pm_client()
+    with trio.fail_after(10):
+        while (await pm.list_stream_ranges(stream_id))[0].start_offset != offset:
+            await trio.sleep(0.05)
+
+
+async def test_old_records_go_on_schedule_and_the_pm_follows(tmp_path: Path) -> None:
+    async with pm_cluster(tmp_path, node_ids=()) as cluster:
+        node = await cluster.start_node(
+            1, "--retention-interval-ms", "200", "--metrics-listen", "127.0.0.1:0"
+        )
+        await cluster.wait_alive({1})
+        created = await cluster.pm_client().create_stream(1, retention_period_ms=2000)
+        assert created.stream is not None and created.range is not None
+        stream = created.stream.stream_id
+        await append_values(cluster, created.range, [b"old"] * 10)
+        await trio.sleep(2.1)
+        await append_values(cluster, created.range, [b"new"] * 5)
+        # The old batch is past its period now; the new one is not.
+        await wait_first_offset(cluster, stream, 10)
+        assert await read_stream(cluster, stream) == [b"new"] * 5
+        samples = await scrape(node)
+        assert samples["sbp_datanode_retention_freed_records_total"] == 10
+        assert samples["sbp_datanode_retention_freed_bytes_total"] > 10 * len(b"old")
+        assert samples["sbp_datanode_retention_runs_total"] >= 1
+
+
+async def test_a_changed_period_applies_soon_after_the_update(tmp_path: Path) -> None:
+    # The node's own schedule (30 s) is far off: the update's SYNC_RANGES does it.
+    async with pm_cluster(tmp_path, node_ids=(1,)) as cluster:
+        pm = cluster.pm_client()
+        created = await pm.create_stream(1)
+        assert created.stream is not None and created.range is not None
+        stream = created.stream.stream_id
+        await append_values(cluster, created.range, [b"kept until the update"] * 7)
+        await trio.sleep(0.3)
+        current = await pm.get_stream(stream)
+        await pm.update_stream(
+            type(current)(
+                stream_id=stream,
+                replica_nums=current.replica_nums,
+                retention_period_ms=100,
+                epoch=current.epoch,
+            )
+        )
+        await wait_first_offset(cluster, stream, 7)
+        assert await read_stream(cluster, stream) == []
