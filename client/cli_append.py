@@ -190,9 +190,7 @@ async def cmd_append(env: Env) -> int:
                 delivery_timeout=args.timeout,
             ) as producer:
                 reader = LineReader(fd, producer.max_record_bytes)
-                send, receive = trio.open_memory_channel[tuple[RecordsHandle, int, int]](
-                    math.inf
-                )
+                send, receive = trio.open_memory_channel[tuple[RecordsHandle, int, int]](math.inf)
                 reading = trio.CancelScope()
 
                 async def read_and_send() -> None:

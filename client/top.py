@@ -136,9 +136,7 @@ async def run_top(env: Env) -> int:
 
             async def stop_on_q() -> None:
                 while True:
-                    key = await trio.to_thread.run_sync(
-                        os.read, stdin, 1, abandon_on_cancel=True
-                    )
+                    key = await trio.to_thread.run_sync(os.read, stdin, 1, abandon_on_cancel=True)
                     if key in (b"q", b"Q", b""):
                         nursery.cancel_scope.cancel()
                         return
