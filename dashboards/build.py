@@ -5,8 +5,12 @@ The panels are listed here as (title, description, unit, PromQL queries);
 the committed file matches and that every query returns data from a real
 Prometheus scraping a real cluster (tests/integration/test_prometheus.py).
 
-Scrape jobs are named ``sbp-datanode`` and ``sbp-pm`` (docs/metrics.md);
-``$node`` picks data nodes by their ``instance`` label.
+The dashboard is built with Grafana's typed builders (the
+``grafana-foundation-sdk`` package), so its JSON has the shape Grafana
+expects. Variables: ``$datasource`` (any Prometheus; nothing is baked in on
+import), ``$datanode_job`` and ``$pm_job`` (the scrape jobs, by default
+``sbp-datanode`` and ``sbp-pm``, docs/metrics.md) and ``$node`` (data nodes
+by their ``instance`` label).
 """
 
 from __future__ import annotations
@@ -16,9 +20,26 @@ import sys
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
+from grafana_foundation_sdk.builders.dashboard import (
+    AnnotationQuery,
+    Dashboard,
+    DatasourceVariable,
+    QueryVariable,
+    Row,
+)
+from grafana_foundation_sdk.builders.prometheus import Dataquery as PromQuery
+from grafana_foundation_sdk.builders.stat import Panel as StatPanel
+from grafana_foundation_sdk.builders.timeseries import Panel as TimeseriesPanel
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import (
+    DataSourceRef,
+    VariableOption,
+    VariableRefresh,
+)
+
 OUTPUT: Final = Path(__file__).with_name("sbp-cluster.json")
-NODE: Final = 'job="sbp-datanode",instance=~"$node"'
-PM: Final = 'job="sbp-pm"'
+NODE: Final = 'job="$datanode_job",instance=~"$node"'
+PM: Final = 'job="$pm_job"'
 RATE: Final = "[$__rate_interval]"
 
 
@@ -46,28 +67,28 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
                 "Data nodes alive",
                 "Data nodes the PM counts alive (heartbeat within its node timeout).",
                 "none",
-                (('sum(sbp_pm_data_nodes{state="alive"})', "alive"),),
+                ((f'sum(sbp_pm_data_nodes{{{PM},state="alive"}})', "alive"),),
                 "stat",
             ),
             Panel(
                 "Data nodes dead",
                 "Data nodes the PM knows that missed heartbeats for the node timeout.",
                 "none",
-                (('sum(sbp_pm_data_nodes{state="dead"})', "dead"),),
+                ((f'sum(sbp_pm_data_nodes{{{PM},state="dead"}})', "dead"),),
                 "stat",
             ),
             Panel(
                 "Streams",
                 "Streams in the PM's metadata.",
                 "none",
-                (("sbp_pm_streams", ""),),
+                ((f"sum(sbp_pm_streams{{{PM}}})", ""),),
                 "stat",
             ),
             Panel(
                 "Ranges",
                 "Ranges in the PM's metadata: open (one per stream) and sealed.",
                 "none",
-                (("sum by (state) (sbp_pm_ranges)", "{{state}}"),),
+                ((f"sum by (state) (sbp_pm_ranges{{{PM}}})", "{{state}}"),),
                 "stat",
             ),
             Panel(
@@ -75,8 +96,8 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
                 "Record batch bytes appended (durable) and returned by FETCH, all nodes.",
                 "Bps",
                 (
-                    (f"sum(rate(sbp_datanode_appended_bytes_total{RATE}))", "appended"),
-                    (f"sum(rate(sbp_datanode_fetched_bytes_total{RATE}))", "fetched"),
+                    (f"sum(rate(sbp_datanode_appended_bytes_total{{{NODE}}}{RATE}))", "appended"),
+                    (f"sum(rate(sbp_datanode_fetched_bytes_total{{{NODE}}}{RATE}))", "fetched"),
                 ),
             ),
         ),
@@ -274,31 +295,37 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
                 "Seconds since heartbeat",
                 "Per data node, as the PM sees it; past the node timeout it is dead.",
                 "s",
-                (("sbp_pm_data_node_seconds_since_heartbeat", "node {{node}}"),),
+                ((f"sbp_pm_data_node_seconds_since_heartbeat{{{PM}}}", "node {{node}}"),),
             ),
             Panel(
                 "Data node alive",
                 "1 while the PM counts the node alive.",
                 "none",
-                (("sbp_pm_data_node_alive", "node {{node}}"),),
+                ((f"sbp_pm_data_node_alive{{{PM}}}", "node {{node}}"),),
             ),
             Panel(
-                "Reported load",
-                "Each node's latest REPORT_METRICS as the PM holds it: appends/s and open ranges.",
+                "Reported appends",
+                "Each node's latest REPORT_METRICS as the PM holds it: appends per second.",
+                "ops",
+                ((f"sbp_pm_data_node_appends_per_second{{{PM}}}", "node {{node}}"),),
+            ),
+            Panel(
+                "Reported open ranges",
+                "Each node's latest REPORT_METRICS as the PM holds it: open ranges hosted.",
                 "none",
-                (
-                    ("sbp_pm_data_node_network_append_rate", "appends/s node {{node}}"),
-                    ("sbp_pm_data_node_range_active_cnt", "open ranges node {{node}}"),
-                ),
+                ((f"sbp_pm_data_node_open_ranges{{{PM}}}", "node {{node}}"),),
             ),
             Panel(
-                "PM requests/s and p99",
-                "Requests the PM served per second by opcode, and the p99 of all of them.",
+                "PM requests/s",
+                "Requests the PM served per second, by opcode.",
                 "reqps",
-                (
-                    (f"sum by (opcode) (rate(sbp_requests_total{{{PM}}}{RATE}))", "{{opcode}}"),
-                    (quantile(0.99, PM, "job"), "p99 seconds"),
-                ),
+                ((f"sum by (opcode) (rate(sbp_requests_total{{{PM}}}{RATE}))", "{{opcode}}"),),
+            ),
+            Panel(
+                "PM request latency p99",
+                "The p99 of every request the PM served.",
+                "s",
+                ((quantile(0.99, PM, "job"), "p99"),),
             ),
         ),
     ),
@@ -309,13 +336,13 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
                 "Open connections",
                 "SBP connections open on each server.",
                 "none",
-                (('sbp_connections{job=~"sbp-.*"}', "{{job}} {{instance}}"),),
+                (('sbp_connections{job=~"$datanode_job|$pm_job"}', "{{job}} {{instance}}"),),
             ),
             Panel(
                 "Requests in flight",
                 "Requests being served on each server.",
                 "none",
-                (('sbp_requests_in_flight{job=~"sbp-.*"}', "{{job}} {{instance}}"),),
+                (('sbp_requests_in_flight{job=~"$datanode_job|$pm_job"}', "{{job}} {{instance}}"),),
             ),
             Panel(
                 "CPU",
@@ -323,7 +350,7 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
                 "none",
                 (
                     (
-                        f'rate(process_cpu_seconds_total{{job=~"sbp-.*"}}{RATE})',
+                        f'rate(process_cpu_seconds_total{{job=~"$datanode_job|$pm_job"}}{RATE})',
                         "{{job}} {{instance}}",
                     ),
                 ),
@@ -332,7 +359,7 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
                 "Memory",
                 "Resident memory of each server process.",
                 "bytes",
-                (('process_resident_memory_bytes{job=~"sbp-.*"}', "{{job}} {{instance}}"),),
+                (('process_resident_memory_bytes{job=~"$datanode_job|$pm_job"}', "{{job}} {{instance}}"),),
             ),
         ),
     ),
@@ -344,96 +371,105 @@ def expressions() -> list[str]:
     return [expr for _, panels in ROWS for panel in panels for expr, _ in panel.queries]
 
 
-def build() -> dict[str, Any]:
-    panels: list[dict[str, Any]] = []
-    next_id = 1
-    y = 0
+#: a data source variable, so that importing the dashboard asks for none and
+#: bakes no uid in: panels follow whatever Prometheus the variable names
+DATASOURCE: Final = DataSourceRef(type_val="prometheus", uid="${datasource}")
+
+
+def _variables() -> list[Any]:
+    jobs = [
+        (
+            "datanode_job",
+            "Data node job",
+            "sbp_datanode_storage_map_size_bytes",
+            "sbp-datanode",
+            "the Prometheus job that scrapes the data nodes",
+        ),
+        (
+            "pm_job",
+            "PM job",
+            "sbp_pm_streams",
+            "sbp-pm",
+            "the Prometheus job that scrapes the PM",
+        ),
+    ]
+    variables: list[Any] = [
+        DatasourceVariable("datasource").label("Data source").type("prometheus"),
+    ]
+    for name, label, metric, default, description in jobs:
+        variables.append(
+            QueryVariable(name)
+            .label(label)
+            .description(description)
+            .datasource(DATASOURCE)
+            .query(f"label_values({metric}, job)")
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .current(VariableOption(text=default, value=default, selected=True))
+        )
+    variables.append(
+        QueryVariable("node")
+        .label("Data node")
+        .description("data nodes by their instance label")
+        .datasource(DATASOURCE)
+        .query('label_values(sbp_datanode_storage_map_size_bytes{job="$datanode_job"}, instance)')
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .current(VariableOption(text="All", value="$__all", selected=True))
+    )
+    return variables
+
+
+def _panel(panel: Panel, width: int) -> Any:
+    builder = StatPanel() if panel.kind == "stat" else TimeseriesPanel()
+    builder = (
+        builder.title(panel.title)
+        .description(panel.description)
+        .unit(panel.unit)
+        .datasource(DATASOURCE)
+        .height(4 if panel.kind == "stat" else 8)
+        .span(width)
+    )
+    for n, (expr, legend) in enumerate(panel.queries):
+        builder = builder.with_target(
+            PromQuery().expr(expr).legend_format(legend).ref_id(chr(ord("A") + n))
+        )
+    return builder
+
+
+def build() -> Any:
+    """The dashboard, built with Grafana's own typed builders."""
+    dashboard = (
+        Dashboard("SBP cluster")
+        .uid("sbp-cluster")
+        .description("Data nodes and placement manager of an SBP cluster (docs/metrics.md)")
+        .tags(["sbp"])
+        .timezone("browser")
+        .editable()
+        .refresh("10s")
+        .time("now-1h", "now")
+        .variables(_variables())
+        .annotation(
+            AnnotationQuery()
+            .name("Annotations & Alerts")
+            .datasource(DataSourceRef(type_val="grafana", uid="-- Grafana --"))
+            .enable(True)
+            .hide(True)
+            .icon_color("rgba(0, 211, 255, 1)")
+            .type("dashboard")
+        )
+    )
     for row_title, row_panels in ROWS:
-        panels.append(
-            {"type": "row", "title": row_title, "id": next_id, "collapsed": False,
-             "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []}
-        )  # fmt: skip
-        next_id += 1
-        y += 1
+        dashboard = dashboard.with_row(Row(row_title))
         width = 24 // len(row_panels)
-        for i, panel in enumerate(row_panels):
-            height = 4 if panel.kind == "stat" else 8
-            panels.append(
-                {
-                    "type": panel.kind,
-                    "title": panel.title,
-                    "description": panel.description,
-                    "id": next_id,
-                    "datasource": {"type": "prometheus", "uid": "${DS_PROMETHEUS}"},
-                    "gridPos": {"h": height, "w": width, "x": i * width, "y": y},
-                    "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
-                    "options": {"legend": {"displayMode": "list", "placement": "bottom"}},
-                    "targets": [
-                        {
-                            "refId": chr(ord("A") + n),
-                            "expr": expr,
-                            "legendFormat": legend,
-                            "datasource": {"type": "prometheus", "uid": "${DS_PROMETHEUS}"},
-                        }
-                        for n, (expr, legend) in enumerate(panel.queries)
-                    ],
-                }
-            )
-            next_id += 1
-        y += 8
-    return {
-        "__inputs": [
-            {
-                "name": "DS_PROMETHEUS",
-                "label": "Prometheus",
-                "description": "The Prometheus that scrapes the SBP cluster",
-                "type": "datasource",
-                "pluginId": "prometheus",
-                "pluginName": "Prometheus",
-            }
-        ],
-        "title": "SBP cluster",
-        "uid": "sbp-cluster",
-        "description": "Data nodes and placement manager of an SBP cluster (docs/metrics.md)",
-        "tags": ["sbp"],
-        "timezone": "browser",
-        "schemaVersion": 38,
-        "version": 1,
-        "editable": True,
-        "refresh": "10s",
-        "time": {"from": "now-1h", "to": "now"},
-        "templating": {
-            "list": [
-                {
-                    "name": "DS_PROMETHEUS",
-                    "label": "Data source",
-                    "type": "datasource",
-                    "query": "prometheus",
-                    "current": {},
-                    "hide": 0,
-                },
-                {
-                    "name": "node",
-                    "label": "Data node",
-                    "type": "query",
-                    "datasource": {"type": "prometheus", "uid": "${DS_PROMETHEUS}"},
-                    "query": 'label_values(sbp_datanode_storage_map_size_bytes{job="sbp-datanode"}, instance)',
-                    "definition": 'label_values(sbp_datanode_storage_map_size_bytes{job="sbp-datanode"}, instance)',
-                    "refresh": 2,
-                    "multi": True,
-                    "includeAll": True,
-                    "allValue": ".*",
-                    "current": {"text": "All", "value": "$__all"},
-                    "hide": 0,
-                },
-            ]
-        },
-        "panels": panels,
-    }
+        for panel in row_panels:
+            dashboard = dashboard.with_panel(_panel(panel, width))
+    return dashboard.build()
 
 
 def render() -> str:
-    return json.dumps(build(), indent=2) + "\n"
+    return json.dumps(build(), cls=JSONEncoder, indent=2) + "\n"
 
 
 if __name__ == "__main__":

@@ -24,9 +24,34 @@ from prometheus_client.registry import Collector
 from net.metrics import ServerMetrics, new_registry
 
 from .manager import PlacementManager
-from .wire import REPORT_FIELDS
 
 NAMESPACE: Final = "sbp_pm"
+
+#: REPORT_METRICS fields (wire names, fixed by the spec) as metrics named by
+#: Prometheus' conventions, in base units: (field, name, help, scale to the unit)
+REPORTED: Final = (
+    ("disk_in_rate", "disk_written_bytes_per_second", "bytes written to storage per second", 1),
+    ("disk_out_rate", "disk_read_bytes_per_second", "bytes read from storage per second", 1),
+    ("disk_free_space", "disk_free_bytes", "free bytes of storage", 1),
+    ("disk_unindexed_data_size", "unindexed_bytes", "bytes appended but not yet indexed", 1),
+    ("memory_used", "memory_used_bytes", "resident memory of the node", 1),
+    ("uring_task_rate", "storage_commits_per_second", "group commits per second", 1),
+    ("uring_inflight_task_cnt", "storage_committing_appends",
+     "appends in the transaction being committed", 1),
+    ("uring_pending_task_cnt", "storage_waiting_appends", "appends waiting for a commit", 1),
+    ("uring_task_avg_latency", "storage_commit_latency_seconds",
+     "mean time of one group commit", 0.001),
+    ("network_append_rate", "appends_per_second", "APPEND requests served per second", 1),
+    ("network_fetch_rate", "fetches_per_second", "FETCH requests served per second", 1),
+    ("network_failed_append_rate", "failed_appends_per_second",
+     "APPEND items answered with an error per second", 1),
+    ("network_failed_fetch_rate", "failed_fetches_per_second",
+     "FETCH items answered with an error per second", 1),
+    ("network_append_avg_latency", "append_latency_seconds", "mean APPEND latency", 0.001),
+    ("network_fetch_avg_latency", "fetch_latency_seconds", "mean FETCH latency", 0.001),
+    ("range_missing_replica_cnt", "under_replicated_ranges", "ranges missing a replica", 1),
+    ("range_active_cnt", "open_ranges", "open ranges hosted", 1),
+)  # fmt: skip
 
 
 class PMMetrics:
@@ -74,23 +99,26 @@ class ClusterCollector(Collector):
             f"{NAMESPACE}_data_node_alive", "1 while the data node is alive", labels=["node"]
         )
         reported = {
-            name: GaugeMetricFamily(
-                f"{NAMESPACE}_data_node_{name}",
-                f"{name} from the data node's latest REPORT_METRICS",
-                labels=["node"],
+            field: (
+                GaugeMetricFamily(
+                    f"{NAMESPACE}_data_node_{name}",
+                    f"{text}, from the data node's latest REPORT_METRICS ({field})",
+                    labels=["node"],
+                ),
+                scale,
             )
-            for name in REPORT_FIELDS
+            for field, name, text, scale in REPORTED
         }
         for state in states:
             node = str(state.node_id)
             since.add_metric([node], registry.seconds_since_seen(state))
             hosted.add_metric([node], state.hosted_ranges)
             alive.add_metric([node], 1 if state.alive else 0)
-            for name, value in dict(state.metrics).items():
-                family = reported.get(name)
-                if family is not None:
-                    family.add_metric([node], value)
+            for field, value in dict(state.metrics).items():
+                if field in reported:
+                    family, scale = reported[field]
+                    family.add_metric([node], value * scale)
         yield since
         yield hosted
         yield alive
-        yield from reported.values()
+        yield from (family for family, _ in reported.values())

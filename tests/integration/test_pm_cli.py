@@ -95,7 +95,7 @@ async def test_metrics_show_streams_ranges_and_nodes(tmp_path: Path) -> None:
                     lambda: urllib.request.urlopen(url).read().decode()
                 )
                 lines = set(text.splitlines())
-                reported = [line for line in lines if "data_node_disk_free_space{" in line]
+                reported = [line for line in lines if "data_node_disk_free_bytes{" in line]
                 if len(reported) == 2:
                     break
                 await trio.sleep(0.1)
@@ -107,7 +107,7 @@ async def test_metrics_show_streams_ranges_and_nodes(tmp_path: Path) -> None:
         assert any(
             line.startswith('sbp_pm_data_node_seconds_since_heartbeat{node="1"}') for line in lines
         )
-        assert any(line.startswith('sbp_pm_data_node_disk_free_space{node="2"}') for line in lines)
+        assert any(line.startswith('sbp_pm_data_node_disk_free_bytes{node="2"}') for line in lines)
         assert 'sbp_requests_total{code="NONE",opcode="CREATE_STREAMS"} 1.0' in lines
 
 

@@ -221,7 +221,12 @@ def test_dashboard_queries_return_data_from_a_live_cluster(
 
         empty = []
         for expr in expressions():
-            concrete = expr.replace("$__rate_interval", RATE_INTERVAL).replace("$node", ".*")
+            concrete = (
+                expr.replace("$__rate_interval", RATE_INTERVAL)
+                .replace("$node", ".*")
+                .replace("$datanode_job", "sbp-datanode")
+                .replace("$pm_job", "sbp-pm")
+            )
             answer = prometheus.query(concrete, at=during)
             assert answer["status"] == "success", (concrete, answer)
             if not answer["data"]["result"]:
@@ -245,14 +250,16 @@ def check_reports_match_node_metrics(prometheus: Prometheus, at: float) -> None:
         json.loads(labels)["instance"]: value
         for labels, value in prometheus.values('sbp_datanode_ranges{state="open"}', at=at).items()
     }
-    reported = prometheus.values("sbp_pm_data_node_range_active_cnt", at=at)
+    reported = prometheus.values("sbp_pm_data_node_open_ranges", at=at)
     assert sorted(reported.values()) == sorted(by_instance.values())
     assert sum(reported.values()) == 3  # one open range per stream
 
     own_rates = prometheus.values(
         f"sum by (instance) (rate(sbp_datanode_appended_bytes_total[{RATE_INTERVAL}]))", at=at
     )
-    reported_rates = prometheus.values("sbp_pm_data_node_disk_in_rate", at=at)
+    reported_rates = prometheus.values(
+        "sbp_pm_data_node_disk_written_bytes_per_second", at=at
+    )
     busiest_own = max(own_rates.values())
     busiest_reported = max(reported_rates.values())
     assert busiest_own > 0 and busiest_reported > 0
