@@ -247,3 +247,38 @@ async def test_timeout_bounds_an_append_to_a_dead_primary(tmp_path: Path) -> Non
         assert result.stderr.splitlines()[0] == (
             "sbp: nothing was stored in stream 1 before the error"
         )
+
+
+def test_top_on_a_terminal_quits_on_q_and_fits_the_width(cluster: LocalCluster) -> None:
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))
+    top = subprocess.Popen(
+        [sys.executable, "-m", "client.cli", "--pm", cluster.pm_address, "top", "--interval", "0.2"],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        env={**_child_env(), "COLUMNS": "", "LINES": ""},
+        start_new_session=True,
+    )
+    os.close(follower)
+    screen = b""
+    try:
+        deadline = time.monotonic() + 20
+        while b"q or Ctrl-C quits" not in screen:
+            assert time.monotonic() < deadline, screen
+            screen += os.read(leader, 65536)
+        os.write(leader, b"q")
+        assert top.wait(20) == 0
+    finally:
+        top.kill()
+        os.close(leader)
+    frame = screen.decode(errors="replace").split("\x1b[H\x1b[2J")[-1]
+    lines = [line.rstrip("\r") for line in frame.split("\n")]
+    assert max(len(line) for line in lines) <= 60
+    assert any(line.startswith("sbp top") for line in lines)
