@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
 
-from net.connection import Connection, Response
+from net.calls import Response
+from net.connection import Connection
 from net.pool import ConnectionPool
 from sbp import messages
 from sbp.enums import ClientRole, ErrorCode, Opcode
@@ -96,7 +97,7 @@ class SBPClient:
         payload: bytes | memoryview = b"",
         *,
         timeout: float | None = None,
-    ) -> Response:
+    ) -> Response[Any]:
         """One unary request. A connection that received GOAWAY refuses it
         before it is sent, and a draining server refuses it unapplied, so on a
         pooled connection it is tried once more on a fresh connection."""
@@ -118,7 +119,7 @@ class SBPClient:
         payload: bytes | memoryview = b"",
         *,
         timeout: float | None = None,
-    ) -> AsyncIterator[AsyncIterator[Response]]:
+    ) -> AsyncIterator[AsyncIterator[Response[Any]]]:
         """A request answered in several frames (see ``Connection.stream``)."""
         seconds = self._deadline(timeout)
         connection = await self.connection()

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
-from net.connection import Response
+from net.calls import Response
 from sbp import messages
 from sbp.enums import Opcode
 from sbp.errors import HeaderDecodeError
@@ -112,7 +113,7 @@ class _FetchResults:
 
     __slots__ = ("_pending", "_responses")
 
-    def __init__(self, responses: AsyncIterator[Response]) -> None:
+    def __init__(self, responses: AsyncIterator[Response[Any]]) -> None:
         self._responses = responses
         self._pending: list[FetchedBatches] = []
 
@@ -126,7 +127,7 @@ class _FetchResults:
         return self._pending.pop()
 
 
-def split_fetch_payload(response: Response) -> list[FetchedBatches]:
+def split_fetch_payload(response: Response[Any]) -> list[FetchedBatches]:
     """Each result of one FETCH response frame with its slice of the payload."""
     header: messages.FetchResponse = response.header
     payload = memoryview(response.payload)

@@ -20,7 +20,6 @@ from storage.writes import WriteContext
 
 from .convert import range_to_info
 from .metrics import DataNodeMetrics
-from .ordering import ArrivalOrder
 from .pm_link import PMLink
 from .timeouts import TimeoutQueue
 from .waiters import StreamWaiters
@@ -36,7 +35,6 @@ class NodeContext:
     engine: StorageEngine
     metrics: DataNodeMetrics
     waiters: StreamWaiters = field(default_factory=StreamWaiters)
-    append_order: ArrivalOrder = field(default_factory=ArrivalOrder)
     #: answers the APPENDs of the immediate path whose timeout_ms passes
     #: before they are durable (``run`` it for that)
     append_timeouts: TimeoutQueue = field(default_factory=TimeoutQueue)

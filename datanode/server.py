@@ -23,8 +23,8 @@ import lmdb
 import trio
 from prometheus_client import CollectorRegistry
 
-from net.connection import ConnectionLimits
 from net.dirlock import locked_dir
+from net.limits import ConnectionLimits
 from net.pool import ConnectionPool
 from net.server import Dispatcher, Server
 from net.service import (
@@ -65,7 +65,7 @@ def build_dispatcher(node: NodeContext, max_frame_bytes: int) -> Dispatcher:
     dispatcher = Dispatcher("data node")
     ranges = RangeHandlers(node)
     dispatcher.register(Opcode.HEARTBEAT, ControlHandlers(node).heartbeat)
-    dispatcher.register(Opcode.APPEND, AppendHandler(node))
+    dispatcher.register_handler(Opcode.APPEND, AppendHandler(node))
     dispatcher.register(Opcode.FETCH, FetchHandler(node, max_frame_bytes))
     dispatcher.register(Opcode.LIST_RANGES, ranges.list_ranges)
     dispatcher.register(Opcode.SEAL_RANGES, ranges.seal_ranges)

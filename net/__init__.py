@@ -2,7 +2,9 @@
 ends of a connection), the request ``Dispatcher`` and TCP ``Server``, and the
 client ``ConnectionPool``."""
 
-from .connection import SERVER_LIMITS, Connection, ConnectionLimits, Response
+from .calls import Response
+from .connection import Connection
+from .limits import SERVER_LIMITS, ConnectionLimits
 from .observer import ConnectionObserver
 from .pool import ConnectionPool
 from .request import Request, RequestHandler, Responder

@@ -17,7 +17,8 @@ import trio
 from sbp.connection import Side
 from sbp.errors import ConnectionClosed
 
-from .connection import CLIENT_LIMITS, Connection, ConnectionLimits
+from .connection import Connection
+from .limits import CLIENT_LIMITS, ConnectionLimits
 from .observer import ConnectionObserver
 
 #: first retry delay; doubles per consecutive failure up to BACKOFF_MAX

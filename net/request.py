@@ -1,20 +1,33 @@
 """What a request handler sees: the ``Request`` it serves and the ``Responder``
-it answers through, one response sequence per request."""
+it answers through, and the ``RequestHandler`` protocol a connection calls.
+
+A handler answers through one ``Responder`` whether or not it runs in a task
+of its own: ``send_nowait`` queues a frame and returns, ``send`` first waits
+while the connection holds more than its high-water mark of unsent bytes (a
+handler streaming many frames to a peer that does not read stops there,
+holding its request slot). Both end the request with the frame that has
+``end=True``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+import logging
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
 from sbp import messages
-from sbp.enums import ErrorCode, Flags, Opcode
+from sbp.connection import RequestReceived
+from sbp.enums import ErrorCode, Opcode
+from sbp.errors import ConnectionClosed, ProtocolError
 
 if TYPE_CHECKING:
     from .connection import Connection
 
 M = TypeVar("M", bound=messages.Message)
+
+logger = logging.getLogger(__name__)
 
 _UNDECODED: Any = object()
 
@@ -23,9 +36,9 @@ class Request:
     """One request received on a connection.
 
     ``header`` is the decoded request message (``sbp.messages.request_type``),
-    or the raw header bytes for PING. It is decoded on first access, so a
-    handler that never reads it pays nothing; a header that does not decode
-    raises ``HeaderDecodeError`` (answered as ``INVALID_REQUEST``).
+    decoded on first access, so a handler that never reads it pays nothing; a
+    header that does not decode raises ``HeaderDecodeError`` (answered as
+    ``INVALID_REQUEST``).
     """
 
     __slots__ = (
@@ -39,41 +52,31 @@ class Request:
         "stream_id",
     )
 
-    def __init__(
-        self,
-        connection: Connection,
-        opcode: Opcode,
-        stream_id: int,
-        raw_header: bytes,
-        payload: memoryview,
-        received_at: float,
-        arrival: int,
-    ) -> None:
+    def __init__(self, connection: Connection, event: RequestReceived, received_at: float) -> None:
         self.connection = connection
-        self.opcode = opcode
-        self.stream_id = stream_id
-        self.raw_header = raw_header
-        self.payload = payload
+        self.opcode: Opcode = event.opcode
+        self.stream_id = event.stream_id
+        self.raw_header = event.header
+        self.payload = event.payload
         #: trio time at which the chunk holding the request was read
         self.received_at = received_at
-        #: the request's place among those received on its connection (0, 1, …):
-        #: handlers run as concurrent tasks, which trio starts in no set order
-        self.arrival = arrival
+        #: the request's place among those received on its connection (0, 1, …)
+        self.arrival = event.arrival
         self._header: Any = _UNDECODED
 
     @property
-    def header(self) -> Any:
-        """The decoded request message (raw bytes for PING)."""
+    def header(self) -> messages.Message:
+        """The decoded request message."""
         if self._header is _UNDECODED:
             message_type = messages.request_type(self.opcode)
-            if message_type is None:  # PING: opaque bytes, echoed
-                self._header = self.raw_header
-            else:
-                self._header = message_type.decode(self.raw_header)
-        return self._header
+            if message_type is None:
+                raise TypeError(f"{self.opcode.name} has no request table")
+            self._header = message_type.decode(self.raw_header)
+        header: messages.Message = self._header
+        return header
 
     def header_as(self, message_type: type[M]) -> M:
-        """The decoded header, checked to be of ``message_type`` (for typed handlers)."""
+        """The decoded header, checked to be of ``message_type``."""
         header = self.header
         if not isinstance(header, message_type):
             raise TypeError(f"{self.opcode.name} header is {type(header).__name__}")
@@ -82,79 +85,91 @@ class Request:
 
 class Responder:
     """Sends the response sequence of one request: any number of frames, the
-    last with RESPONSE_END. Anything sent after the end is a bug and raises."""
+    last with ``end=True``. Anything sent after the end is a bug and raises."""
 
-    __slots__ = ("_connection", "_done", "_tracked", "error_code", "opcode", "started", "stream_id")
+    __slots__ = ("_connection", "done", "error_code", "opcode", "started", "stream_id")
 
-    def __init__(
-        self, connection: Connection, opcode: int, stream_id: int, *, tracked: bool = True
-    ) -> None:
+    def __init__(self, connection: Connection, opcode: Opcode, stream_id: int) -> None:
         self._connection = connection
         self.opcode = opcode
         self.stream_id = stream_id
-        # Untracked responders answer frames the connection state never
-        # registered (rejected frames, a duplicate stream id): ending them must
-        # not end the sequence of the request that owns that id.
-        self._tracked = tracked
-        self._done = False
+        #: True once the frame with RESPONSE_END was handed to the connection
+        self.done = False
         #: the SYSTEM_ERROR code sent, NONE for a normal response
         self.error_code = ErrorCode.NONE
         #: trio time at which serving the request began
         self.started = trio.current_time()
 
-    @property
-    def done(self) -> bool:
-        """True once the frame with RESPONSE_END was handed to the connection."""
-        return self._done
+    def send_nowait(
+        self, header: messages.Message, payload: bytes | memoryview = b"", *, end: bool = True
+    ) -> bool:
+        """Queue one response frame and return at once; False when the
+        connection is gone (nobody is left to answer)."""
+        return self._queue(header.encode(), payload, end=end)
 
     async def send(
         self, header: messages.Message, payload: bytes | memoryview = b"", *, end: bool = True
     ) -> None:
-        """Send one response frame; ``end=True`` on the last one."""
-        await self.send_raw(header.encode(), payload, end=end)
+        """Wait while the connection has more than its high-water mark of
+        bytes unsent (the request keeps its slot meanwhile, so a peer that
+        does not read stops being read from), then queue one response frame.
+        Raises ``ConnectionClosed`` when the connection is gone."""
+        await self._connection.wait_room()
+        if not self._queue(header.encode(), payload, end=end):
+            raise ConnectionClosed(f"connection to {self._connection.peer} closed")
 
-    async def send_error(self, code: ErrorCode, message: str = "") -> None:
-        """End the sequence with a SYSTEM_ERROR response carrying ``code``."""
+    def send_error_nowait(self, code: ErrorCode, message: str = "") -> bool:
+        """End the sequence with a SYSTEM_ERROR answer carrying ``code``."""
         self.error_code = code
         header = messages.SystemError(error_code=code, error_message=message).encode()
-        await self.send_raw(header, flags=Flags.SYSTEM_ERROR, end=True)
+        return self._queue(header, b"", end=True, system_error=True)
 
-    async def send_raw(
-        self,
-        header: bytes,
-        payload: bytes | memoryview = b"",
-        *,
-        flags: Flags = Flags.NONE,
-        end: bool = True,
-    ) -> None:
-        """Send one response frame whose header is already encoded."""
-        if self._done:
+    async def send_error(self, code: ErrorCode, message: str = "") -> None:
+        self.send_error_nowait(code, message)
+
+    def _queue(
+        self, header: bytes, payload: bytes | memoryview, *, end: bool, system_error: bool = False
+    ) -> bool:
+        if self.done:
             raise RuntimeError(f"response to stream {self.stream_id} already ended")
-        flags |= Flags.RESPONSE
-        if end:
-            flags |= Flags.RESPONSE_END
-        await self._connection._send_response(
-            self.opcode, flags, self.stream_id, header, payload, tracked=self._tracked
+        self.done = end
+        return self._connection.queue_response(
+            self, header, payload, end=end, system_error=system_error
         )
-        self._done = end
-
-    def end_nowait(self, header: messages.Message) -> None:
-        """Send the one and last response frame without waiting, from a
-        request an immediate handler took (``start_nowait``). Only for those:
-        the request ends here, when its frame is queued."""
-        if self._done:
-            raise RuntimeError(f"response to stream {self.stream_id} already ended")
-        self._done = True
-        self._connection._end_nowait(self, header.encode())
 
 
-#: ``async def handler(request, responder) -> None``
-RequestHandler = Callable[[Request, Responder], Awaitable[None]]
+class RequestHandler(Protocol):
+    """What a serving connection calls for each request of the peer."""
 
-#: ``handler.start_nowait(request, responder) -> bool``, a handler's optional
-#: synchronous path, tried first for every request it would serve. True: it
-#: took the request and will end the response with ``Responder.end_nowait``
-#: (from trio's thread, no task per request). False: the request is served as
-#: usual, by a task calling the handler. A ``ProtocolError`` it raises (before
-#: doing anything) is the request's answer.
-ImmediateStart = Callable[[Request, Responder], bool]
+    def start(self, request: Request, responder: Responder) -> Awaitable[None] | None:
+        """Begin serving the request. Return None when it was taken without a
+        task (it is answered through ``responder`` later, from trio's thread),
+        or an awaitable the connection runs in a task of its own. A
+        ``ProtocolError`` raised here is the request's answer."""
+        ...
+
+
+async def serve_in_task(work: Awaitable[None], request: Request, responder: Responder) -> None:
+    """Run a handler's task: a ``ProtocolError`` it raises before answering
+    becomes the SYSTEM_ERROR answer, a crash ``UNKNOWN``. (A task may end
+    before its request is answered when it arranged for a later answer.)"""
+    name = request.opcode.name
+    try:
+        await work
+    except ConnectionClosed:
+        return  # nobody left to answer
+    except ProtocolError as exc:
+        if responder.done:
+            logger.warning("%s handler raised after responding: %s", name, exc)
+        else:
+            code = exc.code if isinstance(exc.code, ErrorCode) else ErrorCode.UNKNOWN
+            responder.send_error_nowait(code, exc.message)
+        return
+    except Exception:
+        if request.connection.closed:
+            # The peer went away mid-response: there is no one left to answer.
+            logger.debug("%s: %s left before the response", name, request.connection.peer)
+        else:
+            logger.exception("%s handler failed (peer %s)", name, request.connection.peer)
+        if not responder.done:
+            responder.send_error_nowait(ErrorCode.UNKNOWN, "internal server error")

@@ -10,6 +10,7 @@ as ``ProtocolError`` and answered with a SYSTEM_ERROR by the connection).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 
 import trio
@@ -21,9 +22,10 @@ from sbp.enums import ErrorCode, Flags, Opcode
 from sbp.errors import UnsupportedOperationError
 from sbp.frames import encode_frame
 
-from .connection import SERVER_LIMITS, Connection, ConnectionLimits
+from .connection import Connection
+from .limits import SERVER_LIMITS, ConnectionLimits
 from .observer import ConnectionObserver
-from .request import ImmediateStart, Request, RequestHandler, Responder
+from .request import Request, RequestHandler, Responder
 
 __all__ = ["Dispatcher", "Request", "RequestHandler", "Responder", "Server"]
 
@@ -42,44 +44,54 @@ class Dispatcher:
     def __init__(self, role_name: str) -> None:
         self.role_name = role_name
         self._handlers: dict[int, RequestHandler] = {}
-        self._immediate: dict[int, ImmediateStart] = {}
 
-    def register(self, opcode: Opcode, handler: RequestHandler) -> None:
-        """Serve ``opcode`` with ``handler``; a handler object with a
-        ``start_nowait`` method gets its requests offered there first."""
+    def register(
+        self, opcode: Opcode, serve: Callable[[Request, Responder], Awaitable[None]]
+    ) -> None:
+        """Serve ``opcode`` with an async function, a task per request."""
+        self.register_handler(opcode, _InTask(serve))
+
+    def register_handler(self, opcode: Opcode, handler: RequestHandler) -> None:
+        """Serve ``opcode`` with a ``RequestHandler``, which may take requests
+        without a task (``start`` returning None)."""
         if opcode in _BUILT_IN:
             raise ValueError(f"{opcode.name} is answered by the connection itself")
         if opcode in self._handlers:
             raise ValueError(f"{opcode.name} already has a handler")
         self._handlers[opcode] = handler
-        start_nowait = getattr(handler, "start_nowait", None)
-        if start_nowait is not None:
-            self._immediate[opcode] = start_nowait
-
-    def start_nowait(self, request: Request, responder: Responder) -> bool:
-        """The connection's synchronous path (``net.request.ImmediateStart``):
-        handed to the handler's own, if it has one."""
-        start = self._immediate.get(request.opcode)
-        if start is None:
-            return False
-        # A bad header is answered INVALID_REQUEST before the handler sees it.
-        _ = request.header
-        return start(request, responder)
 
     @property
     def opcodes(self) -> frozenset[int]:
         return frozenset(self._handlers)
 
-    async def __call__(self, request: Request, responder: Responder) -> None:
+    def start(self, request: Request, responder: Responder) -> Awaitable[None] | None:
         handler = self._handlers.get(request.opcode)
         if handler is None:
             raise UnsupportedOperationError(
                 f"the {self.role_name} does not serve {request.opcode.name}"
             )
-        # Decode before the handler runs, so a bad header never reaches it
-        # (HeaderDecodeError is answered INVALID_REQUEST).
+        # Decoded before the handler sees it: a bad header is answered
+        # INVALID_REQUEST (HeaderDecodeError) and never reaches a handler.
         _ = request.header
-        await handler(request, responder)
+        return handler.start(request, responder)
+
+
+class _InTask:
+    """An async handler function as a ``RequestHandler``: always a task."""
+
+    __slots__ = ("_serve",)
+
+    def __init__(self, serve: Callable[[Request, Responder], Awaitable[None]]) -> None:
+        self._serve = serve
+
+    def start(self, request: Request, responder: Responder) -> Awaitable[None]:
+        return self._run(request, responder)
+
+    async def _run(self, request: Request, responder: Responder) -> None:
+        await self._serve(request, responder)
+        if not responder.done:
+            logger.error("%s handler returned without ending its response", request.opcode.name)
+            responder.send_error_nowait(ErrorCode.UNKNOWN, "the server sent no complete response")
 
 
 class Server:

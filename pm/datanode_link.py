@@ -18,7 +18,7 @@ from typing import Any, Final, TypeVar
 
 import trio
 
-from net.connection import ConnectionLimits
+from net.limits import ConnectionLimits
 from net.pool import ConnectionPool, backoff_delay
 from sbp import messages
 from sbp.enums import ErrorCode, Opcode

@@ -10,8 +10,8 @@ from typing import Final
 
 import trio
 
-from net.connection import ConnectionLimits
 from net.dirlock import locked_dir
+from net.limits import ConnectionLimits
 from net.server import Server
 from net.service import (
     EXIT_OK,

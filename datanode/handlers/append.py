@@ -6,7 +6,7 @@ import collections
 import contextlib
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 import trio
 
@@ -25,7 +25,7 @@ _storage_full = RateLimitedLog(logging.getLogger(__name__))
 
 
 class AppendHandler:
-    """Serves APPEND (SPEC §5).
+    """Serves APPEND (SPEC §5) without a task per request.
 
     The payload is cut into one memoryview per item (no copy) and the whole
     request goes to the storage engine as one submission, so one group commit
@@ -33,107 +33,70 @@ class AppendHandler:
     hands the outcomes to ``_Completions``, which has trio deliver them: that
     answers the request and wakes the FETCHes waiting on those streams.
 
-    Two paths lead to the engine:
-
-    - ``start_nowait``, the common case: the connection's reader offers the
-      request as soon as it is decoded and it is submitted right there, in
-      arrival order, and answered from the delivery. No task, no cancel scope;
-      ``timeout_ms`` is kept by the node's ``TimeoutQueue``.
-    - ``__call__``, a task per request, for a request that has to wait before
-      its submission: one naming a stream this node must first learn about
-      from the PM, and every later APPEND of its connection until those have
-      been submitted (they queue at ``node.append_order`` in arrival order).
+    The connection's reader calls ``start`` as soon as a request is decoded,
+    and the request is submitted right there: arrival order is submission
+    order, with nothing to sort. ``timeout_ms`` is kept by the node's
+    ``TimeoutQueue``. A request naming a stream this node must first learn
+    from the PM cannot be submitted yet: it waits in its connection's slow
+    lane, a FIFO that one task (the one ``start`` returns) works through,
+    and every later APPEND of that connection queues behind it there until
+    the lane is empty, so one stream's batches keep request order.
     """
 
     def __init__(self, node: NodeContext) -> None:
         self._node = node
         self._counters = node.metrics.counters
         self._completions: _Completions | None = None
-        #: per connection, the requests handed to the task path and not yet
-        #: submitted: while there are any, later ones follow them there
-        self._waiting: dict[object, set[Request]] = {}
+        #: per connection, the appends waiting to be submitted, oldest first
+        self._slow_lanes: dict[object, collections.deque[_Append]] = {}
 
-    def start_nowait(self, request: Request, responder: Responder) -> bool:
-        """Submit now, if nothing must be waited for first (see the class)."""
+    def start(self, request: Request, responder: Responder) -> Awaitable[None] | None:
         infos, items, deadline = _parse(request)
-        if not items:
-            return False  # nothing to submit, nothing to keep in order
-        node = self._node
-        connection = request.connection
-        if connection in self._waiting or not all(node.knows(item.stream_id) for item in items):
-            self._waiting.setdefault(connection, set()).add(request)
-            return False
-        pending = _ImmediateAppend(
-            self, items, self._completions_now(), infos, responder, request.received_at
-        )
-        node.engine.submit(items, pending.on_durable)
-        self._count_request(infos)
-        if deadline < math.inf:
-            pending.timeouts = node.append_timeouts
-            node.append_timeouts.add(deadline, pending)
-        return True
-
-    async def __call__(self, request: Request, responder: Responder) -> None:
-        infos, items, deadline = _parse(request)
-        self._count_request(infos)
-        try:
-            results = await self._append(request, infos, items, deadline)
-        finally:
-            self._counters.append_seconds += trio.current_time() - request.received_at
-        await responder.send(messages.AppendResponse(append_responses=tuple(results)))
-
-    def _count_request(self, infos: Sequence[messages.AppendInfo]) -> None:
         counters = self._counters
         counters.append_requests += 1
         counters.append_items += len(infos)
+        append = _Append(
+            self, items, self._completions_now(), infos, responder, request.received_at
+        )
+        if not items:
+            append.deliver([])  # nothing to store, nothing to keep in order
+            return None
+        node = self._node
+        if deadline < math.inf:
+            append.timeouts = node.append_timeouts
+            node.append_timeouts.add(deadline, append)
+        lane = self._slow_lanes.get(request.connection)
+        if lane is None and all(node.knows(item.stream_id) for item in items):
+            node.engine.submit(items, append.on_durable)
+            return None
+        if lane is not None:
+            lane.append(append)
+            return None
+        lane = self._slow_lanes[request.connection] = collections.deque([append])
+        return self._work_through(request.connection, lane)
+
+    async def _work_through(self, connection: object, lane: collections.deque[_Append]) -> None:
+        """Submit the lane's appends in order, learning unknown streams first."""
+        node = self._node
+        try:
+            while lane:
+                append = lane[0]
+                if not append.finished:  # not expired while it waited
+                    for stream_id in {item.stream_id for item in append.items}:
+                        if not node.knows(stream_id):
+                            await node.learn_stream(stream_id)
+                    if not append.finished:
+                        node.engine.submit(append.items, append.on_durable)
+                lane.popleft()
+        finally:
+            del self._slow_lanes[connection]
 
     def _completions_now(self) -> _Completions:
         if self._completions is None:
             self._completions = _Completions(trio.lowlevel.current_trio_token())
         return self._completions
 
-    def _submitted(self, request: Request) -> None:
-        """A request of the task path is past its submission (or never will
-        be): later APPENDs of its connection may go straight in again."""
-        waiting = self._waiting.get(request.connection)
-        if waiting is not None:
-            waiting.discard(request)
-            if not waiting:
-                del self._waiting[request.connection]
-
-    async def _append(
-        self,
-        request: Request,
-        infos: Sequence[messages.AppendInfo],
-        items: list[AppendItem],
-        deadline: float,
-    ) -> list[messages.AppendResult]:
-        if not items:
-            return []
-        node = self._node
-        pending = _AwaitedAppend(self, items, self._completions_now())
-        with trio.move_on_at(deadline):
-            # Up to the submission, requests of one connection go in arrival
-            # order: that is what keeps one stream's batches in request order.
-            try:
-                async with node.append_order.turn(request):
-                    for stream_id in {item.stream_id for item in items}:
-                        if not node.knows(stream_id):
-                            await node.learn_stream(stream_id)
-                    node.engine.submit(items, pending.on_durable)
-            finally:
-                self._submitted(request)
-            await pending.done.wait()
-        if pending.outcomes is None:
-            # The deadline passed first. Items already submitted still become
-            # durable (a retry may then append them twice, as in any
-            # at-least-once log); the client is told they did not finish in time.
-            pending.done.set()
-            self._counters.append_items_failed += len(items)
-            return [_timed_out(info) for info in infos]
-        return self._results(infos, pending.outcomes)
-
-    def _results(
+    def results(
         self, infos: Sequence[messages.AppendInfo], outcomes: list[AppendOutcome]
     ) -> list[messages.AppendResult]:
         results: list[messages.AppendResult] = []
@@ -171,12 +134,10 @@ class _Completions:
 
     def __init__(self, token: trio.lowlevel.TrioToken) -> None:
         self._token = token
-        self._ready: collections.deque[tuple[_Submission, list[AppendOutcome]]] = (
-            collections.deque()
-        )
+        self._ready: collections.deque[tuple[_Append, list[AppendOutcome]]] = collections.deque()
         self._scheduled = False
 
-    def put(self, pending: _Submission, outcomes: list[AppendOutcome]) -> None:
+    def put(self, pending: _Append, outcomes: list[AppendOutcome]) -> None:
         """On the writer thread: queue, and wake trio unless a drain is due."""
         self._ready.append((pending, outcomes))
         if not self._scheduled:
@@ -194,18 +155,41 @@ class _Completions:
             pending.deliver(outcomes)
 
 
-class _Submission:
+class _Append:
     """One request's items on their way through the storage writer: the
-    outcomes come back on the writer thread and are delivered on trio's."""
+    outcomes come back on the writer thread and are delivered on trio's,
+    where they answer the request, unless its deadline came first (then the
+    node's ``TimeoutQueue`` answers TIMEOUT through ``expire``)."""
 
-    __slots__ = ("completions", "handler", "items")
+    __slots__ = (
+        "completions",
+        "finished",
+        "handler",
+        "infos",
+        "items",
+        "received_at",
+        "responder",
+        "timeouts",
+    )
 
     def __init__(
-        self, handler: AppendHandler, items: list[AppendItem], completions: _Completions
+        self,
+        handler: AppendHandler,
+        items: list[AppendItem],
+        completions: _Completions,
+        infos: Sequence[messages.AppendInfo],
+        responder: Responder,
+        received_at: float,
     ) -> None:
         self.handler = handler
         self.items = items
         self.completions = completions
+        self.infos = infos
+        self.responder: Responder | None = responder
+        self.received_at = received_at
+        self.timeouts: TimeoutQueue | None = None
+        #: answered, from the delivery or by ``expire`` (``timeouts.Expiring``)
+        self.finished = False
 
     def on_durable(self, outcomes: list[AppendOutcome]) -> None:
         """Runs on the storage writer thread: hand over, never block."""
@@ -228,64 +212,16 @@ class _Submission:
                 counters.appended_bytes += len(item.batch)
                 waiters.notify(item.stream_id)
         self.items = []  # the payload views: their receive buffers can go
-        self._answer(outcomes)
-
-    def _answer(self, outcomes: list[AppendOutcome]) -> None:
-        raise NotImplementedError
-
-
-class _AwaitedAppend(_Submission):
-    """A submission of the task path: its handler waits for ``done``."""
-
-    __slots__ = ("done", "outcomes")
-
-    def __init__(
-        self, handler: AppendHandler, items: list[AppendItem], completions: _Completions
-    ) -> None:
-        super().__init__(handler, items, completions)
-        self.done = trio.Event()
-        self.outcomes: list[AppendOutcome] | None = None
-
-    def _answer(self, outcomes: list[AppendOutcome]) -> None:
-        if not self.done.is_set():
-            self.outcomes = outcomes
-            self.done.set()
-
-
-class _ImmediateAppend(_Submission):
-    """A submission taken by ``start_nowait``: answered from the delivery, or
-    with TIMEOUT by the node's ``TimeoutQueue`` if its deadline comes first."""
-
-    __slots__ = ("finished", "infos", "received_at", "responder", "timeouts")
-
-    def __init__(
-        self,
-        handler: AppendHandler,
-        items: list[AppendItem],
-        completions: _Completions,
-        infos: Sequence[messages.AppendInfo],
-        responder: Responder,
-        received_at: float,
-    ) -> None:
-        super().__init__(handler, items, completions)
-        self.infos = infos
-        self.responder: Responder | None = responder
-        self.received_at = received_at
-        self.timeouts: TimeoutQueue | None = None
-        #: answered, from the delivery or by ``expire`` (``timeouts.Expiring``)
-        self.finished = False
-
-    def _answer(self, outcomes: list[AppendOutcome]) -> None:
         if self.finished:
             return  # timed out already
         if self.timeouts is not None:
             self.timeouts.finished()
-        self._end(self.handler._results(self.infos, outcomes))
+        self._end(self.handler.results(self.infos, outcomes))
 
     def expire(self) -> None:
-        """The deadline passed first. The items still become durable (a retry
-        may then append them twice, as in any at-least-once log); the client
-        is told they did not finish in time."""
+        """The deadline passed first. Items already submitted still become
+        durable (a retry may then append them twice, as in any at-least-once
+        log); the client is told they did not finish in time."""
         self.handler._counters.append_items_failed += len(self.infos)
         self._end([_timed_out(info) for info in self.infos])
 
@@ -294,7 +230,7 @@ class _ImmediateAppend(_Submission):
         responder, self.responder = self.responder, None
         self.handler._counters.append_seconds += trio.current_time() - self.received_at
         assert responder is not None
-        responder.end_nowait(messages.AppendResponse(append_responses=tuple(results)))
+        responder.send_nowait(messages.AppendResponse(append_responses=tuple(results)))
 
 
 def _parse(request: Request) -> tuple[Sequence[messages.AppendInfo], list[AppendItem], float]:

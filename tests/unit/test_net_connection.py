@@ -9,7 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from net.connection import CLIENT_LIMITS, Connection, ConnectionLimits
+from net.connection import Connection
+from net.limits import CLIENT_LIMITS, ConnectionLimits
 from net.request import Request, RequestHandler, Responder
 from net.server import Dispatcher
 from sbp import messages

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from functools import partial
 
@@ -13,12 +13,13 @@ import pytest
 import trio
 import trio.testing
 
-from net.connection import CLIENT_LIMITS, RECEIVE_CHUNK, Connection, ConnectionLimits
+from net.connection import RECEIVE_CHUNK, Connection
+from net.limits import CLIENT_LIMITS, ConnectionLimits
 from net.request import Request, Responder
 from net.server import Dispatcher, Server
 from net.service import announce
 from sbp import messages
-from sbp.connection import Side
+from sbp.connection import DEFAULT_HIGH_WATER, Side
 from sbp.constants import FIXED_HEADER_SIZE, SERVER_STREAM_ID_BIT
 from sbp.enums import ErrorCode, Flags, Opcode
 from sbp.errors import ChecksumMismatchError, ShuttingDownError, ThrottledError
@@ -344,7 +345,10 @@ async def flood_without_reading(
                 assert connection.serving <= slots
                 assert connection.buffered <= RECEIVE_CHUNK
         (connection,) = server.connections
-        assert connection.serving == slots  # every slot held by a blocked write
+        # The answers the client does not read stop at the high-water mark
+        # (plus what the requests being served were allowed to queue), and
+        # with them the reading.
+        assert connection.unsent <= DEFAULT_HIGH_WATER + slots * (answer_bytes + 64 * 1024)
         assert sent < requests  # the server stopped reading, so the client blocks
         # Now read everything: all requests complete.
         decoder = FrameDecoder(max_frame_length=1 << 20)
@@ -484,11 +488,11 @@ class Immediate:
         self.offered: list[Request] = []
         self.called: list[Request] = []
 
-    def start_nowait(self, request: Request, responder: Responder) -> bool:
+    def start(self, request: Request, responder: Responder) -> Awaitable[None] | None:
         self.offered.append(request)
         case = request.header_as(messages.HeartbeatRequest).client_id
         if case == "task":
-            return False
+            return self.in_task(request, responder)
         if case == "bad":
             raise ThrottledError("not now")
         if case == "crash":
@@ -496,21 +500,21 @@ class Immediate:
         if case == "later":
             self.held.append(responder)
         else:
-            responder.end_nowait(messages.HeartbeatResponse(client_id=self.answer))
-        return True
+            responder.send_nowait(messages.HeartbeatResponse(client_id=self.answer))
+        return None
 
-    async def __call__(self, request: Request, responder: Responder) -> None:
+    async def in_task(self, request: Request, responder: Responder) -> None:
         self.called.append(request)
         await responder.send(messages.HeartbeatResponse(client_id="from task"))
 
     def finish(self) -> None:
         for responder in self.held:
-            responder.end_nowait(messages.HeartbeatResponse(client_id="later"))
+            responder.send_nowait(messages.HeartbeatResponse(client_id="later"))
         self.held.clear()
 
     def dispatcher(self) -> Dispatcher:
         dispatcher = Dispatcher("test")
-        dispatcher.register(Opcode.HEARTBEAT, self)
+        dispatcher.register_handler(Opcode.HEARTBEAT, self)
         return dispatcher
 
 
@@ -531,6 +535,7 @@ async def test_immediate_handlers_answer_without_a_task_and_decline_to_one() -> 
         # the refused ones never did
         assert [request.stream_id for request in handler.called] == [2]
         assert handler.called[0] is handler.offered[2]
+        await trio.testing.wait_all_tasks_blocked()
         assert server.serving == 2  # the held ones keep their slots
         handler.finish()
         for _ in range(2):
@@ -542,8 +547,8 @@ async def test_immediate_handlers_answer_without_a_task_and_decline_to_one() -> 
 
 @pytest.mark.deadline(60)
 async def test_immediate_answers_to_a_peer_that_does_not_read_stop_the_reading() -> None:
-    """The outgoing queue full, an immediate answer waits for room holding its
-    slot, so the slots fill and the server stops reading, as on the task path."""
+    """Answers without a task count against the same high-water mark of
+    unsent bytes: past it the server stops reading, as on the task path."""
     handler = Immediate(answer="a" * 60_000)
     await flood_without_reading(handler.dispatcher(), "now", bytes(1024), 0)
     assert not handler.called
