@@ -29,7 +29,9 @@ from typing import IO
 
 import trio
 
-from net.pool import ConnectionPool, parse_address
+from net.address import parse_address
+from net.pool import ConnectionPool
+from net.service import UsageError
 from sbp.enums import ErrorCode
 from sbp.errors import ConnectionClosed, ProtocolError, SBPError
 
@@ -45,7 +47,6 @@ from .cli_commands import (
     EXIT_USAGE,
     Command,
     Env,
-    UsageError,
     cmd_cluster_status,
     cmd_ping,
     cmd_ranges_describe,
@@ -59,9 +60,9 @@ from .cli_commands import (
     cmd_streams_trim,
     cmd_streams_update,
     cmd_tail,
-    cmd_top,
 )
 from .pm_client import PMClient
+from .top import cmd_top
 
 # --------------------------------------------------------------------------- parsing
 

@@ -24,10 +24,11 @@ from typing import IO, Final
 
 import trio
 
+from net.service import UsageError
 from sbp.errors import SBPError
 
 from . import format as fmt
-from .cli_commands import EXIT_INTERRUPTED, EXIT_OK, Env, UsageError
+from .cli_commands import EXIT_INTERRUPTED, EXIT_OK, Env
 from .producer import Producer, RecordsHandle, RecordTooLargeError
 
 #: bytes asked of the input per read; a pipe returns what it has

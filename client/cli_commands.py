@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Final
 
 from net.pool import ConnectionPool
+from net.service import UsageError
 from sbp import messages
 from sbp.batches import DecodedRecords
 from sbp.errors import ConnectionClosed, ProtocolError
@@ -23,6 +24,7 @@ from sbp.errors import ConnectionClosed, ProtocolError
 from . import format as fmt
 from ._base import SBPClient
 from ._routing import primary_of
+from .cluster_view import node_summary
 from .consumer import Consumer
 from .datanode_client import DataNodeClient
 from .pm_client import PMClient
@@ -36,10 +38,6 @@ EXIT_USAGE: Final = 2
 EXIT_CONNECT: Final = 3
 EXIT_TIMEOUT: Final = 4
 EXIT_INTERRUPTED: Final = 130
-
-
-class UsageError(Exception):
-    """Bad arguments or input found after parsing (exit 2)."""
 
 
 @dataclass
@@ -424,37 +422,6 @@ async def _end_offset(env: Env, stream_id: int) -> int:
 # --------------------------------------------------------------------------- cluster
 
 
-def node_summary(status: messages.DataNodeStatus, now: float) -> dict[str, Any]:
-    """One data node's row of ``cluster status`` and ``top``."""
-    report = status.metrics or messages.ReportMetricsRequest(data_node=status.data_node)
-    return {
-        "node_id": status.data_node.node_id,
-        "address": status.data_node.advertise_addr,
-        "alive": status.alive,
-        "last_heartbeat_ms": status.last_heartbeat_ms,
-        # seconds since the last heartbeat (None: never heard from)
-        "heartbeat_age_s": (
-            round(max(0.0, now - status.last_heartbeat_ms / 1000), 3)
-            if status.last_heartbeat_ms > 0
-            else None
-        ),
-        "ranges": status.range_count,
-        "active_ranges": report.range_active_cnt,
-        "in_bytes_per_s": report.disk_in_rate,
-        "out_bytes_per_s": report.disk_out_rate,
-        "appends_per_s": report.network_append_rate,
-        "fetches_per_s": report.network_fetch_rate,
-        "failed_per_s": report.network_failed_append_rate + report.network_failed_fetch_rate,
-        "append_ms": report.network_append_avg_latency,
-        "fetch_ms": report.network_fetch_avg_latency,
-        "commit_ms": report.uring_task_avg_latency,
-        # None until the node's first REPORT_METRICS
-        "disk_free_bytes": report.disk_free_space if status.metrics is not None else None,
-        "memory_bytes": report.memory_used,
-        "reported": status.metrics is not None,
-    }
-
-
 async def cmd_cluster_status(env: Env) -> int:
     """The data nodes the PM knows: liveness, ranges and latest load report."""
     statuses = await env.pm.describe_cluster()
@@ -485,13 +452,6 @@ async def cmd_cluster_status(env: Env) -> int:
             )
         )
     return EXIT_OK
-
-
-async def cmd_top(env: Env) -> int:
-    """A live view of the cluster, redrawn every --interval seconds."""
-    from .top import run_top
-
-    return await run_top(env)
 
 
 def _item_error(code: int, message: str) -> str:

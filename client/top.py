@@ -25,7 +25,8 @@ from typing import Any, Final
 import trio
 
 from . import format as fmt
-from .cli_commands import Env, node_summary
+from .cli_commands import Env
+from .cluster_view import node_summary
 
 #: cursor home and clear screen
 CLEAR: Final = "\x1b[H\x1b[2J"
@@ -114,7 +115,8 @@ def _keys_unbuffered(fd: int) -> Iterator[bool]:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-async def run_top(env: Env) -> int:
+async def cmd_top(env: Env) -> int:
+    """A live view of the cluster, redrawn every --interval seconds."""
     if env.args.once:
         rows = await sample(env)
         if env.json:

@@ -7,18 +7,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from net.service import (
+from net.address import parse_address
+from net.service import UsageError
+from net.settings import (
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_IN_FLIGHT,
     Option,
-    UsageError,
     build_parser,
     check_storage_settings,
     listen_options,
     load_settings,
     non_negative_int,
-    parse_address,
     parse_size,
     positive_int,
     serving_limit_options,

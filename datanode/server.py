@@ -23,19 +23,20 @@ import lmdb
 import trio
 from prometheus_client import CollectorRegistry
 
+from net.address import format_address
 from net.dirlock import locked_dir
-from net.limits import ConnectionLimits
+from net.limits import KEEPALIVE_INTERVAL_S, ConnectionLimits
+from net.metrics_http import MetricsHTTPServer
 from net.pool import ConnectionPool
 from net.server import Dispatcher, Server
 from net.service import (
     EXIT_OK,
     LISTENING_PREFIX,
     METRICS_PREFIX,
-    MetricsHTTPServer,
     ServiceError,
     ShutdownSignals,
     announce,
-    format_address,
+    drain_on_signals,
 )
 from sbp.enums import Opcode
 from storage.engine import StorageEngine
@@ -56,8 +57,6 @@ from .waiters import StreamWaiters
 logger = logging.getLogger(__name__)
 
 LOCK_FILE: Final = "datanode.lock"
-#: servers ping a silent peer after this long, so a dead one frees its slot
-KEEPALIVE_INTERVAL_S: Final = 30.0
 
 
 def build_dispatcher(node: NodeContext, max_frame_bytes: int) -> Dispatcher:
@@ -177,27 +176,12 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
                 node.on_streams_synced = retention.nudge
                 nursery.start_soon(retention.run)
                 await signals.requested.wait()
-                await _drain(server, node, signals, config.drain_timeout_s)
+                # Long polls end now rather than at their max_wait_ms: they
+                # answer what they have and free the drain.
+                node.draining = True
+                node.waiters.notify_all()
+                await drain_on_signals(server, signals, config.drain_timeout_s)
                 nursery.cancel_scope.cancel()
-
-
-async def _drain(
-    server: Server, node: NodeContext, signals: ShutdownSignals, timeout: float
-) -> None:
-    logger.info("draining %d connections (up to %g s)", len(server.connections), timeout)
-    async with trio.open_nursery() as nursery:
-
-        async def stop_early() -> None:
-            await signals.forced.wait()
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(stop_early)
-        # Long polls end now rather than at their max_wait_ms: they answer
-        # what they have and free the drain.
-        node.draining = True
-        node.waiters.notify_all()
-        await server.drain(timeout)
-        nursery.cancel_scope.cancel()
 
 
 async def _listen(

@@ -17,6 +17,7 @@ import trio
 from sbp.connection import Side
 from sbp.errors import ConnectionClosed
 
+from .address import parse_address
 from .connection import Connection
 from .limits import CLIENT_LIMITS, ConnectionLimits
 from .observer import ConnectionObserver
@@ -24,14 +25,6 @@ from .observer import ConnectionObserver
 #: first retry delay; doubles per consecutive failure up to BACKOFF_MAX
 BACKOFF_INITIAL = 0.05
 BACKOFF_MAX = 5.0
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` (``"[v6]:port"`` for IPv6) as ``(host, port)``."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"address {address!r} is not host:port")
-    return host.strip("[]"), int(port)
 
 
 def backoff_delay(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -22,14 +22,34 @@ from sbp.connection import RequestReceived
 from sbp.enums import ErrorCode, Opcode
 from sbp.errors import ConnectionClosed, ProtocolError
 
-if TYPE_CHECKING:
-    from .connection import Connection
-
 M = TypeVar("M", bound=messages.Message)
 
 logger = logging.getLogger(__name__)
 
 _UNDECODED: Any = object()
+
+
+class Answering(Protocol):
+    """What requests and responders need of their connection
+    (``net.connection.Connection`` is it)."""
+
+    @property
+    def peer(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def queue_response(
+        self,
+        responder: Responder,
+        header: bytes,
+        payload: bytes | memoryview,
+        *,
+        end: bool,
+        system_error: bool = False,
+    ) -> bool: ...
+
+    async def wait_room(self) -> None: ...
 
 
 class Request:
@@ -52,7 +72,7 @@ class Request:
         "stream_id",
     )
 
-    def __init__(self, connection: Connection, event: RequestReceived, received_at: float) -> None:
+    def __init__(self, connection: Answering, event: RequestReceived, received_at: float) -> None:
         self.connection = connection
         self.opcode: Opcode = event.opcode
         self.stream_id = event.stream_id
@@ -89,7 +109,7 @@ class Responder:
 
     __slots__ = ("_connection", "done", "error_code", "opcode", "started", "stream_id")
 
-    def __init__(self, connection: Connection, opcode: Opcode, stream_id: int) -> None:
+    def __init__(self, connection: Answering, opcode: Opcode, stream_id: int) -> None:
         self._connection = connection
         self.opcode = opcode
         self.stream_id = stream_id
@@ -121,7 +141,7 @@ class Responder:
     def send_error_nowait(self, code: ErrorCode, message: str = "") -> bool:
         """End the sequence with a SYSTEM_ERROR answer carrying ``code``."""
         self.error_code = code
-        header = messages.SystemError(error_code=code, error_message=message).encode()
+        header = messages.SystemErrorHeader(error_code=code, error_message=message).encode()
         return self._queue(header, b"", end=True, system_error=True)
 
     async def send_error(self, code: ErrorCode, message: str = "") -> None:

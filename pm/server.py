@@ -11,16 +11,17 @@ from typing import Final
 import trio
 
 from net.dirlock import locked_dir
-from net.limits import ConnectionLimits
+from net.limits import KEEPALIVE_INTERVAL_S, ConnectionLimits
+from net.metrics_http import MetricsHTTPServer
 from net.server import Server
 from net.service import (
     EXIT_OK,
     LISTENING_PREFIX,
     METRICS_PREFIX,
-    MetricsHTTPServer,
     ServiceError,
     ShutdownSignals,
     announce,
+    drain_on_signals,
 )
 
 from .config import PMConfig
@@ -33,8 +34,6 @@ from .metrics import PMMetrics
 
 log = logging.getLogger(__name__)
 
-#: servers ping idle peers so that a dead one does not hold its slot forever
-KEEPALIVE_INTERVAL_S: Final = 30.0
 #: held in the data directory while the PM runs: a second PM there is refused
 LOCK_FILE: Final = "pm.lock"
 #: liveness is checked this often (and at most every quarter of the node timeout)
@@ -82,7 +81,7 @@ async def run_pm(config: PMConfig) -> int:
                     nursery.start_soon(_watch_liveness, registry)
                     nursery.start_soon(manager.reconcile_returning_nodes)
                     await signals.requested.wait()
-                    await _drain(server, config.drain_timeout_s, signals.forced)
+                    await drain_on_signals(server, signals, config.drain_timeout_s)
                     nursery.cancel_scope.cancel()
     log.info("stopped")
     return EXIT_OK
@@ -109,20 +108,6 @@ def _metrics_endpoint(config: PMConfig, metrics: PMMetrics) -> Iterator[MetricsH
         return
     with MetricsHTTPServer.running(metrics.registry, *config.metrics_listen) as endpoint:
         yield endpoint
-
-
-async def _drain(server: Server, timeout: float, forced: trio.Event) -> None:
-    """GOAWAY everywhere and let requests in flight finish, unless a second
-    signal says to stop now."""
-    async with trio.open_nursery() as nursery:
-
-        async def stop_when_forced() -> None:
-            await forced.wait()
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(stop_when_forced)
-        await server.drain(timeout)
-        nursery.cancel_scope.cancel()
 
 
 async def _watch_liveness(registry: NodeRegistry) -> None:

@@ -403,7 +403,7 @@ class ConnectionEngine:
         """A SYSTEM_ERROR answer to a frame that never became a request being
         served (a rejected frame, a duplicate id, a request after GOAWAY)."""
         self._observer.request_started(opcode)
-        header = messages.SystemError(error_code=code, error_message=message).encode()
+        header = messages.SystemErrorHeader(error_code=code, error_message=message).encode()
         self._queue(opcode, encode_frame(opcode, _SYSTEM_ERROR_END, stream_id, header))
         self._observer.request_finished(opcode, 0.0, code)
 
@@ -493,7 +493,7 @@ class ConnectionEngine:
 
     def send_error(self, stream_id: int, code: ErrorCode, message: str = "") -> Opcode:
         """End a request's sequence with a SYSTEM_ERROR answer."""
-        header = messages.SystemError(error_code=code, error_message=message).encode()
+        header = messages.SystemErrorHeader(error_code=code, error_message=message).encode()
         return self.send_response(stream_id, header, end=True, system_error=True)
 
     def send_goaway(self, code: ErrorCode = ErrorCode.NONE, message: str = "") -> None:
@@ -533,7 +533,7 @@ def decode_response(opcode: Opcode, frame: Frame, peer: str = "peer") -> message
     SYSTEM_ERROR answer raises the ``ProtocolError`` of its code."""
     if frame.is_system_error:
         try:
-            error = messages.SystemError.decode(frame.header)
+            error = messages.SystemErrorHeader.decode(frame.header)
         except HeaderDecodeError as exc:
             raise HeaderDecodeError(f"undecodable SYSTEM_ERROR from {peer}") from exc
         raise error_for(error.error_code, error.error_message)

@@ -27,7 +27,7 @@ empty means "list every stream".
 PING has no header table: its header bytes are opaque and echoed back, so
 ``request_type(PING)`` and ``response_type(PING)`` are ``None``. A GOAWAY
 frame's header is ``GoAway`` and it is never answered. A response sent with
-the SYSTEM_ERROR flag carries ``SystemError`` whatever its opcode
+the SYSTEM_ERROR flag carries ``SystemErrorHeader`` (the SPEC's ``SystemError``) whatever its opcode
 (``header_type`` picks the right class for a received frame).
 """
 
@@ -149,7 +149,7 @@ class RangeOwner(Message):
 
 @fb.table
 @dataclass(frozen=True, slots=True)
-class SystemError(Message):  # the SPEC's name; a header, never raised
+class SystemErrorHeader(Message):  # SPEC §1 "SystemError": a header, never raised
     """The header of a SYSTEM_ERROR response: an error that belongs to no item."""
 
     error_code: ErrorCode | int = _error_code_field(0)
@@ -602,7 +602,7 @@ def response_type(opcode: int) -> type[Message] | None:
 
 def header_type(opcode: int, flags: int) -> type[Message] | None:
     """The header class of a received frame, from its opcode and flags:
-    ``SystemError`` for SYSTEM_ERROR responses whatever the opcode."""
+    ``SystemErrorHeader`` for SYSTEM_ERROR responses whatever the opcode."""
     if flags & Flags.RESPONSE:
-        return SystemError if flags & Flags.SYSTEM_ERROR else _RESPONSE_TYPES.get(opcode)
+        return SystemErrorHeader if flags & Flags.SYSTEM_ERROR else _RESPONSE_TYPES.get(opcode)
     return _REQUEST_TYPES.get(opcode)

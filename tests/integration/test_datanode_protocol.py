@@ -67,9 +67,9 @@ async def raw_append(
     return messages.AppendResponse(append_responses=tuple(results))
 
 
-def system_error(frame: Frame) -> messages.SystemError:
+def system_error(frame: Frame) -> messages.SystemErrorHeader:
     assert frame.flags == SYSTEM_ERROR_END, frame
-    return messages.SystemError.decode(frame.header)
+    return messages.SystemErrorHeader.decode(frame.header)
 
 
 def batch_of(*values: bytes) -> bytearray:

@@ -4,7 +4,7 @@ for what a node has not reported yet."""
 from __future__ import annotations
 
 from client import format as fmt
-from client.cli_commands import node_summary
+from client.cluster_view import node_summary
 from client.top import fit_width, render_frame
 from sbp import messages
 

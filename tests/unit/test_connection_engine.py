@@ -45,7 +45,7 @@ def sent_frames(engine: ConnectionEngine) -> list[FrameEvent]:
 
 def system_error(event: FrameEvent) -> tuple[int, ErrorCode]:
     assert event.flags & Flags.SYSTEM_ERROR, event  # type: ignore[union-attr]
-    decoded = messages.SystemError.decode(event.header)  # type: ignore[union-attr]
+    decoded = messages.SystemErrorHeader.decode(event.header)  # type: ignore[union-attr]
     return event.stream_id, decoded.error_code  # type: ignore[union-attr]
 
 

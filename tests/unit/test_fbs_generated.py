@@ -24,7 +24,7 @@ from tests.unit.message_strategies import MESSAGE_TYPES, messages_of
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GENERATED_DIR = REPO_ROOT / "sbp" / "_fbs"
 #: messages whose schema table has another name (see fbs/common.fbs)
-SCHEMA_NAMES = {"Range": "RangeDescriptor"}
+SCHEMA_NAMES = {"Range": "RangeDescriptor", "SystemErrorHeader": "SystemError"}
 
 
 def _schema_name(cls: type[Any]) -> str:

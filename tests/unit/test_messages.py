@@ -74,15 +74,15 @@ def test_header_type_follows_the_flags() -> None:
     assert m.header_type(Opcode.APPEND, Flags.NONE) is m.AppendRequest
     assert m.header_type(Opcode.APPEND, response) is m.AppendResponse
     assert m.header_type(Opcode.APPEND, Flags.RESPONSE) is m.AppendResponse
-    assert m.header_type(Opcode.APPEND, response | Flags.SYSTEM_ERROR) is m.SystemError
-    assert m.header_type(Opcode.PING, response | Flags.SYSTEM_ERROR) is m.SystemError
+    assert m.header_type(Opcode.APPEND, response | Flags.SYSTEM_ERROR) is m.SystemErrorHeader
+    assert m.header_type(Opcode.PING, response | Flags.SYSTEM_ERROR) is m.SystemErrorHeader
     assert m.header_type(Opcode.PING, response) is None
     assert m.header_type(Opcode.GOAWAY, Flags.NONE) is m.GoAway
 
 
 def test_every_registered_type_is_a_message() -> None:
     registered = {t for t in (*REQUESTS.values(), *RESPONSES.values()) if t is not None}
-    assert registered | {m.SystemError} <= set(MESSAGE_TYPES)
+    assert registered | {m.SystemErrorHeader} <= set(MESSAGE_TYPES)
 
 
 # --------------------------------------------------------------------------- conventions
@@ -144,10 +144,10 @@ def test_unknown_client_roles_read_as_unknown() -> None:
 
 
 def test_empty_strings_and_absent_tables_are_not_written() -> None:
-    bare = m.SystemError(ErrorCode.UNKNOWN).encode()
-    with_text = m.SystemError(ErrorCode.UNKNOWN, "x").encode()
+    bare = m.SystemErrorHeader(ErrorCode.UNKNOWN).encode()
+    with_text = m.SystemErrorHeader(ErrorCode.UNKNOWN, "x").encode()
     assert len(with_text) > len(bare)
-    assert m.SystemError.decode(bare).error_message == ""
+    assert m.SystemErrorHeader.decode(bare).error_message == ""
 
 
 def test_encoding_is_deterministic_and_shares_vtables() -> None:
@@ -235,9 +235,9 @@ def _replace_once(buf: bytes, old: bytes, new: bytes) -> bytes:
 
 
 def test_invalid_utf8_does_not_decode() -> None:
-    encoded = m.SystemError(ErrorCode.UNKNOWN, "abc").encode()
+    encoded = m.SystemErrorHeader(ErrorCode.UNKNOWN, "abc").encode()
     with pytest.raises(HeaderDecodeError, match="UnicodeDecodeError"):
-        m.SystemError.decode(_replace_once(encoded, b"abc", b"a\xff\xfe"))
+        m.SystemErrorHeader.decode(_replace_once(encoded, b"abc", b"a\xff\xfe"))
 
 
 def test_a_vector_longer_than_the_buffer_does_not_decode() -> None:

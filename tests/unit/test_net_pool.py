@@ -7,7 +7,8 @@ import random
 import pytest
 import trio
 
-from net.pool import BACKOFF_MAX, ConnectionPool, backoff_delay, parse_address
+from net.address import parse_address
+from net.pool import BACKOFF_MAX, ConnectionPool, backoff_delay
 from net.server import Dispatcher, Server
 from sbp.enums import ErrorCode
 from sbp.errors import ConnectionClosed
@@ -16,8 +17,9 @@ from sbp.errors import ConnectionClosed
 def test_parse_address() -> None:
     assert parse_address("127.0.0.1:7400") == ("127.0.0.1", 7400)
     assert parse_address("[::1]:80") == ("::1", 80)
-    for bad in ("localhost", ":80", "host:", "host:http"):
-        with pytest.raises(ValueError, match="not host:port"):
+    assert parse_address("h:0") == ("h", 0)  # any free port, for a listener
+    for bad in ("localhost", ":80", "host:", "host:http", "host:70000"):
+        with pytest.raises(ValueError, match=r"not HOST:PORT|is not a number|outside 0-65535"):
             parse_address(bad)
 
 

@@ -65,7 +65,7 @@ class Peer:
 
 def system_error(frame: Frame) -> tuple[int, ErrorCode | int]:
     assert frame.flags == SYSTEM_ERROR_END
-    return frame.stream_id, messages.SystemError.decode(frame.header).error_code
+    return frame.stream_id, messages.SystemErrorHeader.decode(frame.header).error_code
 
 
 def heartbeat(client_id: str) -> bytes:
@@ -202,7 +202,7 @@ async def test_opcode_not_served_by_this_role_is_unsupported_operation() -> None
         assert system_error(frame) == (7, ErrorCode.UNSUPPORTED_OPERATION)
         assert (
             "test node does not serve APPEND"
-            in messages.SystemError.decode(frame.header).error_message
+            in messages.SystemErrorHeader.decode(frame.header).error_message
         )
 
 

@@ -73,7 +73,7 @@ def test_vectors_cover_every_opcode_both_ways() -> None:
 
 def test_vectors_include_system_error_and_goaway() -> None:
     types = {_load(path)["header_type"] for path in VECTOR_FILES}
-    assert {"SystemError", "GoAway"} <= types
+    assert {"SystemErrorHeader", "GoAway"} <= types
 
 
 def test_the_empty_ping_is_the_smallest_frame() -> None:

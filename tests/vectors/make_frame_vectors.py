@@ -82,7 +82,7 @@ VECTORS = [
            m.GoAway(ErrorCode.SHUTTING_DOWN, "server shutting down")),
     Vector("system_error_response", "APPEND sent to the placement manager",
            Opcode.APPEND, RESPONSE | Flags.SYSTEM_ERROR, 9,
-           m.SystemError(ErrorCode.UNSUPPORTED_OPERATION, "APPEND is not served here")),
+           m.SystemErrorHeader(ErrorCode.UNSUPPORTED_OPERATION, "APPEND is not served here")),
     Vector("heartbeat_request", "a data node registering with the PM",
            Opcode.HEARTBEAT, Flags.NONE, 1,
            m.HeartbeatRequest("datanode-1", ClientRole.DATA_NODE, NODE_1)),

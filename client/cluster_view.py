@@ -1,0 +1,39 @@
+"""One data node as ``sbp cluster status`` and ``sbp top`` show it: a row of
+plain values (numbers, not text) from the PM's DESCRIBE_CLUSTER."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sbp import messages
+
+
+def node_summary(status: messages.DataNodeStatus, now: float) -> dict[str, Any]:
+    """One data node's row of ``cluster status`` and ``top``."""
+    report = status.metrics or messages.ReportMetricsRequest(data_node=status.data_node)
+    return {
+        "node_id": status.data_node.node_id,
+        "address": status.data_node.advertise_addr,
+        "alive": status.alive,
+        "last_heartbeat_ms": status.last_heartbeat_ms,
+        # seconds since the last heartbeat (None: never heard from)
+        "heartbeat_age_s": (
+            round(max(0.0, now - status.last_heartbeat_ms / 1000), 3)
+            if status.last_heartbeat_ms > 0
+            else None
+        ),
+        "ranges": status.range_count,
+        "active_ranges": report.range_active_cnt,
+        "in_bytes_per_s": report.disk_in_rate,
+        "out_bytes_per_s": report.disk_out_rate,
+        "appends_per_s": report.network_append_rate,
+        "fetches_per_s": report.network_fetch_rate,
+        "failed_per_s": report.network_failed_append_rate + report.network_failed_fetch_rate,
+        "append_ms": report.network_append_avg_latency,
+        "fetch_ms": report.network_fetch_avg_latency,
+        "commit_ms": report.uring_task_avg_latency,
+        # None until the node's first REPORT_METRICS
+        "disk_free_bytes": report.disk_free_space if status.metrics is not None else None,
+        "memory_bytes": report.memory_used,
+        "reported": status.metrics is not None,
+    }

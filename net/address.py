@@ -1,0 +1,25 @@
+"""``HOST:PORT`` addresses, the one parser every flag, option and client uses."""
+
+from __future__ import annotations
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6addr]:PORT`` for IPv6) as ``(host, port)``; port 0
+    means any free port."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"{text!r}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{text!r}: port {port} is outside 0-65535")
+    return host, port
+
+
+def format_address(host: str, port: int) -> str:
+    """The inverse of ``parse_address``."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
