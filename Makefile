@@ -29,7 +29,7 @@ test: $(VENV)/.installed-dev,spark,bench system-deps
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
-	$(BIN)/mypy sbp storage net client
+	$(BIN)/mypy sbp storage net client datanode pm spark_jobs
 
 # Regenerate the FlatBuffers Python code in sbp/_fbs from fbs/*.fbs.
 fbs: $(VENV)/.installed-dev

@@ -31,7 +31,6 @@ import psutil
 import trio
 
 from bench.storage import make_batch
-from client._routing import primary_of
 from client.cluster import Child, plan_children, start_child, stop_child, wait_for_nodes
 from client.pm_client import PMClient
 from sbp import messages
@@ -291,7 +290,8 @@ class LocalCluster:
                     if result.error_code != 0 or result.stream is None:
                         raise RuntimeError(f"CREATE_STREAMS failed: {result.error_message}")
                     if result.range is not None:
-                        address = primary_of(result.range).advertise_addr
+                        primary = result.range.primary_node()
+                        address = primary.advertise_addr if primary else ""
                         if address != self.node_address:
                             raise RuntimeError(f"stream placed on {address}, not the data node")
                     ids.append(result.stream.stream_id)

@@ -13,8 +13,8 @@ from net.calls import Response
 from net.connection import Connection
 from net.pool import ConnectionPool
 from sbp import messages
-from sbp.enums import ClientRole, ErrorCode, Opcode
-from sbp.errors import InvalidRequestError, ShuttingDownError, error_for
+from sbp.enums import ClientRole, Opcode
+from sbp.errors import InvalidRequestError, ShuttingDownError, raise_for_code
 
 #: default deadline of one call, seconds
 DEFAULT_TIMEOUT = 30.0
@@ -25,10 +25,8 @@ DEADLINE_GRACE = 1.0
 M = TypeVar("M", bound=messages.Message)
 
 
-def raise_for_item(code: ErrorCode | int, message: str) -> None:
-    """Raise the exception for a per-item error code; nothing for NONE."""
-    if code != ErrorCode.NONE:
-        raise error_for(code, message)
+#: raise the exception for a per-item error code (``sbp.errors.raise_for_code``)
+raise_for_item = raise_for_code
 
 
 def single(results: tuple[M, ...], what: str) -> M:

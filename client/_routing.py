@@ -52,9 +52,9 @@ def primary_of(rng: messages.Range) -> messages.DataNode:
     Only the primary stores data (see docs/pm.md, Placement), so reads go
     there too.
     """
-    for replica in rng.replica_nodes:
-        if replica.is_primary and replica.data_node is not None:
-            return replica.data_node
+    primary = rng.primary_node()
+    if primary is not None:
+        return primary
     raise RangeNotFoundError(
         f"range {rng.range_index} of stream {rng.stream_id} has no primary data node"
     )
@@ -87,7 +87,7 @@ class StreamRoutes:
 
     def open_range(self) -> messages.Range | None:
         """The writable range as last listed (None if none is known)."""
-        if self.ranges and self.ranges[-1].end_offset < 0:
+        if self.ranges and self.ranges[-1].is_open:
             return self.ranges[-1]
         return None
 
@@ -98,9 +98,7 @@ class StreamRoutes:
         if index < 0:
             return None
         rng = self.ranges[index]
-        if rng.end_offset >= 0 and offset >= rng.end_offset:
-            return None
-        return rng
+        return rng if rng.holds(offset) else None
 
     @property
     def first_offset(self) -> int:

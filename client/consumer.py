@@ -211,7 +211,7 @@ class Consumer:
             rng = routes.range_for(offset)
             if rng is None:
                 rng = await self._locate(routes, offset)
-            sealed = rng.end_offset >= 0
+            sealed = not rng.is_open
             wait_ms = self.max_wait_ms if self.tail and not sealed else 0
             try:
                 result, data = await self._fetch(rng, offset, wait_ms)

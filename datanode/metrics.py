@@ -147,7 +147,7 @@ class _CountersCollector(Collector):
             f"{NAMESPACE}_ranges", "ranges hosted, by state", labels=["state"]
         )
         hosted = self._ranges()
-        sealed = sum(1 for info in hosted if info.sealed)
+        sealed = sum(1 for info in hosted if not info.is_open)
         ranges.add_metric(["open"], len(hosted) - sealed)
         ranges.add_metric(["sealed"], sealed)
         yield ranges

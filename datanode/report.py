@@ -29,7 +29,7 @@ def clamp16(value: float) -> int:
 
 def active_range_count(ranges: list[RangeInfo]) -> int:
     """Open (writable) ranges among those hosted."""
-    return sum(1 for info in ranges if not info.sealed)
+    return sum(1 for info in ranges if info.is_open)
 
 
 class LoadReporter:

@@ -28,6 +28,7 @@ from sbp.errors import (
     ProtocolError,
     UnknownServerError,
     error_for,
+    raise_for_code,
 )
 
 from .records import RangeRecord
@@ -94,7 +95,7 @@ class DataNodeLink:
 
         def end_offset(response: messages.SealRangesResponse) -> int:
             for result in response.seal_responses:
-                _raise_for(result.error_code, result.error_message)
+                raise_for_code(result.error_code, result.error_message)
                 for sealed in result.ranges:
                     if sealed.range_index == rng.range_index:
                         return int(sealed.end_offset)
@@ -115,7 +116,7 @@ class DataNodeLink:
 
         def next_offset(response: messages.DescribeRangesResponse) -> int:
             for result in response.describe_responses:
-                _raise_for(result.error_code, result.error_message)
+                raise_for_code(result.error_code, result.error_message)
                 if result.range is not None:
                     return int(result.range.next_offset)
             raise UnknownServerError(
@@ -157,7 +158,7 @@ class DataNodeLink:
         def ranges(response: messages.ListRangesResponse) -> list[RangeRecord]:
             listed: list[RangeRecord] = []
             for result in response.list_responses:
-                _raise_for(result.error_code, result.error_message)
+                raise_for_code(result.error_code, result.error_message)
                 listed.extend(range_record(rng) for rng in result.ranges)
             return listed
 
@@ -214,8 +215,3 @@ def _timed(
 
 def _as_is(header: T) -> T:
     return header
-
-
-def _raise_for(code: ErrorCode | int, message: str) -> None:
-    if code != ErrorCode.NONE:
-        raise error_for(code, message)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sbp.constants import OPEN_END_OFFSET
+from sbp.ranges import RangeSpan
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +25,7 @@ class StreamRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class RangeRecord:
+class RangeRecord(RangeSpan):
     """One range of a stream, ``[start_offset, end_offset)``.
 
     ``nodes`` are the replica node ids with the primary first; ``end_offset``
@@ -37,10 +38,6 @@ class RangeRecord:
     nodes: tuple[int, ...]
     end_offset: int = OPEN_END_OFFSET
     epoch: int = 0
-
-    @property
-    def is_open(self) -> bool:
-        return self.end_offset == OPEN_END_OFFSET
 
     @property
     def primary(self) -> int:

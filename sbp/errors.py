@@ -173,3 +173,9 @@ def error_for(code: ErrorCode | int, message: str = "") -> ProtocolError:
     if cls is ProtocolError:
         return ProtocolError(message, code=code)
     return cls(message)
+
+
+def raise_for_code(code: ErrorCode | int, message: str) -> None:
+    """Raise the exception for a per-item error code; nothing for NONE."""
+    if code != ErrorCode.NONE:
+        raise error_for(code, message)

@@ -43,6 +43,7 @@ from typing import Any, ClassVar, Self
 from . import _flatbuf as fb
 from .constants import OPEN_END_OFFSET
 from .enums import ClientRole, ErrorCode, Flags, Opcode
+from .ranges import RangeSpan
 
 _ERROR_CODES: dict[int, ErrorCode] = {int(code): code for code in ErrorCode}
 _CLIENT_ROLES: dict[int, ClientRole] = {int(role): role for role in ClientRole}
@@ -102,7 +103,7 @@ class ReplicaNode(Message):
 
 @fb.table
 @dataclass(frozen=True, slots=True)
-class Range(Message):
+class Range(RangeSpan, Message):
     """``[start_offset, end_offset)`` of a stream; ``end_offset`` is -1 while open.
     (The schema calls this table ``RangeDescriptor``; see fbs/common.fbs.)"""
 
@@ -114,9 +115,12 @@ class Range(Message):
     replica_nodes: tuple[ReplicaNode, ...] = fb.vector(5, ReplicaNode)
     epoch: int = fb.int64(6)  # the stream epoch the range was created in
 
-    @property
-    def is_open(self) -> bool:
-        return self.end_offset == OPEN_END_OFFSET
+    def primary_node(self) -> DataNode | None:
+        """The data node of the primary replica (None when none is marked)."""
+        for replica in self.replica_nodes:
+            if replica.is_primary and replica.data_node is not None:
+                return replica.data_node
+        return None
 
 
 @fb.table

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import trio
 from pyspark.sql.datasource import InputPartition
 
-from client._base import DEFAULT_TIMEOUT
+from client import DEFAULT_TIMEOUT
 from client.datanode_client import DataNodeClient
 from client.pm_client import PMClient
 from client.sync import SyncClient

@@ -89,7 +89,7 @@ def _required(options: Mapping[str, str], name: str) -> str:
 
 def parse_pm(options: Mapping[str, str]) -> str:
     """The PM's ``host:port`` (option ``pm``)."""
-    from net.pool import parse_address  # here: the net package brings trio along
+    from net.address import parse_address  # here: the net package brings trio along
 
     address = _required(options, "pm")
     try:

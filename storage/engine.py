@@ -196,7 +196,7 @@ class StorageEngine:
                 floor = state.first_offset
                 if state.ranges:
                     last = state.ranges[-1]
-                    floor = max(floor, last.end_offset if last.sealed else last.start_offset)
+                    floor = max(floor, last.end_offset if not last.is_open else last.start_offset)
                 last_batch_end = 0
                 if seek_floor(index, layout.batch_key(stream_id, layout.MAX_OFFSET_KEY)):
                     key_stream, base_offset = BATCH_KEY.unpack(index.key())
@@ -348,7 +348,7 @@ class StorageEngine:
         if holder is None:
             return bytearray()
         # a sealed range ends the read, so a gap to a later range hosted here is never crossed
-        stop = holder.end_offset if holder.sealed else state.next_offset
+        stop = holder.end_offset if not holder.is_open else state.next_offset
         store = self._store
         with store.env.begin(db=store.dbs[layout.BATCHES_DB], buffers=True) as txn:
             cursor = txn.cursor()

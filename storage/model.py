@@ -22,6 +22,7 @@ from sbp.errors import (
     RangeSealedError,
     StreamDeletedError,
 )
+from sbp.ranges import RangeSpan
 from sbp.stats import BucketCounts
 
 
@@ -35,7 +36,7 @@ class ReplicaInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class RangeInfo:
+class RangeInfo(RangeSpan):
     """One range of a stream: ``[start_offset, end_offset)``, open while end is -1.
 
     ``next_offset`` is a snapshot the engine fills in when it returns a range
@@ -52,15 +53,8 @@ class RangeInfo:
     next_offset: int = 0
 
     @property
-    def sealed(self) -> bool:
-        return self.end_offset != OPEN_END_OFFSET
-
-    @property
     def primary_node_id(self) -> int | None:
         return next((r.node_id for r in self.replicas if r.is_primary), None)
-
-    def contains(self, offset: int) -> bool:
-        return self.start_offset <= offset and (not self.sealed or offset < self.end_offset)
 
 
 class StreamRecord(NamedTuple):
@@ -91,7 +85,9 @@ class StreamState:
 
     def live(self, info: RangeInfo) -> RangeInfo:
         """``info`` with its next_offset filled in."""
-        next_offset = info.end_offset if info.sealed else max(self.next_offset, info.start_offset)
+        next_offset = (
+            info.end_offset if not info.is_open else max(self.next_offset, info.start_offset)
+        )
         return dataclasses.replace(info, next_offset=next_offset)
 
     def find_range(self, range_index: int) -> RangeInfo:
@@ -110,7 +106,7 @@ class StreamState:
         if not self.ranges:
             raise RangeNotFoundError(f"stream {self.stream_id} has no range here")
         last = self.ranges[-1]
-        if last.sealed:
+        if not last.is_open:
             raise RangeSealedError(
                 f"range {last.range_index} of stream {self.stream_id} is sealed "
                 f"at {last.end_offset}"
@@ -142,9 +138,9 @@ class StreamState:
                 f"offset {offset} is below the first offset {self.first_offset} "
                 f"of stream {self.stream_id}"
             )
-        holder = next((r for r in self.ranges if r.contains(offset)), None)
+        holder = next((r for r in self.ranges if r.holds(offset)), None)
         if holder is not None and hosts(holder, node_id):
-            if holder.sealed:
+            if not holder.is_open:
                 return holder
             if offset > self.next_offset:
                 raise OffsetOutOfRangeError(
@@ -152,7 +148,7 @@ class StreamState:
                     f"of stream {self.stream_id}"
                 )
             return None if offset == self.next_offset else holder
-        if any(r.sealed and r.end_offset == offset and hosts(r, node_id) for r in self.ranges):
+        if any(not r.is_open and r.end_offset == offset and hosts(r, node_id) for r in self.ranges):
             raise RangeSealedError(
                 f"offset {offset} is the end of a sealed range of stream {self.stream_id}; "
                 "read on in the next range"

@@ -300,7 +300,7 @@ def seal_range(ctx: WriteContext, stream_id: int, range_index: int) -> RangeInfo
     """Seal a range at the stream's next offset; a sealed range is returned as is."""
     state = _live_stream(ctx, stream_id)
     info = state.find_range(range_index)
-    if info.sealed:
+    if not info.is_open:
         return state.live(info)
     sealed = dataclasses.replace(info, end_offset=max(state.next_offset, info.start_offset))
     state.ranges = tuple(sealed if r is info else r for r in state.ranges)
@@ -316,7 +316,7 @@ def trim_stream(ctx: WriteContext, stream_id: int, trim_offset: int) -> int:
     if trim_offset <= state.first_offset:
         return state.first_offset
     ctx.drop_batches(stream_id, lambda _base, end: end > trim_offset)
-    kept = tuple(r for r in state.ranges if not (r.sealed and r.end_offset <= trim_offset))
+    kept = tuple(r for r in state.ranges if not (not r.is_open and r.end_offset <= trim_offset))
     for info in state.ranges:
         if info not in kept:
             ctx.delete_range(info)
@@ -411,7 +411,7 @@ def sync_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> l
     indexes = [r.range_index for r in incoming]
     if len(set(indexes)) != len(indexes) or any(r.stream_id != stream_id for r in incoming):
         raise InvalidRequestError(f"inconsistent ranges for stream {stream_id}: {indexes}")
-    if any(r.sealed and r.end_offset < r.start_offset for r in incoming):
+    if any(not r.is_open and r.end_offset < r.start_offset for r in incoming):
         raise InvalidRequestError(f"a range of stream {stream_id} ends before it starts")
     existing = ctx.current(stream_id)
     if existing is not None and existing.deleted:
@@ -432,7 +432,7 @@ def sync_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> l
     for info in incoming:
         info = dataclasses.replace(info, deleted=False, next_offset=0)
         local = known.get(info.range_index)
-        if local is not None and local.sealed and not info.sealed:
+        if local is not None and not local.is_open and info.is_open:
             info = dataclasses.replace(info, end_offset=local.end_offset)
         merged.append(info)
         if info != local:

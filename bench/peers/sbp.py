@@ -21,10 +21,10 @@ from bench.harness import (
     drive_trio,
     percentiles_ms,
 )
-from client._base import raise_for_item
 from client.consumer import Consumer
 from client.datanode_client import DataNodeClient
 from net.pool import ConnectionPool
+from sbp.errors import raise_for_code as raise_for_item
 
 SYSTEM = "sbp"
 

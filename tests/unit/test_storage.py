@@ -304,7 +304,7 @@ def test_seal_stops_appends_and_fixes_the_end_offset(engine: StorageEngine) -> N
     engine.sync_ranges(1, [open_range(1)])
     engine.append(1, batch(b"a", b"b"))
     sealed = engine.seal_range(1, 0)
-    assert (sealed.end_offset, sealed.next_offset, sealed.sealed) == (2, 2, True)
+    assert (sealed.end_offset, sealed.next_offset, not sealed.is_open) == (2, 2, True)
     assert engine.seal_range(1, 0) == sealed  # idempotent
     with pytest.raises(RangeSealedError):
         engine.append(1, batch(b"c"))

@@ -38,7 +38,7 @@ class StreamModel:
 
     @property
     def open(self) -> bool:
-        return bool(self.ranges) and not self.ranges[-1].sealed
+        return bool(self.ranges) and self.ranges[-1].is_open
 
 
 def new_range(stream_id: int, index: int, start: int) -> RangeInfo:
@@ -110,7 +110,7 @@ class StorageMachine(RuleBasedStateMachine):
             return
         model.first_offset = expected
         model.batches = [b for b in model.batches if b[0] + len(b[1]) > expected]
-        model.ranges = [r for r in model.ranges if not (r.sealed and r.end_offset <= expected)]
+        model.ranges = [r for r in model.ranges if not (not r.is_open and r.end_offset <= expected)]
 
     @rule(
         stream_id=st.sampled_from(STREAMS),
@@ -129,8 +129,8 @@ class StorageMachine(RuleBasedStateMachine):
         if offset == model.next_offset:
             assert len(decoded) == 0
             return
-        holder = next(r for r in model.ranges if r.contains(offset))
-        stop = holder.end_offset if holder.sealed else model.next_offset
+        holder = next(r for r in model.ranges if r.holds(offset))
+        stop = holder.end_offset if not holder.is_open else model.next_offset
         expected: list[tuple[int, bytes]] = []
         total = 0
         for base, values, size in model.batches:
