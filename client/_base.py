@@ -4,7 +4,7 @@ and turning per-item error codes into exceptions for one-item calls."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -14,7 +14,13 @@ from net.connection import Connection
 from net.pool import ConnectionPool
 from sbp import messages
 from sbp.enums import ClientRole, Opcode
-from sbp.errors import InvalidRequestError, ShuttingDownError, raise_for_code
+from sbp.errors import (
+    ConnectionClosed,
+    InvalidRequestError,
+    NotLeaderError,
+    ShuttingDownError,
+    raise_for_code,
+)
 
 #: default deadline of one call, seconds
 DEFAULT_TIMEOUT = 30.0
@@ -23,6 +29,7 @@ DEFAULT_TIMEOUT = 30.0
 DEADLINE_GRACE = 1.0
 
 M = TypeVar("M", bound=messages.Message)
+R = TypeVar("R", bound=messages.Message)
 
 
 #: raise the exception for a per-item error code (``sbp.errors.raise_for_code``)
@@ -37,13 +44,25 @@ def single(results: tuple[M, ...], what: str) -> M:
 
 
 class SBPClient:
-    """Base of the protocol clients. Give it an address ("host:port") to go
-    through a ``ConnectionPool`` (its own, opened by ``async with``, unless one
-    is passed), or a running ``Connection`` to use as it is."""
+    """Base of the protocol clients, and the one way every caller of the
+    project (users, the PM, the data nodes) sends a request.
+
+    Give it an address ("host:port"), or several ("a:1,b:2" or a list), to
+    go through a ``ConnectionPool`` (its own, opened by ``async with``, unless
+    one is passed), or a running ``Connection`` to use as it is. With
+    several addresses (PMs on etcd, SPEC §8) a call follows ``NOT_LEADER``
+    to the leader it names and tries the next address when one cannot be
+    reached; with one it behaves as a plain client.
+
+    Deadlines: a call's ``timeout`` (the client's ``timeout`` by default) is
+    sent as the request's ``timeout_ms``; the client waits ``DEADLINE_GRACE``
+    longer, so that the server's own TIMEOUT answer arrives first. Retrying
+    is the caller's (``client.retry``).
+    """
 
     def __init__(
         self,
-        target: str | Connection,
+        target: str | Sequence[str] | Connection,
         *,
         pool: ConnectionPool | None = None,
         timeout: float = DEFAULT_TIMEOUT,
@@ -53,12 +72,16 @@ class SBPClient:
         self._own_pool = False
         if isinstance(target, Connection):
             self._fixed = target
-            self.address = target.peer
+            self.addresses = [target.peer]
             self._pool = pool
         else:
-            self.address = target
+            listed = target.split(",") if isinstance(target, str) else list(target)
+            self.addresses = [address.strip() for address in listed if address.strip()]
+            if not self.addresses:
+                raise ValueError("no address given")
             self._own_pool = pool is None
             self._pool = pool if pool is not None else ConnectionPool()
+        self.address = self.addresses[0]
 
     async def __aenter__(self) -> Self:
         if self._own_pool and self._pool is not None:
@@ -96,10 +119,61 @@ class SBPClient:
         *,
         timeout: float | None = None,
     ) -> Response[Any]:
-        """One unary request. A connection that received GOAWAY refuses it
-        before it is sent, and a draining server refuses it unapplied, so on a
-        pooled connection it is tried once more on a fresh connection."""
-        seconds = self._deadline(timeout)
+        """One unary request, at the leader (see the class). A connection
+        that received GOAWAY refuses it before it is sent, and a draining
+        server refuses it unapplied, so it is tried again on a fresh one."""
+        hops = 0
+        while True:
+            try:
+                return await self._call_once(opcode, header, payload, self._deadline(timeout))
+            except NotLeaderError as error:
+                hops += 1
+                if self._fixed is not None or hops > len(self.addresses) + 1:
+                    raise
+                self._follow(error.leader_addr)
+            except (ConnectionClosed, OSError):
+                hops += 1
+                if self._fixed is not None or len(self.addresses) == 1:
+                    raise
+                if hops >= len(self.addresses):
+                    raise
+                self._follow("")
+
+    async def call_for(
+        self,
+        expected: type[R],
+        opcode: Opcode,
+        header: messages.Message,
+        payload: bytes | memoryview = b"",
+        *,
+        timeout: float | None = None,
+    ) -> R:
+        """``call`` whose answer header must be ``expected``: typed for the caller."""
+        answer = (await self.call(opcode, header, payload, timeout=timeout)).header
+        if not isinstance(answer, expected):
+            raise InvalidRequestError(
+                f"{opcode.name}: the server answered {type(answer).__name__}, "
+                f"not {expected.__name__}"
+            )
+        return answer
+
+    def _follow(self, leader: str) -> None:
+        """Point later calls at the leader named, or at the next address."""
+        if leader:
+            if leader not in self.addresses:
+                self.addresses.append(leader)
+            self.address = leader
+        else:
+            index = self.addresses.index(self.address)
+            self.address = self.addresses[(index + 1) % len(self.addresses)]
+
+    async def _call_once(
+        self,
+        opcode: Opcode,
+        header: messages.Message | None,
+        payload: bytes | memoryview,
+        seconds: float,
+    ) -> Response[Any]:
         connection = await self.connection()
         try:
             return await connection.request(opcode, header, payload, timeout=seconds)
@@ -141,6 +215,7 @@ class SBPClient:
         request = messages.HeartbeatRequest(
             client_id=client_id, client_role=role, data_node=data_node
         )
-        response = await self.call(Opcode.HEARTBEAT, request, timeout=timeout)
-        header: messages.HeartbeatResponse = response.header
+        header = await self.call_for(
+            messages.HeartbeatResponse, Opcode.HEARTBEAT, request, timeout=timeout
+        )
         return header

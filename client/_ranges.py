@@ -22,8 +22,9 @@ class RangeCalls(SBPClient):
         request = messages.ListRangesRequest(
             timeout_ms=self.timeout_ms(timeout), range_owners=tuple(owners)
         )
-        response = await self.call(Opcode.LIST_RANGES, request, timeout=timeout)
-        header: messages.ListRangesResponse = response.header
+        header = await self.call_for(
+            messages.ListRangesResponse, Opcode.LIST_RANGES, request, timeout=timeout
+        )
         return header.list_responses
 
     async def list_stream_ranges(
@@ -51,8 +52,9 @@ class RangeCalls(SBPClient):
         request = messages.SealRangesRequest(
             timeout_ms=self.timeout_ms(timeout), ranges=tuple(range_ids)
         )
-        response = await self.call(Opcode.SEAL_RANGES, request, timeout=timeout)
-        header: messages.SealRangesResponse = response.header
+        header = await self.call_for(
+            messages.SealRangesResponse, Opcode.SEAL_RANGES, request, timeout=timeout
+        )
         return header.seal_responses
 
     async def seal_range(
@@ -70,8 +72,9 @@ class RangeCalls(SBPClient):
         request = messages.DescribeRangesRequest(
             timeout_ms=self.timeout_ms(timeout), ranges=tuple(range_ids)
         )
-        response = await self.call(Opcode.DESCRIBE_RANGES, request, timeout=timeout)
-        header: messages.DescribeRangesResponse = response.header
+        header = await self.call_for(
+            messages.DescribeRangesResponse, Opcode.DESCRIBE_RANGES, request, timeout=timeout
+        )
         return header.describe_responses
 
     async def describe_range(
@@ -91,8 +94,9 @@ class RangeCalls(SBPClient):
             timeout_ms=self.timeout_ms(timeout),
             streams=tuple(messages.Stream(stream_id=stream_id) for stream_id in stream_ids),
         )
-        response = await self.call(Opcode.DELETE_STREAMS, request, timeout=timeout)
-        header: messages.DeleteStreamsResponse = response.header
+        header = await self.call_for(
+            messages.DeleteStreamsResponse, Opcode.DELETE_STREAMS, request, timeout=timeout
+        )
         return header.delete_responses
 
     async def delete_stream(

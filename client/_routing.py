@@ -16,10 +16,10 @@ from typing import Final, Self
 
 import trio
 
-from net.pool import ConnectionPool, backoff_delay
+from net.pool import ConnectionPool
 from sbp import messages
 from sbp.enums import ErrorCode
-from sbp.errors import ConnectionClosed, ProtocolError, RangeNotFoundError
+from sbp.errors import RangeNotFoundError
 
 from .datanode_client import DataNodeClient
 from .pm_client import PMClient
@@ -28,22 +28,6 @@ from .pm_client import PMClient
 STALE_ROUTE_CODES: Final = frozenset(
     {ErrorCode.RANGE_SEALED, ErrorCode.RANGE_NOT_FOUND, ErrorCode.NOT_PRIMARY}
 )
-#: first retry delay after a failure, doubling up to RETRY_BACKOFF_MAX (full jitter)
-RETRY_BACKOFF_INITIAL: Final = 0.02
-RETRY_BACKOFF_MAX: Final = 1.0
-
-
-def retry_delay(failures: int) -> float:
-    """Seconds to wait before retry number ``failures`` (1 for the first)."""
-    return backoff_delay(failures, initial=RETRY_BACKOFF_INITIAL, cap=RETRY_BACKOFF_MAX)
-
-
-def is_transient(error: BaseException) -> bool:
-    """Whether trying again (after a refresh of the ranges) may succeed: a
-    retriable wire error, a lost connection or a deadline passed."""
-    if isinstance(error, ProtocolError):
-        return error.retriable
-    return isinstance(error, ConnectionClosed | OSError | trio.TooSlowError)
 
 
 def primary_of(rng: messages.Range) -> messages.DataNode:

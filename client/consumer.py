@@ -49,11 +49,10 @@ from ._routing import (
     STALE_ROUTE_CODES,
     ClientContext,
     StreamRoutes,
-    is_transient,
     primary_of,
-    retry_delay,
 )
 from .pm_client import PMClient
+from .retry import is_transient, retry_delay
 
 #: bytes asked per FETCH: 1 MiB chunks read faster here than 4-16 MiB ones
 #: (less to buffer per frame, warmer caches; see docs/benchmarks.md)

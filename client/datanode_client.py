@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from net.calls import Response
+from net.calls import Response, header_as
 from sbp import messages
 from sbp.enums import Opcode
 from sbp.errors import HeaderDecodeError
@@ -58,7 +58,7 @@ class DataNodeClient(RangeCalls):
             Opcode.APPEND, request, payload, timeout=timeout
         ) as responses:
             async for response in responses:
-                header: messages.AppendResponse = response.header
+                header = header_as(response, messages.AppendResponse)
                 results.extend(header.append_responses)
         results.sort(key=lambda result: result.request_index)
         return tuple(results)
@@ -103,8 +103,9 @@ class DataNodeClient(RangeCalls):
         request = messages.SyncRangesRequest(
             timeout_ms=self.timeout_ms(timeout), stream_ranges=tuple(stream_ranges)
         )
-        response = await self.call(Opcode.SYNC_RANGES, request, timeout=timeout)
-        header: messages.SyncRangesResponse = response.header
+        header = await self.call_for(
+            messages.SyncRangesResponse, Opcode.SYNC_RANGES, request, timeout=timeout
+        )
         return header.sync_responses
 
 
@@ -129,7 +130,7 @@ class _FetchResults:
 
 def split_fetch_payload(response: Response[Any]) -> list[FetchedBatches]:
     """Each result of one FETCH response frame with its slice of the payload."""
-    header: messages.FetchResponse = response.header
+    header = header_as(response, messages.FetchResponse)
     payload = memoryview(response.payload)
     fetched = []
     offset = 0

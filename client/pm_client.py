@@ -37,8 +37,9 @@ class PMClient(RangeCalls):
         request = messages.CreateStreamsRequest(
             timeout_ms=self.timeout_ms(timeout), streams=tuple(streams)
         )
-        response = await self.call(Opcode.CREATE_STREAMS, request, timeout=timeout)
-        header: messages.CreateStreamsResponse = response.header
+        header = await self.call_for(
+            messages.CreateStreamsResponse, Opcode.CREATE_STREAMS, request, timeout=timeout
+        )
         return header.create_responses
 
     async def create_stream(
@@ -60,8 +61,9 @@ class PMClient(RangeCalls):
         request = messages.UpdateStreamsRequest(
             timeout_ms=self.timeout_ms(timeout), streams=tuple(streams)
         )
-        response = await self.call(Opcode.UPDATE_STREAMS, request, timeout=timeout)
-        header: messages.UpdateStreamsResponse = response.header
+        header = await self.call_for(
+            messages.UpdateStreamsResponse, Opcode.UPDATE_STREAMS, request, timeout=timeout
+        )
         return header.update_responses
 
     async def update_stream(
@@ -79,8 +81,9 @@ class PMClient(RangeCalls):
         request = messages.GetStreamsRequest(
             timeout_ms=self.timeout_ms(timeout), stream_ids=tuple(stream_ids)
         )
-        response = await self.call(Opcode.GET_STREAMS, request, timeout=timeout)
-        header: messages.GetStreamsResponse = response.header
+        header = await self.call_for(
+            messages.GetStreamsResponse, Opcode.GET_STREAMS, request, timeout=timeout
+        )
         return header.get_responses
 
     async def get_stream(self, stream_id: int, *, timeout: float | None = None) -> messages.Stream:
@@ -95,8 +98,9 @@ class PMClient(RangeCalls):
         request = messages.GetStreamsRequest(
             timeout_ms=self.timeout_ms(timeout), start_after=start_after, limit=limit
         )
-        response = await self.call(Opcode.GET_STREAMS, request, timeout=timeout)
-        header: messages.GetStreamsResponse = response.header
+        header = await self.call_for(
+            messages.GetStreamsResponse, Opcode.GET_STREAMS, request, timeout=timeout
+        )
         streams = []
         for result in header.get_responses:
             raise_for_item(result.error_code, result.error_message)
@@ -116,8 +120,9 @@ class PMClient(RangeCalls):
         request = messages.TrimStreamsRequest(
             timeout_ms=self.timeout_ms(timeout), trimmed_streams=tuple(trims)
         )
-        response = await self.call(Opcode.TRIM_STREAMS, request, timeout=timeout)
-        header: messages.TrimStreamsResponse = response.header
+        header = await self.call_for(
+            messages.TrimStreamsResponse, Opcode.TRIM_STREAMS, request, timeout=timeout
+        )
         return header.trim_responses
 
     async def trim_stream(
@@ -135,8 +140,9 @@ class PMClient(RangeCalls):
         self, report: messages.ReportMetricsRequest, *, timeout: float | None = None
     ) -> messages.ReportMetricsResponse:
         """REPORT_METRICS: a data node's load report."""
-        response = await self.call(Opcode.REPORT_METRICS, report, timeout=timeout)
-        header: messages.ReportMetricsResponse = response.header
+        header = await self.call_for(
+            messages.ReportMetricsResponse, Opcode.REPORT_METRICS, report, timeout=timeout
+        )
         return header
 
     async def describe_cluster(
@@ -144,8 +150,9 @@ class PMClient(RangeCalls):
     ) -> tuple[messages.DataNodeStatus, ...]:
         """DESCRIBE_CLUSTER: the data nodes the PM knows, their liveness and load."""
         request = messages.DescribeClusterRequest(timeout_ms=self.timeout_ms(timeout))
-        response = await self.call(Opcode.DESCRIBE_CLUSTER, request, timeout=timeout)
-        header: messages.DescribeClusterResponse = response.header
+        header = await self.call_for(
+            messages.DescribeClusterResponse, Opcode.DESCRIBE_CLUSTER, request, timeout=timeout
+        )
         raise_for_item(header.error_code, header.error_message)
         return header.data_nodes
 

@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
+from net.calls import header_as
 from net.connection import Connection
 from net.pool import ConnectionPool
 from sbp import messages
@@ -46,8 +47,9 @@ from sbp.enums import ErrorCode, Opcode
 from sbp.errors import ProtocolError, RangeNotFoundError, SBPError, error_for
 
 from ._base import DEADLINE_GRACE
-from ._routing import ClientContext, StreamRoutes, is_transient, primary_of, retry_delay
+from ._routing import ClientContext, StreamRoutes, primary_of
 from .pm_client import PMClient
+from .retry import is_transient, retry_delay
 
 #: defaults of the batching knobs (see ``Producer``)
 DEFAULT_LINGER: Final = 0.005
@@ -558,7 +560,7 @@ class Producer:
                 ) as responses:
                     sent.set()
                     async for response in responses:
-                        reply: messages.AppendResponse = response.header
+                        reply = header_as(response, messages.AppendResponse)
                         for item in reply.append_responses:
                             results[item.request_index] = item
             finally:

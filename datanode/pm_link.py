@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final
+from typing import Final
 
 import trio
 
+from client.pm_client import PMClient
 from net.pool import ConnectionPool
 from sbp import messages
-from sbp.enums import ClientRole, ErrorCode, Opcode
-from sbp.errors import SBPError, error_for
+from sbp.enums import ClientRole, ErrorCode
+from sbp.errors import ProtocolError, SBPError, error_for
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,9 @@ class PMLink:
         metrics_interval: float,
     ) -> None:
         self.address = address
-        self._pool = pool
+        #: every call goes through the client library's PM client (one or
+        #: several PM addresses, NOT_LEADER followed)
+        self._pm = PMClient(address, pool=pool, timeout=PM_REQUEST_TIMEOUT_S)
         self._identity = identity
         self._build_report = build_report
         self._install = install
@@ -75,13 +78,10 @@ class PMLink:
     async def _heartbeat_loop(self) -> None:
         while True:
             identity = self._identity()
-            request = messages.HeartbeatRequest(
-                client_id=f"datanode-{identity.node_id}",
-                client_role=ClientRole.DATA_NODE,
-                data_node=identity,
-            )
             try:
-                await self._call(Opcode.HEARTBEAT, request)
+                await self._pm.heartbeat(
+                    f"datanode-{identity.node_id}", role=ClientRole.DATA_NODE, data_node=identity
+                )
             except (SBPError, OSError) as error:
                 if self.connected:
                     logger.warning("lost the PM at %s: %s", self.address, error)
@@ -102,7 +102,7 @@ class PMLink:
             if not self.connected:
                 continue
             try:
-                await self._call(Opcode.REPORT_METRICS, self._build_report())
+                await self._pm.report_metrics(self._build_report())
             except (SBPError, OSError) as error:
                 logger.debug("REPORT_METRICS to %s failed: %s", self.address, error)
             else:
@@ -145,41 +145,27 @@ class PMLink:
             self._not_found_until[stream_id] = now + NEGATIVE_LOOKUP_TTL_S
 
     async def _list_ranges(self, stream_id: int) -> list[messages.Range] | None:
-        request = messages.ListRangesRequest(
-            timeout_ms=int(PM_REQUEST_TIMEOUT_S * 1000),
-            range_owners=(messages.RangeOwner(stream_id=stream_id),),
-        )
         try:
-            response = await self._call(Opcode.LIST_RANGES, request)
+            return list(await self._pm.list_stream_ranges(stream_id))
+        except ProtocolError as error:
+            logger.debug("the PM has no ranges for stream %d: %s", stream_id, error)
+            return None
         except (SBPError, OSError) as error:
             logger.info("LIST_RANGES for stream %d on the PM failed: %s", stream_id, error)
             return None
-        for result in response.list_responses:
-            if result.error_code != ErrorCode.NONE:
-                logger.debug(
-                    "the PM has no ranges for stream %d: %s",
-                    stream_id,
-                    error_for(result.error_code, result.error_message),
-                )
-                return None
-            return list(result.ranges)
-        return None
 
     async def retention_periods(self, stream_ids: Sequence[int]) -> dict[int, int] | None:
         """Each stream's retention period as the PM has it (GET_STREAMS);
         streams the PM does not know are left out. None when the PM cannot
         be asked."""
-        request = messages.GetStreamsRequest(
-            timeout_ms=int(PM_REQUEST_TIMEOUT_S * 1000), stream_ids=tuple(stream_ids)
-        )
         try:
-            response = await self._call(Opcode.GET_STREAMS, request)
+            results = await self._pm.get_streams(stream_ids)
         except (SBPError, OSError) as error:
             logger.info("GET_STREAMS of %d streams on the PM failed: %s", len(stream_ids), error)
             return None
         return {
             result.stream.stream_id: result.stream.retention_period_ms
-            for result in response.get_responses
+            for result in results
             if result.error_code == ErrorCode.NONE and result.stream is not None
         }
 
@@ -187,18 +173,15 @@ class PMLink:
         """Tell the PM the streams' new first offsets (TRIM_STREAMS); False
         when the PM could not be asked. Items the PM refuses (a stream
         deleted meanwhile) are logged and count as told."""
-        request = messages.TrimStreamsRequest(
-            timeout_ms=int(PM_REQUEST_TIMEOUT_S * 1000),
-            trimmed_streams=tuple(
-                messages.TrimmedStream(stream_id=sid, trim_offset=offset) for sid, offset in trims
-            ),
-        )
+        wanted = [
+            messages.TrimmedStream(stream_id=sid, trim_offset=offset) for sid, offset in trims
+        ]
         try:
-            response = await self._call(Opcode.TRIM_STREAMS, request)
+            results = await self._pm.trim_streams(wanted)
         except (SBPError, OSError) as error:
             logger.info("TRIM_STREAMS of %d streams on the PM failed: %s", len(trims), error)
             return False
-        for (stream_id, _), result in zip(trims, response.trim_responses, strict=False):
+        for (stream_id, _), result in zip(trims, results, strict=False):
             if result.error_code != ErrorCode.NONE:
                 logger.info(
                     "the PM did not take stream %d's retention trim: %s",
@@ -206,11 +189,6 @@ class PMLink:
                     error_for(result.error_code, result.error_message),
                 )
         return True
-
-    async def _call(self, opcode: Opcode, request: messages.Message) -> Any:
-        connection = await self._pool.get(self.address)
-        response = await connection.request(opcode, request, timeout=PM_REQUEST_TIMEOUT_S)
-        return response.header
 
 
 class _Lookup:

@@ -12,7 +12,7 @@ import trio
 
 from sbp.connection import decode_response
 from sbp.enums import Opcode
-from sbp.errors import RequestTimeoutError
+from sbp.errors import HeaderDecodeError, RequestTimeoutError
 from sbp.frames import Frame
 
 H = TypeVar("H")
@@ -101,3 +101,16 @@ def to_response(opcode: Opcode, frame: Frame, peer: str) -> Response[Any]:
 
 def deadline_after(timeout: float | None) -> float:
     return math.inf if timeout is None else trio.current_time() + timeout
+
+
+M = TypeVar("M")
+
+
+def header_as(response: Response[Any], expected: type[M]) -> M:
+    """A response's header, checked to be of ``expected`` (typed for the caller)."""
+    header = response.header
+    if not isinstance(header, expected):
+        raise HeaderDecodeError(
+            f"{response.opcode.name} answered with {type(header).__name__}, not {expected.__name__}"
+        )
+    return header

@@ -138,14 +138,21 @@ class Responder:
         if not self._queue(header.encode(), payload, end=end):
             raise ConnectionClosed(f"connection to {self._connection.peer} closed")
 
-    def send_error_nowait(self, code: ErrorCode, message: str = "") -> bool:
-        """End the sequence with a SYSTEM_ERROR answer carrying ``code``."""
+    def send_error_nowait(
+        self, code: ErrorCode, message: str = "", *, leader_addr: str = ""
+    ) -> bool:
+        """End the sequence with a SYSTEM_ERROR answer carrying ``code`` (and,
+        with NOT_LEADER, the leader's address)."""
         self.error_code = code
-        header = messages.SystemErrorHeader(error_code=code, error_message=message).encode()
+        header = messages.SystemErrorHeader(
+            error_code=code, error_message=message, leader_addr=leader_addr
+        ).encode()
         return self._queue(header, b"", end=True, system_error=True)
 
-    async def send_error(self, code: ErrorCode, message: str = "") -> None:
-        self.send_error_nowait(code, message)
+    async def send_error(
+        self, code: ErrorCode, message: str = "", *, leader_addr: str = ""
+    ) -> None:
+        self.send_error_nowait(code, message, leader_addr=leader_addr)
 
     def _queue(
         self, header: bytes, payload: bytes | memoryview, *, end: bool, system_error: bool = False

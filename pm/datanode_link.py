@@ -12,23 +12,21 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
-from functools import partial
-from typing import Any, Final, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, TypeVar
 
 import trio
 
+from client import retry
+from client.datanode_client import DataNodeClient
 from net.limits import ConnectionLimits
-from net.pool import ConnectionPool, backoff_delay
+from net.pool import ConnectionPool
 from sbp import messages
-from sbp.enums import ErrorCode, Opcode
+from sbp.enums import ErrorCode
 from sbp.errors import (
-    ConnectionClosed,
     DataNodeNotFoundError,
-    ProtocolError,
     UnknownServerError,
     error_for,
-    raise_for_code,
 )
 
 from .records import RangeRecord
@@ -51,7 +49,8 @@ _NOTHING_THERE: Final = frozenset({ErrorCode.STREAM_NOT_FOUND, ErrorCode.STREAM_
 
 
 class DataNodeLink:
-    """Calls to data nodes by node id; implements ``pm.manager.DataNodeCalls``."""
+    """Calls to data nodes by node id; implements ``pm.manager.DataNodeCalls``
+    over the client library's ``DataNodeClient`` and retry policy."""
 
     def __init__(self, pool: ConnectionPool, address_of: Callable[[int], str]) -> None:
         self._pool = pool
@@ -68,20 +67,19 @@ class DataNodeLink:
     ) -> None:
         for start in range(0, len(streams), MAX_STREAMS_PER_REQUEST):
             chunk = streams[start : start + MAX_STREAMS_PER_REQUEST]
-            entries = tuple(
+            entries = [
                 messages.StreamRanges(
                     stream_id=stream_id,
                     ranges=tuple(range_message(r, self._data_node) for r in ranges),
                 )
                 for stream_id, ranges in chunk
-            )
-            response = await self._call(
+            ]
+            results = await self._call(
                 node_id,
-                Opcode.SYNC_RANGES,
-                partial(_timed, messages.SyncRangesRequest, stream_ranges=entries),
-                _as_is,
+                "SYNC_RANGES",
+                lambda node, timeout: node.sync_ranges(entries, timeout=timeout),  # noqa: B023
             )
-            for result in response.sync_responses:
+            for result in results:
                 if result.error_code not in (ErrorCode.NONE, *_NOTHING_THERE):
                     log.warning(
                         "node %d: SYNC_RANGES of stream %d: %s",
@@ -91,59 +89,38 @@ class DataNodeLink:
                     )
 
     async def seal_range(self, rng: RangeRecord) -> int:
-        key = (messages.RangeId(stream_id=rng.stream_id, range_index=rng.range_index),)
-
-        def end_offset(response: messages.SealRangesResponse) -> int:
-            for result in response.seal_responses:
-                raise_for_code(result.error_code, result.error_message)
-                for sealed in result.ranges:
-                    if sealed.range_index == rng.range_index:
-                        return int(sealed.end_offset)
-            raise UnknownServerError(
-                f"node {rng.primary} sealed stream {rng.stream_id} range {rng.range_index} "
-                "without returning it"
-            )
-
-        return await self._call(
+        result = await self._call(
             rng.primary,
-            Opcode.SEAL_RANGES,
-            partial(_timed, messages.SealRangesRequest, ranges=key),
-            end_offset,
+            "SEAL_RANGES",
+            lambda node, timeout: node.seal_range(rng.stream_id, rng.range_index, timeout=timeout),
+        )
+        for sealed in result.ranges:
+            if sealed.range_index == rng.range_index:
+                return int(sealed.end_offset)
+        raise UnknownServerError(
+            f"node {rng.primary} sealed stream {rng.stream_id} range {rng.range_index} "
+            "without returning it"
         )
 
     async def next_offset(self, rng: RangeRecord) -> int:
-        key = (messages.RangeId(stream_id=rng.stream_id, range_index=rng.range_index),)
-
-        def next_offset(response: messages.DescribeRangesResponse) -> int:
-            for result in response.describe_responses:
-                raise_for_code(result.error_code, result.error_message)
-                if result.range is not None:
-                    return int(result.range.next_offset)
-            raise UnknownServerError(
-                f"node {rng.primary} described stream {rng.stream_id} range {rng.range_index} "
-                "without returning it"
-            )
-
-        return await self._call(
+        described = await self._call(
             rng.primary,
-            Opcode.DESCRIBE_RANGES,
-            partial(_timed, messages.DescribeRangesRequest, ranges=key),
-            next_offset,
+            "DESCRIBE_RANGES",
+            lambda node, timeout: node.describe_range(
+                rng.stream_id, rng.range_index, timeout=timeout
+            ),
         )
+        return int(described.next_offset)
 
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
         for start in range(0, len(stream_ids), MAX_STREAMS_PER_REQUEST):
-            streams = tuple(
-                messages.Stream(stream_id=stream_id)
-                for stream_id in stream_ids[start : start + MAX_STREAMS_PER_REQUEST]
-            )
-            response = await self._call(
+            chunk = stream_ids[start : start + MAX_STREAMS_PER_REQUEST]
+            results = await self._call(
                 node_id,
-                Opcode.DELETE_STREAMS,
-                partial(_timed, messages.DeleteStreamsRequest, streams=streams),
-                _as_is,
+                "DELETE_STREAMS",
+                lambda node, timeout: node.delete_streams(chunk, timeout=timeout),  # noqa: B023
             )
-            for result in response.delete_responses:
+            for result in results:
                 if result.error_code not in (ErrorCode.NONE, *_NOTHING_THERE):
                     log.warning(
                         "node %d: DELETE_STREAMS: %s",
@@ -153,65 +130,33 @@ class DataNodeLink:
 
     async def hosted_ranges(self, node_id: int) -> list[RangeRecord]:
         """LIST_RANGES by data node, asked of the node itself: what it holds."""
-        owner = messages.RangeOwner(data_node=self._data_node(node_id))
-
-        def ranges(response: messages.ListRangesResponse) -> list[RangeRecord]:
-            listed: list[RangeRecord] = []
-            for result in response.list_responses:
-                raise_for_code(result.error_code, result.error_message)
-                listed.extend(range_record(rng) for rng in result.ranges)
-            return listed
-
-        return await self._call(
+        listed = await self._call(
             node_id,
-            Opcode.LIST_RANGES,
-            partial(_timed, messages.ListRangesRequest, range_owners=(owner,)),
-            ranges,
+            "LIST_RANGES",
+            lambda node, timeout: node.list_node_ranges(self._data_node(node_id), timeout=timeout),
         )
+        return [range_record(rng) for rng in listed]
 
     async def _call(
         self,
         node_id: int,
-        opcode: Opcode,
-        build: Callable[[int], messages.Message],
-        accept: Callable[[Any], T],
+        what: str,
+        call: Callable[[DataNodeClient, float], Awaitable[T]],
     ) -> T:
-        """Send ``build(timeout_ms)`` to the node until ``accept`` takes the
-        response header or the caller's deadline passes. ``accept`` raises
-        ``ProtocolError`` for an item error; a retriable one is retried too."""
-        failures = 0
-        while True:
+        """``call`` on the node until it answers for good or the caller's
+        deadline passes (``client.retry``); each attempt sends the time left
+        as its ``timeout_ms``."""
+
+        async def attempt() -> T:
             address = self._address_of(node_id)
             if not address:
                 raise DataNodeNotFoundError(f"no data node {node_id}")
             remaining = trio.current_effective_deadline() - trio.current_time()
             if math.isinf(remaining):
                 remaining = DEFAULT_CALL_TIMEOUT_S
-            timeout_ms = max(int(remaining * 1000), 1)
-            try:
-                connection = await self._pool.get(address)
-                response = await connection.request(
-                    opcode, build(timeout_ms), timeout=max(remaining, 0.001)
-                )
-                return accept(response.header)
-            except ProtocolError as exc:
-                if not exc.retriable:
-                    raise
-                error: Exception = exc
-            except (ConnectionClosed, OSError) as exc:
-                error = exc
-            failures += 1
-            log.debug(
-                "%s to node %d at %s failed (%s); retrying", opcode.name, node_id, address, error
-            )
-            await trio.sleep(backoff_delay(failures, initial=RETRY_INITIAL_S, cap=RETRY_MAX_S))
+            node = DataNodeClient(address, pool=self._pool, timeout=max(remaining, 0.001))
+            return await call(node, max(remaining, 0.001))
 
-
-def _timed(
-    message: Callable[..., messages.Message], timeout_ms: int, **fields: Any
-) -> messages.Message:
-    return message(timeout_ms=timeout_ms, **fields)
-
-
-def _as_is(header: T) -> T:
-    return header
+        return await retry.until_deadline(
+            attempt, f"{what} to node {node_id}", initial=RETRY_INITIAL_S, cap=RETRY_MAX_S
+        )

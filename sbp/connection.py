@@ -40,7 +40,13 @@ from .constants import (
     SERVER_STREAM_ID_BIT,
 )
 from .enums import ErrorCode, Flags, Opcode
-from .errors import ConnectionClosed, HeaderDecodeError, ShuttingDownError, error_for
+from .errors import (
+    ConnectionClosed,
+    HeaderDecodeError,
+    NotLeaderError,
+    ShuttingDownError,
+    error_for,
+)
 from .frames import (
     DiscardedFrame,
     FatalFrameError,
@@ -536,7 +542,10 @@ def decode_response(opcode: Opcode, frame: Frame, peer: str = "peer") -> message
             error = messages.SystemErrorHeader.decode(frame.header)
         except HeaderDecodeError as exc:
             raise HeaderDecodeError(f"undecodable SYSTEM_ERROR from {peer}") from exc
-        raise error_for(error.error_code, error.error_message)
+        failure = error_for(error.error_code, error.error_message)
+        if isinstance(failure, NotLeaderError):
+            failure.leader_addr = error.leader_addr
+        raise failure
     message_type = messages.response_type(opcode)
     if message_type is None:  # PING: the header bytes come back as sent
         return frame.header

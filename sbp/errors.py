@@ -59,6 +59,8 @@ class ChecksumMismatchError(ProtocolError):
 
 class NotLeaderError(ProtocolError):
     code = ErrorCode.NOT_LEADER
+    #: the leader's "host:port" when the answer named it (SPEC §8), else ""
+    leader_addr: str = ""
 
 
 class RequestTimeoutError(ProtocolError):

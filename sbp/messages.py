@@ -158,6 +158,7 @@ class SystemErrorHeader(Message):  # SPEC §1 "SystemError": a header, never rai
 
     error_code: ErrorCode | int = _error_code_field(0)
     error_message: str = fb.string(1)
+    leader_addr: str = fb.string(2)  # with NOT_LEADER: the PM leader's "host:port" (§8)
 
 
 @fb.table

@@ -40,8 +40,15 @@ class SystemError(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
+    # SystemError
+    def LeaderAddr(self) -> Optional[str]:
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
 def SystemErrorStart(builder: flatbuffers.Builder):
-    builder.StartObject(2)
+    builder.StartObject(3)
 
 def Start(builder: flatbuffers.Builder):
     SystemErrorStart(builder)
@@ -58,6 +65,12 @@ def SystemErrorAddErrorMessage(builder: flatbuffers.Builder, errorMessage: int):
 def AddErrorMessage(builder: flatbuffers.Builder, errorMessage: int):
     SystemErrorAddErrorMessage(builder, errorMessage)
 
+def SystemErrorAddLeaderAddr(builder: flatbuffers.Builder, leaderAddr: int):
+    builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(leaderAddr), 0)
+
+def AddLeaderAddr(builder: flatbuffers.Builder, leaderAddr: int):
+    SystemErrorAddLeaderAddr(builder, leaderAddr)
+
 def SystemErrorEnd(builder: flatbuffers.Builder) -> int:
     return builder.EndObject()
 
@@ -72,9 +85,11 @@ class SystemErrorT(object):
         self,
         errorCode = 0,
         errorMessage = None,
+        leaderAddr = None,
     ):
         self.errorCode = errorCode  # type: int
         self.errorMessage = errorMessage  # type: Optional[str]
+        self.leaderAddr = leaderAddr  # type: Optional[str]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -99,14 +114,19 @@ class SystemErrorT(object):
             return
         self.errorCode = systemError.ErrorCode()
         self.errorMessage = systemError.ErrorMessage()
+        self.leaderAddr = systemError.LeaderAddr()
 
     # SystemErrorT
     def Pack(self, builder):
         if self.errorMessage is not None:
             errorMessage = builder.CreateString(self.errorMessage)
+        if self.leaderAddr is not None:
+            leaderAddr = builder.CreateString(self.leaderAddr)
         SystemErrorStart(builder)
         SystemErrorAddErrorCode(builder, self.errorCode)
         if self.errorMessage is not None:
             SystemErrorAddErrorMessage(builder, errorMessage)
+        if self.leaderAddr is not None:
+            SystemErrorAddLeaderAddr(builder, leaderAddr)
         systemError = SystemErrorEnd(builder)
         return systemError

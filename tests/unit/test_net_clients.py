@@ -4,6 +4,7 @@ paged listing, APPEND spread over frames and FETCH streaming."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -19,8 +20,10 @@ from sbp import messages as m
 from sbp.connection import Side
 from sbp.enums import ClientRole, ErrorCode, Opcode
 from sbp.errors import (
+    ConnectionClosed,
     HeaderDecodeError,
     NoAvailableDataNodeError,
+    NotLeaderError,
     RangeSealedError,
     StreamNotFoundError,
 )
@@ -473,4 +476,67 @@ async def test_clients_by_address_share_a_pool_and_reconnect() -> None:
             await first.wait_closed()
             assert (await pm.get_stream(1)).stream_id == 1
             assert await pm.connection() is not first
+        nursery.cancel_scope.cancel()
+
+
+class Follower:
+    """A PM that is not the leader: every request is answered NOT_LEADER,
+    naming ``leader`` (or nobody)."""
+
+    def __init__(self, leader: str) -> None:
+        self.leader = leader
+        self.asked = 0
+
+    def start(self, request: Request, responder: Responder) -> None:
+        self.asked += 1
+        responder.send_error_nowait(ErrorCode.NOT_LEADER, "not me", leader_addr=self.leader)
+
+    def dispatcher(self) -> Dispatcher:
+        dispatcher = Dispatcher("PM follower")
+        for opcode in (Opcode.GET_STREAMS, Opcode.CREATE_STREAMS):
+            dispatcher.register_handler(opcode, self)
+        return dispatcher
+
+
+async def test_a_client_follows_not_leader_to_the_leader_it_names() -> None:
+    leader = FakePM()
+    async with trio.open_nursery() as nursery:
+        host, port = await nursery.start(Server(leader.dispatcher()).serve, "127.0.0.1", 0)
+        leader_addr = f"{host}:{port}"
+        follower = Follower(leader_addr)
+        follower_server = Server(follower.dispatcher())
+        fhost, fport = await nursery.start(follower_server.serve, "127.0.0.1", 0)
+        async with PMClient(f"{fhost}:{fport}", timeout=5) as pm:
+            assert (await pm.create_stream(1)).stream is not None
+            assert pm.address == leader_addr  # later calls go straight there
+            assert (await pm.get_stream(1)).stream_id == 1
+            assert follower.asked == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_client_tries_the_next_address_when_one_is_unreachable() -> None:
+    pm_side = FakePM()
+    async with trio.open_nursery() as nursery:
+        host, port = await nursery.start(Server(pm_side.dispatcher()).serve, "127.0.0.1", 0)
+        with socket.socket() as unused:  # a port nobody listens on
+            unused.bind(("127.0.0.1", 0))
+            dead = f"127.0.0.1:{unused.getsockname()[1]}"
+        async with PMClient(f"{dead},{host}:{port}", timeout=5) as pm:
+            assert pm.addresses == [dead, f"{host}:{port}"]
+            assert (await pm.create_stream(1)).stream is not None
+            assert pm.address == f"{host}:{port}"
+        async with PMClient(dead, timeout=5) as alone:  # one address: as before
+            with pytest.raises((ConnectionClosed, OSError)):
+                await alone.create_stream(1)
+        nursery.cancel_scope.cancel()
+
+
+async def test_not_leader_without_a_leader_and_one_address_is_raised() -> None:
+    follower = Follower("")
+    async with trio.open_nursery() as nursery:
+        host, port = await nursery.start(Server(follower.dispatcher()).serve, "127.0.0.1", 0)
+        async with PMClient(f"{host}:{port}", timeout=5) as pm:
+            with pytest.raises(NotLeaderError) as raised:
+                await pm.create_stream(1)
+            assert raised.value.leader_addr == ""
         nursery.cancel_scope.cancel()
