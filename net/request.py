@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import trio
 
@@ -27,6 +27,20 @@ M = TypeVar("M", bound=messages.Message)
 logger = logging.getLogger(__name__)
 
 _UNDECODED: Any = object()
+
+#: what a request's ``timeout_ms`` means on every server (docs/protocol.md):
+#: its deadline, counted from when it was read; 0 or less means this default;
+#: and no request may ask for longer than the cap (a deadline of days would
+#: hold a server's shutdown and memory as long)
+DEFAULT_REQUEST_TIMEOUT_S: Final = 30.0
+MAX_REQUEST_TIMEOUT_S: Final = 300.0
+
+
+def request_timeout(timeout_ms: int) -> float:
+    """Seconds a request carrying ``timeout_ms`` may take (see above)."""
+    if timeout_ms <= 0:
+        return DEFAULT_REQUEST_TIMEOUT_S
+    return min(timeout_ms / 1000, MAX_REQUEST_TIMEOUT_S)
 
 
 class Answering(Protocol):
@@ -94,6 +108,10 @@ class Request:
             self._header = message_type.decode(self.raw_header)
         header: messages.Message = self._header
         return header
+
+    def deadline(self, timeout_ms: int) -> float:
+        """The trio time by which the request must be answered (``request_timeout``)."""
+        return self.received_at + request_timeout(timeout_ms)
 
     def header_as(self, message_type: type[M]) -> M:
         """The decoded header, checked to be of ``message_type``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from net.request import Request, Responder
+from net.request import Request, Responder, request_timeout
 from net.server import Dispatcher
 from sbp import messages
 from sbp.enums import ClientRole, ErrorCode, Opcode
@@ -29,13 +29,7 @@ from .wire import (
     stream_record,
 )
 
-#: the deadline of a request that gives none (timeout_ms <= 0)
-DEFAULT_TIMEOUT_S: Final = 30.0
 PM_CLIENT_ID: Final = "pm"
-
-
-def _timeout(timeout_ms: int) -> float:
-    return timeout_ms / 1000 if timeout_ms > 0 else DEFAULT_TIMEOUT_S
 
 
 def _code(error: ProtocolError | None) -> ErrorCode | int:
@@ -112,7 +106,7 @@ class PMHandlers:
     async def create_streams(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.CreateStreamsRequest)
         outcomes = await self._manager.create_streams(
-            [stream_record(s) for s in header.streams], _timeout(header.timeout_ms)
+            [stream_record(s) for s in header.streams], request_timeout(header.timeout_ms)
         )
         results = []
         for asked, outcome in zip(header.streams, outcomes, strict=True):
@@ -134,7 +128,7 @@ class PMHandlers:
     async def delete_streams(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.DeleteStreamsRequest)
         outcomes = await self._manager.delete_streams(
-            [s.stream_id for s in header.streams], _timeout(header.timeout_ms)
+            [s.stream_id for s in header.streams], request_timeout(header.timeout_ms)
         )
         results = tuple(
             messages.DeleteStreamResult(
@@ -149,7 +143,7 @@ class PMHandlers:
     async def update_streams(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.UpdateStreamsRequest)
         outcomes = await self._manager.update_streams(
-            [stream_record(s) for s in header.streams], _timeout(header.timeout_ms)
+            [stream_record(s) for s in header.streams], request_timeout(header.timeout_ms)
         )
         results = tuple(
             messages.UpdateStreamResult(
@@ -184,7 +178,7 @@ class PMHandlers:
         header = request.header_as(messages.TrimStreamsRequest)
         outcomes = await self._manager.trim_streams(
             [(t.stream_id, t.trim_offset) for t in header.trimmed_streams],
-            _timeout(header.timeout_ms),
+            request_timeout(header.timeout_ms),
         )
         results = []
         for asked, outcome in zip(header.trimmed_streams, outcomes, strict=True):
@@ -229,7 +223,8 @@ class PMHandlers:
     async def seal_ranges(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.SealRangesRequest)
         outcomes = await self._manager.seal_ranges(
-            [(r.stream_id, r.range_index) for r in header.ranges], _timeout(header.timeout_ms)
+            [(r.stream_id, r.range_index) for r in header.ranges],
+            request_timeout(header.timeout_ms),
         )
         results = tuple(
             messages.SealRangesResult(

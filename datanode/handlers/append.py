@@ -238,7 +238,7 @@ def _parse(request: Request) -> tuple[Sequence[messages.AppendInfo], list[Append
     time; infinite without ``timeout_ms``)."""
     header = request.header_as(messages.AppendRequest)
     infos = header.append_requests
-    deadline = request.received_at + header.timeout_ms / 1000 if header.timeout_ms > 0 else math.inf
+    deadline = request.deadline(header.timeout_ms)
     return infos, _split_payload(infos, request.payload), deadline
 
 

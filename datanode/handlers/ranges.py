@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from concurrent.futures import Future
 from functools import partial
 
@@ -20,8 +19,8 @@ from ..convert import info_to_range, range_to_info
 
 
 def request_deadline(request: Request, timeout_ms: int) -> float:
-    """When a request carrying ``timeout_ms`` expires (never for 0 or less)."""
-    return request.received_at + timeout_ms / 1000 if timeout_ms > 0 else math.inf
+    """When a request carrying ``timeout_ms`` expires (``net.request.request_timeout``)."""
+    return request.deadline(timeout_ms)
 
 
 def timed_out() -> RequestTimeoutError:

@@ -552,3 +552,11 @@ async def test_immediate_answers_to_a_peer_that_does_not_read_stop_the_reading()
     handler = Immediate(answer="a" * 60_000)
     await flood_without_reading(handler.dispatcher(), "now", bytes(1024), 0)
     assert not handler.called
+
+
+def test_timeout_ms_means_the_same_on_every_server() -> None:
+    from net.request import DEFAULT_REQUEST_TIMEOUT_S, MAX_REQUEST_TIMEOUT_S, request_timeout
+
+    assert request_timeout(0) == request_timeout(-5) == DEFAULT_REQUEST_TIMEOUT_S == 30.0
+    assert request_timeout(1500) == 1.5
+    assert request_timeout(2**31 - 1) == MAX_REQUEST_TIMEOUT_S == 300.0
