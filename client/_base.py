@@ -4,6 +4,7 @@ and turning per-item error codes into exceptions for one-item calls."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -66,6 +67,7 @@ class SBPClient:
         *,
         pool: ConnectionPool | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.timeout = timeout
         self._fixed: Connection | None = None
@@ -80,7 +82,8 @@ class SBPClient:
             if not self.addresses:
                 raise ValueError("no address given")
             self._own_pool = pool is None
-            self._pool = pool if pool is not None else ConnectionPool()
+            # A pool given brings its own TLS settings; ``tls`` is for the client's own.
+            self._pool = pool if pool is not None else ConnectionPool(tls=tls)
         self.address = self.addresses[0]
 
     async def __aenter__(self) -> Self:

@@ -9,6 +9,7 @@ does not hammer a node that is down.
 from __future__ import annotations
 
 import random
+import ssl
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 
@@ -57,7 +58,10 @@ class ConnectionPool:
         connect_timeout: float = 5.0,
         connect_attempts: int = 3,
         observer: ConnectionObserver | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        #: dial with TLS (``net.tls.TLSSettings.client_context``) when set
+        self.tls = tls
         self.limits = limits
         self.connect_timeout = connect_timeout
         self.connect_attempts = connect_attempts
@@ -115,8 +119,8 @@ class ConnectionPool:
             await trio.sleep(backoff_delay(endpoint.failures))
             try:
                 with trio.fail_after(self.connect_timeout):
-                    stream = await trio.open_tcp_stream(host, port)
-            except (OSError, trio.TooSlowError) as exc:
+                    stream = await self._open_stream(host, port)
+            except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
                 endpoint.failures += 1
                 last_error = exc
                 continue
@@ -131,6 +135,18 @@ class ConnectionPool:
         raise ConnectionClosed(
             f"cannot connect to {address} after {self.connect_attempts} attempts: {reason}"
         ) from last_error
+
+    async def _open_stream(self, host: str, port: int) -> trio.abc.Stream:
+        tcp = await trio.open_tcp_stream(host, port)
+        if self.tls is None:
+            return tcp
+        secure = trio.SSLStream(tcp, self.tls, server_hostname=host)
+        try:
+            await secure.do_handshake()
+        except BaseException:
+            await trio.aclose_forcefully(tcp)
+            raise
+        return secure
 
     def connection(self, address: str) -> Connection | None:
         """The current connection to ``address``, if any (without connecting)."""

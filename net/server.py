@@ -10,6 +10,7 @@ as ``ProtocolError`` and answered with a SYSTEM_ERROR by the connection).
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 
@@ -33,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 #: how long a connection refused at the limit gets to receive its GOAWAY
 REFUSE_SEND_TIMEOUT = 1.0
+#: how long a TLS client gets to finish its handshake
+TLS_HANDSHAKE_TIMEOUT = 10.0
 #: opcodes the connection itself answers; no handler may take them
 _BUILT_IN = frozenset({Opcode.PING, Opcode.GOAWAY})
 
@@ -104,7 +107,10 @@ class Server:
         limits: ConnectionLimits = SERVER_LIMITS,
         observer: ConnectionObserver | None = None,
         max_connections: int = 1024,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        #: accept TLS only (``net.tls.TLSSettings.server_context``) when set
+        self.tls = tls
         self.dispatcher = dispatcher
         self.limits = limits
         self.observer = observer
@@ -149,12 +155,24 @@ class Server:
         if self._accepting is not None:
             self._accepting.cancel()
 
-    async def _serve_stream(self, stream: trio.SocketStream) -> None:
+    async def _serve_stream(self, tcp: trio.SocketStream) -> None:
+        stream: trio.abc.Stream = tcp
+        if self.tls is not None:
+            stream = trio.SSLStream(tcp, self.tls, server_side=True)
+            try:
+                with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
+                    await stream.do_handshake()
+            except (trio.BrokenResourceError, trio.TooSlowError, OSError) as error:
+                # Plain text on a TLS port, or no acceptable certificate.
+                logger.info("TLS handshake with %s failed: %s", _peer(tcp), error)
+                await trio.aclose_forcefully(tcp)
+                return
         if self._draining or len(self._connections) >= self.max_connections:
             await self._refuse(stream)
             return
         connection = Connection(
             stream,
+            peer=_peer(tcp),
             side=Side.SERVER,
             handler=self.dispatcher,
             limits=self.limits,
@@ -169,7 +187,7 @@ class Server:
         finally:
             self._connections.discard(connection)
 
-    async def _refuse(self, stream: trio.SocketStream) -> None:
+    async def _refuse(self, stream: trio.abc.Stream) -> None:
         self.refused += 1
         if self._draining:
             code, text = ErrorCode.SHUTTING_DOWN, "the server is shutting down"
@@ -182,3 +200,11 @@ class Server:
                     encode_frame(Opcode.GOAWAY, Flags.NONE, SERVER_STREAM_ID_BIT, header)
                 )
         await trio.aclose_forcefully(stream)
+
+
+def _peer(tcp: trio.SocketStream) -> str:
+    try:
+        host, port = tcp.socket.getpeername()[:2]
+    except OSError:
+        return "unknown peer"
+    return f"{host}:{port}"
