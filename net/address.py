@@ -23,3 +23,15 @@ def parse_address(text: str) -> tuple[str, int]:
 def format_address(host: str, port: int) -> str:
     """The inverse of ``parse_address``."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def peer_name(stream: object) -> str:
+    """``host:port`` of a socket stream's peer, else the stream's type name."""
+    socket = getattr(stream, "socket", None)
+    if socket is not None:
+        try:
+            host, port = socket.getpeername()[:2]
+        except OSError:
+            return "unknown peer"
+        return f"{host}:{port}"
+    return type(stream).__name__

@@ -1,16 +1,20 @@
-"""Requests of ours on a connection: the ``Response`` they get, and the
-``Call`` each waits on while its frames arrive (one consumer per call)."""
+"""Requests of ours on a connection: ``Caller`` sends them and matches the
+answers, ``Call`` is what each waits on while its frames arrive (one
+consumer per call), ``Response`` what it gets."""
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import trio
 
-from sbp.connection import decode_response
+from sbp import messages
+from sbp.connection import ConnectionEngine, decode_response
 from sbp.enums import Opcode
 from sbp.errors import HeaderDecodeError, RequestTimeoutError
 from sbp.frames import Frame
@@ -114,3 +118,138 @@ def header_as(response: Response[Any], expected: type[M]) -> M:
             f"{response.opcode.name} answered with {type(header).__name__}, not {expected.__name__}"
         )
     return header
+
+
+class CallHost(Protocol):
+    """What a ``Caller`` needs of its connection."""
+
+    @property
+    def peer(self) -> str: ...
+
+    @property
+    def engine(self) -> ConnectionEngine: ...
+
+    def check_open(self) -> None: ...
+
+    def wake_writer(self) -> None: ...
+
+    async def wait_room(self) -> None: ...
+
+    def after_request(self) -> None: ...
+
+
+class Caller:
+    """The requests one connection sends and the answers it matches to them."""
+
+    def __init__(self, host: CallHost) -> None:
+        self._host = host
+        self.calls: dict[int, Call] = {}
+        #: our PINGs in flight: keepalive traffic keeps nothing busy
+        self.pings = 0
+
+    def fail_all(self, error: BaseException) -> None:
+        for call in self.calls.values():
+            call.fail(error)
+
+    async def request(
+        self,
+        opcode: Opcode,
+        header: messages.Message | bytes | None = None,
+        payload: bytes | memoryview = b"",
+        *,
+        timeout: float | None = None,
+    ) -> Response[Any]:
+        """Send a request and wait for its whole response sequence.
+
+        A SYSTEM_ERROR answer raises the ``ProtocolError`` of its code; the
+        deadline raises ``RequestTimeoutError``. A timed-out or cancelled
+        request is abandoned: its late frames are dropped, nothing else is hurt.
+        """
+        deadline = deadline_after(timeout)
+        call = await self.open_call(opcode, header, payload, deadline)
+        try:
+            parts = [to_response(opcode, await call.next_frame(deadline), self._host.peer)]
+            while not call.ended or call.frames:
+                parts.append(to_response(opcode, await call.next_frame(deadline), self._host.peer))
+            if len(parts) == 1:
+                return parts[0]
+            payload = b"".join(part.payload for part in parts)
+            return Response(opcode, parts[-1].header, payload, len(parts), tuple(parts))
+        finally:
+            self.close_call(call)
+
+    @asynccontextmanager
+    async def stream(
+        self,
+        opcode: Opcode,
+        header: messages.Message | bytes | None = None,
+        payload: bytes | memoryview = b"",
+        *,
+        timeout: float | None = None,
+    ) -> AsyncIterator[AsyncIterator[Response[Any]]]:
+        """Send a request answered in several frames; iterate over them as
+        they arrive, up to RESPONSE_END. Leaving early abandons the request;
+        ``timeout`` bounds the whole sequence."""
+        deadline = deadline_after(timeout)
+        call = await self.open_call(opcode, header, payload, deadline)
+        try:
+            yield Responses(call, deadline, self._host.peer)
+        finally:
+            self.close_call(call)
+
+    async def ping(self, *, timeout: float | None = None) -> float:
+        """Round trip of a PING, in seconds."""
+        started = trio.current_time()
+        await self.request(Opcode.PING, timeout=timeout)
+        return trio.current_time() - started
+
+    async def open_call(
+        self,
+        opcode: Opcode,
+        header: messages.Message | bytes | None,
+        payload: bytes | memoryview,
+        deadline: float,
+        *,
+        after_goaway: bool = False,
+    ) -> Call:
+        host = self._host
+        engine = host.engine
+        host.check_open()
+        if not after_goaway:
+            engine.check_can_request()
+        encoded = header.encode() if isinstance(header, messages.Message) else bytes(header or b"")
+        if engine.outgoing_bytes > engine.high_water:
+            with trio.move_on_at(deadline):
+                await host.wait_room()
+            host.check_open()
+            if engine.outgoing_bytes > engine.high_water:
+                raise RequestTimeoutError(f"{opcode.name} could not be sent before the deadline")
+        stream_id = engine.send_request(opcode, encoded, payload, after_goaway=after_goaway)
+        call = self.calls[stream_id] = Call(opcode, stream_id)
+        self.pings += opcode == Opcode.PING
+        host.wake_writer()
+        return call
+
+    def close_call(self, call: Call) -> None:
+        if self.calls.pop(call.stream_id, None) is None:
+            return
+        self.pings -= call.opcode == Opcode.PING
+        if call.ended:
+            self._host.engine.forget(call.stream_id)
+        else:  # cancelled, timed out or left early: late frames are dropped
+            self._host.engine.abandon(call.stream_id)
+        self._host.after_request()
+
+    async def keepalive_ping(self, timeout: float) -> bool:
+        """A PING that may go out after the peer's GOAWAY; False when it got
+        no answer within ``timeout``."""
+        call = await self.open_call(
+            Opcode.PING, None, b"", deadline_after(timeout), after_goaway=True
+        )
+        try:
+            await call.next_frame(deadline_after(timeout))
+        except RequestTimeoutError:
+            return False
+        finally:
+            self.close_call(call)
+        return True

@@ -18,13 +18,9 @@ makes every protocol decision.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
 
 import trio
 
-from sbp import messages
 from sbp.connection import (
     CallFailed,
     ConnectionEngine,
@@ -35,15 +31,17 @@ from sbp.connection import (
     ResponseReceived,
     Side,
 )
-from sbp.enums import ErrorCode, Opcode
-from sbp.errors import ConnectionClosed, ProtocolError, RequestTimeoutError
+from sbp.enums import ErrorCode
+from sbp.errors import ConnectionClosed, ProtocolError, code_name, wire_code
 from sbp.frames import READ_SIZE
 
-from .calls import Call, Response, Responses, deadline_after, to_response
+from .address import peer_name
+from .calls import Caller
 from .limits import CLIENT_LIMITS, ConnectionLimits
 from .observer import NULL_OBSERVER, ConnectionObserver
 from .ratelog import RateLimitedLog
 from .request import Request, RequestHandler, Responder, serve_in_task
+from .timers import IdleClock, close_when_idle, keep_alive
 
 logger = logging.getLogger(__name__)
 #: frames that end a connection (FRAME_TOO_LARGE …): logged, but not a flood
@@ -75,7 +73,7 @@ class Connection:
         peer: str = "",
     ) -> None:
         self.side = side
-        self.peer = peer or _peer_name(stream)
+        self.peer = peer or peer_name(stream)
         self.limits = limits
         self._stream = stream
         self._handler = handler
@@ -88,7 +86,13 @@ class Connection:
             observer=self._observer,
             peer=self.peer,
         )
-        self._calls: dict[int, Call] = {}
+        self.caller = Caller(self)
+        # Requests of ours: ``Caller.request`` (a whole response sequence),
+        # ``Caller.stream`` (its frames as they arrive) and ``Caller.ping``.
+        self.request = self.caller.request
+        self.stream = self.caller.stream
+        self.ping = self.caller.ping
+        self.idle = IdleClock(self._engine)
         self._nursery: trio.Nursery | None = None
         self._started = self._closed = False
         self._close_reason = ""
@@ -96,14 +100,10 @@ class Connection:
         #: senders waiting for room below the high-water mark, and the reader
         #: waiting for the engine to want data, park here
         self._room = trio.lowlevel.ParkingLot()
-        self._quiet: trio.Event | None = None
+        self._quiet = trio.lowlevel.ParkingLot()  # wait_quiet
         self._writer_done = trio.Event()
         self._finished = trio.Event()
-        self._last_received = 0.0
-        #: when the engine last counted a frame other than PING (the idle timer)
-        self._last_activity = 0.0
-        self._seen_activity = 0
-        self._pings = 0  # our PINGs in flight: keepalive traffic keeps nothing busy
+        self.last_received = 0.0
 
     # -- public state ---------------------------------------------------------
 
@@ -117,32 +117,13 @@ class Connection:
         return self._engine.goaway_received is not None
 
     @property
-    def goaway_sent(self) -> bool:
-        return self._engine.goaway_sent
-
-    @property
     def in_flight(self) -> int:
         """Our requests awaiting responses plus the peer's requests being served."""
-        return len(self._calls) + self._engine.serving
+        return len(self.caller.calls) + self._engine.serving
 
     @property
     def serving(self) -> int:
         return self._engine.serving
-
-    @property
-    def buffered(self) -> int:
-        """Received bytes not yet decoded into a frame."""
-        return self._engine.buffered
-
-    @property
-    def unsent(self) -> int:
-        """Bytes of queued frames not yet written."""
-        return self._engine.outgoing_bytes
-
-    @property
-    def discarded(self) -> dict[str, int]:
-        """Frames dropped by kind (bad_magic, late_response, rejected_<code> …)."""
-        return self._engine.discarded
 
     @property
     def close_reason(self) -> str:
@@ -160,16 +141,21 @@ class Connection:
         if self._started:
             raise RuntimeError("a connection runs once")
         self._started = True
-        self._last_received = self._last_activity = trio.current_time()
+        self.last_received = self.idle.last = trio.current_time()
         self._observer.connection_opened()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write_loop)
                 if self.limits.keepalive_interval is not None:
-                    nursery.start_soon(self._keepalive_loop, self.limits.keepalive_interval)
+                    nursery.start_soon(
+                        keep_alive,
+                        self,
+                        self.limits.keepalive_interval,
+                        self.limits.keepalive_timeout,
+                    )
                 if self.limits.idle_timeout is not None:
-                    nursery.start_soon(self._idle_loop, self.limits.idle_timeout)
+                    nursery.start_soon(close_when_idle, self, self.limits.idle_timeout)
                 task_status.started()
                 await self._read_loop()
                 # No answer can arrive any more: fail what waits for one, then
@@ -197,7 +183,7 @@ class Connection:
             self._mark_closed(self._close_reason)
             with trio.move_on_after(min(1.0, self.limits.drain_timeout)):
                 await self._writer_done.wait()
-            self._shutdown(self._close_reason)
+            self.shutdown(self._close_reason)
             await self._finished.wait()
 
     async def drain(self, timeout: float | None = None) -> None:
@@ -214,110 +200,17 @@ class Connection:
 
     async def send_goaway(self, code: ErrorCode = ErrorCode.NONE, message: str = "") -> None:
         """Tell the peer to send no new requests here (see ``drain``)."""
-        self._check_open()
+        self.check_open()
         self._engine.send_goaway(code, message)
         self._data_queued.set()
 
     async def wait_quiet(self) -> None:
         """Return once nothing is in flight (or the connection is closed)."""
         while self.in_flight and not self._closed:
-            if self._quiet is None or self._quiet.is_set():
-                self._quiet = trio.Event()
-            await self._quiet.wait()
+            await self._quiet.park()
 
     async def wait_closed(self) -> None:
         await self._finished.wait()
-
-    # -- requests of ours -----------------------------------------------------
-
-    async def request(
-        self,
-        opcode: Opcode,
-        header: messages.Message | bytes | None = None,
-        payload: bytes | memoryview = b"",
-        *,
-        timeout: float | None = None,
-    ) -> Response[Any]:
-        """Send a request and wait for its whole response sequence.
-
-        A SYSTEM_ERROR answer raises the ``ProtocolError`` of its code; the
-        deadline raises ``RequestTimeoutError``. A timed-out or cancelled
-        request is abandoned: its late frames are dropped, nothing else is hurt.
-        """
-        deadline = deadline_after(timeout)
-        call = await self._open_call(opcode, header, payload, deadline)
-        try:
-            parts = [to_response(opcode, await call.next_frame(deadline), self.peer)]
-            while not call.ended or call.frames:
-                parts.append(to_response(opcode, await call.next_frame(deadline), self.peer))
-            if len(parts) == 1:
-                return parts[0]
-            payload = b"".join(part.payload for part in parts)
-            return Response(opcode, parts[-1].header, payload, len(parts), tuple(parts))
-        finally:
-            self._close_call(call)
-
-    @asynccontextmanager
-    async def stream(
-        self,
-        opcode: Opcode,
-        header: messages.Message | bytes | None = None,
-        payload: bytes | memoryview = b"",
-        *,
-        timeout: float | None = None,
-    ) -> AsyncIterator[AsyncIterator[Response[Any]]]:
-        """Send a request answered in several frames; iterate over them as
-        they arrive, up to RESPONSE_END. Leaving early abandons the request;
-        ``timeout`` bounds the whole sequence."""
-        deadline = deadline_after(timeout)
-        call = await self._open_call(opcode, header, payload, deadline)
-        try:
-            yield Responses(call, deadline, self.peer)
-        finally:
-            self._close_call(call)
-
-    async def ping(self, *, timeout: float | None = None) -> float:
-        """Round trip of a PING, in seconds."""
-        started = trio.current_time()
-        await self.request(Opcode.PING, timeout=timeout)
-        return trio.current_time() - started
-
-    async def _open_call(
-        self,
-        opcode: Opcode,
-        header: messages.Message | bytes | None,
-        payload: bytes | memoryview,
-        deadline: float,
-        *,
-        after_goaway: bool = False,
-    ) -> Call:
-        if not self._started:
-            raise RuntimeError("the connection is not running; start it with nursery.start(run)")
-        self._check_open()
-        if not after_goaway:
-            self._engine.check_can_request()
-        encoded = header.encode() if isinstance(header, messages.Message) else bytes(header or b"")
-        if self._engine.outgoing_bytes > self._engine.high_water:
-            with trio.move_on_at(deadline):
-                await self.wait_room()
-            if self._engine.outgoing_bytes > self._engine.high_water and not self._closed:
-                raise RequestTimeoutError(f"{opcode.name} could not be sent before the deadline")
-            self._check_open()
-        stream_id = self._engine.send_request(opcode, encoded, payload, after_goaway=after_goaway)
-        call = self._calls[stream_id] = Call(opcode, stream_id)
-        self._pings += opcode == Opcode.PING
-        self._data_queued.set()
-        return call
-
-    def _close_call(self, call: Call) -> None:
-        if self._calls.pop(call.stream_id, None) is None:
-            return
-        self._pings -= call.opcode == Opcode.PING
-        if call.ended:
-            self._engine.forget(call.stream_id)
-        else:  # cancelled, timed out or left early: late frames are dropped
-            self._engine.abandon(call.stream_id)
-        self._after_request()
 
     # -- answers (through ``Responder``) --------------------------------------
 
@@ -349,7 +242,7 @@ class Connection:
         self._observer.request_finished(
             responder.opcode, trio.current_time() - responder.started, responder.error_code
         )
-        self._after_request()
+        self.after_request()
         self._room.unpark_all()  # a slot is free: the reader may go on
 
     # -- writing --------------------------------------------------------------
@@ -366,12 +259,12 @@ class Connection:
                     self._room.unpark_all()
                     await self._data_queued.wait()
                     continue
-                self._note_activity()
+                self.idle.note()
                 await self._stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
                 if engine.outgoing_bytes <= engine.high_water:
                     self._room.unpark_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._shutdown(f"send failed: {exc or type(exc).__name__}")
+            self.shutdown(f"send failed: {exc or type(exc).__name__}")
         finally:
             self._writer_done.set()
 
@@ -414,25 +307,25 @@ class Connection:
             if not nbytes:
                 self._set_reason(f"{self.peer} closed the connection")
                 return
-            self._last_received = trio.current_time()
-            self._note_activity()
+            self.last_received = trio.current_time()
+            self.idle.note()
 
     def _on_event(self, event: Event) -> None:
         match event:
             case RequestReceived():
                 self._serve(event)
             case ResponseReceived(stream_id, frame):
-                self._calls[stream_id].put(frame)
+                self.caller.calls[stream_id].put(frame)
             case CallFailed(stream_id, error):
-                call = self._calls.get(stream_id)
+                call = self.caller.calls.get(stream_id)
                 if call is not None:
                     call.ended = True
                     call.fail(error)
             case GoAwayReceived(code, text):
                 self._set_reason(
-                    f"{self.peer} sent GOAWAY ({_code_name(code)}{': ' + text if text else ''})"
+                    f"{self.peer} sent GOAWAY ({code_name(code)}{': ' + text if text else ''})"
                 )
-                self._after_request()
+                self.after_request()
             case ConnectionTerminated(code, text):
                 self._set_reason(f"bad frame from {self.peer}: {text}")
                 _bad_frames.warning(
@@ -441,12 +334,12 @@ class Connection:
 
     def _serve(self, event: RequestReceived) -> None:
         assert self._handler is not None  # the engine answers when there is none
-        request = Request(self, event, self._last_received)
+        request = Request(self, event, self.last_received)
         responder = Responder(self, event.opcode, event.stream_id)
         try:
             work = self._handler.start(request, responder)
         except ProtocolError as exc:
-            responder.send_error_nowait(_wire_code(exc.code), exc.message)
+            responder.send_error_nowait(wire_code(exc.code), exc.message)
             return
         except Exception:
             logger.exception("%s handler failed (peer %s)", event.opcode.name, self.peer)
@@ -456,66 +349,36 @@ class Connection:
             assert self._nursery is not None
             self._nursery.start_soon(serve_in_task, work, request, responder)
 
-    # -- timers ---------------------------------------------------------------
-
-    async def _keepalive_loop(self, interval: float) -> None:
-        timeout = self.limits.keepalive_timeout
-        while True:
-            await trio.sleep_until(self._last_received + interval)
-            if trio.current_time() - self._last_received < interval:
-                continue
-            call = None
-            try:
-                call = await self._open_call(
-                    Opcode.PING, None, b"", deadline_after(timeout), after_goaway=True
-                )
-                await call.next_frame(deadline_after(timeout))
-            except RequestTimeoutError:
-                self._shutdown(f"{self.peer} did not answer a keepalive PING within {timeout:g} s")
-                return
-            except ConnectionClosed:
-                return
-            finally:
-                if call is not None:
-                    self._close_call(call)
-
-    def _note_activity(self) -> None:
-        if self._engine.activity != self._seen_activity:
-            self._seen_activity = self._engine.activity
-            self._last_activity = trio.current_time()
-
-    async def _idle_loop(self, idle_timeout: float) -> None:
-        while True:
-            await trio.sleep_until(self._last_activity + idle_timeout)
-            self._note_activity()
-            now = trio.current_time()
-            if self.in_flight > self._pings:
-                self._last_activity = now
-            elif now - self._last_activity >= idle_timeout:
-                self._shutdown(f"idle for {idle_timeout:g} s")
-                return
-
     # -- closing --------------------------------------------------------------
 
-    def _check_open(self) -> None:
+    @property
+    def engine(self) -> ConnectionEngine:
+        """The protocol engine this connection drives."""
+        return self._engine
+
+    def wake_writer(self) -> None:
+        self._data_queued.set()
+
+    def check_open(self) -> None:
+        if not self._started:
+            raise RuntimeError("the connection is not running; start it with nursery.start(run)")
         if self._closed:
             raise ConnectionClosed(self._closed_message())
 
-    def _after_request(self) -> None:
+    def after_request(self) -> None:
         """Bookkeeping when a request in either direction finishes."""
         if self.in_flight:
             return
-        if self._quiet is not None:
-            self._quiet.set()
+        self._quiet.unpark_all()
         if self._engine.goaway_received is not None and not self._closed:
             # The peer is going away and nothing is left to finish here.
-            self._shutdown(self._close_reason)
+            self.shutdown(self._close_reason)
 
     def _set_reason(self, reason: str) -> None:
         if not self._close_reason:
             self._close_reason = reason
 
-    def _shutdown(self, reason: str) -> None:
+    def shutdown(self, reason: str) -> None:
         self._mark_closed(reason)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
@@ -525,31 +388,10 @@ class Connection:
             return
         self._set_reason(reason)
         self._closed = True
-        for call in self._calls.values():
-            call.fail(ConnectionClosed(self._closed_message()))
-        for event in (self._quiet, self._data_queued):
-            if event is not None:
-                event.set()
+        self.caller.fail_all(ConnectionClosed(self._closed_message()))
+        self._data_queued.set()
         self._room.unpark_all()
+        self._quiet.unpark_all()
 
     def _closed_message(self) -> str:
         return f"connection to {self.peer} closed: {self._close_reason or 'closed'}"
-
-
-def _code_name(code: ErrorCode | int) -> str:
-    return code.name if isinstance(code, ErrorCode) else str(code)
-
-
-def _wire_code(code: ErrorCode | int) -> ErrorCode:
-    return code if isinstance(code, ErrorCode) else ErrorCode.UNKNOWN
-
-
-def _peer_name(stream: trio.abc.Stream) -> str:
-    socket = getattr(stream, "socket", None)
-    if socket is not None:
-        try:
-            host, port = socket.getpeername()[:2]
-        except OSError:
-            return "unknown peer"
-        return f"{host}:{port}"
-    return type(stream).__name__

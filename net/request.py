@@ -20,7 +20,7 @@ import trio
 from sbp import messages
 from sbp.connection import RequestReceived
 from sbp.enums import ErrorCode, Opcode
-from sbp.errors import ConnectionClosed, ProtocolError
+from sbp.errors import ConnectionClosed, ProtocolError, wire_code
 
 M = TypeVar("M", bound=messages.Message)
 
@@ -207,8 +207,7 @@ async def serve_in_task(work: Awaitable[None], request: Request, responder: Resp
         if responder.done:
             logger.warning("%s handler raised after responding: %s", name, exc)
         else:
-            code = exc.code if isinstance(exc.code, ErrorCode) else ErrorCode.UNKNOWN
-            responder.send_error_nowait(code, exc.message)
+            responder.send_error_nowait(wire_code(exc.code), exc.message)
         return
     except Exception:
         if request.connection.closed:

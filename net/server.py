@@ -23,6 +23,7 @@ from sbp.enums import ErrorCode, Flags, Opcode
 from sbp.errors import UnsupportedOperationError
 from sbp.frames import encode_frame
 
+from .address import peer_name
 from .connection import Connection
 from .limits import SERVER_LIMITS, ConnectionLimits
 from .observer import ConnectionObserver
@@ -164,7 +165,7 @@ class Server:
                     await stream.do_handshake()
             except (trio.BrokenResourceError, trio.TooSlowError, OSError) as error:
                 # Plain text on a TLS port, or no acceptable certificate.
-                logger.info("TLS handshake with %s failed: %s", _peer(tcp), error)
+                logger.info("TLS handshake with %s failed: %s", peer_name(tcp), error)
                 await trio.aclose_forcefully(tcp)
                 return
         if self._draining or len(self._connections) >= self.max_connections:
@@ -172,7 +173,7 @@ class Server:
             return
         connection = Connection(
             stream,
-            peer=_peer(tcp),
+            peer=peer_name(tcp),
             side=Side.SERVER,
             handler=self.dispatcher,
             limits=self.limits,
@@ -200,11 +201,3 @@ class Server:
                     encode_frame(Opcode.GOAWAY, Flags.NONE, SERVER_STREAM_ID_BIT, header)
                 )
         await trio.aclose_forcefully(stream)
-
-
-def _peer(tcp: trio.SocketStream) -> str:
-    try:
-        host, port = tcp.socket.getpeername()[:2]
-    except OSError:
-        return "unknown peer"
-    return f"{host}:{port}"

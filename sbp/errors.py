@@ -181,3 +181,13 @@ def raise_for_code(code: ErrorCode | int, message: str) -> None:
     """Raise the exception for a per-item error code; nothing for NONE."""
     if code != ErrorCode.NONE:
         raise error_for(code, message)
+
+
+def code_name(code: ErrorCode | int) -> str:
+    """An error code's name, or its number when this version does not know it."""
+    return code.name if isinstance(code, ErrorCode) else str(code)
+
+
+def wire_code(code: ErrorCode | int) -> ErrorCode:
+    """The code to answer with: a code this version does not know is UNKNOWN."""
+    return code if isinstance(code, ErrorCode) else ErrorCode.UNKNOWN

@@ -257,9 +257,7 @@ def check_reports_match_node_metrics(prometheus: Prometheus, at: float) -> None:
     own_rates = prometheus.values(
         f"sum by (instance) (rate(sbp_datanode_appended_bytes_total[{RATE_INTERVAL}]))", at=at
     )
-    reported_rates = prometheus.values(
-        "sbp_pm_data_node_disk_written_bytes_per_second", at=at
-    )
+    reported_rates = prometheus.values("sbp_pm_data_node_disk_written_bytes_per_second", at=at)
     busiest_own = max(own_rates.values())
     busiest_reported = max(reported_rates.values())
     assert busiest_own > 0 and busiest_reported > 0

@@ -145,7 +145,7 @@ async def test_an_append_slower_than_its_timeout_answers_timeout_and_still_lands
                     await trio.sleep(0.01)
             (after,) = await append(client, [(KNOWN, batch(1))], timeout_ms=100)
             assert (after.error_code, after.base_offset) == (ErrorCode.NONE, 4)
-            assert client.discarded == {}
+            assert client.engine.discarded == {}
             assert len(node.append_timeouts) <= 2
 
 

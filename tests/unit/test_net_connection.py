@@ -189,7 +189,7 @@ async def test_leaving_a_stream_early_abandons_it_and_drops_late_frames() -> Non
         assert (await client.request(Opcode.HEARTBEAT, heartbeat("after"))).header.client_id == (
             "after"
         )
-        assert client.discarded == {"late_response": 1}
+        assert client.engine.discarded == {"late_response": 1}
 
 
 async def test_timeout_cancels_only_that_request(autojump_clock: trio.abc.Clock) -> None:
@@ -212,7 +212,7 @@ async def test_timeout_cancels_only_that_request(autojump_clock: trio.abc.Clock)
         release.set()
         await answered.wait()
         await client.ping()
-        assert client.discarded == {"late_response": 1}
+        assert client.engine.discarded == {"late_response": 1}
         assert not client.closed
 
 
@@ -235,7 +235,7 @@ async def test_cancelled_request_is_abandoned() -> None:
         release.set()
         await client.ping()
         await client.ping()
-        assert client.discarded == {"late_response": 1}
+        assert client.engine.discarded == {"late_response": 1}
 
 
 @pytest.mark.parametrize("tcp", [False, True], ids=["memory", "tcp"])

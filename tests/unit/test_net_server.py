@@ -141,7 +141,7 @@ async def test_frame_length_out_of_bounds_sends_goaway_and_closes(
         assert frames[0].stream_id & SERVER_STREAM_ID_BIT
         assert messages.GoAway.decode(frames[0].header).error_code == code
         await server.wait_closed()
-        assert server.discarded == {"fatal": 1}
+        assert server.engine.discarded == {"fatal": 1}
 
 
 async def test_bad_magic_is_discarded_and_the_connection_goes_on() -> None:
@@ -151,7 +151,7 @@ async def test_bad_magic_is_discarded_and_the_connection_goes_on() -> None:
         bad[4] = 24
         await peer.send(bytes(bad))
         await answers_ping(peer)
-        assert server.discarded == {"bad_magic": 1}
+        assert server.engine.discarded == {"bad_magic": 1}
         assert handlers.calls == []
 
 
@@ -160,7 +160,7 @@ async def test_unknown_opcode_is_discarded() -> None:
     async with serving(handlers) as (peer, server):
         await peer.send(encode_frame(0x7777, Flags.NONE, 1, b"abc", b"payload"))
         await answers_ping(peer)
-        assert server.discarded == {"unknown_opcode": 1}
+        assert server.engine.discarded == {"unknown_opcode": 1}
 
 
 async def test_header_format_other_than_flatbuffers_is_invalid_request() -> None:
@@ -215,7 +215,7 @@ async def test_responses_nobody_asked_for_are_counted_never_answered() -> None:
         bad[-1] ^= 0xFF
         await peer.send(bytes(bad))
         await answers_ping(peer)
-        assert server.discarded == {
+        assert server.engine.discarded == {
             "unexpected_response": 1,
             "rejected_response_checksum_mismatch": 1,
         }
@@ -286,7 +286,7 @@ async def test_a_corrupted_response_fails_only_its_request() -> None:
         with pytest.raises(ChecksumMismatchError, match="from server"):
             await client.request(Opcode.PING, b"", b"xx")
         assert await client.ping() >= 0
-        assert client.discarded == {"rejected_response_checksum_mismatch": 1}
+        assert client.engine.discarded == {"rejected_response_checksum_mismatch": 1}
         nursery.cancel_scope.cancel()
 
 
@@ -307,7 +307,7 @@ async def test_request_flood_stops_reading_at_the_concurrency_limit() -> None:
         assert handlers.running == 4
         assert server.serving == 4
         # Unread requests stay in the transport, not in the connection.
-        assert server.buffered <= RECEIVE_CHUNK
+        assert server.engine.buffered <= RECEIVE_CHUNK
         handlers.release.set()
         answered = {(await peer.receive()).stream_id for _ in range(200)}
         assert answered == set(range(200))
@@ -343,12 +343,14 @@ async def flood_without_reading(
                 await trio.sleep(0.01)
                 (connection,) = server.connections
                 assert connection.serving <= slots
-                assert connection.buffered <= RECEIVE_CHUNK
+                assert connection.engine.buffered <= RECEIVE_CHUNK
         (connection,) = server.connections
         # The answers the client does not read stop at the high-water mark
         # (plus what the requests being served were allowed to queue), and
         # with them the reading.
-        assert connection.unsent <= DEFAULT_HIGH_WATER + slots * (answer_bytes + 64 * 1024)
+        assert connection.engine.outgoing_bytes <= DEFAULT_HIGH_WATER + slots * (
+            answer_bytes + 64 * 1024
+        )
         assert sent < requests  # the server stopped reading, so the client blocks
         # Now read everything: all requests complete.
         decoder = FrameDecoder(max_frame_length=1 << 20)
