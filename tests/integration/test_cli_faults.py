@@ -243,7 +243,7 @@ async def test_timeout_bounds_an_append_to_a_dead_primary(tmp_path: Path) -> Non
         )
         took = time.monotonic() - started
         assert result.returncode == 3, result.stderr
-        assert took < 10
+        assert took < 20  # was over a minute: the delivery timeout and the connection attempts
         assert result.stderr.splitlines()[0] == (
             "sbp: nothing was stored in stream 1 before the error"
         )
