@@ -262,16 +262,7 @@ def test_top_on_a_terminal_quits_on_q_and_fits_the_width(cluster: LocalCluster) 
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))
     top = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "client.cli",
-            "--pm",
-            cluster.pm_address,
-            "top",
-            "--interval",
-            "0.2",
-        ],
+        [sys.executable, "-m", "client.cli", "--pm", cluster.pm_address, *TOP_ARGS],
         stdin=follower,
         stdout=follower,
         stderr=follower,
