@@ -243,7 +243,8 @@ class Connection:
             responder.opcode, trio.current_time() - responder.started, responder.error_code
         )
         self.after_request()
-        self._room.unpark_all()  # a slot is free: the reader may go on
+        if self._room:  # a slot is free: the reader may go on
+            self._room.unpark_all()
 
     # -- writing --------------------------------------------------------------
 
@@ -261,7 +262,7 @@ class Connection:
                     continue
                 self.idle.note()
                 await self._stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
-                if engine.outgoing_bytes <= engine.high_water:
+                if self._room and engine.outgoing_bytes <= engine.high_water:
                     self._room.unpark_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self.shutdown(f"send failed: {exc or type(exc).__name__}")

@@ -61,6 +61,8 @@ from .frames import (
 DEFAULT_HIGH_WATER: Final = 1 << 20
 DEFAULT_MAX_CONCURRENT_REQUESTS: Final = 256
 _RESPONSE_END = Flags.RESPONSE | Flags.RESPONSE_END
+#: the Opcode member of each known opcode number (an enum call costs more)
+_OPCODES: Final = {int(opcode): opcode for opcode in Opcode}
 #: request frames the engine answers itself, without taking a slot
 _NO_SLOT: Final = frozenset({Opcode.PING, Opcode.GOAWAY})
 _SYSTEM_ERROR_END = _RESPONSE_END | Flags.SYSTEM_ERROR
@@ -305,7 +307,7 @@ class ConnectionEngine:
         return events
 
     def _on_frame(self, frame: Frame) -> Event | None:
-        opcode = frame.opcode
+        opcode = _OPCODES[frame.opcode]  # the decoder passes known opcodes only
         self._observer.frame_received(
             opcode, FRAME_OVERHEAD + len(frame.header) + len(frame.payload)
         )
@@ -341,17 +343,17 @@ class ConnectionEngine:
                 opcode,
                 frame.stream_id,
                 ErrorCode.UNSUPPORTED_OPERATION,
-                f"this {self.side.value} end serves no {Opcode(opcode).name}",
+                f"this {self.side.value} end serves no {opcode.name}",
             )
             return None
-        self._serving[frame.stream_id] = Opcode(opcode)
+        self._serving[frame.stream_id] = opcode
         self._observer.request_started(opcode)
         arrival = self._arrivals
         self._arrivals += 1
         payload = (
             frame.payload if isinstance(frame.payload, memoryview) else memoryview(frame.payload)
         )
-        return RequestReceived(Opcode(opcode), frame.stream_id, frame.header, payload, arrival)
+        return RequestReceived(opcode, frame.stream_id, frame.header, payload, arrival)
 
     def _on_response(self, frame: Frame) -> Event | None:
         stream_id = frame.stream_id
