@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from sbp import messages
+from sbp.ranges import check_range
 from storage.model import RangeInfo, ReplicaInfo
 
 
 def range_to_info(wire: messages.Range) -> RangeInfo:
-    """A range as the PM (or a test) sent it, for the storage engine."""
+    """A range as the PM (or a test) sent it, for the storage engine; a range
+    whose fields are out of range is ``InvalidRequestError``."""
+    check_range(wire.stream_id, wire.range_index, wire.start_offset, wire.end_offset)
     return RangeInfo(
         stream_id=wire.stream_id,
         range_index=wire.range_index,

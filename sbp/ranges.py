@@ -9,6 +9,7 @@ the same everywhere."""
 from __future__ import annotations
 
 from .constants import OPEN_END_OFFSET
+from .errors import InvalidRequestError
 
 
 class RangeSpan:
@@ -27,3 +28,21 @@ class RangeSpan:
         """Whether ``offset`` falls in the range (an open range holds every
         offset from its start on)."""
         return self.start_offset <= offset and (self.is_open or offset < self.end_offset)
+
+
+def check_range(stream_id: int, range_index: int, start_offset: int, end_offset: int) -> None:
+    """Refuse a range from the wire whose fields are out of their range
+    (``InvalidRequestError``), before it reaches storage keys or metadata."""
+    if stream_id < 0:
+        raise InvalidRequestError(f"stream id {stream_id} is negative")
+    if range_index < 0:
+        raise InvalidRequestError(f"range index {range_index} of stream {stream_id} is negative")
+    if start_offset < 0:
+        raise InvalidRequestError(
+            f"range {range_index} of stream {stream_id} starts at a negative offset {start_offset}"
+        )
+    if end_offset != OPEN_END_OFFSET and end_offset < start_offset:
+        raise InvalidRequestError(
+            f"range {range_index} of stream {stream_id} ends at {end_offset}, "
+            f"before its start {start_offset}"
+        )

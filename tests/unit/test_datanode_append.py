@@ -163,3 +163,41 @@ async def test_a_malformed_append_is_refused_and_the_connection_goes_on(tmp_path
             (ok,) = await append(client, [(KNOWN, batch(2))])
             assert (ok.error_code, ok.base_offset) == (ErrorCode.NONE, 0)
             assert server.serving == 0
+
+
+@pytest.mark.parametrize(
+    ("range_index", "start", "end", "message"),
+    [
+        (-1, 0, -1, "range index -1 of stream 5 is negative"),
+        (0, -7, -1, "starts at a negative offset -7"),
+        (1, 10, 4, "ends at 4, before its start 10"),
+    ],
+)
+async def test_sync_ranges_refuses_fields_out_of_range(
+    tmp_path: Path, range_index: int, start: int, end: int, message: str, caplog: Any
+) -> None:
+    """A field out of its range is INVALID_REQUEST for its item, never a
+    storage failure with a traceback, and the node goes on."""
+    replica = messages.ReplicaNode(
+        data_node=messages.DataNode(node_id=NODE, advertise_addr="127.0.0.1:9001"),
+        is_primary=True,
+    )
+    bad = messages.Range(
+        stream_id=5,
+        range_index=range_index,
+        start_offset=start,
+        end_offset=end,
+        replica_nodes=(replica,),
+    )
+    request = messages.SyncRangesRequest(
+        timeout_ms=1000, stream_ranges=(messages.StreamRanges(stream_id=5, ranges=(bad,)),)
+    )
+    with engine_at(tmp_path) as engine:
+        async with node_connection(engine) as (_, client, _server):
+            answer = (await client.request(Opcode.SYNC_RANGES, request, timeout=5)).header
+            (result,) = answer.sync_responses
+            assert result.error_code == ErrorCode.INVALID_REQUEST
+            assert message in result.error_message
+            (ok,) = await append(client, [(KNOWN, batch(2))])
+            assert ok.error_code == ErrorCode.NONE
+    assert "Traceback" not in caplog.text and "storage write failed" not in caplog.text
