@@ -132,6 +132,10 @@ class PlacementManager:
         self._link = link
         self._min_free_space = min_free_space
         self._locks = StreamLocks()
+        #: the shielded scopes of calls to data nodes running now, and whether
+        #: shutdown has ended them (``stop_outgoing``)
+        self._outgoing: set[trio.CancelScope] = set()
+        self._stopping = False
         # Ids are handed out here, on the event loop; each commit records the
         # high-water mark, so a restart never hands out an acknowledged id again.
         self._next_stream_id = store.next_stream_id()
@@ -229,6 +233,14 @@ class PlacementManager:
                 _id_list(todo.sync) or "none",
             )
         return todo
+
+    def stop_outgoing(self) -> None:
+        """Shutdown: end every call to data nodes still running after its
+        request's commit, and any that would start, whatever its deadline
+        (those that miss the change hear it when reconciled)."""
+        self._stopping = True
+        for scope in list(self._outgoing):
+            scope.cancel()
 
     def cluster(self) -> list[NodeState]:
         """Every known data node with its liveness and latest report."""
@@ -565,15 +577,22 @@ class PlacementManager:
             except (SBPError, OSError) as exc:
                 log.warning("%s failed: %s", what, exc)
 
-        with trio.CancelScope(deadline=deadline, shield=True):
-            async with trio.open_nursery() as nursery:
-                for node_id, what, call in calls:
-                    # A dead node would only be waited for until the deadline;
-                    # it is reconciled when it is back (reconcile_node).
-                    if self.registry.is_alive(node_id):
-                        nursery.start_soon(attempt, what, call)
-                    else:
-                        log.info("%s skipped: the node is dead", what)
+        with trio.CancelScope(deadline=deadline, shield=True) as scope:
+            # Shielded from the request, not from shutdown (``stop_outgoing``).
+            self._outgoing.add(scope)
+            if self._stopping:
+                scope.cancel()
+            try:
+                async with trio.open_nursery() as nursery:
+                    for node_id, what, call in calls:
+                        # A dead node would only be waited for until the deadline;
+                        # it is reconciled when it is back (reconcile_node).
+                        if self.registry.is_alive(node_id):
+                            nursery.start_soon(attempt, what, call)
+                        else:
+                            log.info("%s skipped: the node is dead", what)
+            finally:
+                self._outgoing.discard(scope)
 
 
 def _id_list(ids: Sequence[int], shown: int = 10) -> str:

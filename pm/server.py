@@ -81,10 +81,26 @@ async def run_pm(config: PMConfig) -> int:
                     nursery.start_soon(_watch_liveness, registry)
                     nursery.start_soon(manager.reconcile_returning_nodes)
                     await signals.requested.wait()
-                    await drain_on_signals(server, signals, config.drain_timeout_s)
+                    async with trio.open_nursery() as stopping:
+                        stopping.start_soon(
+                            _stop_outgoing_after, manager, config.drain_timeout_s, signals.forced
+                        )
+                        await drain_on_signals(server, signals, config.drain_timeout_s)
+                        manager.stop_outgoing()
+                        stopping.cancel_scope.cancel()
                     nursery.cancel_scope.cancel()
     log.info("stopped")
     return EXIT_OK
+
+
+async def _stop_outgoing_after(
+    manager: PlacementManager, drain_timeout: float, forced: trio.Event
+) -> None:
+    """Calls to data nodes get the drain's time to finish, not their requests'
+    deadlines (up to 300 s): a node that does not answer cannot hold the PM."""
+    with trio.move_on_after(drain_timeout):
+        await forced.wait()
+    manager.stop_outgoing()
 
 
 @contextlib.contextmanager

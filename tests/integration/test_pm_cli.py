@@ -3,6 +3,8 @@ directory, busy port, config file under flags, /metrics."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import urllib.request
 from pathlib import Path
@@ -127,3 +129,44 @@ async def test_second_pm_on_a_data_dir_is_refused_naming_the_holder(tmp_path: Pa
     # The lock goes with its holder: a PM starts there again.
     again = await start_server("pm", ["--data-dir", str(tmp_path)], tmp_path / "logs", name="pm2")
     await again.terminate()
+
+
+@pytest.mark.deadline(60)
+async def test_sigterm_is_not_held_by_a_call_to_an_unreachable_node(tmp_path: Path) -> None:
+    """A CREATE_STREAMS with the longest timeout_ms, its SYNC_RANGES retrying
+    a registered node that does not answer: SIGTERM still stops the PM
+    within its drain time (it took over 110 s)."""
+    from client import PMClient
+    from sbp.enums import ClientRole
+
+    pm = await start_server(
+        "pm",
+        ["--data-dir", str(tmp_path), "--drain-timeout-s", "2", "--node-timeout-ms", "60000"],
+        tmp_path / "logs",
+    )
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{unused.getsockname()[1]}"
+    async with PMClient(pm.address, timeout=5) as client:
+        await client.heartbeat(
+            "datanode-9",
+            role=ClientRole.DATA_NODE,
+            data_node=messages.DataNode(node_id=9, advertise_addr=nowhere),
+        )
+        async with trio.open_nursery() as nursery:
+
+            async def create() -> None:
+                with contextlib.suppress(Exception):
+                    await client.create_streams(
+                        [messages.Stream(replica_nums=1)], timeout=(2**31 - 1) / 1000
+                    )
+
+            nursery.start_soon(create)
+            await trio.sleep(1.5)  # committed; SYNC_RANGES to the node retries
+            started = trio.current_time()
+            pm.process.send_signal(signal.SIGTERM)
+            with trio.fail_after(20):
+                code = await pm.process.wait()
+            nursery.cancel_scope.cancel()
+    assert code == 0, pm.stderr()
+    assert trio.current_time() - started < 10
