@@ -15,7 +15,7 @@ import trio
 from sbp import messages
 
 from .pm_cluster import pm_cluster
-from .procs import run_cli, start_server
+from .procs import ServerProcess, run_cli, start_server
 
 pytestmark = pytest.mark.integration
 
@@ -136,9 +136,6 @@ async def test_sigterm_is_not_held_by_a_call_to_an_unreachable_node(tmp_path: Pa
     """A CREATE_STREAMS with the longest timeout_ms, its SYNC_RANGES retrying
     a registered node that does not answer: SIGTERM still stops the PM
     within its drain time (it took over 110 s)."""
-    from client import PMClient
-    from sbp.enums import ClientRole
-
     pm = await start_server(
         "pm",
         ["--data-dir", str(tmp_path), "--drain-timeout-s", "2", "--node-timeout-ms", "60000"],
@@ -147,6 +144,17 @@ async def test_sigterm_is_not_held_by_a_call_to_an_unreachable_node(tmp_path: Pa
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         nowhere = f"127.0.0.1:{unused.getsockname()[1]}"
+    try:
+        await _create_then_sigterm(pm, nowhere)
+    finally:
+        if pm.process.returncode is None:
+            pm.process.kill()
+
+
+async def _create_then_sigterm(pm: ServerProcess, nowhere: str) -> None:
+    from client import PMClient
+    from sbp.enums import ClientRole
+
     async with PMClient(pm.address, timeout=5) as client:
         await client.heartbeat(
             "datanode-9",
@@ -168,5 +176,5 @@ async def test_sigterm_is_not_held_by_a_call_to_an_unreachable_node(tmp_path: Pa
             with trio.fail_after(20):
                 code = await pm.process.wait()
             nursery.cancel_scope.cancel()
-    assert code == 0, pm.stderr()
-    assert trio.current_time() - started < 10
+        assert code == 0, pm.stderr()
+        assert trio.current_time() - started < 10
