@@ -25,6 +25,7 @@ from sbp import messages
 from sbp.enums import ErrorCode
 from sbp.errors import (
     DataNodeNotFoundError,
+    SBPError,
     UnknownServerError,
     error_for,
 )
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: how long a newly advertised address gets to answer PING
+VERIFY_TIMEOUT_S: Final = 2.0
 #: the deadline sent when the caller has none
 DEFAULT_CALL_TIMEOUT_S: Final = 30.0
 #: stream entries per SYNC_RANGES or DELETE_STREAMS request (keeps frames well
@@ -136,6 +139,20 @@ class DataNodeLink:
             lambda node, timeout: node.list_node_ranges(self._data_node(node_id), timeout=timeout),
         )
         return [range_record(rng) for rng in listed]
+
+    async def reachable(self, address: str) -> bool:
+        """Whether a data node's advertised address answers PING within
+        ``VERIFY_TIMEOUT_S``."""
+        with trio.move_on_after(VERIFY_TIMEOUT_S):
+            try:
+                connection = await self._pool.get(address)
+                await connection.ping(timeout=VERIFY_TIMEOUT_S)
+            except (SBPError, OSError, ValueError) as error:
+                log.info("data node address %s does not answer PING: %s", address, error)
+                return False
+            return True
+        log.info("data node address %s did not answer PING in time", address)
+        return False
 
     async def _call(
         self,

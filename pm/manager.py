@@ -115,6 +115,9 @@ class DataNodeCalls(Protocol):
     async def hosted_ranges(self, node_id: int) -> list[RangeRecord]:
         """LIST_RANGES by data node, asked of the node: the ranges it holds."""
 
+    async def reachable(self, address: str) -> bool:
+        """Whether ``address`` answers PING (briefly; never raises)."""
+
 
 class PlacementManager:
     """Streams, ranges and data nodes: the PM's requests as methods."""
@@ -150,6 +153,7 @@ class PlacementManager:
     async def heartbeat(self, node: NodeRecord) -> None:
         """A data node's HEARTBEAT: register or refresh it (persisted when new)."""
         _check_node(node)
+        await self._verify_if_new(node)
         self._note_if_returning(node.node_id)
         if self.registry.heartbeat(node):
             await self._commit([PutNode(node)])
@@ -158,10 +162,23 @@ class PlacementManager:
     async def report_metrics(self, node: NodeRecord, metrics: dict[str, int]) -> None:
         """A data node's REPORT_METRICS: its latest load, and a sign of life."""
         _check_node(node)
+        await self._verify_if_new(node)
         self._note_if_returning(node.node_id)
         if self.registry.report(node, metrics):
             await self._commit([PutNode(node)])
             log.info("data node %d registered at %s", node.node_id, node.address)
+
+    async def _verify_if_new(self, node: NodeRecord) -> None:
+        """Before a node id is registered, or moves to another address, the
+        address must answer PING: anyone may send a HEARTBEAT with role
+        DATA_NODE, and a made-up address would otherwise get ranges."""
+        known = self.registry.get(node.node_id)
+        if known is not None and known.node.address == node.address:
+            return
+        if not await self._link.reachable(node.address):
+            raise InvalidRequestError(
+                f"data node {node.node_id} advertises {node.address}, which does not answer PING"
+            )
 
     def _note_if_returning(self, node_id: int) -> None:
         if self.registry.is_returning(node_id):

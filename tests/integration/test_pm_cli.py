@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 import trio
 
+from net.request import Request, Responder
+from net.server import Dispatcher, Server
 from sbp import messages
+from sbp.enums import ErrorCode, Opcode
 
 from .pm_cluster import pm_cluster
 from .procs import ServerProcess, run_cli, start_server
@@ -132,23 +135,56 @@ async def test_second_pm_on_a_data_dir_is_refused_naming_the_holder(tmp_path: Pa
 
 
 @pytest.mark.deadline(60)
-async def test_sigterm_is_not_held_by_a_call_to_an_unreachable_node(tmp_path: Path) -> None:
-    """A CREATE_STREAMS with the longest timeout_ms, its SYNC_RANGES retrying
-    a registered node that does not answer: SIGTERM still stops the PM
-    within its drain time (it took over 110 s)."""
+async def test_sigterm_is_not_held_by_a_call_to_a_node_that_never_answers(tmp_path: Path) -> None:
+    """A CREATE_STREAMS with the longest timeout_ms, its SYNC_RANGES waiting
+    on a registered node that answers PING but never SYNC_RANGES: SIGTERM
+    still stops the PM within its drain time (it took over 110 s)."""
     pm = await start_server(
         "pm",
         ["--data-dir", str(tmp_path), "--drain-timeout-s", "2", "--node-timeout-ms", "60000"],
         tmp_path / "logs",
     )
+    silent = Dispatcher("silent data node")
+    silent.register(Opcode.SYNC_RANGES, _never_answer)
+    silent.register(Opcode.LIST_RANGES, _never_answer)
+    try:
+        async with trio.open_nursery() as nursery:
+            host, port = await nursery.start(Server(silent).serve, "127.0.0.1", 0)
+            await _create_then_sigterm(pm, f"{host}:{port}")
+            nursery.cancel_scope.cancel()
+    finally:
+        if pm.process.returncode is None:
+            pm.process.kill()
+
+
+async def _never_answer(request: Request, responder: Responder) -> None:
+    await trio.sleep_forever()
+
+
+async def test_a_heartbeat_from_an_address_that_does_not_answer_is_refused(
+    tmp_path: Path,
+) -> None:
+    from client import PMClient
+    from sbp.enums import ClientRole
+    from sbp.errors import InvalidRequestError
+
+    pm = await start_server("pm", ["--data-dir", str(tmp_path)], tmp_path / "logs")
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         nowhere = f"127.0.0.1:{unused.getsockname()[1]}"
     try:
-        await _create_then_sigterm(pm, nowhere)
+        async with PMClient(pm.address, timeout=5) as client:
+            with pytest.raises(InvalidRequestError, match="does not answer PING"):
+                await client.heartbeat(
+                    "fake",
+                    role=ClientRole.DATA_NODE,
+                    data_node=messages.DataNode(node_id=13, advertise_addr=nowhere),
+                )
+            assert await client.describe_cluster() == ()
+            created = await client.create_streams([messages.Stream(replica_nums=1)])
+            assert created[0].error_code == ErrorCode.NO_AVAILABLE_DATA_NODE
     finally:
-        if pm.process.returncode is None:
-            pm.process.kill()
+        await pm.terminate()
 
 
 async def _create_then_sigterm(pm: ServerProcess, nowhere: str) -> None:

@@ -13,7 +13,7 @@ from pm.manager import PlacementManager
 from pm.metadata import MetadataStore
 from pm.records import NodeRecord, RangeRecord, StreamRecord
 from sbp.enums import ErrorCode
-from sbp.errors import DataNodeNotFoundError, StreamNotFoundError
+from sbp.errors import DataNodeNotFoundError, InvalidRequestError, StreamNotFoundError
 
 
 class FakeDataNodes:
@@ -27,6 +27,7 @@ class FakeDataNodes:
         self.next_offsets: dict[int, int] = {}
         self.seal_delay = 0.0
         self.unreachable: set[int] = set()
+        self.unreachable_addresses: set[str] = set()
         #: what each node lists as its own ranges (LIST_RANGES by data node)
         self.hosted: dict[int, list[RangeRecord]] = {}
         #: when each listing was asked for (trio time), and how many more fail
@@ -53,6 +54,9 @@ class FakeDataNodes:
 
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
         self.deleted.append((node_id, tuple(stream_ids)))
+
+    async def reachable(self, address: str) -> bool:
+        return address not in self.unreachable_addresses
 
     async def hosted_ranges(self, node_id: int) -> list[RangeRecord]:
         self.listed_at.append(trio.current_time())
@@ -270,3 +274,28 @@ async def test_nodes_persist_and_restart_resumes_ids(tmp_path: Path) -> None:
         assert created.value is not None and created.value[0].stream_id == 4
     finally:
         again_store.close()
+
+
+async def test_a_node_is_registered_only_if_its_address_answers_ping(
+    store: MetadataStore,
+) -> None:
+    nodes = FakeDataNodes()
+    manager = _manager(store, nodes)
+    nodes.unreachable_addresses.add("10.9.9.9:7401")
+    with pytest.raises(InvalidRequestError, match=r"10\.9\.9\.9:7401, which does not answer PING"):
+        await manager.heartbeat(NodeRecord(9, "10.9.9.9:7401"))
+    with pytest.raises(InvalidRequestError, match="does not answer PING"):
+        await manager.report_metrics(NodeRecord(9, "10.9.9.9:7401"), {"disk_free_space": 1})
+    assert manager.registry.get(9) is None and 9 not in {n.node_id for n in store.nodes()}
+    # No range goes there: three real nodes, three replicas wanted at most.
+    results = await manager.create_streams([StreamRecord(0, 3)] * 5, timeout=5)
+    assert all(9 not in r.value[1].nodes for r in results if r.value is not None)
+    # A known node moving to an address that does not answer is refused too,
+    # and keeps its old one.
+    nodes.unreachable_addresses.add("10.9.9.9:7402")
+    with pytest.raises(InvalidRequestError):
+        await manager.heartbeat(NodeRecord(1, "10.9.9.9:7402"))
+    state = manager.registry.get(1)
+    assert state is not None and state.node.address == "127.0.0.1:9001"
+    await manager.heartbeat(NodeRecord(9, "127.0.0.1:9009"))  # answers: registered
+    assert manager.registry.get(9) is not None
