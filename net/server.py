@@ -9,7 +9,9 @@ as ``ProtocolError`` and answered with a SYSTEM_ERROR by the connection).
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import ssl
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
@@ -27,6 +29,7 @@ from .address import peer_name
 from .connection import Connection
 from .limits import SERVER_LIMITS, ConnectionLimits
 from .observer import ConnectionObserver
+from .ratelog import RateLimitedLog
 from .request import Request, RequestHandler, Responder
 
 __all__ = ["Dispatcher", "Request", "RequestHandler", "Responder", "Server"]
@@ -37,6 +40,11 @@ logger = logging.getLogger(__name__)
 REFUSE_SEND_TIMEOUT = 1.0
 #: how long a TLS client gets to finish its handshake
 TLS_HANDSHAKE_TIMEOUT = 10.0
+#: accept() errors that mean "no descriptor or buffer for another connection"
+_OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+#: how long to wait before accepting again when even the reserve did not help
+_ACCEPT_RETRY_S = 0.1
+_capacity = RateLimitedLog(logger)
 #: opcodes the connection itself answers; no handler may take them
 _BUILT_IN = frozenset({Opcode.PING, Opcode.GOAWAY})
 
@@ -137,10 +145,51 @@ class Server:
         ``(host, port)`` and serve until cancelled or drained."""
         listeners = await trio.open_tcp_listeners(port, host=host)
         bound_host, bound_port = listeners[0].socket.getsockname()[:2]
-        async with trio.open_nursery() as nursery:
-            with trio.CancelScope() as self._accepting:
-                task_status.started((bound_host, bound_port))
-                await trio.serve_listeners(self._serve_stream, listeners, handler_nursery=nursery)
+        reserve = _Reserve()
+        try:
+            async with trio.open_nursery() as nursery:
+                with trio.CancelScope() as self._accepting:
+                    task_status.started((bound_host, bound_port))
+                    async with trio.open_nursery() as accepting:
+                        for listener in listeners:
+                            accepting.start_soon(self._accept_loop, listener, nursery, reserve)
+        finally:
+            reserve.close()
+            for listener in listeners:
+                await trio.aclose_forcefully(listener)
+
+    async def _accept_loop(
+        self, listener: trio.SocketListener, nursery: trio.Nursery, reserve: _Reserve
+    ) -> None:
+        """Accept and serve. Out of file descriptors, a waiting client is not
+        left hanging in the backlog: the reserved descriptor is given up to
+        accept it, it is told THROTTLED and closed, and the reserve is taken
+        again; the condition is logged at a bounded rate, never a traceback."""
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as error:
+                if error.errno not in _OUT_OF_DESCRIPTORS:
+                    raise
+                _capacity.warning(
+                    "descriptors",
+                    "out of file descriptors (%s): refusing new connections",
+                    error.strerror,
+                )
+                await self._refuse_one(listener, reserve)
+                continue
+            nursery.start_soon(self._serve_stream, stream)
+
+    async def _refuse_one(self, listener: trio.SocketListener, reserve: _Reserve) -> None:
+        reserve.close()
+        try:
+            with trio.move_on_after(REFUSE_SEND_TIMEOUT):
+                stream = await listener.accept()
+                await self._refuse(stream, "out of file descriptors")
+        except OSError:
+            await trio.sleep(_ACCEPT_RETRY_S)  # still none free: wait, do not spin
+        finally:
+            reserve.take()
 
     async def drain(self, timeout: float) -> None:
         """GOAWAY on every connection, wait up to ``timeout`` for the requests
@@ -188,12 +237,12 @@ class Server:
         finally:
             self._connections.discard(connection)
 
-    async def _refuse(self, stream: trio.abc.Stream) -> None:
+    async def _refuse(self, stream: trio.abc.Stream, why: str = "") -> None:
         self.refused += 1
         if self._draining:
             code, text = ErrorCode.SHUTTING_DOWN, "the server is shutting down"
         else:
-            code, text = ErrorCode.THROTTLED, f"over {self.max_connections} connections"
+            code, text = ErrorCode.THROTTLED, why or f"over {self.max_connections} connections"
         header = messages.GoAway(error_code=code, error_message=text).encode()
         with trio.move_on_after(REFUSE_SEND_TIMEOUT):
             with suppress(trio.BrokenResourceError):
@@ -201,3 +250,24 @@ class Server:
                     encode_frame(Opcode.GOAWAY, Flags.NONE, SERVER_STREAM_ID_BIT, header)
                 )
         await trio.aclose_forcefully(stream)
+
+
+class _Reserve:
+    """One file descriptor held back, given up for a moment when the process
+    has no other, so that a waiting client can be told no."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self.take()
+
+    def take(self) -> None:
+        if self._fd is None:
+            try:
+                self._fd = os.open(os.devnull, os.O_RDONLY)
+            except OSError:
+                self._fd = None  # none to spare now; taken again after the next refusal
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -15,10 +15,11 @@ import trio
 from net.request import Request, Responder
 from net.server import Dispatcher, Server
 from sbp import messages
-from sbp.enums import ErrorCode, Opcode
+from sbp.enums import ErrorCode, Flags, Opcode
+from sbp.frames import Frame, encode_frame
 
 from .pm_cluster import pm_cluster
-from .procs import ServerProcess, run_cli, start_server
+from .procs import RawConnection, ServerProcess, run_cli, start_server
 
 pytestmark = pytest.mark.integration
 
@@ -214,3 +215,68 @@ async def _create_then_sigterm(pm: ServerProcess, nowhere: str) -> None:
             nursery.cancel_scope.cancel()
         assert code == 0, pm.stderr()
         assert trio.current_time() - started < 10
+
+
+@pytest.mark.deadline(60)
+async def test_past_the_descriptor_limit_clients_are_refused_not_left_hanging(
+    tmp_path: Path,
+) -> None:
+    """A PM allowed 48 descriptors, 120 clients: those it cannot take get
+    GOAWAY THROTTLED at once instead of waiting in the backlog; the log says
+    so in a line or two, no traceback; a client already connected is served."""
+    import resource
+    import subprocess
+
+    from .procs import _child_env, python_command
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with (logs / "pm.stdout").open("wb") as out, (logs / "pm.stderr").open("wb") as err:
+        process = subprocess.Popen(
+            python_command("pm", ["--data-dir", str(tmp_path / "pm")]),
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            env=_child_env(),
+            preexec_fn=low_limit,
+        )
+    try:
+        address = ""
+        with trio.fail_after(20):
+            while not address:
+                for line in (logs / "pm.stdout").read_text().splitlines():
+                    if line.startswith("listening on "):
+                        address = line.split()[-1]
+                await trio.sleep(0.05)
+        host, port = address.rsplit(":", 1)
+        first = await RawConnection.open(address)
+        opened = [first]
+        answered = refused = 0
+        with trio.fail_after(30):
+            for i in range(120):
+                stream = await trio.open_tcp_stream(host, int(port))
+                raw = RawConnection(stream)
+                opened.append(raw)
+                await raw.send(encode_frame(Opcode.PING, Flags.NONE, i, b"", b"p"))
+                event = await raw.next_event(timeout=10)
+                if isinstance(event, Frame) and event.opcode == Opcode.GOAWAY:
+                    assert messages.GoAway.decode(event.header).error_code == ErrorCode.THROTTLED
+                    refused += 1
+                else:
+                    assert event is not None, "a client was left hanging"
+                    answered += 1
+            assert refused > 0 and answered > 0
+            await first.send(encode_frame(Opcode.PING, Flags.NONE, 7, b"", b"still"))
+            pong = await first.next_frame()
+            assert bytes(pong.payload) == b"still"
+        for raw in opened:
+            await raw.aclose()
+    finally:
+        process.terminate()
+        process.wait(20)
+    stderr = (logs / "pm.stderr").read_text()
+    assert "Traceback" not in stderr
+    assert 1 <= stderr.count("out of file descriptors") <= 3
