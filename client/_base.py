@@ -20,7 +20,6 @@ from sbp.errors import (
     InvalidRequestError,
     NotLeaderError,
     ShuttingDownError,
-    raise_for_code,
 )
 
 #: default deadline of one call, seconds
@@ -31,10 +30,6 @@ DEADLINE_GRACE = 1.0
 
 M = TypeVar("M", bound=messages.Message)
 R = TypeVar("R", bound=messages.Message)
-
-
-#: raise the exception for a per-item error code (``sbp.errors.raise_for_code``)
-raise_for_item = raise_for_code
 
 
 def single(results: tuple[M, ...], what: str) -> M:

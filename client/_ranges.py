@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 from sbp import messages
 from sbp.enums import Opcode
-from sbp.errors import RangeNotFoundError
+from sbp.errors import RangeNotFoundError, raise_for_code
 
-from ._base import SBPClient, raise_for_item, single
+from ._base import SBPClient, single
 
 
 class RangeCalls(SBPClient):
@@ -33,7 +33,7 @@ class RangeCalls(SBPClient):
         """Every range of a stream, in order."""
         owner = messages.RangeOwner(stream_id=stream_id)
         result = single(await self.list_ranges([owner], timeout=timeout), "LIST_RANGES")
-        raise_for_item(result.error_code, result.error_message)
+        raise_for_code(result.error_code, result.error_message)
         return result.ranges
 
     async def list_node_ranges(
@@ -42,7 +42,7 @@ class RangeCalls(SBPClient):
         """Every range hosted on a data node."""
         owner = messages.RangeOwner(data_node=data_node)
         result = single(await self.list_ranges([owner], timeout=timeout), "LIST_RANGES")
-        raise_for_item(result.error_code, result.error_message)
+        raise_for_code(result.error_code, result.error_message)
         return result.ranges
 
     async def seal_ranges(
@@ -63,7 +63,7 @@ class RangeCalls(SBPClient):
         """Seal one range; the result's ``ranges`` are the sealed one and the next."""
         range_id = messages.RangeId(stream_id=stream_id, range_index=range_index)
         result = single(await self.seal_ranges([range_id], timeout=timeout), "SEAL_RANGES")
-        raise_for_item(result.error_code, result.error_message)
+        raise_for_code(result.error_code, result.error_message)
         return result
 
     async def describe_ranges(
@@ -82,7 +82,7 @@ class RangeCalls(SBPClient):
     ) -> messages.Range:
         range_id = messages.RangeId(stream_id=stream_id, range_index=range_index)
         result = single(await self.describe_ranges([range_id], timeout=timeout), "DESCRIBE_RANGES")
-        raise_for_item(result.error_code, result.error_message)
+        raise_for_code(result.error_code, result.error_message)
         if result.range is None:
             raise RangeNotFoundError(f"no range {range_index} of stream {stream_id}")
         return result.range
@@ -103,5 +103,5 @@ class RangeCalls(SBPClient):
         self, stream_id: int, *, timeout: float | None = None
     ) -> messages.DeleteStreamResult:
         result = single(await self.delete_streams([stream_id], timeout=timeout), "DELETE_STREAMS")
-        raise_for_item(result.error_code, result.error_message)
+        raise_for_code(result.error_code, result.error_message)
         return result

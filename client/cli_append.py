@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, Final
 
 import trio
@@ -125,7 +125,6 @@ class Tally:
     last_offset: int | None = None
     failed: int = 0
     failure: BaseException | None = None
-    runs: list[tuple[int, int]] = field(default_factory=list)
 
     async def follow(
         self,

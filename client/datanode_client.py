@@ -16,9 +16,9 @@ from typing import Any
 from net.calls import Response, header_as
 from sbp import messages
 from sbp.enums import Opcode
-from sbp.errors import HeaderDecodeError
+from sbp.errors import HeaderDecodeError, raise_for_code
 
-from ._base import raise_for_item, single
+from ._base import single
 from ._ranges import RangeCalls
 
 
@@ -68,7 +68,7 @@ class DataNodeClient(RangeCalls):
     ) -> messages.AppendResult:
         """Append one record batch; returns its result (``base_offset``) or raises."""
         result = single(await self.append([(stream_id, batch)], timeout=timeout), "APPEND")
-        raise_for_item(result.error_code, result.error_message)
+        raise_for_code(result.error_code, result.error_message)
         return result
 
     @asynccontextmanager

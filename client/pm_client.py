@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Sequence
 
 from sbp import messages
 from sbp.enums import Opcode
-from sbp.errors import StreamNotFoundError
+from sbp.errors import StreamNotFoundError, raise_for_code
 
-from ._base import raise_for_item, single
+from ._base import single
 from ._ranges import RangeCalls
 
 #: streams per GET_STREAMS page when listing them all
@@ -52,7 +52,7 @@ class PMClient(RangeCalls):
         """Create one stream; the result has ``stream`` and its first writable ``range``."""
         stream = messages.Stream(replica_nums=replica_nums, retention_period_ms=retention_period_ms)
         result = single(await self.create_streams([stream], timeout=timeout), "CREATE_STREAMS")
-        raise_for_item(result.error_code, result.error_message)
+        raise_for_code(result.error_code, result.error_message)
         return result
 
     async def update_streams(
@@ -71,7 +71,7 @@ class PMClient(RangeCalls):
     ) -> messages.Stream:
         """Update one stream's settings; returns the stream as stored."""
         result = single(await self.update_streams([stream], timeout=timeout), "UPDATE_STREAMS")
-        raise_for_item(result.error_code, result.error_message)
+        raise_for_code(result.error_code, result.error_message)
         return _present(result.stream, stream.stream_id)
 
     async def get_streams(
@@ -88,7 +88,7 @@ class PMClient(RangeCalls):
 
     async def get_stream(self, stream_id: int, *, timeout: float | None = None) -> messages.Stream:
         result = single(await self.get_streams([stream_id], timeout=timeout), "GET_STREAMS")
-        raise_for_item(result.error_code, result.error_message)
+        raise_for_code(result.error_code, result.error_message)
         return _present(result.stream, stream_id)
 
     async def get_streams_page(
@@ -103,7 +103,7 @@ class PMClient(RangeCalls):
         )
         streams = []
         for result in header.get_responses:
-            raise_for_item(result.error_code, result.error_message)
+            raise_for_code(result.error_code, result.error_message)
             if result.stream is not None:
                 streams.append(result.stream)
         return tuple(streams)
@@ -131,7 +131,7 @@ class PMClient(RangeCalls):
         """Drop records below ``trim_offset``; the result has the stream's new first range."""
         trim = messages.TrimmedStream(stream_id=stream_id, trim_offset=trim_offset)
         result = single(await self.trim_streams([trim], timeout=timeout), "TRIM_STREAMS")
-        raise_for_item(result.error_code, result.error_message)
+        raise_for_code(result.error_code, result.error_message)
         return result
 
     # -- cluster ----------------------------------------------------------------
@@ -153,7 +153,7 @@ class PMClient(RangeCalls):
         header = await self.call_for(
             messages.DescribeClusterResponse, Opcode.DESCRIBE_CLUSTER, request, timeout=timeout
         )
-        raise_for_item(header.error_code, header.error_message)
+        raise_for_code(header.error_code, header.error_message)
         return header.data_nodes
 
 

@@ -2,10 +2,11 @@
 ends of a connection), the request ``Dispatcher`` and TCP ``Server``, and the
 client ``ConnectionPool``."""
 
+from sbp.observer import ConnectionObserver
+
 from .calls import Response
 from .connection import Connection
 from .limits import SERVER_LIMITS, ConnectionLimits
-from .observer import ConnectionObserver
 from .pool import ConnectionPool
 from .request import Request, RequestHandler, Responder
 from .server import Dispatcher, Server

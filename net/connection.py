@@ -30,15 +30,16 @@ from sbp.connection import (
     RequestReceived,
     ResponseReceived,
     Side,
+    describe_goaway,
 )
 from sbp.enums import ErrorCode
-from sbp.errors import ConnectionClosed, ProtocolError, code_name, wire_code
+from sbp.errors import ConnectionClosed, ProtocolError, wire_code
 from sbp.frames import READ_SIZE
+from sbp.observer import NULL_OBSERVER, ConnectionObserver
 
 from .address import peer_name
 from .calls import Caller
 from .limits import CLIENT_LIMITS, ConnectionLimits
-from .observer import NULL_OBSERVER, ConnectionObserver
 from .ratelog import RateLimitedLog
 from .request import Request, RequestHandler, Responder, serve_in_task
 from .timers import IdleClock, close_when_idle, keep_alive
@@ -323,9 +324,7 @@ class Connection:
                     call.ended = True
                     call.fail(error)
             case GoAwayReceived(code, text):
-                self._set_reason(
-                    f"{self.peer} sent GOAWAY ({code_name(code)}{': ' + text if text else ''})"
-                )
+                self._set_reason(describe_goaway(self.peer, code, text))
                 self.after_request()
             case ConnectionTerminated(code, text):
                 self._set_reason(f"bad frame from {self.peer}: {text}")

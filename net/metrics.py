@@ -28,9 +28,8 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from sbp.enums import ErrorCode, Opcode
+from sbp.observer import ConnectionObserver
 from sbp.stats import BucketCounts, Buckets
-
-from .observer import ConnectionObserver
 
 #: request times span a loopback PING (~50 µs) to a long-polling FETCH (seconds)
 REQUEST_SECONDS_BOUNDS: Final = (

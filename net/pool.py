@@ -17,11 +17,11 @@ import trio
 
 from sbp.connection import Side
 from sbp.errors import ConnectionClosed
+from sbp.observer import ConnectionObserver
 
 from .address import parse_address
 from .connection import Connection
 from .limits import CLIENT_LIMITS, ConnectionLimits
-from .observer import ConnectionObserver
 
 #: first retry delay; doubles per consecutive failure up to BACKOFF_MAX
 BACKOFF_INITIAL = 0.05

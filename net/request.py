@@ -18,7 +18,7 @@ from typing import Any, Final, Protocol, TypeVar
 import trio
 
 from sbp import messages
-from sbp.connection import RequestReceived
+from sbp.connection import RequestReceived, system_error_header
 from sbp.enums import ErrorCode, Opcode
 from sbp.errors import ConnectionClosed, ProtocolError, wire_code
 
@@ -162,9 +162,7 @@ class Responder:
         """End the sequence with a SYSTEM_ERROR answer carrying ``code`` (and,
         with NOT_LEADER, the leader's address)."""
         self.error_code = code
-        header = messages.SystemErrorHeader(
-            error_code=code, error_message=message, leader_addr=leader_addr
-        ).encode()
+        header = system_error_header(code, message, leader_addr)
         return self._queue(header, b"", end=True, system_error=True)
 
     async def send_error(

@@ -24,11 +24,11 @@ from sbp.constants import SERVER_STREAM_ID_BIT
 from sbp.enums import ErrorCode, Flags, Opcode
 from sbp.errors import UnsupportedOperationError
 from sbp.frames import encode_frame
+from sbp.observer import ConnectionObserver
 
 from .address import peer_name
 from .connection import Connection
 from .limits import SERVER_LIMITS, ConnectionLimits
-from .observer import ConnectionObserver
 from .ratelog import RateLimitedLog
 from .request import Request, RequestHandler, Responder
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final
 
 from . import messages
 from .constants import (
@@ -45,6 +45,7 @@ from .errors import (
     HeaderDecodeError,
     NotLeaderError,
     ShuttingDownError,
+    code_name,
     error_for,
 )
 from .frames import (
@@ -56,6 +57,7 @@ from .frames import (
     RejectedFrame,
     encode_frame,
 )
+from .observer import NULL_OBSERVER, ConnectionObserver
 
 #: bytes waiting to be sent above which the engine stops asking for input
 DEFAULT_HIGH_WATER: Final = 1 << 20
@@ -92,37 +94,6 @@ BAD_FRAME_ACTIONS: Final = {
     "header_length past the frame": (RejectedFrame, BadFrameAction.ANSWER_ERROR),
     "response for a stream id with no request in flight": (Frame, BadFrameAction.DISCARD),
 }
-
-
-class EngineObserver(Protocol):
-    """Counters the engine bumps (``net.observer.ConnectionObserver`` is one)."""
-
-    def frame_received(self, opcode: int, nbytes: int) -> None: ...
-
-    def frame_sent(self, opcode: int, nbytes: int) -> None: ...
-
-    def frame_discarded(self, reason: str) -> None: ...
-
-    def request_started(self, opcode: int) -> None: ...
-
-    def request_finished(self, opcode: int, seconds: float, error_code: ErrorCode) -> None: ...
-
-
-class _NoObserver:
-    def frame_received(self, opcode: int, nbytes: int) -> None:
-        pass
-
-    def frame_sent(self, opcode: int, nbytes: int) -> None:
-        pass
-
-    def frame_discarded(self, reason: str) -> None:
-        pass
-
-    def request_started(self, opcode: int) -> None:
-        pass
-
-    def request_finished(self, opcode: int, seconds: float, error_code: ErrorCode) -> None:
-        pass
 
 
 # -- events -------------------------------------------------------------------
@@ -196,7 +167,7 @@ class ConnectionEngine:
         max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
         serves_requests: bool = True,
         high_water: int = DEFAULT_HIGH_WATER,
-        observer: EngineObserver | None = None,
+        observer: ConnectionObserver | None = None,
         peer: str = "peer",
     ) -> None:
         if max_concurrent_requests < 1:
@@ -206,7 +177,7 @@ class ConnectionEngine:
         self.max_concurrent_requests = max_concurrent_requests
         self.high_water = high_water
         self._serves_requests = serves_requests
-        self._observer: EngineObserver = observer or _NoObserver()
+        self._observer = observer or NULL_OBSERVER
         self._decoder = FrameDecoder(max_frame_length)
         self._base = 0 if side is Side.CLIENT else SERVER_STREAM_ID_BIT
         self._next_id = 0
@@ -411,7 +382,7 @@ class ConnectionEngine:
         """A SYSTEM_ERROR answer to a frame that never became a request being
         served (a rejected frame, a duplicate id, a request after GOAWAY)."""
         self._observer.request_started(opcode)
-        header = messages.SystemErrorHeader(error_code=code, error_message=message).encode()
+        header = system_error_header(code, message)
         self._queue(opcode, encode_frame(opcode, _SYSTEM_ERROR_END, stream_id, header))
         self._observer.request_finished(opcode, 0.0, code)
 
@@ -424,11 +395,7 @@ class ConnectionEngine:
                 f"connection to {self.peer} is unusable: {self.terminated.message}"
             )
         if self.goaway_received is not None:
-            code, text = self.goaway_received
-            name = code.name if isinstance(code, ErrorCode) else str(code)
-            raise ShuttingDownError(
-                f"{self.peer} sent GOAWAY ({name}{': ' + text if text else ''})"
-            )
+            raise ShuttingDownError(describe_goaway(self.peer, *self.goaway_received))
 
     def send_request(
         self,
@@ -499,11 +466,6 @@ class ConnectionEngine:
         self._queue(opcode, data)
         return opcode
 
-    def send_error(self, stream_id: int, code: ErrorCode, message: str = "") -> Opcode:
-        """End a request's sequence with a SYSTEM_ERROR answer."""
-        header = messages.SystemErrorHeader(error_code=code, error_message=message).encode()
-        return self.send_response(stream_id, header, end=True, system_error=True)
-
     def send_goaway(self, code: ErrorCode = ErrorCode.NONE, message: str = "") -> None:
         """Tell the peer to send no new requests; requests already being
         served here, and ours in flight, carry on."""
@@ -534,6 +496,18 @@ class ConnectionEngine:
             size += len(data)
         self.outgoing_bytes -= size
         return taken
+
+
+def system_error_header(code: ErrorCode, message: str = "", leader_addr: str = "") -> bytes:
+    """The encoded header of a SYSTEM_ERROR answer (SPEC §1)."""
+    return messages.SystemErrorHeader(
+        error_code=code, error_message=message, leader_addr=leader_addr
+    ).encode()
+
+
+def describe_goaway(peer: str, code: ErrorCode | int, text: str) -> str:
+    """How a GOAWAY from ``peer`` reads in errors and close reasons."""
+    return f"{peer} sent GOAWAY ({code_name(code)}{': ' + text if text else ''})"
 
 
 def decode_response(opcode: Opcode, frame: Frame, peer: str = "peer") -> messages.Message | bytes:

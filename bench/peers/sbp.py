@@ -24,7 +24,7 @@ from bench.harness import (
 from client.consumer import Consumer
 from client.datanode_client import DataNodeClient
 from net.pool import ConnectionPool
-from sbp.errors import raise_for_code as raise_for_item
+from sbp.errors import raise_for_code
 
 SYSTEM = "sbp"
 
@@ -53,7 +53,7 @@ async def measure_appends(
                 for i in range(load.batches_per_request)
             ]
             for result in await node.append(items):
-                raise_for_item(result.error_code, result.error_message)
+                raise_for_code(result.error_code, result.error_message)
 
         server.start()
         client.start()

@@ -18,11 +18,6 @@ from ..context import NodeContext, check_stream_id, wait_future
 from ..convert import info_to_range, range_to_info
 
 
-def request_deadline(request: Request, timeout_ms: int) -> float:
-    """When a request carrying ``timeout_ms`` expires (``net.request.request_timeout``)."""
-    return request.deadline(timeout_ms)
-
-
 def timed_out() -> RequestTimeoutError:
     return RequestTimeoutError("not done before the request's timeout_ms")
 
@@ -59,7 +54,7 @@ class RangeHandlers:
 
     async def seal_ranges(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.SealRangesRequest)
-        deadline = request_deadline(request, header.timeout_ms)
+        deadline = request.deadline(header.timeout_ms)
         engine = self._node.engine
         # Submitted together, the seals commit in one transaction.
         futures = [
@@ -93,7 +88,7 @@ class RangeHandlers:
 
     async def sync_ranges(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.SyncRangesRequest)
-        deadline = request_deadline(request, header.timeout_ms)
+        deadline = request.deadline(header.timeout_ms)
         engine = self._node.engine
         futures: list[Future[list[RangeInfo]] | ProtocolError] = []
         for item in header.stream_ranges:

@@ -13,7 +13,7 @@ from sbp.errors import ProtocolError
 from storage import writes
 
 from ..context import NodeContext, check_stream_id, wait_future
-from .ranges import error_code, request_deadline, timed_out
+from .ranges import error_code, timed_out
 
 
 class StreamHandlers:
@@ -22,7 +22,7 @@ class StreamHandlers:
 
     async def delete_streams(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.DeleteStreamsRequest)
-        deadline = request_deadline(request, header.timeout_ms)
+        deadline = request.deadline(header.timeout_ms)
         engine = self._node.engine
         futures: list[Future[None] | ProtocolError] = []
         for stream in header.streams:

@@ -3,12 +3,13 @@ calls, for the command-line tests (plain functions, no event loop needed)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,3 +110,28 @@ def lines(*values: Sequence[str] | str) -> bytes:
     """Input for ``sbp append``: one value per line."""
     flat = [v for value in values for v in ([value] if isinstance(value, str) else value)]
     return ("\n".join(flat) + "\n").encode()
+
+
+@contextlib.contextmanager
+def running_cluster(data_dir: Path, nodes: int = 2) -> Iterator[LocalCluster]:
+    """A cluster for a test module: started, and stopped cleanly at the end."""
+    running = start_cluster(data_dir, nodes=nodes)
+    try:
+        yield running
+    finally:
+        assert running.stop() == 0, running.output()
+
+
+def new_stream(pm: str, *flags: str) -> int:
+    """``sbp streams create`` of one stream; its id."""
+    created = sbp_json(pm, "streams", "create", *flags)
+    assert created[0]["error_code"] == "NONE"
+    return int(created[0]["stream"]["stream_id"])
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Poll ``condition`` until it holds; fail the test after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)

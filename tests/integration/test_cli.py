@@ -16,7 +16,7 @@ import pytest
 
 from client.cli import main
 
-from .local_cluster import LocalCluster, lines, sbp, sbp_json, start_cluster
+from .local_cluster import LocalCluster, lines, new_stream, running_cluster, sbp, sbp_json
 from .procs import _child_env
 
 pytestmark = pytest.mark.integration
@@ -24,17 +24,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    running = start_cluster(tmp_path_factory.mktemp("cli") / "var", nodes=2)
-    try:
+    with running_cluster(tmp_path_factory.mktemp("cli") / "var") as running:
         yield running
-    finally:
-        assert running.stop() == 0, running.output()
-
-
-def new_stream(pm: str, *flags: str) -> int:
-    created = sbp_json(pm, "streams", "create", *flags)
-    assert created[0]["error_code"] == "NONE"
-    return int(created[0]["stream"]["stream_id"])
 
 
 def test_append_and_read_round_trip(cluster: LocalCluster) -> None:

@@ -10,13 +10,21 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trio
 
-from .local_cluster import LocalCluster, lines, sbp, sbp_json, start_cluster
+from .local_cluster import (
+    LocalCluster,
+    lines,
+    new_stream,
+    running_cluster,
+    sbp,
+    sbp_json,
+    wait_until,
+)
 from .pm_cluster import append_values, pm_cluster
 from .procs import _child_env
 
@@ -25,28 +33,14 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    running = start_cluster(tmp_path_factory.mktemp("cli-faults") / "var", nodes=2)
-    try:
+    with running_cluster(tmp_path_factory.mktemp("cli-faults") / "var") as running:
         yield running
-    finally:
-        assert running.stop() == 0, running.output()
-
-
-def new_stream(pm: str, *flags: str) -> int:
-    return int(sbp_json(pm, "streams", "create", *flags)[0]["stream"]["stream_id"])
 
 
 def stored(pm: str, stream: int) -> list[str]:
     result = sbp(pm, "read", str(stream))
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def sbp_process(pm: str, *args: str) -> subprocess.Popen[bytes]:

@@ -6,14 +6,12 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
-from .local_cluster import lines, sbp, sbp_json, start_cluster
+from .local_cluster import lines, sbp, sbp_json, start_cluster, wait_until
 from .procs import _child_env
 
 pytestmark = pytest.mark.integration
@@ -71,13 +69,6 @@ def _children_of(pid: int) -> list[psutil.Process]:
     return psutil.Process(pid).children()
 
 
-def _wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
 def test_a_second_launcher_is_refused_and_leaves_nothing_behind(tmp_path: Path) -> None:
     data_dir = tmp_path / "var"
     cluster = start_cluster(data_dir, nodes=1)
@@ -120,9 +111,9 @@ def test_a_dead_node_is_restarted_and_the_cluster_keeps_serving(tmp_path: Path) 
             child for child in _children_of(cluster.process.pid) if "datanode" in child.cmdline()
         )
         node.send_signal(signal.SIGKILL)
-        _wait_until(lambda: "is back on" in cluster.output())
+        wait_until(lambda: "is back on" in cluster.output())
         assert cluster.process.poll() is None  # the launcher kept running
-        _wait_until(
+        wait_until(
             lambda: all(row["alive"] for row in sbp_json(pm, "cluster", "status")["data_nodes"])
         )
         more = sbp_json(pm, "append", str(stream), stdin=lines(["after"]))
@@ -139,7 +130,7 @@ def test_no_restart_stops_the_cluster_when_a_node_dies(tmp_path: Path) -> None:
     node.send_signal(signal.SIGKILL)
     assert cluster.process.wait(60) == 1
     assert "node-" in cluster.output() and "exited with status -9" in cluster.output()
-    _wait_until(lambda: not any(c.is_running() and c.status() != "zombie" for c in children))
+    wait_until(lambda: not any(c.is_running() and c.status() != "zombie" for c in children))
 
 
 def test_children_stop_when_the_launcher_is_killed(tmp_path: Path) -> None:
@@ -148,4 +139,4 @@ def test_children_stop_when_the_launcher_is_killed(tmp_path: Path) -> None:
     assert len(children) == 2
     cluster.process.send_signal(signal.SIGKILL)
     cluster.process.wait()
-    _wait_until(lambda: not any(c.is_running() and c.status() != "zombie" for c in children))
+    wait_until(lambda: not any(c.is_running() and c.status() != "zombie" for c in children))

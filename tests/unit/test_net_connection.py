@@ -330,7 +330,7 @@ async def test_a_connection_without_handler_answers_only_ping() -> None:
 
 
 async def test_observer_sees_frames_and_requests() -> None:
-    from net.observer import ConnectionObserver
+    from sbp.observer import ConnectionObserver
 
     class Recorder(ConnectionObserver):
         def __init__(self) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sbp.enums import ErrorCode
+from .enums import ErrorCode
 
 
 class ConnectionObserver:
