@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Final
 
 from net.address import parse_address
+from net.budget import DEFAULT_ANSWER_BYTES, DEFAULT_REQUEST_BYTES
 from net.service import UsageError
 from net.settings import (
     DEFAULT_DRAIN_TIMEOUT_S,
@@ -133,6 +134,9 @@ class DataNodeConfig:
     page_cache_window: int = DEFAULT_PAGE_CACHE_WINDOW
     max_frame_bytes: int = DEFAULT_MAX_FRAME_LENGTH
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    #: server-wide byte budgets (net.budget)
+    max_request_bytes: int = DEFAULT_REQUEST_BYTES
+    max_answer_bytes: int = DEFAULT_ANSWER_BYTES
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
@@ -167,6 +171,8 @@ def parse_config(argv: Sequence[str] | None = None) -> DataNodeConfig:
         page_cache_window=values["page_cache_window"],
         max_frame_bytes=values["max_frame_bytes"],
         max_connections=values["max_connections"],
+        max_request_bytes=values["max_request_bytes"],
+        max_answer_bytes=values["max_answer_bytes"],
         max_in_flight=values["max_in_flight"],
         idle_timeout_s=float(idle) if idle else None,
         drain_timeout_s=float(values["drain_timeout_s"]),

@@ -24,6 +24,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from net.address import format_address
+from net.budget import ServerBudgets
 from net.dirlock import locked_dir
 from net.limits import KEEPALIVE_INTERVAL_S, ConnectionLimits
 from net.metrics_http import MetricsHTTPServer
@@ -132,6 +133,7 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
         # skip them on the hot path (the counters REPORT_METRICS needs stay).
         observer=metrics.connections if config.metrics_listen is not None else None,
         max_connections=config.max_connections,
+        budgets=ServerBudgets.of(config.max_request_bytes, config.max_answer_bytes),
     )
     with contextlib.ExitStack() as exits:
         metrics_server = None

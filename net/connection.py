@@ -13,11 +13,16 @@ makes every protocol decision.
   bytes waits to be sent; ``Responder.send`` and our own requests wait for
   room below the mark. A peer that floods requests, or does not read its
   answers, waits in its own socket buffer, not in our memory.
+- Server-wide byte budgets (``net.budget``): bytes of requests received and
+  not yet served are counted against the server's request budget, and a
+  connection holding some of a spent budget is not read from; handlers
+  reserve answer bytes through ``Responder.answer_room``.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 
 import trio
 
@@ -38,6 +43,7 @@ from sbp.frames import READ_SIZE
 from sbp.observer import NULL_OBSERVER, ConnectionObserver
 
 from .address import peer_name
+from .budget import ByteBudget, ServerBudgets
 from .calls import Caller
 from .limits import CLIENT_LIMITS, ConnectionLimits
 from .ratelog import RateLimitedLog
@@ -50,9 +56,25 @@ _bad_frames = RateLimitedLog(logger)
 
 #: bytes asked of a non-socket stream per read: the decoder's own read size
 RECEIVE_CHUNK = READ_SIZE
+#: TCP states (linux/tcp_states.h) in which the peer will send nothing more:
+#: CLOSE_WAIT and CLOSE
+_PEER_GONE_STATES = frozenset({7, 8})
+#: how often a connection waiting for the request budget checks its peer
+_BUDGET_RECHECK_S = 1.0
 #: queued frames are joined into one write up to this many bytes; larger
 #: frames are written alone rather than copied again
 COALESCE_BYTES = 64 * 1024
+
+
+def _peer_hung_up(sock: trio.socket.SocketType) -> bool:
+    """Whether the peer has closed its end, without reading what it sent
+    before (its FIN waits behind that data, so a peek would not see it):
+    the kernel's TCP state is CLOSE_WAIT, or the socket is gone."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)
+    except OSError:
+        return True
+    return info[0] in _PEER_GONE_STATES
 
 
 class Connection:
@@ -72,6 +94,7 @@ class Connection:
         limits: ConnectionLimits = CLIENT_LIMITS,
         observer: ConnectionObserver | None = None,
         peer: str = "",
+        budgets: ServerBudgets | None = None,
     ) -> None:
         self.side = side
         self.peer = peer or peer_name(stream)
@@ -105,6 +128,15 @@ class Connection:
         self._writer_done = trio.Event()
         self._finished = trio.Event()
         self.last_received = 0.0
+        self.budgets = budgets
+        #: this connection's share of the server's answer budget
+        self.answer_budget = ByteBudget(budgets.connection_answer_bytes) if budgets else None
+        #: bytes of the request budget held: a frame half received, and the
+        #: requests being served (each responder knows its own)
+        self._partial_charge = 0
+        self._request_charge = 0
+        #: bytes of the answer budget held by frames queued and not yet written
+        self._outgoing_charge = 0
 
     # -- public state ---------------------------------------------------------
 
@@ -167,6 +199,7 @@ class Connection:
                 nursery.cancel_scope.cancel()
         finally:
             self._mark_closed(self._close_reason or "connection ended")
+            self._give_back_budgets()
             await trio.aclose_forcefully(self._stream)
             self._finished.set()
             self._observer.connection_closed()
@@ -230,6 +263,8 @@ class Connection:
             responder.stream_id, header, payload, end=end, system_error=system_error
         )
         self._data_queued.set()
+        if self.budgets is not None:
+            self._charge_outgoing()
         if end:
             self._request_done(responder)
         return not self._closed
@@ -240,6 +275,11 @@ class Connection:
             await self._room.park()
 
     def _request_done(self, responder: Responder) -> None:
+        if responder.charge and self.budgets is not None:
+            if self._request_charge:  # not yet given back by a close
+                self.budgets.requests.give(responder.charge)
+                self._request_charge -= responder.charge
+            responder.charge = 0
         self._observer.request_finished(
             responder.opcode, trio.current_time() - responder.started, responder.error_code
         )
@@ -263,6 +303,8 @@ class Connection:
                     continue
                 self.idle.note()
                 await self._stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
+                if self.budgets is not None:
+                    self._charge_outgoing()
                 if self._room and engine.outgoing_bytes <= engine.high_water:
                     self._room.unpark_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -295,9 +337,24 @@ class Connection:
                     break
             if events:
                 continue
+            if self.budgets is not None and self.budgets.requests.spent and self._holds_requests:
+                # The server holds its budget of request bytes, a read's
+                # worth of them ours: read on once some are given back. A
+                # peer that hangs up meanwhile is noticed within a second.
+                with trio.move_on_after(_BUDGET_RECHECK_S):
+                    await self.budgets.requests.wait_change()
+                if sock is not None and _peer_hung_up(sock):
+                    self._set_reason(f"{self.peer} closed the connection")
+                    return
+                continue
             try:
                 if sock is not None:
-                    nbytes = await sock.recv_into(engine.receive_buffer())
+                    target = engine.receive_buffer()
+                    if self.budgets is not None:
+                        # counted before the read waits, so that readers
+                        # after this one see the room it just took
+                        self._charge_partial(engine.holding)
+                    nbytes = await sock.recv_into(target)
                     events = engine.received(nbytes)
                 else:
                     data = await stream.receive_some(RECEIVE_CHUNK)
@@ -309,6 +366,8 @@ class Connection:
             if not nbytes:
                 self._set_reason(f"{self.peer} closed the connection")
                 return
+            if self.budgets is not None:
+                self._charge_partial(engine.holding)
             self.last_received = trio.current_time()
             self.idle.note()
 
@@ -336,6 +395,10 @@ class Connection:
         assert self._handler is not None  # the engine answers when there is none
         request = Request(self, event, self.last_received)
         responder = Responder(self, event.opcode, event.stream_id)
+        if self.budgets is not None:
+            responder.charge = len(event.header) + len(event.payload)
+            self.budgets.requests.add(responder.charge)
+            self._request_charge += responder.charge
         try:
             work = self._handler.start(request, responder)
         except ProtocolError as exc:
@@ -348,6 +411,40 @@ class Connection:
         if work is not None:
             assert self._nursery is not None
             self._nursery.start_soon(serve_in_task, work, request, responder)
+
+    # -- the request budget ----------------------------------------------------
+
+    @property
+    def _holds_requests(self) -> bool:
+        """Whether this connection holds a read's worth of the request budget
+        or more (below that it may read on: a small request of a client
+        with a long poll in flight is never stuck behind others' bytes)."""
+        return self._partial_charge + self._request_charge >= RECEIVE_CHUNK
+
+    def _charge_partial(self, holding: int) -> None:
+        """Count the memory held for a frame not yet whole against the budget."""
+        assert self.budgets is not None
+        self.budgets.requests.add(holding - self._partial_charge)
+        self._partial_charge = holding
+
+    def _charge_outgoing(self) -> None:
+        """Count the bytes queued to send against the answer budget."""
+        assert self.budgets is not None
+        outgoing = self._engine.outgoing_bytes
+        self.budgets.answers.add(outgoing - self._outgoing_charge)
+        self._outgoing_charge = outgoing
+
+    def _give_back_budgets(self) -> None:
+        """A finished connection holds nothing: its half frame is dropped and
+        its handler tasks have ended (an answer queued later finds the
+        connection closed and gives nothing back twice)."""
+        if self.budgets is None:
+            return
+        self._charge_partial(0)
+        self.budgets.requests.give(self._request_charge)
+        self._request_charge = 0
+        self.budgets.answers.give(self._outgoing_charge)
+        self._outgoing_charge = 0
 
     # -- closing --------------------------------------------------------------
 

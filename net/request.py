@@ -12,7 +12,8 @@ holding its request slot). Both end the request with the frame that has
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
 from typing import Any, Final, Protocol, TypeVar
 
 import trio
@@ -21,6 +22,8 @@ from sbp import messages
 from sbp.connection import RequestReceived, system_error_header
 from sbp.enums import ErrorCode, Opcode
 from sbp.errors import ConnectionClosed, ProtocolError, wire_code
+
+from .budget import ByteBudget, ServerBudgets
 
 M = TypeVar("M", bound=messages.Message)
 
@@ -64,6 +67,12 @@ class Answering(Protocol):
     ) -> bool: ...
 
     async def wait_room(self) -> None: ...
+
+    @property
+    def budgets(self) -> ServerBudgets | None: ...
+
+    @property
+    def answer_budget(self) -> ByteBudget | None: ...
 
 
 class Request:
@@ -125,7 +134,7 @@ class Responder:
     """Sends the response sequence of one request: any number of frames, the
     last with ``end=True``. Anything sent after the end is a bug and raises."""
 
-    __slots__ = ("_connection", "done", "error_code", "opcode", "started", "stream_id")
+    __slots__ = ("_connection", "charge", "done", "error_code", "opcode", "started", "stream_id")
 
     def __init__(self, connection: Answering, opcode: Opcode, stream_id: int) -> None:
         self._connection = connection
@@ -137,6 +146,8 @@ class Responder:
         self.error_code = ErrorCode.NONE
         #: trio time at which serving the request began
         self.started = trio.current_time()
+        #: bytes of the server's request budget this request holds
+        self.charge = 0
 
     def send_nowait(
         self, header: messages.Message, payload: bytes | memoryview = b"", *, end: bool = True
@@ -155,6 +166,22 @@ class Responder:
         await self._connection.wait_room()
         if not self._queue(header.encode(), payload, end=end):
             raise ConnectionClosed(f"connection to {self._connection.peer} closed")
+
+    @asynccontextmanager
+    async def answer_room(self, nbytes: int) -> AsyncIterator[None]:
+        """Room to read an answer of up to ``nbytes`` and queue it: once the
+        connection is below its high-water mark, hold ``nbytes`` of its own
+        share and of the server's answer budget until the answer is queued
+        (from then on the queued bytes count, until written). A handler
+        reading large answers (FETCH) reads inside this."""
+        connection = self._connection
+        own, budgets = connection.answer_budget, connection.budgets
+        await connection.wait_room()
+        if own is None or budgets is None:
+            yield
+            return
+        async with own.hold(nbytes), budgets.answers.hold(nbytes):
+            yield
 
     def send_error_nowait(
         self, code: ErrorCode, message: str = "", *, leader_addr: str = ""

@@ -27,6 +27,7 @@ from sbp.frames import encode_frame
 from sbp.observer import ConnectionObserver
 
 from .address import peer_name
+from .budget import ServerBudgets
 from .connection import Connection
 from .limits import SERVER_LIMITS, ConnectionLimits
 from .ratelog import RateLimitedLog
@@ -117,7 +118,10 @@ class Server:
         observer: ConnectionObserver | None = None,
         max_connections: int = 1024,
         tls: ssl.SSLContext | None = None,
+        budgets: ServerBudgets | None = None,
     ) -> None:
+        #: the byte budgets every connection shares (net.budget)
+        self.budgets = budgets if budgets is not None else ServerBudgets()
         #: accept TLS only (``net.tls.TLSSettings.server_context``) when set
         self.tls = tls
         self.dispatcher = dispatcher
@@ -227,6 +231,7 @@ class Server:
             handler=self.dispatcher,
             limits=self.limits,
             observer=self.observer,
+            budgets=self.budgets,
         )
         self._connections.add(connection)
         try:

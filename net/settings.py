@@ -124,6 +124,23 @@ def serving_limit_options() -> tuple[Option, ...]:
             metavar="N",
         ),
         Option(
+            "max-request-bytes",
+            "bytes of requests all connections together may hold while they are received "
+            "or served (half-sent frames included); past it, connections holding some are "
+            "not read from until requests finish",
+            parse_size,
+            default="256MiB",
+            metavar="BYTES",
+        ),
+        Option(
+            "max-answer-bytes",
+            "bytes of answers all connections together may hold read but not yet written "
+            "(FETCH data for peers slow to read); past it, reads for answers wait",
+            parse_size,
+            default="256MiB",
+            metavar="BYTES",
+        ),
+        Option(
             "drain-timeout-s",
             "on SIGTERM, how long requests in flight get to finish",
             non_negative_int,
@@ -139,6 +156,10 @@ def check_storage_settings(values: dict[str, Any]) -> None:
         raise UsageError("--data-dir is required (or data-dir in the config file)")
     if values["max_frame_bytes"] < MIN_FRAME_LENGTH:
         raise UsageError(f"--max-frame-bytes must be at least {MIN_FRAME_LENGTH}")
+    for name in ("max_request_bytes", "max_answer_bytes"):
+        if values[name] < values["max_frame_bytes"]:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} must be at least --max-frame-bytes")
     if values["map_size"] < 1 << 20:
         raise UsageError("--map-size must be at least 1MiB")
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from net.budget import DEFAULT_ANSWER_BYTES, DEFAULT_REQUEST_BYTES
 from net.settings import (
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
@@ -83,6 +84,9 @@ class PMConfig:
     map_size: int = DEFAULT_MAP_SIZE
     max_frame_bytes: int = DEFAULT_MAX_FRAME_LENGTH
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    #: server-wide byte budgets (net.budget)
+    max_request_bytes: int = DEFAULT_REQUEST_BYTES
+    max_answer_bytes: int = DEFAULT_ANSWER_BYTES
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     log_level: str = "info"
@@ -103,6 +107,8 @@ def parse_config(argv: Sequence[str] | None = None) -> PMConfig:
         map_size=values["map_size"],
         max_frame_bytes=values["max_frame_bytes"],
         max_connections=values["max_connections"],
+        max_request_bytes=values["max_request_bytes"],
+        max_answer_bytes=values["max_answer_bytes"],
         max_in_flight=values["max_in_flight"],
         drain_timeout_s=float(values["drain_timeout_s"]),
         log_level=values["log_level"],

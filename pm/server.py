@@ -10,6 +10,7 @@ from typing import Final
 
 import trio
 
+from net.budget import ServerBudgets
 from net.dirlock import locked_dir
 from net.limits import KEEPALIVE_INTERVAL_S, ConnectionLimits
 from net.metrics_http import MetricsHTTPServer
@@ -62,6 +63,7 @@ async def run_pm(config: PMConfig) -> int:
                 ),
                 observer=metrics.connections,
                 max_connections=config.max_connections,
+                budgets=ServerBudgets.of(config.max_request_bytes, config.max_answer_bytes),
             )
             with _metrics_endpoint(config, metrics) as endpoint:
                 async with trio.open_nursery() as nursery:

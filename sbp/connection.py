@@ -217,6 +217,11 @@ class ConnectionEngine:
         return self._decoder.buffered
 
     @property
+    def holding(self) -> int:
+        """Bytes of memory held for a frame being received (0 between frames)."""
+        return self._decoder.holding
+
+    @property
     def wants_data(self) -> bool:
         """Whether to read more now: a free request slot, room to answer,
         and a usable stream."""

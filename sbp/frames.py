@@ -23,7 +23,9 @@ frame of at most ``max_frame_length`` bytes. A socket reader can read
 straight into the decoder's buffer (``receive_buffer``, then ``received``)
 instead of handing it chunks; room is made a read at a time (at most
 ``MAX_READ_SIZE`` ahead of what has arrived), never for a whole announced
-frame at once.
+frame at once, unless the peer already sent a frame as large (then room
+for all of it at once spares the copies of growing). Between frames the
+decoder keeps one read's worth of buffer, so an idle connection holds little.
 """
 
 from __future__ import annotations
@@ -191,14 +193,19 @@ class FrameDecoder:
         #: the view receive_buffer handed out: a bytearray with a live view
         #: cannot be resized, so it is released before anything else
         self._view: memoryview | None = None
-        #: the size of the last frame larger than a read: the size a fresh
-        #: buffer gets, so that the next such frame fits it with no copy
+        #: the size of the last frame larger than a read: a frame no larger
+        #: gets room for all of it at once, so it is not copied while growing
         self._large_frame = 0
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet part of a returned event."""
         return self._filled
+
+    @property
+    def holding(self) -> int:
+        """Bytes of memory held for a frame not yet whole (0 between frames)."""
+        return len(self._buffer) if self._filled else 0
 
     @property
     def failed(self) -> bool:
@@ -220,10 +227,10 @@ class FrameDecoder:
 
         Up to a read's worth (``READ_SIZE``) while the next frame's length is
         unknown or the frame is small; once a large frame's length is in,
-        exactly the rest of it (at most ``MAX_READ_SIZE`` at a time). A fresh
-        buffer has room for a frame as large as the last large one, so such
-        a frame arrives in a buffer of its own and is handed over with no
-        copy, and no read reaches past it into the next frame.
+        exactly the rest of it (at most ``MAX_READ_SIZE`` at a time, or all
+        of it when a frame as large was received before), so a large frame
+        arrives in a buffer of its own and is handed over with no copy, and
+        no read reaches past it into the next frame.
         """
         self._release_view()
         filled = self._filled
@@ -232,7 +239,10 @@ class FrameDecoder:
             (frame_length,) = _LENGTH.unpack_from(self._buffer, 0)
             total = frame_length + LENGTH_FIELD_SIZE
             if total > _LARGE_FRAME and frame_length <= self.max_frame_length:
-                size = min(total - filled, MAX_READ_SIZE)
+                if total <= self._large_frame:
+                    size = total - filled  # as large as one already received
+                else:
+                    size = min(total - filled, MAX_READ_SIZE)
         self._make_room(size)
         view = self._view = memoryview(self._buffer)[filled : filled + size]
         return view
@@ -258,7 +268,7 @@ class FrameDecoder:
         if len(buffer) >= needed:
             return
         if filled == 0:
-            self._buffer = bytearray(max(needed, self._large_frame))
+            self._buffer = bytearray(needed)
             return
         # geometric growth: a frame read in MAX_READ_SIZE pieces is copied
         # a bounded number of times, not once per piece
@@ -290,7 +300,7 @@ class FrameDecoder:
                     self._large_frame = total
                 raw = buffer
                 filled -= total
-                buffer = self._buffer = bytearray(max(filled, READ_SIZE, self._large_frame))
+                buffer = self._buffer = bytearray(max(filled, READ_SIZE))
                 with memoryview(raw) as view:
                     buffer[:filled] = view[total : total + filled]
                 del raw[total:]

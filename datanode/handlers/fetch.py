@@ -86,17 +86,40 @@ class FetchHandler:
         min_bytes: int,
         responder: Responder,
     ) -> tuple[list[messages.FetchInfo], bool]:
-        """Read every pending item and answer what is ready; returns the items
-        still unanswered and whether a full frame left some of them behind."""
+        """Read the pending items (no more than one frame's worth) and answer
+        what is ready; returns the items still unanswered and whether a full
+        frame left some of them behind.
+
+        The read happens inside the responder's answer room: the bytes are
+        counted against the connection's and the server's answer budgets
+        from before they are read until they are written, so a peer that
+        does not read its answers makes this wait, not the node grow."""
+        budget = self._payload_budget
+        wanted = sum(min(max(info.batch_max_bytes, 1), budget) for info in pending)
+        async with responder.answer_room(min(wanted, budget)):
+            return await self._read_and_answer(pending, deadline, min_bytes, responder)
+
+    async def _read_and_answer(
+        self,
+        pending: list[messages.FetchInfo],
+        deadline: float,
+        min_bytes: int,
+        responder: Responder,
+    ) -> tuple[list[messages.FetchInfo], bool]:
         expired = trio.current_time() >= deadline or self._node.draining
         answered: list[tuple[messages.FetchResult, bytes | bytearray]] = []
         with_data: list[tuple[messages.FetchInfo, bytearray]] = []
         waiting: list[messages.FetchInfo] = []
+        unread: list[messages.FetchInfo] = []  # past one frame's worth: next pass
+        read = 0
         for info in pending:
+            if read >= self._payload_budget:
+                unread.append(info)
+                continue
             try:
                 # Never more than fits one frame, whatever batch_max_bytes says
                 # (the engine still returns at least one whole batch).
-                max_bytes = min(max(info.batch_max_bytes, 1), self._payload_budget)
+                max_bytes = min(max(info.batch_max_bytes, 1), self._payload_budget - read)
                 data = self._node.engine.read(info.stream_id, info.fetch_offset, max_bytes)
             except ProtocolError as error:
                 self._counters.fetch_items_failed += 1
@@ -104,10 +127,11 @@ class FetchHandler:
                 continue
             if data:
                 with_data.append((info, data))
+                read += len(data)
             else:
                 waiting.append(info)
         full = False
-        if expired or sum(len(data) for _, data in with_data) >= min_bytes:
+        if expired or unread or read >= min_bytes:
             budget = self._payload_budget
             for info, data in with_data:
                 if answered and len(data) > budget:
@@ -119,6 +143,9 @@ class FetchHandler:
                 self._count(data)
         else:
             waiting.extend(info for info, _ in with_data)
+        if unread:
+            waiting.extend(unread)
+            full = True
         if expired and not full:
             answered.extend((_empty(info), b"") for info in waiting)
             waiting = []

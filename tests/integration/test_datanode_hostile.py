@@ -1,0 +1,121 @@
+"""A data node against hostile clients, as a real process: what one client,
+or many, may make it hold in memory (net.budget), and that other clients
+are served meanwhile."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from pathlib import Path
+
+import pytest
+import trio
+
+from sbp.batches import build_batch
+from sbp.enums import ErrorCode, Flags, Opcode
+from sbp.frames import encode_frame
+
+from .conftest import DataNodes, append_request, connect, fetch_request, hosted_range, sync_ranges
+from .procs import RawConnection, ServerProcess
+
+pytestmark = pytest.mark.integration
+
+MiB = 1024 * 1024
+
+
+def rss_bytes(node: ServerProcess) -> int:
+    """The node's resident memory, from /proc."""
+    status = Path(f"/proc/{node.process.pid}/status").read_text()
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS line")
+
+
+async def _fill_stream(node: ServerProcess, stream_id: int, megabytes: int) -> None:
+    """``megabytes`` one-MiB batches in ``stream_id`` on a fresh node."""
+    record = b"x" * (MiB - 4096)
+    async with connect(node.address) as client:
+        await sync_ranges(client, hosted_range(stream_id, node))
+        for _ in range(megabytes):
+            header, payload = append_request([(stream_id, build_batch([record], base_timestamp=1))])
+            response = await client.request(Opcode.APPEND, header, payload, timeout=30)
+            assert [r.error_code for r in response.header.append_responses] == [0]
+
+
+async def _served_quickly(node: ServerProcess, stream_id: int, rounds: int) -> float:
+    """The slowest of ``rounds`` PING + small FETCH calls from a fresh client."""
+    slowest = 0.0
+    async with connect(node.address) as client:
+        for _ in range(rounds):
+            started = trio.current_time()
+            await client.ping(timeout=10)
+            response = await client.request(
+                Opcode.FETCH, fetch_request((stream_id, 0), max_bytes=64 * 1024), timeout=10
+            )
+            assert response.header.fetch_responses[0].error_code == ErrorCode.NONE
+            slowest = max(slowest, trio.current_time() - started)
+            await trio.sleep(0.05)
+    return slowest
+
+
+async def test_a_client_that_never_reads_holds_a_bounded_share(datanodes: DataNodes) -> None:
+    """2,000 FETCHes of 8 MiB on one connection that never reads its
+    answers: the node holds its connection share and the kernel's buffers,
+    not 2,000 answers (it grew by gigabytes before), and other clients
+    are served meanwhile."""
+    node = await datanodes.start(1)
+    await _fill_stream(node, 1, 24)
+    before = rss_bytes(node)
+    slow = await RawConnection.open(node.address)
+    fetch = fetch_request((1, 0), max_bytes=8 * MiB).encode()
+    frames = b"".join(encode_frame(Opcode.FETCH, Flags.NONE, i, fetch, b"") for i in range(1, 2001))
+    with trio.move_on_after(8):  # the node stops reading it long before
+        await slow.send(frames)
+    slowest = await _served_quickly(node, 1, 20)
+    grown = rss_bytes(node) - before
+    await slow.aclose()
+    assert grown < 120 * MiB, f"the node grew by {grown / MiB:.0f} MiB"
+    assert slowest < 2.0
+    assert "Traceback" not in node.stderr()
+
+
+async def test_half_sent_frames_are_held_to_the_request_budget(datanodes: DataNodes) -> None:
+    """40 connections each announce a 16 MiB frame and send 15 MiB of it:
+    the node holds about its request budget (48 MiB here), not the 600 MB
+    sent, and a small APPEND from another client is still served."""
+    node = await datanodes.start(1, "--max-frame-bytes", "16MiB", "--max-request-bytes", "48MiB")
+    await _fill_stream(node, 1, 1)
+    before = rss_bytes(node)
+    length = 16 * MiB
+    prefix = struct.pack(">IHBI", length, Opcode.APPEND, 0, 1) + b"\0" * 64 * 1024
+    body = prefix + b"\0" * (15 * MiB - len(prefix))
+    attackers = [await RawConnection.open(node.address) for _ in range(40)]
+
+    async def send_most_of_a_frame(raw: RawConnection) -> None:
+        with trio.move_on_after(6):
+            await raw.send(body)
+
+    async with trio.open_nursery() as nursery:
+        for raw in attackers:
+            nursery.start_soon(send_most_of_a_frame, raw)
+    grown = rss_bytes(node) - before
+    slowest = await _served_quickly(node, 1, 5)
+    async with connect(node.address) as client:
+        header, payload = append_request([(1, build_batch([b"small"], base_timestamp=1))])
+        response = await client.request(Opcode.APPEND, header, payload, timeout=10)
+        assert [r.error_code for r in response.header.append_responses] == [0]
+    for raw in attackers:
+        # An abortive close (RST): a plain one would queue its FIN behind the
+        # unsent bytes, and the node, not reading, would see it only when
+        # its keepalive gives up on the peer.
+        raw.stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await raw.aclose()
+    assert grown < 100 * MiB, f"the node grew by {grown / MiB:.0f} MiB"
+    assert slowest < 2.0
+    # Once they are gone their bytes are given back: a large append passes.
+    async with connect(node.address) as client:
+        header, payload = append_request([(1, build_batch([b"y" * (12 * MiB)], base_timestamp=1))])
+        response = await client.request(Opcode.APPEND, header, payload, timeout=30)
+        assert [r.error_code for r in response.header.append_responses] == [0]
+    assert "Traceback" not in node.stderr()

@@ -1,0 +1,39 @@
+"""net.budget: counting bytes against a limit, and waiting for room."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from net.budget import ByteBudget, ServerBudgets
+
+
+async def test_take_waits_for_room_and_give_wakes_it() -> None:
+    budget = ByteBudget(100)
+    await budget.take(70)
+    taken = trio.Event()
+
+    async def take_more() -> None:
+        await budget.take(50)
+        taken.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(take_more)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not taken.is_set() and budget.used == 70
+        budget.give(70)
+        await taken.wait()
+    assert budget.used == 50 and budget.peak == 70
+
+
+async def test_a_share_larger_than_the_limit_proceeds_alone() -> None:
+    budget = ByteBudget(10)
+    async with budget.hold(1_000):
+        assert budget.used == 1_000 and budget.spent
+    assert budget.used == 0 and not budget.spent
+
+
+def test_a_connection_share_never_exceeds_the_server_budget() -> None:
+    budgets = ServerBudgets.of(request_bytes=1 << 20, answer_bytes=4 << 20)
+    assert budgets.connection_answer_bytes == 4 << 20
+    assert budgets.requests.limit == 1 << 20
