@@ -34,7 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__.split("\n\n")[0] if __doc__ else None
     )
-    parser.add_argument("scenario", choices=[*SCENARIOS, "all"])
+    parser.add_argument(
+        "scenario",
+        choices=[*SCENARIOS, "all", "chaos"],
+        help="a benchmark, all of them, or chaos (the fault-injection harness: "
+        "python -m bench chaos --help)",
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes (under a minute each)")
     parser.add_argument(
         "--out",
@@ -46,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["chaos"]:
+        # the fault-injection harness has options of its own
+        from bench.chaos import cli
+
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        return cli.main(argv[1:])
     args = build_parser().parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so that the servers started (in sessions of
     # their own, out of reach of the terminal's signals) are stopped too.

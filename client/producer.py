@@ -91,6 +91,7 @@ class _Batch:
     """
 
     __slots__ = (
+        "attempts",
         "base_offset",
         "data",
         "deadline",
@@ -112,6 +113,8 @@ class _Batch:
         self.done = trio.Event()
         self.base_offset = -1
         self.error: BaseException | None = None
+        #: APPEND requests that carried it (more than one: it was retried)
+        self.attempts = 0
 
     def size(self) -> int:
         """Bytes of the encoded batch."""
@@ -146,6 +149,14 @@ class RecordHandle:
     def done(self) -> bool:
         """Stored or failed for good."""
         return self._batch.done.is_set()
+
+    @property
+    def attempts(self) -> int:
+        """APPEND requests that carried the record so far: 0 means it never
+        left (a failure then stored nothing), more than 1 that it was sent
+        again after an answer was lost or refused (it may be stored twice:
+        delivery is at-least-once)."""
+        return self._batch.attempts
 
     async def offset(self) -> int:
         """The record's offset in the stream, once durable; raises the
@@ -547,6 +558,8 @@ class Producer:
                 timeout_ms=int(self.request_timeout * 1000), append_requests=infos
             )
             payload = b"".join(batch.data for batch in batches if batch.data is not None)
+            for batch in batches:
+                batch.attempts += 1
             # Requests leave in the order the sender made them: the data node
             # applies one connection's requests in arrival order.
             await previous.wait()

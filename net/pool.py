@@ -93,7 +93,11 @@ class ConnectionPool:
             if not await manager.__aexit__(type(error), error, error.__traceback__):
                 raise
             return True
-        return await manager.__aexit__(exc_type, exc, tb)
+        # The body's own exception (a ConnectionClosed …) propagates as it is,
+        # not wrapped in an ExceptionGroup of the pool's nursery: its
+        # connections are closed, so the nursery has nothing left to wait for.
+        await manager.__aexit__(None, None, None)
+        return None
 
     async def get(self, address: str) -> Connection:
         """The live connection to ``address`` ("host:port")."""

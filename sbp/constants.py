@@ -35,3 +35,7 @@ MAX_STREAM_ID: Final = (1 << 32) - 1
 
 #: Range.end_offset while the range is open
 OPEN_END_OFFSET: Final = -1
+#: the largest offset a stream may reach (its next offset included): offsets
+#: are int64 on the wire, so an append that would pass it is refused with
+#: OFFSET_OUT_OF_RANGE
+MAX_RECORD_OFFSET: Final = (1 << 63) - 1

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sbp.batches import Buffer
-from sbp.constants import OPEN_END_OFFSET
+from sbp.constants import MAX_RECORD_OFFSET, OPEN_END_OFFSET
 from sbp.errors import (
     InvalidRequestError,
+    OffsetOutOfRangeError,
     RangeNotFoundError,
     StorageFullError,
     StreamDeletedError,
@@ -170,9 +171,14 @@ class WriteContext:
                 raise RangeNotFoundError(f"stream {stream_id} is unknown here")
             target = self._append_targets[stream_id] = state.append_range(self.store.node_id)
         size = len(batch)
-        self._reserve(size)
         state = self.for_update(stream_id)
         base_offset = max(state.next_offset, target.start_offset)
+        if base_offset + record_count > MAX_RECORD_OFFSET:  # the next offset must fit too
+            raise OffsetOutOfRangeError(
+                f"stream {stream_id} has no offsets left: {record_count} records from "
+                f"{base_offset} would pass {MAX_RECORD_OFFSET}"
+            )
+        self._reserve(size)
         chunk = self._chunks.get(stream_id)
         if chunk is not None and chunk.next_offset == base_offset:
             chunk.batches.append(batch)

@@ -21,7 +21,8 @@ from ..context import NodeContext
 from ..timeouts import TimeoutQueue
 
 #: a full disk refuses every append: one warning per interval says so
-_storage_full = RateLimitedLog(logging.getLogger(__name__))
+logger = logging.getLogger(__name__)
+_storage_full = RateLimitedLog(logger)
 
 
 class AppendHandler:
@@ -152,7 +153,13 @@ class _Completions:
         ready = self._ready
         while ready:
             pending, outcomes = ready.popleft()
-            pending.deliver(outcomes)
+            try:
+                pending.deliver(outcomes)
+            except Exception:
+                # This runs as a trio system callback, where an exception
+                # would end the whole process: one bad answer must not.
+                logger.exception("APPEND answer failed")
+                pending.fail_unknown()
 
 
 class _Append:
@@ -225,12 +232,20 @@ class _Append:
         self.handler._counters.append_items_failed += len(self.infos)
         self._end([_timed_out(info) for info in self.infos])
 
+    def fail_unknown(self) -> None:
+        """Answer UNKNOWN when building the real answer failed (a bug)."""
+        responder, self.responder = self.responder, None
+        self.finished = True
+        if responder is not None and not responder.done:
+            responder.send_error_nowait(ErrorCode.UNKNOWN, "internal server error")
+
     def _end(self, results: list[messages.AppendResult]) -> None:
         self.finished = True
-        responder, self.responder = self.responder, None
         self.handler._counters.append_seconds += trio.current_time() - self.received_at
+        responder = self.responder
         assert responder is not None
         responder.send_nowait(messages.AppendResponse(append_responses=tuple(results)))
+        self.responder = None
 
 
 def _parse(request: Request) -> tuple[Sequence[messages.AppendInfo], list[AppendItem], float]:

@@ -24,7 +24,8 @@ from sbp import messages
 from sbp.batches import build_batch
 from sbp.connection import Side
 from sbp.enums import ErrorCode, Opcode
-from sbp.errors import InvalidRequestError
+from sbp.constants import MAX_RECORD_OFFSET
+from sbp.errors import InvalidRequestError, ProtocolError
 from storage import RangeInfo, ReplicaInfo, StorageEngine
 
 NODE = 1
@@ -201,3 +202,45 @@ async def test_sync_ranges_refuses_fields_out_of_range(
             (ok,) = await append(client, [(KNOWN, batch(2))])
             assert ok.error_code == ErrorCode.NONE
     assert "Traceback" not in caplog.text and "storage write failed" not in caplog.text
+
+
+async def test_an_append_past_the_last_offset_is_refused(tmp_path: Path) -> None:
+    """A range that starts near the end of int64 (a hostile SYNC_RANGES can
+    place one there): records that would pass the last offset are refused
+    with OFFSET_OUT_OF_RANGE, those that fit are stored, the node goes on
+    (the overflowing answer once took the whole process down)."""
+    near_end = MAX_RECORD_OFFSET - 3
+    replica = ReplicaInfo(NODE, "127.0.0.1:9001", True)
+    with engine_at(tmp_path) as engine:
+        engine.sync_ranges(9, [RangeInfo(9, 0, near_end, replicas=(replica,), epoch=1)])
+        async with node_connection(engine) as (_, client, _server):
+            (refused,) = await append(client, [(9, batch(4))])
+            assert refused.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
+            assert "no offsets left" in refused.error_message
+            (fits,) = await append(client, [(9, batch(3))])
+            assert (fits.error_code, fits.base_offset) == (ErrorCode.NONE, near_end)
+            assert engine.next_offset(9) == MAX_RECORD_OFFSET
+            (full,) = await append(client, [(9, batch(1))])
+            assert full.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
+            await client.ping(timeout=5)
+
+
+async def test_an_answer_that_cannot_be_built_is_unknown_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Answers are delivered in a trio system callback, where an exception
+    would end the process: a failure there answers UNKNOWN instead."""
+    from datanode.handlers.append import AppendHandler
+
+    def broken(*_: Any) -> list[messages.AppendResult]:
+        raise ValueError("cannot build the answer")
+
+    with engine_at(tmp_path) as engine:
+        async with node_connection(engine) as (_, client, _server):
+            monkeypatch.setattr(AppendHandler, "results", broken)
+            with pytest.raises(ProtocolError, match="internal server error") as caught:
+                await append(client, [(KNOWN, batch(1))])
+            assert caught.value.code == ErrorCode.UNKNOWN
+            monkeypatch.undo()
+            (ok,) = await append(client, [(KNOWN, batch(1))])
+            assert (ok.error_code, ok.base_offset) == (ErrorCode.NONE, 1)

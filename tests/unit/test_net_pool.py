@@ -97,3 +97,16 @@ async def test_get_outside_the_context_fails() -> None:
     pool = ConnectionPool()
     with pytest.raises(RuntimeError, match="not open"):
         await pool.get("127.0.0.1:1")
+
+
+async def test_an_error_in_the_body_propagates_as_it_is() -> None:
+    """A caller catching ConnectionClosed around ``async with`` a pool gets
+    it, not an ExceptionGroup of the pool's nursery."""
+    server = Server(Dispatcher("test"))
+    async with trio.open_nursery() as nursery:
+        host, port = await nursery.start(server.serve, "127.0.0.1", 0)
+        with pytest.raises(ConnectionClosed):
+            async with ConnectionPool() as pool:
+                await pool.get(f"{host}:{port}")
+                raise ConnectionClosed("gone")
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,179 @@
+"""The checker: what the streams hold at the end, against what the run was
+told and what its consumers saw. Pure functions of the history and the
+final reads, so that they can be tested on made-up histories.
+
+Violations (each one makes the run fail):
+
+==================  ===================================================================
+``lost``            an acknowledged value is not at its offset (and was not trimmed)
+``two-values``      two values acknowledged, or read, at one offset
+``gap``             offsets missing between the first and last stored ones
+``duplicate``       a value stored twice that was never sent twice (not retried)
+``backwards``       a consumer was handed an offset not above the one before
+``dirty-read``      a consumer read a value at an offset that holds another at the end
+``range-chain``     a range does not start where the one before it ended
+``phantom``         a value stored that no producer sent
+==================  ===================================================================
+
+Duplicates of values that were sent more than once are allowed
+(at-least-once delivery) and counted.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from .history import History
+
+KINDS = (
+    "lost",
+    "two-values",
+    "gap",
+    "duplicate",
+    "backwards",
+    "dirty-read",
+    "range-chain",
+    "phantom",
+)
+#: examples kept per kind in the report
+EXAMPLES = 10
+
+
+@dataclass(frozen=True, slots=True)
+class StoredStream:
+    """One stream as read at the end: its records and its ranges."""
+
+    stream_id: int
+    records: list[tuple[int, bytes]]
+    #: (start_offset, end_offset or -1 when open) of each range, in order
+    ranges: list[tuple[int, int]]
+    read_error: str = ""
+
+
+@dataclass
+class Verdict:
+    violations: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    allowed_duplicates: int = 0
+    stored_records: int = 0
+    unknown_stored: int = 0
+    unknown_missing: int = 0
+    read_errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.violations.values()) and not self.read_errors
+
+    def add(self, kind: str, example: str) -> None:
+        self.violations[kind] += 1
+        if len(self.examples[kind]) < EXAMPLES:
+            self.examples[kind].append(example)
+
+
+def check(history: History, stored: list[StoredStream]) -> Verdict:
+    verdict = Verdict()
+    by_stream = {s.stream_id: s for s in stored}
+    outcomes_by_stream: dict[int, list] = defaultdict(list)
+    for outcome in history.outcomes:
+        outcomes_by_stream[outcome.stream_id].append(outcome)
+    for stream_id in history.streams:
+        final = by_stream.get(stream_id)
+        if final is None or final.read_error:
+            why = final.read_error if final else "not read"
+            verdict.read_errors.append(f"stream {stream_id}: {why}")
+            continue
+        _check_stream(verdict, stream_id, final, outcomes_by_stream[stream_id], history)
+    return verdict
+
+
+def _check_stream(
+    verdict: Verdict, stream_id: int, final: StoredStream, outcomes: list, history: History
+) -> None:
+    trimmed_to = history.trimmed_to.get(stream_id, 0)
+    at: dict[int, bytes] = {}
+    offsets_of: dict[bytes, list[int]] = defaultdict(list)
+    for offset, value in final.records:
+        if offset in at:
+            verdict.add("two-values", f"stream {stream_id} offset {offset} read twice at the end")
+        at[offset] = value
+        offsets_of[value].append(offset)
+    verdict.stored_records += len(at)
+    # gaps: the stored offsets run without a hole from the first to the last
+    if at:
+        first, last = min(at), max(at)
+        missing = (last - first + 1) - len(at)
+        if missing:
+            hole = next(o for o in range(first, last + 1) if o not in at)
+            verdict.add("gap", f"stream {stream_id}: {missing} offsets missing, first {hole}")
+    sent = {o.value: o for o in outcomes}
+    acked_at: dict[int, bytes] = {}
+    for outcome in outcomes:
+        if outcome.status == "ack":
+            other = acked_at.get(outcome.offset)
+            if other is not None and other != outcome.value:
+                verdict.add(
+                    "two-values",
+                    f"stream {stream_id} offset {outcome.offset}: acknowledged for "
+                    f"{other!r} and {outcome.value!r}",
+                )
+            acked_at[outcome.offset] = outcome.value
+            if outcome.offset < trimmed_to:
+                continue
+            stored = at.get(outcome.offset)
+            if stored != outcome.value:
+                verdict.add(
+                    "lost",
+                    f"stream {stream_id}: {outcome.value!r} acknowledged at {outcome.offset}, "
+                    f"which holds {stored!r}",
+                )
+        elif outcome.status == "unknown":
+            if outcome.value in offsets_of:
+                verdict.unknown_stored += 1
+            else:
+                verdict.unknown_missing += 1
+        elif outcome.value in offsets_of:
+            verdict.add("phantom", f"stream {stream_id}: {outcome.value!r} failed but is stored")
+    for value, offsets in offsets_of.items():
+        origin = sent.get(value)
+        if origin is None:
+            verdict.add("phantom", f"stream {stream_id}: {value!r} at {offsets[0]} never sent")
+        elif len(offsets) > 1:
+            if origin.attempts > 1 or origin.status == "unknown":
+                verdict.allowed_duplicates += len(offsets) - 1
+            else:
+                verdict.add("duplicate", f"stream {stream_id}: {value!r} at {offsets}, sent once")
+    _check_reads(verdict, stream_id, history.observed.get(stream_id, []), at, trimmed_to)
+    _check_ranges(verdict, stream_id, final.ranges)
+
+
+def _check_reads(
+    verdict: Verdict,
+    stream_id: int,
+    observed: list[tuple[int, bytes]],
+    at: dict[int, bytes],
+    trimmed_to: int,
+) -> None:
+    previous = -1
+    for offset, value in observed:
+        if offset <= previous:
+            verdict.add("backwards", f"stream {stream_id}: read offset {offset} after {previous}")
+        previous = max(previous, offset)
+        if offset < trimmed_to:
+            continue
+        stored = at.get(offset)
+        if stored != value:
+            verdict.add(
+                "dirty-read",
+                f"stream {stream_id}: read {value!r} at {offset}, which holds {stored!r}",
+            )
+
+
+def _check_ranges(verdict: Verdict, stream_id: int, ranges: list[tuple[int, int]]) -> None:
+    for (_, end), (start, _) in itertools.pairwise(ranges):
+        if end != start:
+            verdict.add(
+                "range-chain",
+                f"stream {stream_id}: a range ends at {end}, the next starts at {start}",
+            )

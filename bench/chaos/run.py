@@ -1,0 +1,135 @@
+"""One fault-injection run: start the cluster behind its proxies, run the
+workload while the schedule plays, heal everything, read every stream back
+and check it (``checker``), then write the report (``report``)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from client.consumer import Consumer
+from client.pm_client import PMClient
+
+from . import checker
+from .cluster import ChaosCluster
+from .faults import KINDS, Fault, Injector, draw_schedule
+from .history import History
+from .workload import EXPECTED, Workload, WorkloadSettings
+
+#: after healing, how long the cluster gets to find its nodes again
+SETTLE_S = 8.0
+#: how long reading one stream back may take at the end
+FINAL_READ_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    seed: int
+    duration_s: float
+    nodes: int = 3
+    kinds: tuple[str, ...] = KINDS
+    small_map_node: str | None = None
+    workload: WorkloadSettings = field(default_factory=WorkloadSettings)
+
+
+@dataclass
+class RunResult:
+    settings: RunSettings
+    schedule: list[Fault]
+    history: History
+    verdict: checker.Verdict
+    stored: list[checker.StoredStream]
+    tracebacks: dict[str, int]
+    elapsed_s: float
+    root: Path
+
+
+def plan(settings: RunSettings) -> list[Fault]:
+    nodes = [f"node-{i}" for i in range(1, settings.nodes + 1)]
+    links = ["clients->pm", *(f"{n}->pm" for n in nodes), *(f"->{n}" for n in nodes)]
+    return draw_schedule(settings.seed, settings.duration_s, nodes, links, settings.kinds)
+
+
+async def run(settings: RunSettings, root: Path) -> RunResult:
+    schedule = plan(settings)
+    history = History()
+    cluster = ChaosCluster(root, settings.nodes, small_map_node=settings.small_map_node)
+    wall_start = time.monotonic()
+    async with trio.open_nursery() as nursery:
+        try:
+            await cluster.start(nursery)
+            print(f"cluster up: PM and {settings.nodes} data nodes, logs in {root / 'logs'}")
+            started = trio.current_time()
+            workload = Workload(cluster.pm_address, history, settings.workload, settings.seed)
+            async with trio.open_nursery() as running:
+                await running.start(workload.run, time.monotonic())
+                injector = Injector(cluster, history, started)
+                running.start_soon(_progress, history, started, settings.duration_s)
+                await injector.play(schedule)
+                await trio.sleep_until(started + settings.duration_s)
+                print("healing: every link back, every server up", flush=True)
+                await cluster.heal_all()
+                workload.stop()
+                # let the producers' last values settle, consumers catch up
+                await trio.sleep(SETTLE_S)
+                await _wait_for_producers(workload)
+                running.cancel_scope.cancel()
+            stored = await _read_back(cluster.pm_address, history.streams)
+        finally:
+            await cluster.stop_all()
+            nursery.cancel_scope.cancel()
+    verdict = checker.check(history, stored)
+    return RunResult(
+        settings,
+        schedule,
+        history,
+        verdict,
+        stored,
+        cluster.log_tracebacks(),
+        time.monotonic() - wall_start,
+        root,
+    )
+
+
+async def _wait_for_producers(workload: Workload) -> None:
+    with trio.move_on_after(workload.settings.delivery_timeout_s + 10):
+        while workload.producing:
+            await trio.sleep(0.2)
+
+
+async def _progress(history: History, started: float, duration: float) -> None:
+    """A line every 10 s: where the run is and what it has seen."""
+    while True:
+        await trio.sleep(10)
+        elapsed = trio.current_time() - started
+        counts = history.counts()
+        print(
+            f"  {min(elapsed, duration):5.0f}/{duration:.0f} s  acked {counts['ack']:,}  "
+            f"unknown {counts['unknown']:,}  failed {counts['failed']:,}  "
+            f"faults {len(history.faults)}",
+            flush=True,
+        )
+
+
+async def _read_back(pm_address: str, streams: list[int]) -> list[checker.StoredStream]:
+    """Every stream from its first stored offset to its end, and its ranges."""
+    stored: list[checker.StoredStream] = []
+    for stream_id in streams:
+        records: list[tuple[int, bytes]] = []
+        ranges: list[tuple[int, int]] = []
+        error = ""
+        try:
+            with trio.fail_after(FINAL_READ_TIMEOUT_S):
+                async with PMClient(pm_address) as pm:
+                    wire = await pm.list_stream_ranges(stream_id, timeout=10)
+                    ranges = [(r.start_offset, -1 if r.is_open else r.end_offset) for r in wire]
+                async with Consumer(pm_address, stream_id, retry_timeout=60) as consumer:
+                    async for record in consumer.records():
+                        records.append((record.offset, record.value))
+        except (*EXPECTED, trio.TooSlowError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        stored.append(checker.StoredStream(stream_id, records, ranges, error))
+    return stored
