@@ -23,8 +23,8 @@ from net.limits import CLIENT_LIMITS
 from sbp import messages
 from sbp.batches import build_batch
 from sbp.connection import Side
-from sbp.enums import ErrorCode, Opcode
 from sbp.constants import MAX_RECORD_OFFSET
+from sbp.enums import ErrorCode, Opcode
 from sbp.errors import InvalidRequestError, ProtocolError
 from storage import RangeInfo, ReplicaInfo, StorageEngine
 
