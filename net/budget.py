@@ -11,7 +11,10 @@ can make a server grow without bound.
 - ``ServerBudgets.answers`` counts bytes a handler has read for an answer
   that is not yet written to the socket (FETCH). A handler takes its share
   before reading and gives it back once the answer is (nearly) sent, so a
-  peer that does not read its answers holds at most its connection's share.
+  peer that does not read its answers holds at most its connection's share,
+  and a connection holding next to nothing (``SMALL_ANSWER_BYTES``) may use
+  a reserve past the budget (``SMALL_ANSWER_RESERVE``), so that the others
+  do not make it wait.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ DEFAULT_REQUEST_BYTES = 256 * MiB
 DEFAULT_ANSWER_BYTES = 256 * MiB
 #: what one connection may hold of the answer budget: two full frames
 DEFAULT_CONNECTION_ANSWER_BYTES = 16 * MiB
+#: a connection holding no more than this of the answer budget (reserved
+#: and queued) may go past the budget by up to ``SMALL_ANSWER_RESERVE``
+SMALL_ANSWER_BYTES = 64 * 1024
+SMALL_ANSWER_RESERVE = 32 * MiB
 
 
 class ByteBudget:
@@ -70,6 +77,13 @@ class ByteBudget:
         while self.used and self.used + nbytes > self.limit:
             await self._room.park()
         self.add(nbytes)
+
+    def try_take(self, nbytes: int, allowance: int = 0) -> bool:
+        """Count ``nbytes`` if they fit within the limit plus ``allowance``."""
+        if self.used + nbytes > self.limit + allowance:
+            return False
+        self.add(nbytes)
+        return True
 
     def give(self, nbytes: int) -> None:
         self.add(-nbytes)

@@ -22,6 +22,7 @@ makes every protocol decision.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 
 import trio
@@ -59,6 +60,9 @@ RECEIVE_CHUNK = READ_SIZE
 #: TCP states (linux/tcp_states.h) in which the peer will send nothing more:
 #: CLOSE_WAIT and CLOSE
 _PEER_GONE_STATES = frozenset({7, 8})
+#: a connection that receives nothing for this long between frames gives
+#: its read buffer back until the socket is readable again
+_IDLE_BUFFER_S = 1.0
 #: how often a connection waiting for the request budget checks its peer
 _BUDGET_RECHECK_S = 1.0
 #: queued frames are joined into one write up to this many bytes; larger
@@ -349,13 +353,10 @@ class Connection:
                 continue
             try:
                 if sock is not None:
-                    target = engine.receive_buffer()
-                    if self.budgets is not None:
-                        # counted before the read waits, so that readers
-                        # after this one see the room it just took
-                        self._charge_partial(engine.holding)
-                    nbytes = await sock.recv_into(target)
-                    events = engine.received(nbytes)
+                    received = await self._receive_into_engine(sock)
+                    if received is None:
+                        continue  # quiet for a while: the buffer was given back
+                    nbytes, events = received
                 else:
                     data = await stream.receive_some(RECEIVE_CHUNK)
                     nbytes = len(data)
@@ -370,6 +371,29 @@ class Connection:
                 self._charge_partial(engine.holding)
             self.last_received = trio.current_time()
             self.idle.note()
+
+    async def _receive_into_engine(
+        self, sock: trio.socket.SocketType
+    ) -> tuple[int, list[Event]] | None:
+        """One read from the socket straight into the engine's buffer; None
+        when, between frames, nothing came for ``_IDLE_BUFFER_S``: then the
+        buffer is given back and this waits until the socket is readable (so
+        10,000 idle connections do not hold 64 KiB each)."""
+        engine = self._engine
+        between_frames = engine.buffered == 0
+        with trio.move_on_after(_IDLE_BUFFER_S if between_frames else math.inf):
+            target = engine.receive_buffer()
+            if self.budgets is not None:
+                # counted before the read waits, so that readers after this
+                # one see the room it just took
+                self._charge_partial(engine.holding)
+            # (a cancelled recv_into consumed nothing: trio only cancels it
+            # while it waits for the socket to become readable)
+            nbytes = await sock.recv_into(target)
+            return nbytes, engine.received(nbytes)
+        engine.release_receive_buffer()
+        await trio.lowlevel.wait_readable(sock.fileno())
+        return None
 
     def _on_event(self, event: Event) -> None:
         match event:
@@ -413,6 +437,11 @@ class Connection:
             self._nursery.start_soon(serve_in_task, work, request, responder)
 
     # -- the request budget ----------------------------------------------------
+
+    @property
+    def answers_queued(self) -> int:
+        """Bytes of answers queued on this connection and not yet written."""
+        return self._outgoing_charge
 
     @property
     def _holds_requests(self) -> bool:

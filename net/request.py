@@ -23,7 +23,7 @@ from sbp.connection import RequestReceived, system_error_header
 from sbp.enums import ErrorCode, Opcode
 from sbp.errors import ConnectionClosed, ProtocolError, wire_code
 
-from .budget import ByteBudget, ServerBudgets
+from .budget import SMALL_ANSWER_BYTES, SMALL_ANSWER_RESERVE, ByteBudget, ServerBudgets
 
 M = TypeVar("M", bound=messages.Message)
 
@@ -73,6 +73,9 @@ class Answering(Protocol):
 
     @property
     def answer_budget(self) -> ByteBudget | None: ...
+
+    @property
+    def answers_queued(self) -> int: ...
 
 
 class Request:
@@ -180,8 +183,20 @@ class Responder:
         if own is None or budgets is None:
             yield
             return
-        async with own.hold(nbytes), budgets.answers.hold(nbytes):
-            yield
+        async with own.hold(nbytes):
+            small = own.used + connection.answers_queued <= SMALL_ANSWER_BYTES
+            if small and budgets.answers.try_take(nbytes, SMALL_ANSWER_RESERVE):
+                # A connection holding next to nothing does not wait for the
+                # server's budget while its reserve lasts: peers that do not
+                # read (and hold the budget) cannot starve a small FETCH of
+                # a client that does.
+                try:
+                    yield
+                finally:
+                    budgets.answers.give(nbytes)
+            else:
+                async with budgets.answers.hold(nbytes):
+                    yield
 
     def send_error_nowait(
         self, code: ErrorCode, message: str = "", *, leader_addr: str = ""

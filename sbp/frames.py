@@ -166,6 +166,11 @@ def encode_frame(
 
 #: bytes a receive buffer offers a read when no large frame is under way
 READ_SIZE: Final = 64 * 1024
+#: what a read is offered after the connection was idle; each read that
+#: fills what it was offered doubles it, up to ``READ_SIZE`` (as Netty's
+#: adaptive receive buffers), so a busy connection reads 64 KiB at a time
+#: and 10,000 idle ones do not each hold 64 KiB
+MIN_READ_SIZE: Final = 4 * 1024
 #: a frame whose rest is larger than a read is read straight to its end, in a
 #: buffer of its own, up to this much per read (a peer that announces a huge
 #: frame and sends nothing more does not make the receiver allocate it)
@@ -196,6 +201,8 @@ class FrameDecoder:
         #: the size of the last frame larger than a read: a frame no larger
         #: gets room for all of it at once, so it is not copied while growing
         self._large_frame = 0
+        #: what the next read between frames is offered (see MIN_READ_SIZE)
+        self._read_size = MIN_READ_SIZE
 
     @property
     def buffered(self) -> int:
@@ -225,7 +232,8 @@ class FrameDecoder:
     def receive_buffer(self) -> memoryview:
         """Where the next bytes read from the stream go; then ``received``.
 
-        Up to a read's worth (``READ_SIZE``) while the next frame's length is
+        Up to a read's worth (``MIN_READ_SIZE`` growing to ``READ_SIZE`` while
+        reads fill it) while the next frame's length is
         unknown or the frame is small; once a large frame's length is in,
         exactly the rest of it (at most ``MAX_READ_SIZE`` at a time, or all
         of it when a frame as large was received before), so a large frame
@@ -234,7 +242,7 @@ class FrameDecoder:
         """
         self._release_view()
         filled = self._filled
-        size = READ_SIZE
+        size = self._read_size
         if filled >= LENGTH_FIELD_SIZE and not self._failed:
             (frame_length,) = _LENGTH.unpack_from(self._buffer, 0)
             total = frame_length + LENGTH_FIELD_SIZE
@@ -247,8 +255,19 @@ class FrameDecoder:
         view = self._view = memoryview(self._buffer)[filled : filled + size]
         return view
 
+    def release_buffer(self) -> None:
+        """Give the read buffer back while nothing is buffered (an idle
+        connection); the next ``receive_buffer`` makes a small new one."""
+        self._release_view()
+        if not self._filled:
+            self._buffer = bytearray()
+            self._read_size = MIN_READ_SIZE
+
     def received(self, nbytes: int) -> list[FrameEvent]:
         """``nbytes`` were read into the last ``receive_buffer()``."""
+        view = self._view
+        if view is not None and nbytes == view.nbytes and nbytes == self._read_size:
+            self._read_size = min(2 * nbytes, READ_SIZE)  # a full read: offer more
         self._release_view()
         if self._failed:
             return []
@@ -300,7 +319,7 @@ class FrameDecoder:
                     self._large_frame = total
                 raw = buffer
                 filled -= total
-                buffer = self._buffer = bytearray(max(filled, READ_SIZE))
+                buffer = self._buffer = bytearray(max(filled, self._read_size))
                 with memoryview(raw) as view:
                     buffer[:filled] = view[total : total + filled]
                 del raw[total:]

@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--frames", type=int, default=1_000_000, help="fuzz: mutated frames (default: 1,000,000)"
     )
     parser.add_argument(
+        "--memory-tolerance",
+        type=float,
+        default=10.0,
+        metavar="PERCENT",
+        help="fuzz: how much the servers' memory may grow (default: 10; short runs are noisier)",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=DEFAULT_OUT,
@@ -88,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.mode == "fuzz":
             from . import fuzz
 
-            return trio.run(fuzz.main, seed, args.frames, root, args.out)
+            tolerance = args.memory_tolerance / 100
+            return trio.run(fuzz.main, seed, args.frames, root, args.out, tolerance)
         from . import crowd
 
         return trio.run(crowd.main, root, args.out)

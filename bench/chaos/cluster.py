@@ -34,7 +34,7 @@ HEARTBEAT_INTERVAL_MS = 500
 #: the LMDB map of every node but the small one
 NODE_MAP_SIZE = "2GiB"
 #: the node meant to fill up: a minute of the default workload fills it
-SMALL_MAP_SIZE = "2MiB"
+SMALL_MAP_SIZE = "3MiB"
 
 
 @dataclass
@@ -58,7 +58,14 @@ class Server:
 class ChaosCluster:
     """Start with ``await cluster.start(nursery)``; ``stop_all`` at the end."""
 
-    def __init__(self, root: Path, nodes: int, *, small_map_node: str | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        nodes: int,
+        *,
+        small_map_node: str | None = None,
+        node_args: tuple[str, ...] = (),
+    ) -> None:
         self.root = root
         self.node_count = nodes
         self.small_map_node = small_map_node
@@ -108,6 +115,7 @@ class ChaosCluster:
                     map_size,
                     "--heartbeat-interval-ms",
                     str(HEARTBEAT_INTERVAL_MS),
+                    *node_args,
                 ],
                 logs / f"{name}.log",
             )

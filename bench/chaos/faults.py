@@ -63,7 +63,7 @@ def draw_schedule(
     nodes: list[str],
     links: list[str],
     kinds: tuple[str, ...] = KINDS,
-    mean_gap_s: float = 6.0,
+    mean_gap_s: float = 3.0,
     quiet_tail_s: float = 5.0,
 ) -> list[Fault]:
     """Faults one after another (never two at once, so that each one's

@@ -254,14 +254,16 @@ def _rss(pid: int) -> int:
     return int(psutil.Process(pid).memory_info().rss)
 
 
-async def main(seed: int, frames: int, root: Path, out_dir: Path) -> int:
+async def main(
+    seed: int, frames: int, root: Path, out_dir: Path, memory_tolerance: float = MEMORY_TOLERANCE
+) -> int:
     rng = random.Random(seed)
     print(f"fuzz: seed {seed}, {frames:,} mutated frames against a data node and the PM")
     cluster = ChaosCluster(root, 1)
     async with trio.open_nursery() as nursery:
         try:
             await cluster.start(nursery)
-            result = await _fuzz(cluster, rng, frames)
+            result = await _fuzz(cluster, rng, frames, memory_tolerance)
         finally:
             await cluster.stop_all()
             nursery.cancel_scope.cancel()
@@ -282,7 +284,9 @@ async def main(seed: int, frames: int, root: Path, out_dir: Path) -> int:
     return 0 if result["verdict"] == "pass" else 1
 
 
-async def _fuzz(cluster: ChaosCluster, rng: random.Random, frames: int) -> dict[str, Any]:
+async def _fuzz(
+    cluster: ChaosCluster, rng: random.Random, frames: int, memory_tolerance: float
+) -> dict[str, Any]:
     node = cluster.nodes["node-1"]
     node_address, pm_address = node.child.address, cluster.pm.child.address
     assert node.child.process is not None and cluster.pm.child.process is not None
@@ -315,7 +319,7 @@ async def _fuzz(cluster: ChaosCluster, rng: random.Random, frames: int) -> dict[
     end_rss = {name: _rss(pid) for name, pid in pids.items()}
     failures = await _still_correct(pm_address, node_address, stream_id, before)
     for name in pids:
-        if end_rss[name] > start_rss[name] * (1 + MEMORY_TOLERANCE):
+        if end_rss[name] > start_rss[name] * (1 + memory_tolerance):
             failures.append(
                 f"{name} memory grew {start_rss[name] / 1e6:.0f} -> {end_rss[name] / 1e6:.0f} MB"
             )

@@ -124,7 +124,7 @@ class LinkProxy:
         finally:
             self._pairs.discard(pair)
             for stream in pair:
-                await trio.aclose_forcefully(stream)
+                stream.socket.close()  # at once, whatever cancels this task
 
     async def _pump(
         self,

@@ -15,6 +15,7 @@ from sbp.constants import FIXED_HEADER_SIZE, MAX_HEADER_LENGTH, MIN_FRAME_LENGTH
 from sbp.enums import ErrorCode, Flags, Opcode
 from sbp.frames import (
     MAX_READ_SIZE,
+    MIN_READ_SIZE,
     READ_SIZE,
     DiscardedFrame,
     DiscardReason,
@@ -278,14 +279,15 @@ def test_a_large_frame_is_read_into_a_buffer_of_its_own_and_handed_over() -> Non
     frame = encode_frame(Opcode.APPEND, Flags.NONE, 9, b"h" * 24, payload)
     decoder = FrameDecoder()
     first = decoder.receive_buffer()
-    assert len(first) == READ_SIZE
-    first[:] = frame[:READ_SIZE]
-    assert decoder.received(READ_SIZE) == []
-    # once its length is known, the reader is offered exactly the rest
+    assert len(first) == MIN_READ_SIZE  # a new connection reads a little first
+    first[:] = frame[:MIN_READ_SIZE]
+    assert decoder.received(MIN_READ_SIZE) == []
+    # once its length is known, the reader is offered the rest, a large
+    # read at a time
     rest = decoder.receive_buffer()
-    assert len(rest) == len(frame) - READ_SIZE
-    rest[:] = frame[READ_SIZE:]
-    (event,) = decoder.received(len(frame) - READ_SIZE)
+    assert len(rest) == len(frame) - MIN_READ_SIZE
+    rest[:] = frame[MIN_READ_SIZE:]
+    (event,) = decoder.received(len(frame) - MIN_READ_SIZE)
     assert isinstance(event, Frame) and event.payload == payload
     assert decoder.buffered == 0
     # the payload is a view of the very buffer that was read into
@@ -294,17 +296,40 @@ def test_a_large_frame_is_read_into_a_buffer_of_its_own_and_handed_over() -> Non
     # the next frame as large gets room for all of it once its length is in:
     # its first read is copied once, the rest arrives in one piece in place
     first = decoder.receive_buffer()
-    assert len(first) == READ_SIZE  # between frames the buffer is small
-    first[:] = frame[:READ_SIZE]
-    assert decoder.received(READ_SIZE) == []
+    size = len(first)
+    assert MIN_READ_SIZE < size <= READ_SIZE  # the full read made the next larger
+    first[:] = frame[:size]
+    assert decoder.received(size) == []
     rest = decoder.receive_buffer()
-    assert len(rest) == len(frame) - READ_SIZE
+    assert len(rest) == len(frame) - size
     buffer = rest.obj
-    rest[:] = frame[READ_SIZE:]
+    rest[:] = frame[size:]
     (event,) = decoder.received(len(rest))
     assert isinstance(event, Frame) and isinstance(event.payload, memoryview)
     assert event.payload.obj is buffer and event.payload == payload
     assert decoder.holding == 0
+
+
+def test_reads_grow_while_they_fill_and_start_small_after_idle() -> None:
+    decoder = FrameDecoder()
+    sizes = []
+    for _ in range(6):
+        view = decoder.receive_buffer()
+        sizes.append(len(view))
+        empty = len(encode_frame(Opcode.PING, Flags.NONE, 1))
+        frames = encode_frame(Opcode.PING, Flags.NONE, 1, b"", b"x" * (len(view) - empty))
+        view[:] = frames
+        assert len(decoder.received(len(view))) == 1
+    assert sizes == [
+        MIN_READ_SIZE,
+        2 * MIN_READ_SIZE,
+        4 * MIN_READ_SIZE,
+        8 * MIN_READ_SIZE,
+        READ_SIZE,
+        READ_SIZE,
+    ]
+    decoder.release_buffer()
+    assert decoder.holding == 0 and len(decoder.receive_buffer()) == MIN_READ_SIZE
 
 
 def test_an_announced_huge_frame_is_not_allocated_ahead_of_its_bytes() -> None:

@@ -1,0 +1,104 @@
+"""The chaos checker on made-up histories: each violation it names is found,
+and what is allowed (trims, duplicates of values sent again) is not one."""
+
+from __future__ import annotations
+
+import itertools
+
+from bench.chaos.checker import StoredStream, check
+from bench.chaos.faults import KINDS, draw_schedule
+from bench.chaos.history import History, Outcome
+
+S = 7
+
+
+def ack(value: str, offset: int, attempts: int = 1) -> Outcome:
+    return Outcome(S, value.encode(), "ack", offset, attempts, 0.0, 0.1)
+
+
+def unknown(value: str, attempts: int = 1) -> Outcome:
+    return Outcome(S, value.encode(), "unknown", -1, attempts, 0.0, 0.1, "lost connection")
+
+
+def history(*outcomes: Outcome, observed: list[tuple[int, str]] | None = None) -> History:
+    h = History(outcomes=list(outcomes), streams=[S])
+    h.observed[S] = [(o, v.encode()) for o, v in observed or []]
+    return h
+
+
+def stored(*records: tuple[int, str], ranges: list[tuple[int, int]] | None = None) -> StoredStream:
+    return StoredStream(S, [(o, v.encode()) for o, v in records], ranges or [(0, -1)])
+
+
+def test_a_clean_history_passes() -> None:
+    verdict = check(
+        history(ack("a", 0), ack("b", 1), unknown("c"), observed=[(0, "a"), (1, "b")]),
+        [stored((0, "a"), (1, "b"), (2, "c"))],
+    )
+    assert verdict.ok and verdict.unknown_stored == 1 and verdict.stored_records == 3
+
+
+def test_a_lost_acknowledged_value_is_found() -> None:
+    verdict = check(history(ack("a", 0), ack("b", 1)), [stored((0, "a"))])
+    assert verdict.violations["lost"] == 1 and not verdict.ok
+    assert "b'b' acknowledged at 1" in verdict.examples["lost"][0]
+
+
+def test_two_values_acknowledged_at_one_offset() -> None:
+    verdict = check(history(ack("a", 0), ack("b", 0)), [stored((0, "a"))])
+    assert verdict.violations["two-values"] == 1
+
+
+def test_a_gap_in_offsets() -> None:
+    verdict = check(history(ack("a", 0), ack("c", 2)), [stored((0, "a"), (2, "c"))])
+    assert verdict.violations["gap"] == 1
+    assert "first 1" in verdict.examples["gap"][0]
+
+
+def test_duplicates_are_allowed_only_for_values_sent_again() -> None:
+    sent_again = check(history(ack("a", 1, attempts=2)), [stored((0, "a"), (1, "a"))])
+    assert sent_again.ok and sent_again.allowed_duplicates == 1
+    sent_once = check(history(ack("a", 1)), [stored((0, "a"), (1, "a"))])
+    assert sent_once.violations["duplicate"] == 1
+
+
+def test_reads_that_go_backwards_or_were_later_lost() -> None:
+    verdict = check(
+        history(ack("a", 0), ack("b", 1), observed=[(1, "b"), (0, "a"), (1, "x")]),
+        [stored((0, "a"), (1, "b"))],
+    )
+    assert verdict.violations["backwards"] == 2
+    assert verdict.violations["dirty-read"] == 1
+
+
+def test_trimmed_offsets_are_neither_lost_nor_dirty() -> None:
+    h = history(ack("a", 0), ack("b", 1), ack("c", 2), observed=[(0, "a")])
+    h.record_trim(S, 2)
+    verdict = check(h, [stored((2, "c"), ranges=[(2, -1)])])
+    assert verdict.ok
+
+
+def test_ranges_must_chain_and_nothing_unsent_is_stored() -> None:
+    verdict = check(
+        history(ack("a", 0)),
+        [stored((0, "a"), (1, "zzz"), ranges=[(0, 5), (6, -1)])],
+    )
+    assert verdict.violations["range-chain"] == 1
+    assert verdict.violations["phantom"] == 1
+
+
+def test_an_unreadable_stream_fails_the_run() -> None:
+    verdict = check(history(ack("a", 0)), [StoredStream(S, [], [], "TimeoutError: no answer")])
+    assert not verdict.ok and verdict.read_errors
+
+
+def test_the_schedule_is_a_function_of_the_seed() -> None:
+    nodes, links = ["node-1", "node-2"], ["->node-1", "node-1->pm"]
+    first = draw_schedule(42, 300, nodes, links)
+    assert first == draw_schedule(42, 300, nodes, links)
+    assert first != draw_schedule(43, 300, nodes, links)
+    assert {fault.kind for fault in first} <= set(KINDS)
+    # one fault at a time, all over before the quiet end of the run
+    for before, after in itertools.pairwise(first):
+        assert before.at + before.duration <= after.at
+    assert first[-1].at + first[-1].duration <= 300 - 5
