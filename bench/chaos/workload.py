@@ -21,7 +21,8 @@ import trio
 from client.consumer import Consumer
 from client.pm_client import PMClient
 from client.producer import Producer
-from sbp.errors import SBPError
+from client.retry import is_transient
+from sbp.errors import ProtocolError, SBPError
 
 from .history import History, Outcome
 
@@ -152,7 +153,7 @@ class Workload:
             try:
                 offset = await handle.offset()
             except EXPECTED as error:
-                status = "unknown" if handle.attempts else "failed"
+                status = "failed" if _never_stored(error, handle.attempts) else "unknown"
                 self._record(stream_id, value, status, -1, handle.attempts, sent_at, str(error))
             else:
                 self._record(stream_id, value, "ack", offset, handle.attempts, sent_at)
@@ -246,3 +247,13 @@ class Workload:
         except EXPECTED as error:
             result = f"failed: {error}"
         self.history.operations.append((self.now(), "trim", stream_id, result[:200]))
+
+
+def _never_stored(error: BaseException, attempts: int) -> bool:
+    """Whether a value that failed with ``error`` cannot have been stored: it
+    never left the client, or its one attempt was refused by the node for
+    this item (STORAGE_FULL …). A retried value may have been stored by an
+    earlier attempt whose answer was lost."""
+    if attempts == 0:
+        return True
+    return attempts == 1 and isinstance(error, ProtocolError) and not is_transient(error)
