@@ -66,7 +66,10 @@ class LoadReporter:
             data_node=self._identity(),
             disk_in_rate=round((counters.appended_bytes - before.appended_bytes) / seconds),
             disk_out_rate=round((counters.fetched_bytes - before.fetched_bytes) / seconds),
-            disk_free_space=shutil.disk_usage(self._data_dir).free,
+            # what appends can still use: the disk's free space, or the room
+            # left in the LMDB map when that is less (a full map refuses
+            # appends with STORAGE_FULL however much disk is free)
+            disk_free_space=min(shutil.disk_usage(self._data_dir).free, storage.append_room_bytes),
             # the index is written in the same transaction as the batches
             disk_unindexed_data_size=0,
             memory_used=memory_used(),

@@ -41,9 +41,10 @@ OPTIONS: Final = (
     ),
     Option(
         "min-free-space",
-        "data nodes reporting less free disk than this get no new ranges, e.g. 1GiB",
+        "data nodes reporting less free space than this (free disk, or room left in their "
+        "LMDB map when that is less) get no new ranges, e.g. 1GiB",
         parse_size,
-        default="0",
+        default="1MiB",
         metavar="BYTES",
     ),
     Option(
@@ -80,7 +81,7 @@ class PMConfig:
     listen: tuple[str, int] = ("127.0.0.1", 0)
     metrics_listen: tuple[str, int] | None = None
     node_timeout_s: float = DEFAULT_NODE_TIMEOUT_MS / 1000
-    min_free_space: int = 0
+    min_free_space: int = 1 << 20
     map_size: int = DEFAULT_MAP_SIZE
     max_frame_bytes: int = DEFAULT_MAX_FRAME_LENGTH
     max_connections: int = DEFAULT_MAX_CONNECTIONS

@@ -432,6 +432,7 @@ class StorageEngine:
             map_size=store.map_size,
             used_bytes=used_pages * store.page_size,
             file_bytes=(info["last_pgno"] + 1) * store.page_size,
+            append_room_bytes=max(0, store.append_limit_pages - used_pages) * store.page_size,
             commits_total=writer.commits_total,
             commit_seconds_total=writer.commit_seconds_total,
             last_commit_seconds=writer.last_commit_seconds,

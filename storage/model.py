@@ -208,6 +208,8 @@ class StorageStats:
     map_size: int
     used_bytes: int
     file_bytes: int
+    #: what appends may still take of the map (LMDB keeps a reserve of its own)
+    append_room_bytes: int
     commits_total: int
     commit_seconds_total: float
     last_commit_seconds: float

@@ -13,6 +13,8 @@ Violations (each one makes the run fail):
 ``dirty-read``      a consumer read a value at an offset that holds another at the end
 ``range-chain``     a range does not start where the one before it ended
 ``phantom``         a value stored that no producer sent
+``replica``         a replica of a range holds other records than the stream reads
+                    back for that range's offsets (streams with more than one replica)
 ==================  ===================================================================
 
 Duplicates of values that were sent more than once are allowed
@@ -36,6 +38,7 @@ KINDS = (
     "dirty-read",
     "range-chain",
     "phantom",
+    "replica",
 )
 #: examples kept per kind in the report
 EXAMPLES = 10
@@ -50,6 +53,9 @@ class StoredStream:
     #: (start_offset, end_offset or -1 when open) of each range, in order
     ranges: list[tuple[int, int]]
     read_error: str = ""
+    #: per "range R on node N": the range's [start, stop) and the records
+    #: that replica holds of it
+    replicas: dict[str, tuple[int, int, list[tuple[int, bytes]]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -146,6 +152,7 @@ def _check_stream(
                 verdict.add("duplicate", f"stream {stream_id}: {value!r} at {offsets}, sent once")
     _check_reads(verdict, stream_id, history.observed.get(stream_id, []), at, trimmed_to)
     _check_ranges(verdict, stream_id, final.ranges)
+    _check_replicas(verdict, stream_id, final.replicas, at)
 
 
 def _check_reads(
@@ -176,4 +183,21 @@ def _check_ranges(verdict: Verdict, stream_id: int, ranges: list[tuple[int, int]
             verdict.add(
                 "range-chain",
                 f"stream {stream_id}: a range ends at {end}, the next starts at {start}",
+            )
+
+
+def _check_replicas(
+    verdict: Verdict,
+    stream_id: int,
+    replicas: dict[str, tuple[int, int, list[tuple[int, bytes]]]],
+    at: dict[int, bytes],
+) -> None:
+    for where, (start, stop, records) in replicas.items():
+        held = dict(records)
+        expected = {o: v for o, v in at.items() if start <= o < stop}
+        if held != expected:
+            verdict.add(
+                "replica",
+                f"stream {stream_id}: {where} holds {len(held)} records of [{start}, {stop}), "
+                f"the stream {len(expected)}",
             )

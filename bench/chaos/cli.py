@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _faults(args: argparse.Namespace, seed: int, root: Path) -> int:
     from . import report
     from .faults import KINDS
-    from .run import RunSettings, plan, run
+    from .run import RunSettings, plan, replay_command, run
     from .workload import WorkloadSettings
 
     kinds = tuple(k.strip() for k in args.faults.split(",") if k.strip())
@@ -139,7 +139,7 @@ def _faults(args: argparse.Namespace, seed: int, root: Path) -> int:
     print(f"chaos: seed {seed}, {args.duration:.0f} s, {len(schedule)} faults scheduled:")
     for fault in schedule:
         print(f"  {fault.describe()}")
-    print(f"replay with: python -m bench chaos --seed {seed} --duration {args.duration:g}")
+    print(f"replay with: {replay_command(settings)}")
     result = trio.run(run, settings, root)
     doc = report.write(result, args.out)
     print(report.summary_line(doc))

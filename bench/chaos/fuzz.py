@@ -327,11 +327,16 @@ async def _fuzz(
     print(f"  {await _state(node_address):,} ranges on the node after the warm-up", flush=True)
     started = time.monotonic()
     done = WARMUP_FRAMES
+    #: memory after every step: a leak grows with the frames, a step of the
+    #: allocator's high-water mark does not
+    progress: list[dict[str, float]] = []
     while done < frames:
         step = min(100_000, frames - done)
         await _round(node_address, pm_address, step, rng, stats, pool)
         done += step
-        memory = "  ".join(f"{name} {_rss(pid) / 1e6:.0f} MB" for name, pid in pids.items())
+        sample = {name: _rss(pid) for name, pid in pids.items()}
+        progress.append({"frames": done, **{k: round(v / 1e6, 1) for k, v in sample.items()}})
+        memory = "  ".join(f"{name} {value / 1e6:.0f} MB" for name, value in sample.items())
         print(f"  {done:,} frames  ({time.monotonic() - started:.0f} s)  {memory}", flush=True)
     seconds = time.monotonic() - started
     end_rss = await _settled_rss(pids)
@@ -356,6 +361,7 @@ async def _fuzz(
         # valid requests among the mutated ones leave state behind (ranges
         # of new stream ids on the node): memory a server must keep
         "ranges_on_node": created,
+        "memory_mb_by_frames": progress,
     }
 
 

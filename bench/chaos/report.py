@@ -13,7 +13,7 @@ from bench.harness import machine_info, versions
 from bench.report import table
 
 from . import checker
-from .run import RunResult
+from .run import RunResult, replay_command
 
 #: shading of each fault kind on the timeline
 COLOURS = {
@@ -75,8 +75,7 @@ def markdown(result: RunResult, doc: dict[str, Any]) -> str:
         "",
         f"Seed {doc['seed']}, {doc['settings']['duration_s']:.0f} s of faults on a PM and "
         f"{doc['settings']['nodes']} data nodes ({doc['elapsed_s']:.0f} s in all). "
-        f"Replay: `python -m bench chaos --seed {doc['seed']} "
-        f"--duration {doc['settings']['duration_s']:.0f}`.",
+        f"Replay: `{replay_command(result.settings)}`.",
         "",
         "## What the workload did",
         "",

@@ -11,7 +11,11 @@ from pathlib import Path
 import trio
 
 from client.consumer import Consumer
+from client.datanode_client import DataNodeClient
 from client.pm_client import PMClient
+from sbp import messages
+from sbp.batches import decode_batches
+from sbp.enums import ErrorCode, Opcode
 
 from . import checker
 from .cluster import ChaosCluster
@@ -45,6 +49,27 @@ class RunResult:
     tracebacks: dict[str, int]
     elapsed_s: float
     root: Path
+
+
+def replay_command(settings: RunSettings) -> str:
+    """The command line that runs the same schedule on the same cluster shape."""
+    parts = [
+        "python -m bench chaos",
+        f"--seed {settings.seed}",
+        f"--duration {settings.duration_s:g}",
+    ]
+    if settings.nodes != RunSettings.nodes:
+        parts.append(f"--nodes {settings.nodes}")
+    if settings.kinds != KINDS:
+        parts.append(f"--faults {','.join(settings.kinds)}")
+    if settings.small_map_node != "node-3":
+        parts.append(f"--small-map-node '{settings.small_map_node or ''}'")
+    defaults = WorkloadSettings()
+    if settings.workload.producers != defaults.producers:
+        parts.append(f"--producers {settings.workload.producers}")
+    if settings.workload.replicas != defaults.replicas:
+        parts.append(f"--replicas {settings.workload.replicas}")
+    return " ".join(parts)
 
 
 def plan(settings: RunSettings) -> list[Fault]:
@@ -115,11 +140,13 @@ async def _progress(history: History, started: float, duration: float) -> None:
 
 
 async def _read_back(pm_address: str, streams: list[int]) -> list[checker.StoredStream]:
-    """Every stream from its first stored offset to its end, and its ranges."""
+    """Every stream from its first stored offset to its end, its ranges, and
+    what each replica of each range holds (read from that node itself)."""
     stored: list[checker.StoredStream] = []
     for stream_id in streams:
         records: list[tuple[int, bytes]] = []
         ranges: list[tuple[int, int]] = []
+        replicas: dict[str, tuple[int, int, list[tuple[int, bytes]]]] = {}
         error = ""
         try:
             with trio.fail_after(FINAL_READ_TIMEOUT_S):
@@ -129,7 +156,50 @@ async def _read_back(pm_address: str, streams: list[int]) -> list[checker.Stored
                 async with Consumer(pm_address, stream_id, retry_timeout=60) as consumer:
                     async for record in consumer.records():
                         records.append((record.offset, record.value))
+                end = records[-1][0] + 1 if records else 0
+                for rng in wire:
+                    if len(rng.replica_nodes) > 1:
+                        stop = end if rng.is_open else rng.end_offset
+                        for replica in rng.replica_nodes:
+                            key = f"range {rng.range_index} on node {replica.data_node.node_id}"
+                            held = await _read_replica(
+                                replica.data_node.advertise_addr, stream_id, rng.start_offset, stop
+                            )
+                            replicas[key] = (rng.start_offset, stop, held)
         except (*EXPECTED, trio.TooSlowError) as exc:
             error = f"{type(exc).__name__}: {exc}"
-        stored.append(checker.StoredStream(stream_id, records, ranges, error))
+        stored.append(checker.StoredStream(stream_id, records, ranges, error, replicas))
     return stored
+
+
+async def _read_replica(
+    address: str, stream_id: int, start: int, stop: int
+) -> list[tuple[int, bytes]]:
+    """Records [start, stop) of a stream as one data node holds them (FETCH
+    straight from it, not through the PM's choice of primary)."""
+    records: list[tuple[int, bytes]] = []
+    offset = start
+    async with DataNodeClient(address) as node:
+        while offset < stop:
+            fetch = messages.FetchRequest(
+                max_wait_ms=0,
+                min_bytes=1,
+                fetch_requests=(
+                    messages.FetchInfo(
+                        stream_id=stream_id,
+                        request_index=0,
+                        fetch_offset=offset,
+                        batch_max_bytes=1 << 20,
+                    ),
+                ),
+            )
+            response = await node.call(Opcode.FETCH, fetch, timeout=10)
+            (result,) = response.header.fetch_responses
+            if result.error_code != ErrorCode.NONE or not response.payload:
+                break
+            decoded = decode_batches(response.payload)
+            for i, at in enumerate(decoded.offsets.tolist()):
+                if start <= at < stop:
+                    records.append((at, decoded.value(i)))
+            offset = int(decoded.offsets[-1]) + 1
+    return records

@@ -8,12 +8,13 @@ import pytest
 import trio
 
 from client.pm_client import PMClient
+from net.pool import ConnectionPool
 from sbp import messages
 from sbp.batches import build_batch
 from sbp.enums import ErrorCode, Opcode
-from sbp.errors import UnsupportedOperationError
+from sbp.errors import StorageFullError, UnsupportedOperationError
 
-from .pm_cluster import append_values, pm_cluster, primary_address, read_stream
+from .pm_cluster import PMCluster, append_values, pm_cluster, primary_address, read_stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -212,3 +213,44 @@ async def test_the_pm_does_not_serve_append(tmp_path: Path) -> None:
         request = messages.AppendRequest(timeout_ms=1000, append_requests=())
         with pytest.raises(UnsupportedOperationError):
             await connection.request(Opcode.APPEND, request, timeout=5)
+
+
+async def test_a_node_whose_map_is_full_gets_no_new_ranges(tmp_path: Path) -> None:
+    """A node reports the room left in its LMDB map when that is less than
+    the free disk: once its map is full, new streams go to the others
+    (before, it reported the disk's free space and kept getting ranges whose
+    appends all failed with STORAGE_FULL)."""
+    async with ConnectionPool() as pool:
+        cluster = PMCluster(tmp_path, pool)
+        try:
+            await cluster.start_pm()
+            await cluster.start_node(1)
+            await cluster.start_node(2, "--map-size", "3MiB")
+            await cluster.wait_alive({1, 2})
+            pm = cluster.pm_client()
+            # fill node 2 through a stream placed on it
+            full = None
+            for created in await pm.create_streams([messages.Stream(replica_nums=1)] * 4):
+                assert created.range is not None
+                if created.range.replica_nodes[0].data_node.node_id == 2:
+                    full = created.range
+            assert full is not None
+            node = cluster.node_client(primary_address(full))
+            batch = bytes(build_batch([b"x" * 60_000] * 4, base_timestamp=1))
+            with pytest.raises(StorageFullError):
+                for _ in range(100):
+                    await node.append_batch(full.stream_id, batch)
+            # its next report shows it full: no new range is placed on it
+            with trio.fail_after(10):
+                while True:
+                    statuses = {s.data_node.node_id: s for s in await pm.describe_cluster()}
+                    metrics = statuses[2].metrics
+                    if metrics is not None and metrics.disk_free_space < 1 << 20:
+                        break
+                    await trio.sleep(0.1)
+            results = await pm.create_streams([messages.Stream(replica_nums=1)] * 8)
+            placed = {r.range.replica_nodes[0].data_node.node_id for r in results if r.range}
+            assert placed == {1}
+        finally:
+            with trio.CancelScope(shield=True):
+                await cluster.stop_all()

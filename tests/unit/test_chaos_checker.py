@@ -102,3 +102,16 @@ def test_the_schedule_is_a_function_of_the_seed() -> None:
     for before, after in itertools.pairwise(first):
         assert before.at + before.duration <= after.at
     assert first[-1].at + first[-1].duration <= 300 - 5
+
+
+def test_a_replica_that_differs_from_the_stream_is_found() -> None:
+    good = [(0, b"a"), (1, b"b")]
+    final = StoredStream(
+        S,
+        [(0, b"a"), (1, b"b")],
+        [(0, -1)],
+        replicas={"range 0 on node 1": (0, 2, good), "range 0 on node 2": (0, 2, [])},
+    )
+    verdict = check(history(ack("a", 0), ack("b", 1)), [final])
+    assert verdict.violations["replica"] == 1
+    assert "node 2 holds 0 records of [0, 2), the stream 2" in verdict.examples["replica"][0]
