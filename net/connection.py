@@ -22,7 +22,6 @@ makes every protocol decision.
 from __future__ import annotations
 
 import logging
-import math
 import socket
 
 import trio
@@ -60,9 +59,6 @@ RECEIVE_CHUNK = READ_SIZE
 #: TCP states (linux/tcp_states.h) in which the peer will send nothing more:
 #: CLOSE_WAIT and CLOSE
 _PEER_GONE_STATES = frozenset({7, 8})
-#: a connection that receives nothing for this long between frames gives
-#: its read buffer back until the socket is readable again
-_IDLE_BUFFER_S = 1.0
 #: how often a connection waiting for the request budget checks its peer
 _BUDGET_RECHECK_S = 1.0
 #: queued frames are joined into one write up to this many bytes; larger
@@ -141,6 +137,9 @@ class Connection:
         self._request_charge = 0
         #: bytes of the answer budget held by frames queued and not yet written
         self._outgoing_charge = 0
+        #: the last read emptied the socket, or nothing was read yet (see
+        #: _receive_into_engine)
+        self._drained = True
 
     # -- public state ---------------------------------------------------------
 
@@ -353,10 +352,7 @@ class Connection:
                 continue
             try:
                 if sock is not None:
-                    received = await self._receive_into_engine(sock)
-                    if received is None:
-                        continue  # quiet for a while: the buffer was given back
-                    nbytes, events = received
+                    nbytes, events = await self._receive_into_engine(sock)
                 else:
                     data = await stream.receive_some(RECEIVE_CHUNK)
                     nbytes = len(data)
@@ -374,26 +370,29 @@ class Connection:
 
     async def _receive_into_engine(
         self, sock: trio.socket.SocketType
-    ) -> tuple[int, list[Event]] | None:
-        """One read from the socket straight into the engine's buffer; None
-        when, between frames, nothing came for ``_IDLE_BUFFER_S``: then the
-        buffer is given back and this waits until the socket is readable (so
-        10,000 idle connections do not hold 64 KiB each)."""
+    ) -> tuple[int, list[Event]]:
+        """One read from the socket straight into the engine's buffer.
+
+        Between frames, once a read has drained the socket, the buffer is
+        given back and this waits for the socket to become readable before
+        taking a new one: a connection waiting for its peer holds no read
+        buffer (10,000 idle connections would otherwise hold 64 KiB each).
+        Waiting first costs nothing: reading a drained socket would only
+        fail and wait the same way."""
         engine = self._engine
-        between_frames = engine.buffered == 0
-        with trio.move_on_after(_IDLE_BUFFER_S if between_frames else math.inf):
-            target = engine.receive_buffer()
+        if self._drained and engine.buffered == 0:
+            engine.release_receive_buffer()
             if self.budgets is not None:
-                # counted before the read waits, so that readers after this
-                # one see the room it just took
-                self._charge_partial(engine.holding)
-            # (a cancelled recv_into consumed nothing: trio only cancels it
-            # while it waits for the socket to become readable)
-            nbytes = await sock.recv_into(target)
-            return nbytes, engine.received(nbytes)
-        engine.release_receive_buffer()
-        await trio.lowlevel.wait_readable(sock.fileno())
-        return None
+                self._charge_partial(0)
+            await trio.lowlevel.wait_readable(sock.fileno())
+        target = engine.receive_buffer()
+        if self.budgets is not None:
+            # counted before the read waits, so that readers after this one
+            # see the room it just took
+            self._charge_partial(engine.holding)
+        nbytes = await sock.recv_into(target)
+        self._drained = nbytes < len(target)
+        return nbytes, engine.received(nbytes)
 
     def _on_event(self, event: Event) -> None:
         match event:

@@ -166,10 +166,10 @@ def encode_frame(
 
 #: bytes a receive buffer offers a read when no large frame is under way
 READ_SIZE: Final = 64 * 1024
-#: what a read is offered after the connection was idle; each read that
-#: fills what it was offered doubles it, up to ``READ_SIZE`` (as Netty's
-#: adaptive receive buffers), so a busy connection reads 64 KiB at a time
-#: and 10,000 idle ones do not each hold 64 KiB
+#: what a new connection's first read is offered; each read that fills what
+#: it was offered doubles it, up to ``READ_SIZE`` (as Netty's adaptive
+#: receive buffers), so a busy connection reads 64 KiB at a time and one
+#: that only ever sends small requests reads 4 KiB
 MIN_READ_SIZE: Final = 4 * 1024
 #: a frame whose rest is larger than a read is read straight to its end, in a
 #: buffer of its own, up to this much per read (a peer that announces a huge
@@ -256,12 +256,11 @@ class FrameDecoder:
         return view
 
     def release_buffer(self) -> None:
-        """Give the read buffer back while nothing is buffered (an idle
-        connection); the next ``receive_buffer`` makes a small new one."""
+        """Give the read buffer back while nothing is buffered (a connection
+        waiting for its peer); the next ``receive_buffer`` makes a new one."""
         self._release_view()
         if not self._filled:
             self._buffer = bytearray()
-            self._read_size = MIN_READ_SIZE
 
     def received(self, nbytes: int) -> list[FrameEvent]:
         """``nbytes`` were read into the last ``receive_buffer()``."""

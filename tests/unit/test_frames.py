@@ -310,7 +310,7 @@ def test_a_large_frame_is_read_into_a_buffer_of_its_own_and_handed_over() -> Non
     assert decoder.holding == 0
 
 
-def test_reads_grow_while_they_fill_and_start_small_after_idle() -> None:
+def test_reads_grow_while_they_fill_and_the_buffer_can_be_given_back() -> None:
     decoder = FrameDecoder()
     sizes = []
     for _ in range(6):
@@ -329,7 +329,7 @@ def test_reads_grow_while_they_fill_and_start_small_after_idle() -> None:
         READ_SIZE,
     ]
     decoder.release_buffer()
-    assert decoder.holding == 0 and len(decoder.receive_buffer()) == MIN_READ_SIZE
+    assert decoder.holding == 0 and len(decoder.receive_buffer()) == READ_SIZE
 
 
 def test_an_announced_huge_frame_is_not_allocated_ahead_of_its_bytes() -> None:
