@@ -241,10 +241,6 @@ class ConnectionEngine:
         """Where the next read may put its bytes (then call ``received``)."""
         return self._decoder.receive_buffer()
 
-    def release_receive_buffer(self) -> None:
-        """Give the read buffer back between frames (an idle connection)."""
-        self._decoder.release_buffer()
-
     def received(self, nbytes: int) -> list[Event]:
         """``nbytes`` were read into ``receive_buffer()``: the events they make."""
         self._backlog.extend(self._decoder.received(nbytes))

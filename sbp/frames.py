@@ -255,13 +255,6 @@ class FrameDecoder:
         view = self._view = memoryview(self._buffer)[filled : filled + size]
         return view
 
-    def release_buffer(self) -> None:
-        """Give the read buffer back while nothing is buffered (a connection
-        waiting for its peer); the next ``receive_buffer`` makes a new one."""
-        self._release_view()
-        if not self._filled:
-            self._buffer = bytearray()
-
     def received(self, nbytes: int) -> list[FrameEvent]:
         """``nbytes`` were read into the last ``receive_buffer()``."""
         view = self._view

@@ -310,7 +310,7 @@ def test_a_large_frame_is_read_into_a_buffer_of_its_own_and_handed_over() -> Non
     assert decoder.holding == 0
 
 
-def test_reads_grow_while_they_fill_and_the_buffer_can_be_given_back() -> None:
+def test_reads_grow_while_they_fill() -> None:
     decoder = FrameDecoder()
     sizes = []
     for _ in range(6):
@@ -328,8 +328,6 @@ def test_reads_grow_while_they_fill_and_the_buffer_can_be_given_back() -> None:
         READ_SIZE,
         READ_SIZE,
     ]
-    decoder.release_buffer()
-    assert decoder.holding == 0 and len(decoder.receive_buffer()) == READ_SIZE
 
 
 def test_an_announced_huge_frame_is_not_allocated_ahead_of_its_bytes() -> None:
