@@ -34,6 +34,7 @@ from sbp.enums import Opcode
 from sbp.frames import Frame, FrameDecoder, encode_frame
 
 from .cluster import ChaosCluster
+from .report import write_verdict
 
 BUSY = 1_000
 IDLE = 10_000
@@ -61,16 +62,14 @@ async def main(root: Path, out_dir: Path) -> int:
             await cluster.stop_all()
             nursery.cancel_scope.cancel()
     result["server_tracebacks"] = cluster.log_tracebacks()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "crowd.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(
-        f"crowd: {result['verdict']}: probe p99 {result['p99_ms']['quiet']:.2f} ms quiet, "
+    return write_verdict(
+        "crowd",
+        result,
+        out_dir,
+        f"probe p99 {result['p99_ms']['quiet']:.2f} ms quiet, "
         f"{result['p99_ms']['crowd']:.2f} ms in the crowd; node memory "
-        f"{result['rss_mb']['quiet']:.0f} -> {result['rss_mb']['crowd']:.0f} MB"
+        f"{result['rss_mb']['quiet']:.0f} -> {result['rss_mb']['crowd']:.0f} MB",
     )
-    for failure in result["failures"]:
-        print(f"  FAILED: {failure}")
-    return 0 if result["verdict"] == "pass" else 1
 
 
 def _raise_fd_limit(wanted: int) -> None:

@@ -22,7 +22,6 @@ within 10 % of what it was after a warm-up round of 150,000 frames.
 
 from __future__ import annotations
 
-import json
 import random
 import struct
 import time
@@ -50,6 +49,7 @@ from sbp.enums import ClientRole, Opcode
 from sbp.frames import Frame, FrameDecoder, encode_frame
 
 from .cluster import ChaosCluster
+from .report import write_verdict
 
 CONNECTIONS = 8
 #: how long a burst's PING may take to come back before the connection is replaced
@@ -289,17 +289,15 @@ async def main(
     if any(result["server_tracebacks"].values()):
         result["verdict"] = "FAIL"
         result["failures"].append("tracebacks in the server logs")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "fuzz.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(
-        f"fuzz: {result['verdict']}: {result['frames']:,} frames in {result['seconds']:.0f} s, "
+    return write_verdict(
+        "fuzz",
+        result,
+        out_dir,
+        f"{result['frames']:,} frames in {result['seconds']:.0f} s, "
         f"memory node {result['rss_mb']['node'][0]:.0f}->{result['rss_mb']['node'][1]:.0f} MB, "
         f"PM {result['rss_mb']['pm'][0]:.0f}->{result['rss_mb']['pm'][1]:.0f} MB, "
-        f"{result['ranges_on_node']:,} ranges on the node"
+        f"{result['ranges_on_node']:,} ranges on the node",
     )
-    for failure in result["failures"]:
-        print(f"  FAILED: {failure}")
-    return 0 if result["verdict"] == "pass" else 1
 
 
 async def _fuzz(

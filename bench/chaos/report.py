@@ -174,3 +174,14 @@ def summary_line(doc: dict[str, Any]) -> str:
         f"{len(doc['faults'])} faults, {found} violations"
         + (f", {len(doc['read_errors'])} streams unreadable" if doc["read_errors"] else "")
     )
+
+
+def write_verdict(name: str, result: dict[str, Any], out_dir: Path, summary: str) -> int:
+    """Write a fuzz or crowd result as ``<name>.json``, print its summary line
+    and failures; the exit status (0 on a pass)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{name}: {result['verdict']}: {summary}")
+    for failure in result["failures"]:
+        print(f"  FAILED: {failure}")
+    return 0 if result["verdict"] == "pass" else 1

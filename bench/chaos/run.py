@@ -100,7 +100,7 @@ async def run(settings: RunSettings, root: Path) -> RunResult:
                 workload.stop()
                 # let the producers' last values settle, consumers catch up
                 await trio.sleep(SETTLE_S)
-                await _wait_for_producers(workload)
+                await workload.settled()
                 running.cancel_scope.cancel()
             stored = await _read_back(cluster.pm_address, history.streams)
         finally:
@@ -117,12 +117,6 @@ async def run(settings: RunSettings, root: Path) -> RunResult:
         time.monotonic() - wall_start,
         root,
     )
-
-
-async def _wait_for_producers(workload: Workload) -> None:
-    with trio.move_on_after(workload.settings.delivery_timeout_s + 10):
-        while workload.producing:
-            await trio.sleep(0.2)
 
 
 async def _progress(history: History, started: float, duration: float) -> None:

@@ -61,11 +61,6 @@ class Workload:
         self._consumers: trio.Nursery | None = None
         self._producers: trio.Nursery | None = None
 
-    @property
-    def producing(self) -> int:
-        """Producers still running (each ends once its last values settle)."""
-        return self._producing
-
     def now(self) -> float:
         return time.monotonic() - self._started_at
 
@@ -82,14 +77,19 @@ class Workload:
             await self._stopping.wait()
             # Producers end on their own (their last values settle); the
             # side operations stop with them.
-            with trio.move_on_after(self.settings.delivery_timeout_s + 10):
-                while self._producing:
-                    await trio.sleep(0.1)
+            await self.settled()
             producers.cancel_scope.cancel()
             # consumers run until the caller cancels the run
 
     def stop(self) -> None:
         self._stopping.set()
+
+    async def settled(self) -> None:
+        """Until every producer has ended (its last values settled), at most
+        a delivery timeout and then some after ``stop``."""
+        with trio.move_on_after(self.settings.delivery_timeout_s + 10):
+            while self._producing:
+                await trio.sleep(0.1)
 
     # -- streams --------------------------------------------------------------
 
