@@ -11,6 +11,7 @@ class Opcode(IntEnum):
     HEARTBEAT = 0x0003
     APPEND = 0x1001
     FETCH = 0x1002
+    REPLICATE = 0x1003
     LIST_RANGES = 0x2001
     SEAL_RANGES = 0x2002
     SYNC_RANGES = 0x2003
@@ -58,6 +59,8 @@ class ErrorCode(IntEnum):
     UNSUPPORTED_OPERATION = 8
     SHUTTING_DOWN = 9
     FRAME_TOO_LARGE = 10
+    AUTHENTICATION_FAILED = 11
+    AUTHORIZATION_FAILED = 12
     STREAM_NOT_FOUND = 100
     RANGE_NOT_FOUND = 101
     RANGE_SEALED = 102
@@ -67,6 +70,8 @@ class ErrorCode(IntEnum):
     STORAGE_FULL = 106
     NOT_PRIMARY = 107
     EPOCH_FENCED = 108
+    NOT_ENOUGH_REPLICAS = 109
+    OUT_OF_ORDER = 110
     NO_AVAILABLE_DATA_NODE = 200
     DATA_NODE_NOT_FOUND = 201
 
@@ -95,6 +100,8 @@ _RETRIABLE = frozenset(
         ErrorCode.RANGE_SEALED,
         ErrorCode.STORAGE_FULL,
         ErrorCode.NOT_PRIMARY,
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        ErrorCode.OUT_OF_ORDER,
         ErrorCode.NO_AVAILABLE_DATA_NODE,
     }
 )

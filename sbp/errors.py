@@ -119,6 +119,31 @@ class EpochFencedError(ProtocolError):
     code = ErrorCode.EPOCH_FENCED
 
 
+class NotEnoughReplicasError(ProtocolError):
+    code = ErrorCode.NOT_ENOUGH_REPLICAS
+
+
+class OutOfOrderError(ProtocolError):
+    """A REPLICATE batch that is not at the replica's next offset (SPEC §7)."""
+
+    code = ErrorCode.OUT_OF_ORDER
+
+    def __init__(
+        self, message: str = "", *, code: ErrorCode | int | None = None, next_offset: int = -1
+    ) -> None:
+        super().__init__(message, code=code)
+        #: the replica's durable next offset, to resend from
+        self.next_offset = next_offset
+
+
+class AuthenticationFailedError(ProtocolError):
+    code = ErrorCode.AUTHENTICATION_FAILED
+
+
+class AuthorizationFailedError(ProtocolError):
+    code = ErrorCode.AUTHORIZATION_FAILED
+
+
 class NoAvailableDataNodeError(ProtocolError):
     code = ErrorCode.NO_AVAILABLE_DATA_NODE
 
@@ -149,6 +174,8 @@ _BY_CODE: dict[int, type[ProtocolError]] = {
         UnsupportedOperationError,
         ShuttingDownError,
         FrameTooLargeError,
+        AuthenticationFailedError,
+        AuthorizationFailedError,
         StreamNotFoundError,
         RangeNotFoundError,
         RangeSealedError,
@@ -158,6 +185,8 @@ _BY_CODE: dict[int, type[ProtocolError]] = {
         StorageFullError,
         NotPrimaryError,
         EpochFencedError,
+        NotEnoughReplicasError,
+        OutOfOrderError,
         NoAvailableDataNodeError,
         DataNodeNotFoundError,
     )

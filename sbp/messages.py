@@ -114,6 +114,7 @@ class Range(RangeSpan, Message):
     next_offset: int = fb.int64(4)  # the next offset to be assigned; a snapshot
     replica_nodes: tuple[ReplicaNode, ...] = fb.vector(5, ReplicaNode)
     epoch: int = fb.int64(6)  # the stream epoch the range was created in
+    commit_offset: int = fb.int64(7)  # records below it are acknowledged (§7); a snapshot
 
     def primary_node(self) -> DataNode | None:
         """The data node of the primary replica (None when none is marked)."""
@@ -137,6 +138,8 @@ class Stream(Message):
     replica_nums: int = fb.int8(1)
     retention_period_ms: int = fb.int64(2)  # 0 = keep forever
     epoch: int = fb.int64(3)
+    #: replicas that must hold a record before it is acknowledged; 0 = a majority (§7)
+    ack_nums: int = fb.int8(4)
 
 
 @fb.table
@@ -262,6 +265,43 @@ class FetchResponse(Message):
     fetch_responses: tuple[FetchResult, ...] = fb.vector(1, FetchResult)
 
 
+@fb.table
+@dataclass(frozen=True, slots=True)
+class ReplicateInfo(Message):
+    stream_id: int = fb.int64(0)
+    range_index: int = fb.int32(1)
+    epoch: int = fb.int64(2)
+    base_offset: int = fb.int64(3)
+    batch_length: int = fb.int32(4)  # 0: the item only carries commit_offset
+    commit_offset: int = fb.int64(5)  # the primary's commit offset
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class ReplicateRequest(Message):
+    """The payload is the record batches, base offsets stamped, in item order (§7)."""
+
+    timeout_ms: int = fb.int32(0)
+    replicate_requests: tuple[ReplicateInfo, ...] = fb.vector(1, ReplicateInfo, required=True)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class ReplicateResult(Message):
+    stream_id: int = fb.int64(0)
+    range_index: int = fb.int32(1)
+    error_code: ErrorCode | int = _error_code_field(2)
+    error_message: str = fb.string(3)
+    next_offset: int = fb.int64(4)  # this replica's durable next offset of the range
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class ReplicateResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    replicate_responses: tuple[ReplicateResult, ...] = fb.vector(1, ReplicateResult)
+
+
 # --------------------------------------------------------------------------- ranges
 
 
@@ -293,6 +333,7 @@ class ListRangesResponse(Message):
 class SealRangesRequest(Message):
     timeout_ms: int = fb.int32(0)
     ranges: tuple[RangeId, ...] = fb.vector(1, RangeId, required=True)
+    pm_term: int = fb.int64(2)  # set when the PM sends it (§8)
 
 
 @fb.table
@@ -323,6 +364,7 @@ class StreamRanges(Message):
 class SyncRangesRequest(Message):
     timeout_ms: int = fb.int32(0)
     stream_ranges: tuple[StreamRanges, ...] = fb.vector(1, StreamRanges, required=True)
+    pm_term: int = fb.int64(2)  # (§8)
 
 
 @fb.table
@@ -562,6 +604,7 @@ _REQUEST_TYPES: dict[int, type[Message]] = {
     Opcode.HEARTBEAT: HeartbeatRequest,
     Opcode.APPEND: AppendRequest,
     Opcode.FETCH: FetchRequest,
+    Opcode.REPLICATE: ReplicateRequest,
     Opcode.LIST_RANGES: ListRangesRequest,
     Opcode.SEAL_RANGES: SealRangesRequest,
     Opcode.SYNC_RANGES: SyncRangesRequest,
@@ -579,6 +622,7 @@ _RESPONSE_TYPES: dict[int, type[Message]] = {
     Opcode.HEARTBEAT: HeartbeatResponse,
     Opcode.APPEND: AppendResponse,
     Opcode.FETCH: FetchResponse,
+    Opcode.REPLICATE: ReplicateResponse,
     Opcode.LIST_RANGES: ListRangesResponse,
     Opcode.SEAL_RANGES: SealRangesResponse,
     Opcode.SYNC_RANGES: SyncRangesResponse,

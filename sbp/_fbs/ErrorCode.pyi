@@ -20,6 +20,8 @@ class ErrorCode(object):
   UNSUPPORTED_OPERATION = cast(int, ...)
   SHUTTING_DOWN = cast(int, ...)
   FRAME_TOO_LARGE = cast(int, ...)
+  AUTHENTICATION_FAILED = cast(int, ...)
+  AUTHORIZATION_FAILED = cast(int, ...)
   STREAM_NOT_FOUND = cast(int, ...)
   RANGE_NOT_FOUND = cast(int, ...)
   RANGE_SEALED = cast(int, ...)
@@ -29,6 +31,8 @@ class ErrorCode(object):
   STORAGE_FULL = cast(int, ...)
   NOT_PRIMARY = cast(int, ...)
   EPOCH_FENCED = cast(int, ...)
+  NOT_ENOUGH_REPLICAS = cast(int, ...)
+  OUT_OF_ORDER = cast(int, ...)
   NO_AVAILABLE_DATA_NODE = cast(int, ...)
   DATA_NODE_NOT_FOUND = cast(int, ...)
 

@@ -93,8 +93,15 @@ class RangeDescriptor(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return 0
 
+    # RangeDescriptor
+    def CommitOffset(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
 def RangeDescriptorStart(builder: flatbuffers.Builder):
-    builder.StartObject(7)
+    builder.StartObject(8)
 
 def Start(builder: flatbuffers.Builder):
     RangeDescriptorStart(builder)
@@ -147,6 +154,12 @@ def RangeDescriptorAddEpoch(builder: flatbuffers.Builder, epoch: int):
 def AddEpoch(builder: flatbuffers.Builder, epoch: int):
     RangeDescriptorAddEpoch(builder, epoch)
 
+def RangeDescriptorAddCommitOffset(builder: flatbuffers.Builder, commitOffset: int):
+    builder.PrependInt64Slot(7, commitOffset, 0)
+
+def AddCommitOffset(builder: flatbuffers.Builder, commitOffset: int):
+    RangeDescriptorAddCommitOffset(builder, commitOffset)
+
 def RangeDescriptorEnd(builder: flatbuffers.Builder) -> int:
     return builder.EndObject()
 
@@ -171,6 +184,7 @@ class RangeDescriptorT(object):
         nextOffset = 0,
         replicaNodes = None,
         epoch = 0,
+        commitOffset = 0,
     ):
         self.streamId = streamId  # type: int
         self.rangeIndex = rangeIndex  # type: int
@@ -179,6 +193,7 @@ class RangeDescriptorT(object):
         self.nextOffset = nextOffset  # type: int
         self.replicaNodes = replicaNodes  # type: Optional[List[sbp._fbs.ReplicaNode.ReplicaNodeT]]
         self.epoch = epoch  # type: int
+        self.commitOffset = commitOffset  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -215,6 +230,7 @@ class RangeDescriptorT(object):
                     replicaNode_ = sbp._fbs.ReplicaNode.ReplicaNodeT.InitFromObj(rangeDescriptor.ReplicaNodes(i))
                     self.replicaNodes.append(replicaNode_)
         self.epoch = rangeDescriptor.Epoch()
+        self.commitOffset = rangeDescriptor.CommitOffset()
 
     # RangeDescriptorT
     def Pack(self, builder):
@@ -235,5 +251,6 @@ class RangeDescriptorT(object):
         if self.replicaNodes is not None:
             RangeDescriptorAddReplicaNodes(builder, replicaNodes)
         RangeDescriptorAddEpoch(builder, self.epoch)
+        RangeDescriptorAddCommitOffset(builder, self.commitOffset)
         rangeDescriptor = RangeDescriptorEnd(builder)
         return rangeDescriptor

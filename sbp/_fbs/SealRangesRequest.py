@@ -58,8 +58,15 @@ class SealRangesRequest(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
         return o == 0
 
+    # SealRangesRequest
+    def PmTerm(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
 def SealRangesRequestStart(builder: flatbuffers.Builder):
-    builder.StartObject(2)
+    builder.StartObject(3)
 
 def Start(builder: flatbuffers.Builder):
     SealRangesRequestStart(builder)
@@ -82,6 +89,12 @@ def SealRangesRequestStartRangesVector(builder, numElems: int) -> int:
 def StartRangesVector(builder, numElems: int) -> int:
     return SealRangesRequestStartRangesVector(builder, numElems)
 
+def SealRangesRequestAddPmTerm(builder: flatbuffers.Builder, pmTerm: int):
+    builder.PrependInt64Slot(2, pmTerm, 0)
+
+def AddPmTerm(builder: flatbuffers.Builder, pmTerm: int):
+    SealRangesRequestAddPmTerm(builder, pmTerm)
+
 def SealRangesRequestEnd(builder: flatbuffers.Builder) -> int:
     return builder.EndObject()
 
@@ -101,9 +114,11 @@ class SealRangesRequestT(object):
         self,
         timeoutMs = 0,
         ranges = None,
+        pmTerm = 0,
     ):
         self.timeoutMs = timeoutMs  # type: int
         self.ranges = ranges  # type: Optional[List[sbp._fbs.RangeId.RangeIdT]]
+        self.pmTerm = pmTerm  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -135,6 +150,7 @@ class SealRangesRequestT(object):
                 else:
                     rangeId_ = sbp._fbs.RangeId.RangeIdT.InitFromObj(sealRangesRequest.Ranges(i))
                     self.ranges.append(rangeId_)
+        self.pmTerm = sealRangesRequest.PmTerm()
 
     # SealRangesRequestT
     def Pack(self, builder):
@@ -150,5 +166,6 @@ class SealRangesRequestT(object):
         SealRangesRequestAddTimeoutMs(builder, self.timeoutMs)
         if self.ranges is not None:
             SealRangesRequestAddRanges(builder, ranges)
+        SealRangesRequestAddPmTerm(builder, self.pmTerm)
         sealRangesRequest = SealRangesRequestEnd(builder)
         return sealRangesRequest

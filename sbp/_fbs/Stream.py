@@ -53,8 +53,15 @@ class Stream(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return 0
 
+    # Stream
+    def AckNums(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int8Flags, o + self._tab.Pos)
+        return 0
+
 def StreamStart(builder: flatbuffers.Builder):
-    builder.StartObject(4)
+    builder.StartObject(5)
 
 def Start(builder: flatbuffers.Builder):
     StreamStart(builder)
@@ -83,6 +90,12 @@ def StreamAddEpoch(builder: flatbuffers.Builder, epoch: int):
 def AddEpoch(builder: flatbuffers.Builder, epoch: int):
     StreamAddEpoch(builder, epoch)
 
+def StreamAddAckNums(builder: flatbuffers.Builder, ackNums: int):
+    builder.PrependInt8Slot(4, ackNums, 0)
+
+def AddAckNums(builder: flatbuffers.Builder, ackNums: int):
+    StreamAddAckNums(builder, ackNums)
+
 def StreamEnd(builder: flatbuffers.Builder) -> int:
     return builder.EndObject()
 
@@ -99,11 +112,13 @@ class StreamT(object):
         replicaNums = 0,
         retentionPeriodMs = 0,
         epoch = 0,
+        ackNums = 0,
     ):
         self.streamId = streamId  # type: int
         self.replicaNums = replicaNums  # type: int
         self.retentionPeriodMs = retentionPeriodMs  # type: int
         self.epoch = epoch  # type: int
+        self.ackNums = ackNums  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -130,6 +145,7 @@ class StreamT(object):
         self.replicaNums = stream.ReplicaNums()
         self.retentionPeriodMs = stream.RetentionPeriodMs()
         self.epoch = stream.Epoch()
+        self.ackNums = stream.AckNums()
 
     # StreamT
     def Pack(self, builder):
@@ -138,5 +154,6 @@ class StreamT(object):
         StreamAddReplicaNums(builder, self.replicaNums)
         StreamAddRetentionPeriodMs(builder, self.retentionPeriodMs)
         StreamAddEpoch(builder, self.epoch)
+        StreamAddAckNums(builder, self.ackNums)
         stream = StreamEnd(builder)
         return stream

@@ -58,8 +58,15 @@ class SyncRangesRequest(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
         return o == 0
 
+    # SyncRangesRequest
+    def PmTerm(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
 def SyncRangesRequestStart(builder: flatbuffers.Builder):
-    builder.StartObject(2)
+    builder.StartObject(3)
 
 def Start(builder: flatbuffers.Builder):
     SyncRangesRequestStart(builder)
@@ -82,6 +89,12 @@ def SyncRangesRequestStartStreamRangesVector(builder, numElems: int) -> int:
 def StartStreamRangesVector(builder, numElems: int) -> int:
     return SyncRangesRequestStartStreamRangesVector(builder, numElems)
 
+def SyncRangesRequestAddPmTerm(builder: flatbuffers.Builder, pmTerm: int):
+    builder.PrependInt64Slot(2, pmTerm, 0)
+
+def AddPmTerm(builder: flatbuffers.Builder, pmTerm: int):
+    SyncRangesRequestAddPmTerm(builder, pmTerm)
+
 def SyncRangesRequestEnd(builder: flatbuffers.Builder) -> int:
     return builder.EndObject()
 
@@ -101,9 +114,11 @@ class SyncRangesRequestT(object):
         self,
         timeoutMs = 0,
         streamRanges = None,
+        pmTerm = 0,
     ):
         self.timeoutMs = timeoutMs  # type: int
         self.streamRanges = streamRanges  # type: Optional[List[sbp._fbs.StreamRanges.StreamRangesT]]
+        self.pmTerm = pmTerm  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -135,6 +150,7 @@ class SyncRangesRequestT(object):
                 else:
                     streamRanges_ = sbp._fbs.StreamRanges.StreamRangesT.InitFromObj(syncRangesRequest.StreamRanges(i))
                     self.streamRanges.append(streamRanges_)
+        self.pmTerm = syncRangesRequest.PmTerm()
 
     # SyncRangesRequestT
     def Pack(self, builder):
@@ -150,5 +166,6 @@ class SyncRangesRequestT(object):
         SyncRangesRequestAddTimeoutMs(builder, self.timeoutMs)
         if self.streamRanges is not None:
             SyncRangesRequestAddStreamRanges(builder, streamRanges)
+        SyncRangesRequestAddPmTerm(builder, self.pmTerm)
         syncRangesRequest = SyncRangesRequestEnd(builder)
         return syncRangesRequest
