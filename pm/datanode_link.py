@@ -91,9 +91,9 @@ class DataNodeLink:
                         error_for(result.error_code, result.error_message),
                     )
 
-    async def seal_range(self, rng: RangeRecord) -> int:
+    async def seal_replica(self, rng: RangeRecord, node_id: int) -> int:
         result = await self._call(
-            rng.primary,
+            node_id,
             "SEAL_RANGES",
             lambda node, timeout: node.seal_range(rng.stream_id, rng.range_index, timeout=timeout),
         )
@@ -101,7 +101,7 @@ class DataNodeLink:
             if sealed.range_index == rng.range_index:
                 return int(sealed.end_offset)
         raise UnknownServerError(
-            f"node {rng.primary} sealed stream {rng.stream_id} range {rng.range_index} "
+            f"node {node_id} sealed stream {rng.stream_id} range {rng.range_index} "
             "without returning it"
         )
 

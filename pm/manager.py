@@ -35,6 +35,7 @@ from typing import Final, Generic, Protocol, TypeVar
 
 import trio
 
+from net.ratelog import RateLimitedLog
 from sbp.errors import (
     DataNodeNotFoundError,
     EpochFencedError,
@@ -46,6 +47,8 @@ from sbp.errors import (
     SBPError,
     StreamNotFoundError,
 )
+
+from sbp.replication import check_acks, effective_acks, seal_end
 
 from . import reconcile
 from .liveness import NodeRegistry, NodeState
@@ -66,6 +69,8 @@ from .reconcile import ReconcilePlan
 from .records import NodeRecord, RangeRecord, StreamRecord
 
 log = logging.getLogger(__name__)
+#: a range whose seal keeps failing is retried every second: logged once a minute
+_seal_failures = RateLimitedLog(log, interval=60.0)
 
 T = TypeVar("T")
 
@@ -80,6 +85,14 @@ MAX_LIST_LIMIT: Final = 10_000
 RECONCILE_TIMEOUT_S: Final = 60.0
 RECONCILE_RETRY_S: Final = 10.0
 RECONCILE_RETRY_MAX_S: Final = 600.0
+#: sealing a replicated range: how long replicas that have not answered yet
+#: may still answer once enough have, and how often that is looked at
+SEAL_GRACE_S: Final = 0.5
+SEAL_POLL_S: Final = 0.05
+#: how often the PM looks for open ranges led by dead nodes
+DEAD_PRIMARY_CHECK_S: Final = 1.0
+#: a replica on a node held dead is asked to seal for this long at most
+DEAD_REPLICA_SEAL_S: Final = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +116,9 @@ class DataNodeCalls(Protocol):
     ) -> None:
         """SYNC_RANGES: each stream with its whole current list of ranges."""
 
-    async def seal_range(self, rng: RangeRecord) -> int:
-        """SEAL_RANGES on the range's primary; returns the end offset."""
+    async def seal_replica(self, rng: RangeRecord, node_id: int) -> int:
+        """SEAL_RANGES on one replica of the range; returns its durable next
+        offset (where the replica sealed it)."""
 
     async def next_offset(self, rng: RangeRecord) -> int:
         """DESCRIBE_RANGES on the range's primary; returns its next offset."""
@@ -282,6 +296,7 @@ class PlacementManager:
         for spec in specs:
             try:
                 _check_stream_fields(spec.replica_nums, spec.retention_period_ms)
+                check_acks(spec.replica_nums, spec.ack_nums)
                 nodes = self._place(spec.replica_nums)
             except ProtocolError as exc:
                 results.append(Outcome(error=exc))
@@ -356,8 +371,8 @@ class PlacementManager:
     async def update_streams(
         self, specs: Sequence[StreamRecord], timeout: float
     ) -> list[Outcome[StreamRecord]]:
-        """Change streams' replica_nums (0 keeps it), retention (negative keeps
-        it) and epoch (which may not go back: EPOCH_FENCED). New ranges use the
+        """Change streams' replica_nums (0 keeps it), ack_nums (0 keeps it),
+        retention (negative keeps it) and epoch (which may not go back: EPOCH_FENCED). New ranges use the
         new replica_nums and epoch; existing ranges stay where they are."""
         deadline = trio.current_time() + timeout
         results: list[Outcome[StreamRecord]] = [
@@ -486,17 +501,122 @@ class PlacementManager:
                 return [rng] if following is None else [rng, following]
             # Place first: when no node can take the next range, the open one
             # stays open and writable rather than leaving the stream without one.
-            nodes = self._place(stream.replica_nums)
-            end = await self._link.seal_range(rng)
-            # A trim may have raised the start past what the primary had seen.
+            # The next range may go on fewer nodes than replica_nums, down to
+            # ack_nums (SPEC §7: degraded, under-replicated).
+            nodes = self._place(
+                stream.replica_nums,
+                at_least=effective_acks(stream.replica_nums, stream.ack_nums),
+            )
+            end = await self._seal_replicas(rng, effective_acks(len(rng.nodes), stream.ack_nums))
+            # A trim may have raised the start past what the replicas had seen.
             sealed = replace(rng, end_offset=max(end, rng.start_offset))
             following = RangeRecord(
                 stream_id, range_index + 1, sealed.end_offset, nodes, epoch=stream.epoch
             )
             await self._commit([PutRange(sealed), PutRange(following)])
             self.registry.note_hosted(nodes)
+            if len(nodes) < stream.replica_nums:
+                log.warning(
+                    "stream %d range %d placed on %d of %d replicas (too few live nodes)",
+                    stream_id,
+                    following.range_index,
+                    len(nodes),
+                    stream.replica_nums,
+                )
             await self._sync_stream(stream_id, deadline)
             return [sealed, following]
+
+    async def _seal_replicas(self, rng: RangeRecord, ack_nums: int) -> int:
+        """SEAL_RANGES on the range's replicas; its end offset by SPEC §7's rule.
+
+        One replica: its answer, waited for until the deadline (nothing else
+        holds the records). Several: every replica is asked at once; once
+        ``R - A + 1`` have answered, the others get ``SEAL_GRACE_S`` more, and
+        the end is taken from the answers (``sbp.replication.seal_end``). A
+        replica that sealed refuses the primary's REPLICATE from then on, so
+        after enough answers no more records can be acknowledged in the range.
+        """
+        if len(rng.nodes) == 1:
+            return await self._link.seal_replica(rng, rng.primary)
+        answers: dict[int, int] = {}
+        needed = len(rng.nodes) - ack_nums + 1
+        settled = trio.Event()
+        unfinished = len(rng.nodes)
+
+        async def ask(node_id: int) -> None:
+            nonlocal unfinished
+            # A node the PM holds dead gets one short try, not the whole deadline.
+            budget = math.inf if self.registry.is_alive(node_id) else DEAD_REPLICA_SEAL_S
+            try:
+                with trio.fail_after(budget):
+                    answers[node_id] = await self._link.seal_replica(rng, node_id)
+            except (SBPError, OSError, trio.TooSlowError) as error:
+                log.info(
+                    "SEAL_RANGES of stream %d range %d on node %d: %s",
+                    rng.stream_id,
+                    rng.range_index,
+                    node_id,
+                    error or "no answer",
+                )
+            finally:
+                unfinished -= 1
+                if len(answers) >= needed or not unfinished:
+                    settled.set()
+
+        async with trio.open_nursery() as nursery:
+            for node_id in rng.nodes:
+                nursery.start_soon(ask, node_id)
+            await settled.wait()
+            with trio.move_on_after(SEAL_GRACE_S):
+                while unfinished:
+                    await trio.sleep(SEAL_POLL_S)
+            nursery.cancel_scope.cancel()
+        return seal_end(list(answers.values()), len(rng.nodes), ack_nums)
+
+    async def seal_for_dead_primaries(self, interval: float = DEAD_PRIMARY_CHECK_S) -> None:
+        """Run for the PM's life: every ``interval``, seal the replicated open
+        ranges whose primary is dead (SPEC §7), so that their writers go on
+        in a next range. A range that cannot be sealed yet (too few of its
+        replicas answer) is tried again at the next pass."""
+        while True:
+            await trio.sleep(interval)
+            for state in self.registry.states():
+                if not state.alive and not self._stopping:
+                    await self.seal_after_failure(state.node_id, timeout=interval * 4)
+
+    async def seal_after_failure(self, node_id: int, timeout: float) -> int:
+        """Seal every open range led by ``node_id`` (a dead data node) that has
+        followers, so its streams go on in a next range on live nodes.
+        Returns how many were sealed; those that could not be (too few
+        replicas answered) are left for the next call."""
+        led = [
+            rng
+            for rng in self.store.ranges_on_node(node_id)
+            if rng.is_open and rng.primary == node_id and len(rng.nodes) > 1
+        ]
+        if not led:
+            return 0
+        outcomes = await self.seal_ranges([rng.key for rng in led], timeout)
+        sealed = 0
+        for rng, outcome in zip(led, outcomes, strict=True):
+            if outcome.error is None:
+                sealed += 1
+                log.warning(
+                    "stream %d range %d sealed: its primary, node %d, is dead",
+                    rng.stream_id,
+                    rng.range_index,
+                    node_id,
+                )
+            else:
+                _seal_failures.warning(
+                    f"seal {rng.key}",
+                    "stream %d range %d: its primary, node %d, is dead and the seal failed: %s",
+                    rng.stream_id,
+                    rng.range_index,
+                    node_id,
+                    outcome.error,
+                )
+        return sealed
 
     def stream_ranges(self, stream_id: int) -> list[RangeRecord]:
         """LIST_RANGES by stream: every range, in order."""
@@ -534,8 +654,13 @@ class PlacementManager:
             raise _no_stream(stream_id)
         return stream
 
-    def _place(self, replica_nums: int) -> tuple[int, ...]:
-        nodes = place(self.registry.loads(), replica_nums, min_free_space=self._min_free_space)
+    def _place(self, replica_nums: int, at_least: int | None = None) -> tuple[int, ...]:
+        nodes = place(
+            self.registry.loads(),
+            replica_nums,
+            min_free_space=self._min_free_space,
+            at_least=at_least,
+        )
         self.registry.note_placed(nodes)
         return nodes
 
@@ -628,12 +753,18 @@ def _updated(current: StreamRecord, spec: StreamRecord) -> StreamRecord:
         current.retention_period_ms if spec.retention_period_ms < 0 else spec.retention_period_ms
     )
     _check_stream_fields(replica_nums, retention)
+    ack_nums = spec.ack_nums or current.ack_nums
+    check_acks(replica_nums, ack_nums)
     if spec.epoch < current.epoch:
         raise EpochFencedError(
             f"stream {spec.stream_id} is at epoch {current.epoch}, update names {spec.epoch}"
         )
     return replace(
-        current, replica_nums=replica_nums, retention_period_ms=retention, epoch=spec.epoch
+        current,
+        replica_nums=replica_nums,
+        retention_period_ms=retention,
+        epoch=spec.epoch,
+        ack_nums=ack_nums,
     )
 
 

@@ -45,6 +45,9 @@ _MAX_DBS: Final = 8
 
 _STREAM_KEY: Final = struct.Struct(">q")
 _STREAM_VALUE: Final = struct.Struct(">bqq")
+#: a stream with ack_nums (SPEC §7): the value above and one more byte; values
+#: written before it existed decode with ack_nums 0 (a majority)
+_STREAM_VALUE_ACKS: Final = struct.Struct(">bqqb")
 _RANGE_KEY: Final = struct.Struct(">qi")
 _RANGE_HEAD: Final = struct.Struct(">qqqB")
 _NODE_KEY: Final = struct.Struct(">i")
@@ -112,13 +115,18 @@ class MetadataCounts:
 
 
 def _encode_stream(stream: StreamRecord) -> bytes:
-    return _STREAM_VALUE.pack(stream.replica_nums, stream.retention_period_ms, stream.epoch)
+    return _STREAM_VALUE_ACKS.pack(
+        stream.replica_nums, stream.retention_period_ms, stream.epoch, stream.ack_nums
+    )
 
 
 def _decode_stream(key: bytes, value: bytes) -> StreamRecord:
     (stream_id,) = _STREAM_KEY.unpack(key)
-    replica_nums, retention, epoch = _STREAM_VALUE.unpack(value)
-    return StreamRecord(stream_id, replica_nums, retention, epoch)
+    if len(value) == _STREAM_VALUE.size:
+        replica_nums, retention, epoch = _STREAM_VALUE.unpack(value)
+        return StreamRecord(stream_id, replica_nums, retention, epoch)
+    replica_nums, retention, epoch, acks = _STREAM_VALUE_ACKS.unpack(value)
+    return StreamRecord(stream_id, replica_nums, retention, epoch, acks)
 
 
 def _encode_range(rng: RangeRecord) -> bytes:

@@ -66,19 +66,28 @@ def _scores(candidates: Sequence[NodeLoad]) -> dict[int, float]:
 
 
 def place(
-    candidates: Sequence[NodeLoad], replica_nums: int, *, min_free_space: int = 0
+    candidates: Sequence[NodeLoad],
+    replica_nums: int,
+    *,
+    min_free_space: int = 0,
+    at_least: int | None = None,
 ) -> tuple[int, ...]:
     """The node ids for a new range of ``replica_nums`` replicas, primary first.
 
     ``candidates`` are the live nodes. A node that reported less free space
     than ``min_free_space`` is not eligible. Raises ``NoAvailableDataNodeError``
-    when fewer than ``replica_nums`` nodes are eligible.
+    when fewer than ``replica_nums`` nodes are eligible, or, with
+    ``at_least``, fewer than that: a degraded placement then takes every
+    eligible node (SPEC §7: the next range of a sealed one goes on as many
+    live nodes as there are, down to ``ack_nums``).
     """
     if replica_nums < 1:
         raise InvalidRequestError(f"replica_nums must be at least 1, got {replica_nums}")
     eligible = [
         c for c in candidates if c.disk_free_space is None or c.disk_free_space >= min_free_space
     ]
+    if at_least is not None and at_least <= len(eligible) < replica_nums:
+        replica_nums = len(eligible)
     if len(eligible) < replica_nums:
         raise NoAvailableDataNodeError(
             f"{replica_nums} replicas wanted, {len(eligible)} live data nodes with free space"

@@ -16,12 +16,14 @@ from sbp.ranges import RangeSpan
 
 @dataclass(frozen=True, slots=True)
 class StreamRecord:
-    """A stream: ids start at 1; ``retention_period_ms`` 0 keeps forever."""
+    """A stream: ids start at 1; ``retention_period_ms`` 0 keeps forever;
+    ``ack_nums`` 0 acknowledges once a majority of replicas hold a record."""
 
     stream_id: int
     replica_nums: int
     retention_period_ms: int = 0
     epoch: int = 0
+    ack_nums: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,6 +81,7 @@ async def run_pm(config: PMConfig) -> int:
                     )
                     announce(LISTENING_PREFIX, host, port)
                     nursery.start_soon(_watch_liveness, registry)
+                    nursery.start_soon(manager.seal_for_dead_primaries)
                     nursery.start_soon(manager.reconcile_returning_nodes)
                     await signals.requested.wait()
                     async with trio.open_nursery() as stopping:

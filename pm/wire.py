@@ -74,6 +74,7 @@ def stream_message(stream: StreamRecord) -> messages.Stream:
         replica_nums=stream.replica_nums,
         retention_period_ms=stream.retention_period_ms,
         epoch=stream.epoch,
+        ack_nums=stream.ack_nums,
     )
 
 
@@ -83,6 +84,7 @@ def stream_record(stream: messages.Stream) -> StreamRecord:
         replica_nums=stream.replica_nums,
         retention_period_ms=stream.retention_period_ms,
         epoch=stream.epoch,
+        ack_nums=stream.ack_nums,
     )
 
 

@@ -33,7 +33,7 @@ from sbp.errors import (
 )
 
 from . import layout, writes
-from .layout import BATCH_KEY
+from .layout import BATCH_KEY, seek_floor
 from .model import (
     AppendItem,
     AppendOutcome,
@@ -279,6 +279,33 @@ class StorageEngine:
         if self._writer.on_writer_thread:
             raise RuntimeError("blocking storage calls cannot run on the writer thread")
 
+    def submit_replicas(
+        self, items: Sequence[writes.ReplicaBatch]
+    ) -> Future[list[int | ProtocolError]]:
+        """Queue a REPLICATE's batches (``writes.replicate``), in order, in one
+        transaction; the future has, per item, this replica's next offset of
+        the range after it, or the error refusing it. The batches must be
+        validated by the caller and stay unchanged until the future is done."""
+        items = list(items)
+
+        def apply(ctx: WriteContext) -> list[int | ProtocolError]:
+            outcomes: list[int | ProtocolError] = []
+            for item in items:
+                try:
+                    outcomes.append(writes.replicate(ctx, item))
+                except ProtocolError as error:
+                    outcomes.append(error)
+            return outcomes
+
+        return self.submit_command(apply)
+
+    def held_end(self, stream_id: int, start: int, end: int) -> int:
+        """How far from ``start`` this node holds the stream without a gap, up
+        to ``end``: where a catch-up of a sealed range resumes. Thread-safe."""
+        store = self._store
+        with store.env.begin(db=store.dbs[layout.INDEX_DB]) as txn:
+            return layout.held_end(txn.cursor(), stream_id, start, end)
+
     def sync_ranges(self, stream_id: int, ranges: Sequence[RangeInfo]) -> list[RangeInfo]:
         """Apply the PM's view of a stream's ranges (SYNC_RANGES); see ``writes.sync_ranges``.
 
@@ -334,9 +361,15 @@ class StorageEngine:
 
     # -- reads ----------------------------------------------------------------
 
-    def read(self, stream_id: int, offset: int, max_bytes: int) -> bytearray:
+    def read(
+        self, stream_id: int, offset: int, max_bytes: int, limit: int | None = None
+    ) -> bytearray:
         """Whole batches from the one holding ``offset``, up to ``max_bytes`` (at
-        least one batch), with their base offsets stamped. Empty at the open tail.
+        least one batch), with their base offsets stamped. Empty at the open tail,
+        and at ``limit`` when given (a replicated range's commit offset: SPEC §7
+        serves nothing at or above it). A read never crosses a gap in what this
+        node holds: a replica still catching up serves what it has, and an
+        offset it does not hold yet is RangeNotFoundError (read elsewhere).
 
         Raises OffsetOutOfRangeError (below the first offset or above the next),
         RangeNotFoundError (offset in a range not hosted here, or unknown stream),
@@ -349,11 +382,14 @@ class StorageEngine:
             return bytearray()
         # a sealed range ends the read, so a gap to a later range hosted here is never crossed
         stop = holder.end_offset if not holder.is_open else state.next_offset
+        if limit is not None:
+            if offset >= limit:
+                return bytearray()
+            stop = min(stop, limit)
         store = self._store
         with store.env.begin(db=store.dbs[layout.BATCHES_DB], buffers=True) as txn:
             cursor = txn.cursor()
-            if not seek_floor(cursor, layout.batch_key(stream_id, offset)):
-                raise _trimmed(stream_id, offset)
+            found = seek_floor(cursor, layout.batch_key(stream_id, offset))
             # The chunks are views into LMDB's map that die with the
             # transaction, so the batches are copied once, into the buffer
             # returned; nothing else is. Consecutive batches of one chunk are
@@ -361,21 +397,33 @@ class StorageEngine:
             pieces: list[list[Any]] = []  # [chunk, start, end]
             stamps: list[tuple[int, int]] = []  # (position in the result, base offset)
             total = 0
-            for base_offset, count, chunk, start, end in _stream_batches(cursor, stream_id):
+            expected = 0  # where the next batch must start: no gap is crossed
+            batches = _stream_batches(cursor, stream_id) if found else iter(())
+            for base_offset, count, chunk, start, end in batches:
                 if not stamps:
                     if base_offset > offset:
-                        break  # the batch holding offset was trimmed meanwhile
+                        break  # the batch holding offset is not here (trimmed, or a gap)
                     if base_offset + count <= offset:
                         continue  # below the read, in the same chunk
-                elif base_offset >= stop or total + (end - start) > max_bytes:
+                elif (
+                    base_offset >= stop
+                    or base_offset != expected
+                    or total + (end - start) > max_bytes
+                ):
                     break
                 stamps.append((total, base_offset))
+                expected = base_offset + count
                 total += end - start
                 if pieces and pieces[-1][0] is chunk and pieces[-1][2] == start:
                     pieces[-1][2] = end
                 else:
                     pieces.append([chunk, start, end])
             if not stamps:
+                if offset >= state.first_offset:
+                    raise RangeNotFoundError(
+                        f"offset {offset} of stream {stream_id} is not held on this node yet "
+                        "(its replica is catching up)"
+                    )
                 raise _trimmed(stream_id, offset)
             out = bytearray().join(chunk[start:end] for chunk, start, end in pieces)
         for position, base_offset in stamps:
@@ -447,13 +495,6 @@ class StorageEngine:
             sync_seconds=writer.sync_seconds.snapshot(),
             group_sizes=writer.group_sizes.snapshot(),
         )
-
-
-def seek_floor(cursor: Any, key: bytes) -> bool:
-    """Put ``cursor`` on the largest key <= ``key``; False if there is none."""
-    if cursor.set_range(key):
-        return cursor.key() == key or bool(cursor.prev())
-    return bool(cursor.last())
 
 
 def _stream_batches(cursor: Any, stream_id: int) -> Iterator[tuple[int, int, Any, int, int]]:

@@ -137,3 +137,24 @@ def decode_stream(value: bytes) -> StreamRecord:
         deleted=record["deleted"],
         retention_period_ms=record["retention_period_ms"],
     )
+
+
+def seek_floor(cursor: Any, key: bytes) -> bool:
+    """Put ``cursor`` on the largest key <= ``key``; False if there is none."""
+    if cursor.set_range(key):
+        return cursor.key() == key or bool(cursor.prev())
+    return bool(cursor.last())
+
+
+def held_end(index_cursor: Any, stream_id: int, start: int, end: int) -> int:
+    """How far from ``start`` the index under ``index_cursor`` holds the
+    stream's records without a gap, up to ``end`` (``start`` when nothing)."""
+    position = start
+    if not seek_floor(index_cursor, batch_key(stream_id, start)):
+        return position
+    for key, value in index_cursor:
+        key_stream, base_offset = BATCH_KEY.unpack(key)
+        if key_stream != stream_id or base_offset > position or position >= end:
+            break
+        position = max(position, base_offset + decode_index(value).record_count)
+    return min(position, end)

@@ -17,23 +17,26 @@ or drop batches, so it must find them in LMDB); see ``storage.layout``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sbp.batches import Buffer
+from sbp.batches import Buffer, batch_spans, peek_header
 from sbp.constants import MAX_RECORD_OFFSET, OPEN_END_OFFSET
 from sbp.errors import (
+    EpochFencedError,
     InvalidRequestError,
     OffsetOutOfRangeError,
+    OutOfOrderError,
     RangeNotFoundError,
+    RangeSealedError,
     StorageFullError,
     StreamDeletedError,
 )
 
 from . import layout
 from .layout import BATCH_KEY, IndexEntry, batch_key, range_key, stream_key
-from .model import AppendResult, RangeInfo, StreamState
+from .model import AppendResult, RangeInfo, StreamState, hosts
 
 
 @dataclass(slots=True)
@@ -170,14 +173,30 @@ class WriteContext:
             if state is None:
                 raise RangeNotFoundError(f"stream {stream_id} is unknown here")
             target = self._append_targets[stream_id] = state.append_range(self.store.node_id)
-        size = len(batch)
         state = self.for_update(stream_id)
         base_offset = max(state.next_offset, target.start_offset)
+        self.add_batch(state, base_offset, batch, record_count)
+        return AppendResult(base_offset, record_count, self.now_ms)
+
+    def add_batch(
+        self,
+        state: StreamState,
+        base_offset: int,
+        batch: Buffer,
+        record_count: int,
+        *,
+        advance: bool = True,
+    ) -> None:
+        """Store one validated batch at ``base_offset`` of ``state`` (a copy
+        from ``for_update``); ``advance`` moves the stream's next offset past
+        it (not for a batch filled in below it, by a catch-up)."""
+        stream_id = state.stream_id
         if base_offset + record_count > MAX_RECORD_OFFSET:  # the next offset must fit too
             raise OffsetOutOfRangeError(
                 f"stream {stream_id} has no offsets left: {record_count} records from "
                 f"{base_offset} would pass {MAX_RECORD_OFFSET}"
             )
+        size = len(batch)
         self._reserve(size)
         chunk = self._chunks.get(stream_id)
         if chunk is not None and chunk.next_offset == base_offset:
@@ -188,10 +207,69 @@ class WriteContext:
             if chunk is not None:  # offsets jumped (a new range): a chunk of its own
                 self._write_chunk(stream_id, chunk)
             chunk = self._chunks[stream_id] = _Chunk(base_offset, [batch], record_count, size)
-        state.next_offset = base_offset + record_count
+        if advance:
+            state.next_offset = base_offset + record_count
         self.stored_bytes += size
         self.stored_batches += 1
-        return AppendResult(base_offset, record_count, self.now_ms)
+
+    def held_end(self, stream_id: int, start: int, end: int) -> int:
+        """How far from ``start`` this node holds the stream's records without
+        a gap, up to ``end`` (``layout.held_end``), this transaction included."""
+        self.write_appends()
+        return layout.held_end(self.txn.cursor(db=self._index), stream_id, start, end)
+
+    def drop_from(self, stream_id: int, offset: int) -> int:
+        """Delete the stream's records at and above ``offset`` (a replica's
+        excess past a sealed end, never acknowledged); a chunk that straddles
+        ``offset`` keeps its batches below it. Returns the batches dropped."""
+        self.write_appends()
+        cursor = self.txn.cursor(db=self._index)
+        doomed: list[tuple[int, IndexEntry]] = []
+        if layout.seek_floor(cursor, batch_key(stream_id, offset)):
+            for key, value in cursor:
+                key_stream, base_offset = BATCH_KEY.unpack(key)
+                if key_stream != stream_id:
+                    break
+                entry = layout.decode_index(value)
+                if base_offset + entry.record_count > offset:
+                    doomed.append((base_offset, entry))
+        dropped = 0
+        for base_offset, entry in doomed:
+            key = batch_key(stream_id, base_offset)
+            kept = self._batches_below(key, base_offset, offset) if base_offset < offset else None
+            self.txn.delete(key, db=self._batches)
+            self.txn.delete(key, db=self._index)
+            self.stored_bytes -= entry.size
+            self.stored_batches -= entry.batches
+            dropped += entry.batches
+            if kept is not None and kept[2]:
+                value, count, batches = kept
+                self.txn.put(key, value, db=self._batches)
+                self.txn.put(
+                    key,
+                    layout.encode_index(IndexEntry(entry.append_time_ms, count, len(value), batches)),
+                    db=self._index,
+                )
+                self.stored_bytes += len(value)
+                self.stored_batches += batches
+                dropped -= batches
+        return dropped
+
+    def _batches_below(self, key: bytes, base_offset: int, offset: int) -> tuple[bytes, int, int]:
+        """The leading batches of the chunk at ``key`` that end at or below
+        ``offset``: their bytes, record count and number."""
+        value = bytes(self.txn.get(key, db=self._batches))
+        position = base_offset
+        cut = 0
+        batches = 0
+        for start, end in batch_spans(value):
+            count = peek_header(value, start).record_count
+            if position + count > offset:
+                break
+            position += count
+            cut = end
+            batches += 1
+        return value[:cut], position - base_offset, batches
 
     def write_appends(self) -> None:
         """Write the appends gathered so far, one chunk per stream."""
@@ -312,6 +390,95 @@ def seal_range(ctx: WriteContext, stream_id: int, range_index: int) -> RangeInfo
     state.ranges = tuple(sealed if r is info else r for r in state.ranges)
     ctx.save_range(sealed)
     return state.live(sealed)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaBatch:
+    """A batch the range's primary stored, with its offsets (SPEC §7);
+    ``record_count`` 0 and an empty batch: nothing to store (the primary only
+    sent its commit offset)."""
+
+    stream_id: int
+    range_index: int
+    epoch: int
+    base_offset: int
+    batch: Buffer
+    record_count: int
+
+
+def replicate(ctx: WriteContext, item: ReplicaBatch) -> int:
+    """A follower's side of REPLICATE: store the batch if it is the range's
+    next one; returns this replica's next offset of the range afterwards.
+
+    The range must be open here with the same epoch (RangeSealedError,
+    EpochFencedError for an older one, RangeNotFoundError otherwise). A batch
+    already held is accepted again without a change (a resend); one past the
+    next offset is OutOfOrderError carrying the next offset to resend from.
+    """
+    state, info = _replica_range(ctx, item.stream_id, item.range_index)
+    if not info.is_open:
+        raise RangeSealedError(
+            f"range {info.range_index} of stream {item.stream_id} is sealed at {info.end_offset}"
+        )
+    if item.epoch != info.epoch:
+        error = EpochFencedError if item.epoch < info.epoch else RangeNotFoundError
+        raise error(
+            f"range {info.range_index} of stream {item.stream_id} is at epoch {info.epoch} "
+            f"here, REPLICATE names {item.epoch}"
+        )
+    next_offset = max(state.next_offset, info.start_offset)
+    if item.record_count == 0 or item.base_offset + item.record_count <= next_offset:
+        return next_offset
+    if item.base_offset != next_offset:
+        raise OutOfOrderError(
+            f"range {info.range_index} of stream {item.stream_id} continues at {next_offset} "
+            f"here, not {item.base_offset}",
+            next_offset=next_offset,
+        )
+    ctx.add_batch(ctx.for_update(item.stream_id), item.base_offset, item.batch, item.record_count)
+    return item.base_offset + item.record_count
+
+
+def fill(ctx: WriteContext, items: Sequence[ReplicaBatch]) -> int:
+    """Catch-up: store batches of a sealed range this replica is short of,
+    copied from a replica that holds them, in offset order from where this
+    one's records stop. Returns how far the range is held afterwards.
+    Batches already held are skipped; one past a gap ends the fill."""
+    if not items:
+        raise InvalidRequestError("nothing to fill")
+    first = items[0]
+    state, info = _replica_range(ctx, first.stream_id, first.range_index)
+    if info.is_open:
+        raise InvalidRequestError(
+            f"range {info.range_index} of stream {first.stream_id} is open: it is replicated"
+        )
+    start = max(info.start_offset, state.first_offset)
+    held = ctx.held_end(first.stream_id, start, info.end_offset)
+    state = ctx.for_update(first.stream_id)
+    for item in items:
+        if item.base_offset + item.record_count <= held:
+            continue
+        if item.base_offset != held or held + item.record_count > info.end_offset:
+            break
+        ctx.add_batch(state, held, item.batch, item.record_count, advance=False)
+        held += item.record_count
+    return held
+
+
+def _replica_range(
+    ctx: WriteContext, stream_id: int, range_index: int
+) -> tuple[StreamState, RangeInfo]:
+    state = ctx.current(stream_id)
+    if state is None:
+        raise RangeNotFoundError(f"stream {stream_id} is unknown here")
+    if state.deleted:
+        raise StreamDeletedError(f"stream {stream_id} is deleted")
+    info = state.find_range(range_index)
+    if not hosts(info, ctx.store.node_id):
+        raise RangeNotFoundError(
+            f"range {range_index} of stream {stream_id} is not hosted on this node"
+        )
+    return state, info
 
 
 def trim_stream(ctx: WriteContext, stream_id: int, trim_offset: int) -> int:
@@ -435,11 +602,17 @@ def sync_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> l
         return []
 
     merged: list[RangeInfo] = []
+    #: where a range sealed by the PM ends below what this replica holds of it
+    excess_from: int | None = None
     for info in incoming:
         info = dataclasses.replace(info, deleted=False, next_offset=0)
         local = known.get(info.range_index)
         if local is not None and not local.is_open and info.is_open:
             info = dataclasses.replace(info, end_offset=local.end_offset)
+        elif local is not None and not info.is_open:
+            held_top = state.next_offset if local.is_open else local.end_offset
+            if held_top > info.end_offset:
+                excess_from = info.end_offset
         merged.append(info)
         if info != local:
             ctx.save_range(info)
@@ -453,6 +626,11 @@ def sync_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> l
     elif first_start > state.first_offset:
         ctx.drop_batches(stream_id, lambda _base, end: end > first_start)
         state.first_offset = first_start
+    if excess_from is not None and state.next_offset > excess_from:
+        # SPEC §7: records past a sealed end were never acknowledged and are
+        # never served; the next range starts at that end.
+        ctx.drop_from(stream_id, excess_from)
+        state.next_offset = excess_from
     last = merged[-1]
     floor = last.start_offset if last.end_offset == OPEN_END_OFFSET else last.end_offset
     state.next_offset = max(state.next_offset, state.first_offset, floor)

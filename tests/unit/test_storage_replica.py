@@ -1,0 +1,156 @@
+"""Storage for a follower (SPEC §7): stamped batches at their offsets, the
+accept rules of REPLICATE, dropping a sealed range's excess, and catch-up."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sbp.batches import build_batch, decode_batches, stamp_base_offset
+from sbp.errors import (
+    EpochFencedError,
+    OutOfOrderError,
+    ProtocolError,
+    RangeNotFoundError,
+    RangeSealedError,
+)
+from storage import RangeInfo, ReplicaInfo, StorageEngine, writes
+
+LEADER = 1
+FOLLOWER = 2
+STREAM = 7
+EPOCH = 3
+
+
+def replicas() -> tuple[ReplicaInfo, ...]:
+    return (
+        ReplicaInfo(LEADER, "127.0.0.1:9001", True),
+        ReplicaInfo(FOLLOWER, "127.0.0.1:9002", False),
+    )
+
+
+def open_range(index: int = 0, start: int = 0) -> RangeInfo:
+    return RangeInfo(STREAM, index, start, replicas=replicas(), epoch=EPOCH)
+
+
+def sealed(index: int, start: int, end: int) -> RangeInfo:
+    return RangeInfo(STREAM, index, start, end, replicas=replicas(), epoch=EPOCH)
+
+
+def stamped(base_offset: int, *values: bytes) -> bytearray:
+    out = build_batch(list(values), 1000)
+    stamp_base_offset(out, base_offset)
+    return out
+
+
+def item(base_offset: int, *values: bytes, index: int = 0, epoch: int = EPOCH) -> writes.ReplicaBatch:
+    data = stamped(base_offset, *values) if values else bytearray()
+    return writes.ReplicaBatch(STREAM, index, epoch, base_offset, data, len(values))
+
+
+@pytest.fixture
+def follower(tmp_path: Path) -> Iterator[StorageEngine]:
+    with StorageEngine(tmp_path / "node", node_id=FOLLOWER, map_size=64 << 20) as engine:
+        engine.sync_ranges(STREAM, [open_range()])
+        yield engine
+
+
+def replicate(engine: StorageEngine, *items: writes.ReplicaBatch) -> list[int | ProtocolError]:
+    return engine.submit_replicas(items).result()
+
+
+def values(engine: StorageEngine, offset: int = 0, limit: int | None = None) -> list[bytes]:
+    data = engine.read(STREAM, offset, 1 << 20, limit)
+    return [bytes(v) for v in decode_batches(data).to_list()] if data else []
+
+
+def test_batches_at_the_next_offset_are_stored_with_their_offsets(
+    follower: StorageEngine,
+) -> None:
+    assert replicate(follower, item(0, b"a", b"b"), item(2, b"c")) == [2, 3]
+    assert follower.next_offset(STREAM) == 3
+    assert values(follower) == [b"a", b"b", b"c"]
+    assert values(follower, 2) == [b"c"]
+
+
+def test_a_resent_batch_is_accepted_without_a_change(follower: StorageEngine) -> None:
+    replicate(follower, item(0, b"a", b"b"), item(2, b"c"))
+    assert replicate(follower, item(0, b"a", b"b")) == [3]
+    assert values(follower) == [b"a", b"b", b"c"]
+
+
+def test_a_gap_is_out_of_order_with_the_offset_to_resend_from(follower: StorageEngine) -> None:
+    replicate(follower, item(0, b"a"))
+    [outcome] = replicate(follower, item(5, b"x"))
+    assert isinstance(outcome, OutOfOrderError) and outcome.next_offset == 1
+    assert follower.next_offset(STREAM) == 1
+
+
+def test_a_commit_only_item_answers_the_next_offset(follower: StorageEngine) -> None:
+    replicate(follower, item(0, b"a"))
+    assert replicate(follower, item(0)) == [1]
+
+
+def test_epochs_and_sealed_ranges_are_refused(follower: StorageEngine) -> None:
+    [older] = replicate(follower, item(0, b"a", epoch=EPOCH - 1))
+    [newer] = replicate(follower, item(0, b"a", epoch=EPOCH + 1))
+    assert isinstance(older, EpochFencedError)
+    assert isinstance(newer, RangeNotFoundError)
+    follower.seal_range(STREAM, 0)
+    [refused] = replicate(follower, item(0, b"a"))
+    assert isinstance(refused, RangeSealedError)
+
+
+def test_reads_stop_at_the_limit(follower: StorageEngine) -> None:
+    replicate(follower, item(0, b"a"), item(1, b"b"), item(2, b"c"))
+    assert values(follower, 0, limit=2) == [b"a", b"b"]
+    assert values(follower, 2, limit=2) == []
+
+
+def test_a_seal_below_what_the_replica_holds_drops_the_excess(
+    follower: StorageEngine, tmp_path: Path
+) -> None:
+    # the three batches went into one chunk; the end cuts it after the second
+    replicate(follower, item(0, b"a"), item(1, b"b"), item(2, b"c", b"d"))
+    follower.seal_range(STREAM, 0)  # the PM's SEAL_RANGES: this replica answers 4
+    follower.sync_ranges(STREAM, [sealed(0, 0, 2), open_range(1, 2)])
+    assert follower.next_offset(STREAM) == 2
+    assert values(follower) == [b"a", b"b"]
+    # the next range's batches follow on from the sealed end
+    assert replicate(follower, item(2, b"e", index=1)) == [3]
+    assert values(follower) == [b"a", b"b"]  # a sealed range ends the read
+    assert values(follower, 2) == [b"e"]
+    stats = follower.stats()
+    assert stats.stored_batches == 3
+
+
+def test_a_short_replica_serves_what_it_holds_and_catches_up(follower: StorageEngine) -> None:
+    replicate(follower, item(0, b"a"))
+    follower.sync_ranges(STREAM, [sealed(0, 0, 4), open_range(1, 4)])
+    assert values(follower) == [b"a"]
+    with pytest.raises(RangeNotFoundError, match="not held"):
+        follower.read(STREAM, 1, 1 << 20)
+    assert follower.held_end(STREAM, 0, 4) == 1
+    # the next range is written at its own offsets meanwhile
+    assert replicate(follower, item(4, b"e", index=1)) == [5]
+    filled = follower.submit_command(
+        lambda ctx: writes.fill(ctx, [item(0, b"a"), item(1, b"b", b"c"), item(3, b"d")])
+    ).result()
+    assert filled == 4
+    assert follower.held_end(STREAM, 0, 4) == 4
+    assert values(follower) == [b"a", b"b", b"c", b"d"]
+    assert values(follower, 4) == [b"e"]
+    assert follower.next_offset(STREAM) == 5
+
+
+def test_what_a_follower_stored_survives_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "node"
+    with StorageEngine(path, node_id=FOLLOWER, map_size=64 << 20) as engine:
+        engine.sync_ranges(STREAM, [open_range()])
+        replicate(engine, item(0, b"a", b"b"))
+    with StorageEngine(path, node_id=FOLLOWER, map_size=64 << 20) as engine:
+        assert engine.next_offset(STREAM) == 2
+        assert replicate(engine, item(2, b"c")) == [3]
+        assert values(engine) == [b"a", b"b", b"c"]
