@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
@@ -21,8 +21,12 @@ from storage.writes import WriteContext
 from .convert import range_to_info
 from .metrics import DataNodeMetrics
 from .pm_link import PMLink
+from .replication.commits import CommitOffsets
 from .timeouts import TimeoutQueue
 from .waiters import StreamWaiters
+
+if TYPE_CHECKING:
+    from .replication.primary import Replicator
 
 T = TypeVar("T")
 
@@ -46,9 +50,26 @@ class NodeContext:
     #: called with the streams a SYNC_RANGES touched (their settings may have
     #: changed on the PM: the retention keeper looks again)
     on_streams_synced: Callable[[Iterable[int]], None] = lambda _ids: None
+    #: the commit offsets of the replicated ranges this node holds (SPEC §7)
+    commits: CommitOffsets = field(init=False)
+    #: the primary's replication to followers; set by the server
+    replicator: Replicator | None = None
+    #: called with a stream whose ranges changed (the catch-up looks at it)
+    on_ranges_changed: Callable[[int], None] = lambda _id: None
+
+    def __post_init__(self) -> None:
+        self.commits = CommitOffsets(self.waiters)
 
     def identity(self) -> messages.DataNode:
         return messages.DataNode(node_id=self.node_id, advertise_addr=self.advertise_addr)
+
+    def read_limit(self, stream_id: int) -> int | None:
+        """Where FETCH must stop in the stream's open range: its commit
+        offset when the range is replicated (SPEC §7), None otherwise."""
+        info = self.engine.open_range(stream_id)
+        if info is None or len(info.replicas) <= 1:
+            return None
+        return self.commits.get(stream_id, info.range_index, info.start_offset)
 
     def knows(self, stream_id: int) -> bool:
         return self.engine.next_offset(stream_id) is not None
@@ -64,7 +85,17 @@ class NodeContext:
         """Apply ranges learned from the PM, as SYNC_RANGES would."""
         infos = [range_to_info(r) for r in ranges]
         await self.command(lambda ctx: _sync(ctx, stream_id, infos))
+        self.ranges_changed(stream_id)
+
+    def ranges_changed(self, stream_id: int) -> None:
+        """A seal or a new view of the stream's ranges was applied: waiting
+        FETCHes look again (a sealed end answers RANGE_SEALED), replication
+        of a range no longer open here stops, and sealed ranges this replica
+        is short of are caught up."""
         self.waiters.notify(stream_id)
+        if self.replicator is not None:
+            self.replicator.ranges_changed(stream_id)
+        self.on_ranges_changed(stream_id)
 
     async def command(self, fn: Callable[[WriteContext], T]) -> T:
         """Run a change in the storage writer's transaction and wait for its

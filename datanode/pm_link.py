@@ -169,6 +169,18 @@ class PMLink:
             if result.error_code == ErrorCode.NONE and result.stream is not None
         }
 
+    async def ack_nums(self, stream_id: int) -> int | None:
+        """The stream's ``ack_nums`` as the PM has it (0: a majority); None
+        when the PM cannot be asked or does not know the stream."""
+        try:
+            [result] = await self._pm.get_streams([stream_id])
+        except (SBPError, OSError, ValueError) as error:
+            logger.info("GET_STREAMS of stream %d on the PM failed: %s", stream_id, error)
+            return None
+        if result.error_code != ErrorCode.NONE or result.stream is None:
+            return None
+        return int(result.stream.ack_nums)
+
     async def report_trims(self, trims: Sequence[tuple[int, int]]) -> bool:
         """Tell the PM the streams' new first offsets (TRIM_STREAMS); False
         when the PM could not be asked. Items the PM refuses (a stream

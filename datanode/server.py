@@ -48,9 +48,11 @@ from .handlers.append import AppendHandler
 from .handlers.control import ControlHandlers
 from .handlers.fetch import FetchHandler
 from .handlers.ranges import RangeHandlers
+from .handlers.replicate import ReplicateHandler
 from .handlers.streams import StreamHandlers
 from .metrics import DataNodeMetrics
 from .pm_link import PMLink
+from .replication.primary import Replicator
 from .report import LoadReporter
 from .retention import RetentionKeeper
 from .waiters import StreamWaiters
@@ -67,6 +69,7 @@ def build_dispatcher(node: NodeContext, max_frame_bytes: int) -> Dispatcher:
     dispatcher.register(Opcode.HEARTBEAT, ControlHandlers(node).heartbeat)
     dispatcher.register_handler(Opcode.APPEND, AppendHandler(node))
     dispatcher.register(Opcode.FETCH, FetchHandler(node, max_frame_bytes))
+    dispatcher.register_handler(Opcode.REPLICATE, ReplicateHandler(node))
     dispatcher.register(Opcode.LIST_RANGES, ranges.list_ranges)
     dispatcher.register(Opcode.SEAL_RANGES, ranges.seal_ranges)
     dispatcher.register(Opcode.SYNC_RANGES, ranges.sync_ranges)
@@ -141,9 +144,14 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
             metrics_server = exits.enter_context(
                 _bound("metrics", config.metrics_listen, metrics.registry)
             )
-        async with trio.open_nursery() as nursery:
+        async with ConnectionPool() as pool, trio.open_nursery() as nursery:
             nursery.start_soon(signals.watch)
             nursery.start_soon(node.append_timeouts.run)
+            # Before the listener: an APPEND to a replicated range must never
+            # be answered without its pipeline.
+            replicator = Replicator(node, pool)
+            await nursery.start(replicator.run)
+            node.replicator = replicator
             host, port = await _listen(nursery, server, config.listen)
             advertise = config.advertise or (host, port)
             node.advertise_addr = format_address(*advertise)
@@ -159,31 +167,28 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
                 config.data_dir,
                 "always" if config.sync else "never",
             )
-            async with ConnectionPool() as pool:
-                if config.pm is not None:
-                    reporter = LoadReporter(
-                        engine, metrics.counters, config.data_dir, node.identity
-                    )
-                    node.pm = PMLink(
-                        format_address(*config.pm),
-                        pool,
-                        node.identity,
-                        reporter.build,
-                        node.install_ranges,
-                        heartbeat_interval=config.heartbeat_interval_s,
-                        metrics_interval=config.metrics_interval_s,
-                    )
-                    nursery.start_soon(node.pm.run)
-                retention = RetentionKeeper(node, config.retention_interval_s)
-                node.on_streams_synced = retention.nudge
-                nursery.start_soon(retention.run)
-                await signals.requested.wait()
-                # Long polls end now rather than at their max_wait_ms: they
-                # answer what they have and free the drain.
-                node.draining = True
-                node.waiters.notify_all()
-                await drain_on_signals(server, signals, config.drain_timeout_s)
-                nursery.cancel_scope.cancel()
+            if config.pm is not None:
+                reporter = LoadReporter(engine, metrics.counters, config.data_dir, node.identity)
+                node.pm = PMLink(
+                    format_address(*config.pm),
+                    pool,
+                    node.identity,
+                    reporter.build,
+                    node.install_ranges,
+                    heartbeat_interval=config.heartbeat_interval_s,
+                    metrics_interval=config.metrics_interval_s,
+                )
+                nursery.start_soon(node.pm.run)
+            retention = RetentionKeeper(node, config.retention_interval_s)
+            node.on_streams_synced = retention.nudge
+            nursery.start_soon(retention.run)
+            await signals.requested.wait()
+            # Long polls end now rather than at their max_wait_ms: they
+            # answer what they have and free the drain.
+            node.draining = True
+            node.waiters.notify_all()
+            await drain_on_signals(server, signals, config.drain_timeout_s)
+            nursery.cancel_scope.cancel()
 
 
 async def _listen(

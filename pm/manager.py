@@ -47,7 +47,6 @@ from sbp.errors import (
     SBPError,
     StreamNotFoundError,
 )
-
 from sbp.replication import check_acks, effective_acks, seal_end
 
 from . import reconcile

@@ -448,6 +448,26 @@ class StorageEngine:
         state = self._store.streams.get(stream_id)
         return None if state is None else state.first_offset
 
+    def open_range(self, stream_id: int) -> RangeInfo | None:
+        """The stream's open (last) range, live next offset filled in; None
+        when the stream is unknown here or its last range is sealed. Thread-safe."""
+        state = self._store.streams.get(stream_id)
+        if state is None or state.deleted or not state.ranges or not state.ranges[-1].is_open:
+            return None
+        return state.live(state.ranges[-1])
+
+    def range_at(self, stream_id: int, offset: int) -> RangeInfo | None:
+        """The stream's range holding ``offset`` (the open one holds every
+        offset from its start), live next offset filled in; None if none or
+        the stream is unknown. Thread-safe."""
+        state = self._store.streams.get(stream_id)
+        if state is None:
+            return None
+        for info in reversed(state.ranges):
+            if info.holds(offset):
+                return state.live(info)
+        return None
+
     def describe_range(self, stream_id: int, range_index: int) -> RangeInfo:
         """One range with its live next offset."""
         state = self._state(stream_id)

@@ -247,7 +247,9 @@ class WriteContext:
                 self.txn.put(key, value, db=self._batches)
                 self.txn.put(
                     key,
-                    layout.encode_index(IndexEntry(entry.append_time_ms, count, len(value), batches)),
+                    layout.encode_index(
+                        IndexEntry(entry.append_time_ms, count, len(value), batches)
+                    ),
                     db=self._index,
                 )
                 self.stored_bytes += len(value)

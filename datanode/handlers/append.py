@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import Awaitable, Sequence
@@ -15,9 +16,10 @@ from net.request import Request, Responder
 from sbp import messages
 from sbp.enums import ErrorCode
 from sbp.errors import InvalidRequestError, ProtocolError
-from storage.model import AppendItem, AppendOutcome
+from storage.model import AppendItem, AppendOutcome, AppendResult
 
 from ..context import NodeContext
+from ..replication.primary import RangePipeline
 from ..timeouts import TimeoutQueue
 
 #: a full disk refuses every append: one warning per interval says so
@@ -176,7 +178,9 @@ class _Append:
         "items",
         "received_at",
         "responder",
+        "results",
         "timeouts",
+        "uncommitted",
     )
 
     def __init__(
@@ -197,6 +201,10 @@ class _Append:
         self.timeouts: TimeoutQueue | None = None
         #: answered, from the delivery or by ``expire`` (``timeouts.Expiring``)
         self.finished = False
+        #: once durable here: the answer, and the items of replicated ranges
+        #: whose commit offset has not passed them yet (SPEC §7)
+        self.results: list[messages.AppendResult] | None = None
+        self.uncommitted: set[int] = set()
 
     def on_durable(self, outcomes: list[AppendOutcome]) -> None:
         """Runs on the storage writer thread: hand over, never block."""
@@ -219,18 +227,77 @@ class _Append:
                 counters.appended_bytes += len(item.batch)
                 waiters.notify(item.stream_id)
         self.items = []  # the payload views: their receive buffers can go
+        # Batches of replicated ranges go to the followers even when this
+        # request timed out already: their pipelines send what is durable.
+        pipelines = self._pipelines(outcomes)
         if self.finished:
             return  # timed out already
+        self.results = self.handler.results(self.infos, outcomes)
+        waits = [
+            (index, pipeline, outcome.base_offset + outcome.record_count)
+            for index, (outcome, pipeline) in enumerate(zip(outcomes, pipelines, strict=True))
+            if pipeline is not None and isinstance(outcome, AppendResult)
+        ]
+        if not waits:
+            self._answer_now()
+            return
+        # All of them first: a callback may run at once, and must not find
+        # the set empty before the last item is in it.
+        self.uncommitted.update(index for index, _, _ in waits)
+        for index, pipeline, end_offset in waits:
+            pipeline.wait_commit(end_offset, functools.partial(self._committed, index))
+
+    def _pipelines(self, outcomes: list[AppendOutcome]) -> list[RangePipeline | None]:
+        """Per item, the replication pipeline of its range (None: not replicated)."""
+        replicator = self.handler._node.replicator
+        if replicator is None:
+            return [None] * len(outcomes)
+        found: list[RangePipeline | None] = []
+        for info, outcome in zip(self.infos, outcomes, strict=True):
+            pipeline = None
+            if isinstance(outcome, AppendResult):
+                pipeline = replicator.pipeline_for(info.stream_id, outcome.base_offset)
+                if pipeline is not None:
+                    pipeline.new_data()
+            found.append(pipeline)
+        return found
+
+    def _committed(self, index: int, committed: bool) -> None:
+        """The commit offset passed item ``index`` (or never will)."""
+        if self.finished or index not in self.uncommitted:
+            return
+        self.uncommitted.discard(index)
+        if not committed:
+            assert self.results is not None
+            self.handler._counters.append_items_failed += 1
+            self.results[index] = _not_replicated(
+                self.infos[index], "its range was sealed before enough replicas held the batch"
+            )
+        if not self.uncommitted:
+            self._answer_now()
+
+    def _answer_now(self) -> None:
         if self.timeouts is not None:
             self.timeouts.finished()
-        self._end(self.handler.results(self.infos, outcomes))
+        assert self.results is not None
+        self._end(self.results)
 
     def expire(self) -> None:
         """The deadline passed first. Items already submitted still become
         durable (a retry may then append them twice, as in any at-least-once
         log); the client is told they did not finish in time."""
-        self.handler._counters.append_items_failed += len(self.infos)
-        self._end([_timed_out(info) for info in self.infos])
+        if self.results is None:
+            self.handler._counters.append_items_failed += len(self.infos)
+            self._end([_timed_out(info) for info in self.infos])
+            return
+        # Durable here, but not on enough replicas in time.
+        self.handler._counters.append_items_failed += len(self.uncommitted)
+        for index in self.uncommitted:
+            self.results[index] = _not_replicated(
+                self.infos[index], "fewer than ack_nums replicas held the batch before the deadline"
+            )
+        self.uncommitted.clear()
+        self._end(self.results)
 
     def fail_unknown(self) -> None:
         """Answer UNKNOWN when building the real answer failed (a bug)."""
@@ -275,6 +342,16 @@ def _split_payload(infos: Sequence[messages.AppendInfo], payload: memoryview) ->
             f"payload holds {size} bytes but the batch_lengths of {len(infos)} items sum to {total}"
         )
     return items
+
+
+def _not_replicated(info: messages.AppendInfo, why: str) -> messages.AppendResult:
+    return messages.AppendResult(
+        stream_id=info.stream_id,
+        request_index=info.request_index,
+        base_offset=-1,
+        error_code=ErrorCode.NOT_ENOUGH_REPLICAS,
+        error_message=why,
+    )
 
 
 def _timed_out(info: messages.AppendInfo) -> messages.AppendResult:

@@ -13,7 +13,7 @@ from sbp import messages
 from sbp.batches import batch_spans
 from sbp.constants import FRAME_OVERHEAD
 from sbp.enums import ErrorCode
-from sbp.errors import ProtocolError
+from sbp.errors import OffsetOutOfRangeError, ProtocolError
 
 from ..context import NodeContext
 
@@ -120,7 +120,7 @@ class FetchHandler:
                 # Never more than fits one frame, whatever batch_max_bytes says
                 # (the engine still returns at least one whole batch).
                 max_bytes = min(max(info.batch_max_bytes, 1), self._payload_budget - read)
-                data = self._node.engine.read(info.stream_id, info.fetch_offset, max_bytes)
+                data = self._read(info, max_bytes)
             except ProtocolError as error:
                 self._counters.fetch_items_failed += 1
                 answered.append((_failed(info, error), b""))
@@ -159,6 +159,19 @@ class FetchHandler:
         order = {id(info): i for i, info in enumerate(pending)}
         waiting.sort(key=lambda info: order[id(info)])
         return waiting, full
+
+    def _read(self, info: messages.FetchInfo, max_bytes: int) -> bytearray:
+        """The item's batches; in a replicated open range only those below the
+        commit offset (SPEC §7). A follower behind the primary waits for an
+        offset the primary already has instead of refusing it."""
+        node = self._node
+        limit = node.read_limit(info.stream_id)
+        try:
+            return node.engine.read(info.stream_id, info.fetch_offset, max_bytes, limit)
+        except OffsetOutOfRangeError:
+            if limit is None or info.fetch_offset < (node.engine.first_offset(info.stream_id) or 0):
+                raise
+            return bytearray()
 
     def _count(self, data: bytearray) -> None:
         records = 0

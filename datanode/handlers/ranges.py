@@ -79,8 +79,9 @@ class RangeHandlers:
             except ProtocolError as error:
                 results.append(_seal_error(stream_id, error))
                 continue
-            # A FETCH waiting at the end of this range now gets RANGE_SEALED.
-            self._node.waiters.notify(stream_id)
+            # A FETCH waiting at the end of this range now gets RANGE_SEALED,
+            # and replication of the range stops.
+            self._node.ranges_changed(stream_id)
             results.append(
                 messages.SealRangesResult(stream_id=stream_id, ranges=(info_to_range(sealed),))
             )
@@ -117,7 +118,7 @@ class RangeHandlers:
             except ProtocolError as error:
                 results.append(_sync_error(stream_id, error))
                 continue
-            self._node.waiters.notify(stream_id)
+            self._node.ranges_changed(stream_id)
             results.append(
                 messages.SyncRangesResult(
                     stream_id=stream_id, ranges=tuple(info_to_range(info) for info in synced)

@@ -1,0 +1,415 @@
+"""The primary's side of replication (SPEC §7).
+
+For each open range this node leads that has followers, a ``RangePipeline``
+sends every follower the range's batches with REPLICATE, in offset order:
+
+- what it sends it reads back from its own storage, from the follower's next
+  offset up to its own durable next offset, so a resend after a gap, a
+  reconnect or a restart of either side is the same code as the first send;
+- up to ``WINDOW`` frames are in flight per follower, each up to
+  ``FRAME_BYTES`` of batches, and they leave in the order they were made;
+- a follower's answer carries its durable next offset: the match offset.
+  ``OUT_OF_ORDER`` rewinds the sender to it (older frames' answers are then
+  ignored: a generation number tells them apart);
+- the commit offset is the ``ack_nums``-th highest of the primary's durable
+  next offset and the followers' match offsets (``sbp.replication``). When it
+  moves, the APPEND items below it are answered, FETCHes wake, and followers
+  with nothing left to send get the new commit offset alone.
+
+An APPEND item of a replicated range waits (``wait_commit``) until the
+commit offset passes its batch. When its request's deadline comes first, or
+the range is sealed under it, it is answered ``NOT_ENOUGH_REPLICAS``: the
+writer seals and goes on in the next range.
+
+A follower that cannot be reached is retried with backoff, for as long as
+the range is open and led here.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+import trio
+
+from client.retry import retry_delay
+from net.calls import header_as
+from net.pool import ConnectionPool
+from net.ratelog import RateLimitedLog
+from sbp import messages
+from sbp.batches import batch_spans, peek_header
+from sbp.enums import ErrorCode, Opcode
+from sbp.errors import ProtocolError, SBPError, error_for
+from sbp.replication import commit_offset, effective_acks
+from storage.model import RangeInfo
+
+from ..context import NodeContext
+
+logger = logging.getLogger(__name__)
+_unreachable = RateLimitedLog(logger, interval=30.0)
+
+#: REPLICATE frames in flight per follower, and the batch bytes of one
+WINDOW: Final = 8
+FRAME_BYTES: Final = 1 << 20
+#: how long a follower has to answer one REPLICATE
+REPLICATE_TIMEOUT_S: Final = 10.0
+#: how long to wait for the PM before trying again to learn ack_nums
+ACKS_RETRY_S: Final = 1.0
+
+#: called with True once the commit offset passes the item, False when it never will
+CommitCallback = Callable[[bool], None]
+
+
+@dataclass(eq=False)
+class Follower:
+    """What the primary knows of one follower of the range."""
+
+    node_id: int
+    address: str
+    #: the follower's durable next offset of the range, from its answers
+    match: int
+    #: where the next frame starts; None until the follower said where it is
+    send_offset: int | None = None
+    #: the commit offset last sent to it
+    sent_commit: int = -1
+    in_flight: int = 0
+    #: bumped by a rewind: answers to frames of older generations are stale
+    generation: int = 0
+    #: failed connections or frames in a row (the backoff before the next)
+    failures: int = 0
+    wake: trio.Event = field(default_factory=trio.Event)
+
+
+class RangePipeline:
+    """Replication of one open range led here; see the module docstring."""
+
+    def __init__(self, node: NodeContext, pool: ConnectionPool, info: RangeInfo) -> None:
+        self.node = node
+        self.pool = pool
+        self.stream_id = info.stream_id
+        self.range_index = info.range_index
+        self.epoch = info.epoch
+        self.start_offset = info.start_offset
+        self.followers = [
+            Follower(r.node_id, r.address, info.start_offset)
+            for r in info.replicas
+            if not r.is_primary
+        ]
+        self.replica_nums = len(info.replicas)
+        #: None until the PM said; nothing is committed before
+        self.ack_nums: int | None = None
+        self.commit = info.start_offset
+        #: (end offset, callback) of the items waiting, in offset order
+        self._waiting: collections.deque[tuple[int, CommitCallback]] = collections.deque()
+        self._stopped = trio.Event()
+
+    # -- what the APPEND path uses ---------------------------------------------
+
+    def wait_commit(self, end_offset: int, callback: CommitCallback) -> None:
+        """Call ``callback(True)`` once the commit offset reaches ``end_offset``."""
+        if self._stopped.is_set():
+            callback(False)
+        elif end_offset <= self.commit and self.ack_nums is not None:
+            callback(True)
+        else:
+            self._waiting.append((end_offset, callback))
+            self.new_data()
+
+    def new_data(self) -> None:
+        """Batches were made durable here: the followers have more to take."""
+        for follower in self.followers:
+            follower.wake.set()
+
+    def stop(self) -> None:
+        """The range is sealed or no longer led here: nothing more commits."""
+        if not self._stopped.is_set():
+            self._stopped.set()
+            waiting, self._waiting = self._waiting, collections.deque()
+            for _end, callback in waiting:
+                callback(False)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    # -- the pipeline ----------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._learn_acks)
+                for follower in self.followers:
+                    nursery.start_soon(self._follow, follower)
+                await self._stopped.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.stop()
+
+    async def _learn_acks(self) -> None:
+        while self.ack_nums is None:
+            wanted = 0 if self.node.pm is None else await self.node.pm.ack_nums(self.stream_id)
+            if wanted is None:
+                await trio.sleep(ACKS_RETRY_S)
+                continue
+            self.ack_nums = effective_acks(self.replica_nums, wanted)
+        self._recompute()
+
+    async def _follow(self, follower: Follower) -> None:
+        while True:
+            error: BaseException | None = None
+            try:
+                connection = await self.pool.get(follower.address)
+                await self._stream_to(follower, connection)
+            except* (SBPError, OSError, trio.TooSlowError) as group:
+                error = group.exceptions[0]
+            if error is None:
+                return  # nothing left to replicate: the range stopped
+            follower.failures += 1
+            _unreachable.warning(
+                f"follower {follower.node_id}",
+                "REPLICATE of stream %d range %d to node %d at %s: %s",
+                self.stream_id,
+                self.range_index,
+                follower.node_id,
+                follower.address,
+                error or type(error).__name__,
+            )
+            follower.send_offset = None
+            follower.in_flight = 0
+            await trio.sleep(retry_delay(follower.failures))
+
+    async def _stream_to(self, follower: Follower, connection: object) -> None:
+        """Send the follower what it lacks, for as long as the connection lasts."""
+        engine = self.node.engine
+        last_sent = trio.Event()
+        last_sent.set()
+        async with trio.open_nursery() as frames:
+            while True:
+                follower.wake = trio.Event()
+                if follower.send_offset is None:
+                    # Ask where it is: an item without a batch, answered with
+                    # its next offset.
+                    await self._frame(follower, connection, [], b"", last_sent, trio.Event())
+                    continue
+                durable = engine.next_offset(self.stream_id) or self.start_offset
+                if follower.send_offset < durable and follower.in_flight < WINDOW:
+                    items, payload = self._read_frame(follower.send_offset)
+                    if not items:
+                        return
+                    follower.send_offset = items[-1].base_offset + _records(payload, items[-1])
+                    previous, last_sent = last_sent, trio.Event()
+                    follower.in_flight += 1
+                    frames.start_soon(
+                        self._frame, follower, connection, items, payload, previous, last_sent
+                    )
+                    continue
+                if self.commit > follower.sent_commit and follower.in_flight == 0:
+                    previous, last_sent = last_sent, trio.Event()
+                    follower.in_flight += 1
+                    frames.start_soon(
+                        self._frame, follower, connection, [], b"", previous, last_sent
+                    )
+                    continue
+                await follower.wake.wait()
+
+    def _read_frame(self, offset: int) -> tuple[list[messages.ReplicateInfo], bytes]:
+        """The batches from ``offset`` on, up to one frame's worth, as items."""
+        try:
+            data = self.node.engine.read(self.stream_id, offset, FRAME_BYTES)
+        except ProtocolError as error:
+            logger.info(
+                "stream %d range %d: nothing to replicate from %d: %s",
+                self.stream_id,
+                self.range_index,
+                offset,
+                error,
+            )
+            self.stop()
+            return [], b""
+        items = []
+        for start, end in batch_spans(data):
+            header = peek_header(data, start)
+            items.append(
+                messages.ReplicateInfo(
+                    stream_id=self.stream_id,
+                    range_index=self.range_index,
+                    epoch=self.epoch,
+                    base_offset=header.base_offset,
+                    batch_length=end - start,
+                    commit_offset=self.commit,
+                )
+            )
+        return items, bytes(data)
+
+    async def _frame(
+        self,
+        follower: Follower,
+        connection: object,
+        items: list[messages.ReplicateInfo],
+        payload: bytes,
+        previous: trio.Event,
+        sent: trio.Event,
+    ) -> None:
+        """One REPLICATE: sent after the frame before it, answered on its own."""
+        generation = follower.generation
+        commit = self.commit
+        if not items:  # the commit offset alone (or a question where it is)
+            items = [
+                messages.ReplicateInfo(
+                    stream_id=self.stream_id,
+                    range_index=self.range_index,
+                    epoch=self.epoch,
+                    base_offset=follower.send_offset or self.start_offset,
+                    commit_offset=commit,
+                )
+            ]
+        header = messages.ReplicateRequest(
+            timeout_ms=int(REPLICATE_TIMEOUT_S * 1000), replicate_requests=tuple(items)
+        )
+        results: list[messages.ReplicateResult] = []
+        try:
+            await previous.wait()
+            try:
+                async with connection.stream(  # type: ignore[attr-defined]
+                    Opcode.REPLICATE, header, payload, timeout=REPLICATE_TIMEOUT_S
+                ) as responses:
+                    sent.set()
+                    async for response in responses:
+                        reply = header_as(response, messages.ReplicateResponse)
+                        results.extend(reply.replicate_responses)
+            finally:
+                sent.set()
+        finally:
+            follower.in_flight = max(0, follower.in_flight - 1)
+            follower.wake.set()
+        follower.sent_commit = max(follower.sent_commit, commit)
+        self._take_answers(follower, generation, results)
+
+    def _take_answers(
+        self, follower: Follower, generation: int, results: list[messages.ReplicateResult]
+    ) -> None:
+        for result in results:
+            code = result.error_code
+            if code == ErrorCode.NONE:
+                follower.failures = 0
+                follower.match = max(follower.match, result.next_offset)
+                if follower.send_offset is None:
+                    follower.send_offset = result.next_offset
+            elif code == ErrorCode.OUT_OF_ORDER:
+                follower.match = max(follower.match, result.next_offset)
+                if generation == follower.generation:
+                    follower.generation += 1
+                    follower.send_offset = result.next_offset
+            elif code in (ErrorCode.RANGE_SEALED, ErrorCode.EPOCH_FENCED):
+                # Sealed by the PM (a failover): nothing more can commit here.
+                logger.info(
+                    "stream %d range %d: follower %d refuses REPLICATE: %s",
+                    self.stream_id,
+                    self.range_index,
+                    follower.node_id,
+                    error_for(code, result.error_message),
+                )
+                self.stop()
+                return
+            else:
+                raise error_for(code, result.error_message)
+        self._recompute()
+
+    def _recompute(self) -> None:
+        if self.ack_nums is None or self.stopped:
+            return
+        durable = self.node.engine.next_offset(self.stream_id) or self.start_offset
+        offsets = [durable, *(f.match for f in self.followers)]
+        committed = commit_offset(offsets, self.ack_nums)
+        if committed < self.commit:
+            return
+        self.commit = committed
+        self.node.commits.advance(self.stream_id, self.range_index, committed)
+        waiting = self._waiting
+        while waiting and waiting[0][0] <= committed:
+            waiting.popleft()[1](True)
+        for follower in self.followers:
+            if follower.sent_commit < committed:
+                follower.wake.set()
+
+
+def _records(payload: bytes, item: messages.ReplicateInfo) -> int:
+    """The record count of the last item's batch (at the end of the payload)."""
+    return peek_header(payload, len(payload) - item.batch_length).record_count
+
+
+class Replicator:
+    """The node's range pipelines, one per open replicated range led here."""
+
+    def __init__(self, node: NodeContext, pool: ConnectionPool) -> None:
+        self._node = node
+        self._pool = pool
+        self._pipelines: dict[tuple[int, int], RangePipeline] = {}
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            # Ranges led here since before a restart: their followers may lack
+            # batches, and their commit offset must be learned again before
+            # FETCH serves them.
+            for stream_id in self._node.engine.stream_ids():
+                self.lead(stream_id)
+            task_status.started()
+            await trio.sleep_forever()
+
+    def lead(self, stream_id: int) -> None:
+        """Start the pipeline of the stream's open range if it is led here
+        and has followers."""
+        info = self._node.engine.open_range(stream_id)
+        if info is not None and info.primary_node_id == self._node.node_id:
+            self.pipeline_for(stream_id, info.start_offset)
+
+    def pipeline_for(self, stream_id: int, offset: int) -> RangePipeline | None:
+        """The pipeline of the replicated open range led here that holds
+        ``offset``, started if need be; None when that range has no followers
+        (it answers as an unreplicated range does)."""
+        info = self._node.engine.range_at(stream_id, offset)
+        if info is None or len(info.replicas) <= 1:
+            return None
+        key = (stream_id, info.range_index)
+        pipeline = self._pipelines.get(key)
+        if pipeline is None or pipeline.stopped:
+            pipeline = RangePipeline(self._node, self._pool, info)
+            if not info.is_open or info.primary_node_id != self._node.node_id:
+                pipeline.stop()  # sealed under the append: it cannot commit here
+                return pipeline
+            self._pipelines[key] = pipeline
+            assert self._nursery is not None, "the replicator is not running"
+            self._nursery.start_soon(self._run_pipeline, key, pipeline)
+        return pipeline
+
+    async def _run_pipeline(self, key: tuple[int, int], pipeline: RangePipeline) -> None:
+        try:
+            await pipeline.run()
+        finally:
+            if self._pipelines.get(key) is pipeline:
+                del self._pipelines[key]
+
+    def ranges_changed(self, stream_id: int) -> None:
+        """A seal or SYNC_RANGES touched the stream: pipelines of ranges no
+        longer open and led here stop (their waiting items fail)."""
+        engine = self._node.engine
+        self.lead(stream_id)
+        for (sid, index), pipeline in list(self._pipelines.items()):
+            if sid != stream_id:
+                continue
+            info = engine.open_range(stream_id)
+            if (
+                info is None
+                or info.range_index != index
+                or info.primary_node_id != self._node.node_id
+            ):
+                pipeline.stop()
+
+    @property
+    def pipelines(self) -> list[RangePipeline]:
+        return list(self._pipelines.values())
