@@ -33,8 +33,7 @@ STALE_ROUTE_CODES: Final = frozenset(
 def primary_of(rng: messages.Range) -> messages.DataNode:
     """The data node that takes appends and serves reads for a range.
 
-    Only the primary stores data (see docs/pm.md, Placement), so reads go
-    there too.
+    Appends go there; reads start there (``replica_for_read``).
     """
     primary = rng.primary_node()
     if primary is not None:
@@ -42,6 +41,18 @@ def primary_of(rng: messages.Range) -> messages.DataNode:
     raise RangeNotFoundError(
         f"range {rng.range_index} of stream {rng.stream_id} has no primary data node"
     )
+
+
+def replica_for_read(rng: messages.Range, attempt: int) -> messages.DataNode:
+    """The replica to read a range from: the primary, then after each failed
+    attempt the next replica in turn (SPEC §7: every replica serves what is
+    committed), so a reader falls over from a dead or lagging node."""
+    replicas = sorted(rng.replica_nodes, key=lambda r: not r.is_primary)
+    if not replicas:
+        raise RangeNotFoundError(
+            f"range {rng.range_index} of stream {rng.stream_id} has no data node"
+        )
+    return replicas[attempt % len(replicas)].data_node
 
 
 class StreamRoutes:

@@ -49,7 +49,7 @@ from ._routing import (
     STALE_ROUTE_CODES,
     ClientContext,
     StreamRoutes,
-    primary_of,
+    replica_for_read,
 )
 from .pm_client import PMClient
 from .retry import is_transient, retry_delay
@@ -213,7 +213,7 @@ class Consumer:
             sealed = not rng.is_open
             wait_ms = self.max_wait_ms if self.tail and not sealed else 0
             try:
-                result, data = await self._fetch(rng, offset, wait_ms)
+                result, data = await self._fetch(rng, offset, wait_ms, failures)
                 code = ErrorCode.coerce(result.error_code)
                 if code != ErrorCode.NONE:
                     raise error_for(code, result.error_message)
@@ -278,9 +278,9 @@ class Consumer:
         )
 
     async def _fetch(
-        self, rng: messages.Range, offset: int, wait_ms: int
+        self, rng: messages.Range, offset: int, wait_ms: int, attempt: int
     ) -> tuple[messages.FetchResult, memoryview]:
-        node = self._context.node(primary_of(rng))
+        node = self._context.node(replica_for_read(rng, attempt))
         info = messages.FetchInfo(
             stream_id=self.stream_id, fetch_offset=offset, batch_max_bytes=self.fetch_bytes
         )

@@ -47,10 +47,15 @@ class PMClient(RangeCalls):
         replica_nums: int,
         *,
         retention_period_ms: int = 0,
+        ack_nums: int = 0,
         timeout: float | None = None,
     ) -> messages.CreateStreamResult:
-        """Create one stream; the result has ``stream`` and its first writable ``range``."""
-        stream = messages.Stream(replica_nums=replica_nums, retention_period_ms=retention_period_ms)
+        """Create one stream; the result has ``stream`` and its first writable
+        ``range``. ``ack_nums`` 0 acknowledges once a majority of the
+        replicas hold a record (SPEC §7)."""
+        stream = messages.Stream(
+            replica_nums=replica_nums, retention_period_ms=retention_period_ms, ack_nums=ack_nums
+        )
         result = single(await self.create_streams([stream], timeout=timeout), "CREATE_STREAMS")
         raise_for_code(result.error_code, result.error_message)
         return result

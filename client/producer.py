@@ -27,6 +27,7 @@ while it travelled): more throughput per stream, order only without failures.
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -50,6 +51,8 @@ from ._base import DEADLINE_GRACE
 from ._routing import ClientContext, StreamRoutes, primary_of
 from .pm_client import PMClient
 from .retry import is_transient, retry_delay
+
+log = logging.getLogger(__name__)
 
 #: defaults of the batching knobs (see ``Producer``)
 DEFAULT_LINGER: Final = 0.005
@@ -268,6 +271,8 @@ class Producer:
         self._in_flight = 0
         self._failures = 0
         self._retrying = False
+        #: the range to seal before the next retry (it lacked replicas)
+        self._seal_wanted: int | None = None
         self._closing = False
         self._wake_sender = trio.Event()
         self._wake_linger = trio.Event()
@@ -521,7 +526,9 @@ class Producer:
                 previous, sent = self._last_sent, trio.Event()
                 self._last_sent = sent
                 self._in_flight += 1
-                requests.start_soon(self._request, connection, batches, previous, sent)
+                requests.start_soon(
+                    self._request, connection, rng.range_index, batches, previous, sent
+                )
 
     def _take_request(self) -> list[_Batch]:
         """The oldest ready batches that fit one request (at least one)."""
@@ -541,6 +548,7 @@ class Producer:
     async def _request(
         self,
         connection: Connection,
+        range_index: int,
         batches: list[_Batch],
         previous: trio.Event,
         sent: trio.Event,
@@ -588,6 +596,8 @@ class Producer:
                     batch.resolve(result.base_offset)
                 else:
                     item_error = error_for(result.error_code, result.error_message)
+                    if result.error_code == ErrorCode.NOT_ENOUGH_REPLICAS:
+                        self._seal_wanted = range_index
                     if is_transient(item_error):
                         retry.append(batch)
                         error = item_error
@@ -632,11 +642,27 @@ class Producer:
         self._wake_sender.set()
 
     async def _recover(self) -> None:
-        """After a failure, with nothing in flight: back off, list the ranges again."""
+        """After a failure, with nothing in flight: back off, list the ranges
+        again. A range that could not get enough replicas to hold a batch
+        (NOT_ENOUGH_REPLICAS) is sealed first (SPEC §7): the PM ends it where
+        its acknowledged records end and opens the next one on live nodes,
+        where the batches not acknowledged are sent again, in order. A dead
+        primary is sealed by the PM itself once it misses its heartbeats."""
         self._failures += 1
         await trio.sleep(retry_delay(self._failures))
         self._retrying = False
+        if self._seal_wanted is not None:
+            await self._seal(self._seal_wanted)
+            self._seal_wanted = None
         await self._refresh_or_fail()
+
+    async def _seal(self, range_index: int) -> None:
+        try:
+            await self._context.pm.seal_range(self.stream_id, range_index)
+        except (SBPError, OSError, trio.TooSlowError) as error:
+            # Sealed already by someone else, or the PM cannot yet: the
+            # refresh that follows shows which, and the retry goes on.
+            log.info("stream %d: sealing range %d failed: %s", self.stream_id, range_index, error)
 
     async def _refresh_or_fail(self) -> None:
         assert self._routes is not None

@@ -18,7 +18,7 @@ from storage.layout import MAX_STREAM_ID
 from storage.model import RangeInfo
 from storage.writes import WriteContext
 
-from .convert import range_to_info
+from .convert import info_to_range, range_to_info
 from .metrics import DataNodeMetrics
 from .pm_link import PMLink
 from .replication.commits import CommitOffsets
@@ -70,6 +70,19 @@ class NodeContext:
         if info is None or len(info.replicas) <= 1:
             return None
         return self.commits.get(stream_id, info.range_index, info.start_offset)
+
+    def commit_of(self, info: RangeInfo) -> int:
+        """The range's commit offset as this node knows it: a sealed range's
+        end, an unreplicated range's next offset, else the commit table's."""
+        if not info.is_open:
+            return info.end_offset
+        if len(info.replicas) <= 1:
+            return info.next_offset
+        return self.commits.get(info.stream_id, info.range_index, info.start_offset)
+
+    def wire_range(self, info: RangeInfo) -> messages.Range:
+        """``info`` for the wire, its commit offset filled in."""
+        return info_to_range(info, self.commit_of(info))
 
     def knows(self, stream_id: int) -> bool:
         return self.engine.next_offset(stream_id) is not None

@@ -26,8 +26,12 @@ def range_to_info(wire: messages.Range) -> RangeInfo:
     )
 
 
-def info_to_range(info: RangeInfo) -> messages.Range:
-    """A range as this node knows it, with its live next offset, for the wire."""
+def info_to_range(info: RangeInfo, commit_offset: int | None = None) -> messages.Range:
+    """A range as this node knows it, with its live next offset, for the wire.
+    ``commit_offset`` defaults to what an unreplicated range has committed:
+    everything stored (SPEC §7)."""
+    if commit_offset is None:
+        commit_offset = info.next_offset
     return messages.Range(
         stream_id=info.stream_id,
         range_index=info.range_index,
@@ -44,4 +48,5 @@ def info_to_range(info: RangeInfo) -> messages.Range:
             for replica in info.replicas
         ),
         epoch=info.epoch,
+        commit_offset=commit_offset,
     )

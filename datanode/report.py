@@ -41,8 +41,10 @@ class LoadReporter:
         counters: NodeCounters,
         data_dir: Path,
         identity: Callable[[], messages.DataNode],
+        missing_replicas: Callable[[], int] = lambda: 0,
     ) -> None:
         self._engine = engine
+        self._missing_replicas = missing_replicas
         self._counters = counters
         self._data_dir = data_dir
         self._identity = identity
@@ -92,7 +94,7 @@ class LoadReporter:
                 _mean_ms(counters.fetch_seconds - before.fetch_seconds, fetches)
             ),
             # Until replication lands every range has exactly the one replica it needs.
-            range_missing_replica_cnt=0,
+            range_missing_replica_cnt=clamp16(self._missing_replicas()),
             range_active_cnt=clamp16(active_range_count(self._engine.list_ranges())),
         )
 

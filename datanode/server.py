@@ -52,6 +52,8 @@ from .handlers.replicate import ReplicateHandler
 from .handlers.streams import StreamHandlers
 from .metrics import DataNodeMetrics
 from .pm_link import PMLink
+from .replication.catchup import CatchUp
+from .replication.metrics import ReplicationCollector
 from .replication.primary import Replicator
 from .report import LoadReporter
 from .retention import RetentionKeeper
@@ -152,6 +154,10 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
             replicator = Replicator(node, pool)
             await nursery.start(replicator.run)
             node.replicator = replicator
+            catch_up = CatchUp(node, pool)
+            node.on_ranges_changed = catch_up.look_at
+            nursery.start_soon(catch_up.run)
+            metrics.registry.register(ReplicationCollector(replicator, catch_up))
             host, port = await _listen(nursery, server, config.listen)
             advertise = config.advertise or (host, port)
             node.advertise_addr = format_address(*advertise)
@@ -168,7 +174,13 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
                 "always" if config.sync else "never",
             )
             if config.pm is not None:
-                reporter = LoadReporter(engine, metrics.counters, config.data_dir, node.identity)
+                reporter = LoadReporter(
+                    engine,
+                    metrics.counters,
+                    config.data_dir,
+                    node.identity,
+                    lambda: replicator.lagging_ranges() + len(catch_up.missing),
+                )
                 node.pm = PMLink(
                     format_address(*config.pm),
                     pool,

@@ -28,6 +28,8 @@ from .metadata import DEFAULT_MAP_SIZE
 PROG: Final = "sbp-pm"
 
 DEFAULT_NODE_TIMEOUT_MS: Final = 5000
+#: ten minutes: a node restarted after a crash or an upgrade is back well within it
+DEFAULT_REPAIR_AFTER_MS: Final = 600_000
 
 OPTIONS: Final = (
     *listen_options(),
@@ -37,6 +39,14 @@ OPTIONS: Final = (
         "a data node that sends no HEARTBEAT for this long is dead and gets no new ranges",
         positive_int,
         default=str(DEFAULT_NODE_TIMEOUT_MS),
+        metavar="MS",
+    ),
+    Option(
+        "repair-after-ms",
+        "a data node dead for this long gets each replicated range it held placed on a "
+        "live node, which copies it from a surviving replica (SPEC §7)",
+        positive_int,
+        default=str(DEFAULT_REPAIR_AFTER_MS),
         metavar="MS",
     ),
     Option(
@@ -81,6 +91,7 @@ class PMConfig:
     listen: tuple[str, int] = ("127.0.0.1", 0)
     metrics_listen: tuple[str, int] | None = None
     node_timeout_s: float = DEFAULT_NODE_TIMEOUT_MS / 1000
+    repair_after_s: float = DEFAULT_REPAIR_AFTER_MS / 1000
     min_free_space: int = 1 << 20
     map_size: int = DEFAULT_MAP_SIZE
     max_frame_bytes: int = DEFAULT_MAX_FRAME_LENGTH
@@ -104,6 +115,7 @@ def parse_config(argv: Sequence[str] | None = None) -> PMConfig:
         listen=values["listen"],
         metrics_listen=values["metrics_listen"],
         node_timeout_s=values["node_timeout_ms"] / 1000,
+        repair_after_s=values["repair_after_ms"] / 1000,
         min_free_space=values["min_free_space"],
         map_size=values["map_size"],
         max_frame_bytes=values["max_frame_bytes"],

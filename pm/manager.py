@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -88,8 +88,8 @@ RECONCILE_RETRY_MAX_S: Final = 600.0
 #: may still answer once enough have, and how often that is looked at
 SEAL_GRACE_S: Final = 0.5
 SEAL_POLL_S: Final = 0.05
-#: how often the PM looks for open ranges led by dead nodes
-DEAD_PRIMARY_CHECK_S: Final = 1.0
+#: how often the PM looks for ranges of dead nodes to seal or repair
+DEAD_NODE_CHECK_S: Final = 1.0
 #: a replica on a node held dead is asked to seal for this long at most
 DEAD_REPLICA_SEAL_S: Final = 2.0
 
@@ -142,8 +142,10 @@ class PlacementManager:
         link: DataNodeCalls,
         *,
         min_free_space: int = 0,
+        repair_after: float = math.inf,
     ) -> None:
         self.store = store
+        self._repair_after = repair_after
         self.registry = registry
         self._link = link
         self._min_free_space = min_free_space
@@ -152,6 +154,9 @@ class PlacementManager:
         #: shutdown has ended them (``stop_outgoing``)
         self._outgoing: set[trio.CancelScope] = set()
         self._stopping = False
+        #: ranges whose dead replica was replaced, and seals by cause (metrics)
+        self.repairs = 0
+        self.seals: Counter[str] = Counter()
         # Ids are handed out here, on the event loop; each commit records the
         # high-water mark, so a restart never hands out an acknowledged id again.
         self._next_stream_id = store.next_stream_id()
@@ -371,8 +376,9 @@ class PlacementManager:
         self, specs: Sequence[StreamRecord], timeout: float
     ) -> list[Outcome[StreamRecord]]:
         """Change streams' replica_nums (0 keeps it), ack_nums (0 keeps it),
-        retention (negative keeps it) and epoch (which may not go back: EPOCH_FENCED). New ranges use the
-        new replica_nums and epoch; existing ranges stay where they are."""
+        retention (negative keeps it) and epoch (which may not go back:
+        EPOCH_FENCED). New ranges use the new replica_nums and epoch;
+        existing ranges stay where they are."""
         deadline = trio.current_time() + timeout
         results: list[Outcome[StreamRecord]] = [
             Outcome(error=RequestTimeoutError("the request's deadline passed"))
@@ -477,14 +483,27 @@ class PlacementManager:
     # -- ranges ---------------------------------------------------------------
 
     async def seal_ranges(
-        self, keys: Sequence[tuple[int, int]], timeout: float
+        self, keys: Sequence[tuple[int, int]], timeout: float, *, cause: str = "request"
     ) -> list[Outcome[list[RangeRecord]]]:
         """Seal each ``(stream_id, range_index)`` and create the stream's next
         range; returns the sealed range and the next one. Sealing a range that
-        is already sealed returns the current state (an idempotent retry)."""
+        is already sealed returns the current state (an idempotent retry).
+        ``cause`` names why, for the seal counts (``seals``)."""
         deadline = trio.current_time() + timeout
-        return await self._each(
+        outcomes = await self._each(
             deadline, [partial(self._seal_one, sid, index, deadline) for sid, index in keys]
+        )
+        self.seals[cause] += sum(o.error is None for o in outcomes)
+        return outcomes
+
+    def under_replicated(self) -> int:
+        """Replicated ranges with a replica on a dead data node."""
+        return sum(
+            1
+            for state in self.registry.states()
+            if not state.alive
+            for rng in self.store.ranges_on_node(state.node_id)
+            if len(rng.nodes) > 1
         )
 
     async def _seal_one(
@@ -572,16 +591,71 @@ class PlacementManager:
             nursery.cancel_scope.cancel()
         return seal_end(list(answers.values()), len(rng.nodes), ack_nums)
 
-    async def seal_for_dead_primaries(self, interval: float = DEAD_PRIMARY_CHECK_S) -> None:
+    async def watch_dead_nodes(self, interval: float = DEAD_NODE_CHECK_S) -> None:
         """Run for the PM's life: every ``interval``, seal the replicated open
         ranges whose primary is dead (SPEC §7), so that their writers go on
-        in a next range. A range that cannot be sealed yet (too few of its
-        replicas answer) is tried again at the next pass."""
+        in a next range, and repair the ranges of nodes dead longer than the
+        repair delay. What cannot be done yet (too few replicas answer, no
+        node to place on) is tried again at the next pass."""
         while True:
             await trio.sleep(interval)
             for state in self.registry.states():
-                if not state.alive and not self._stopping:
-                    await self.seal_after_failure(state.node_id, timeout=interval * 4)
+                if state.alive or self._stopping:
+                    continue
+                await self.seal_after_failure(state.node_id, timeout=interval * 4)
+                if self.registry.seconds_since_seen(state) > self._repair_after:
+                    await self.repair_node(state.node_id, timeout=interval * 4)
+
+    async def repair_node(self, node_id: int, timeout: float) -> int:
+        """Replace the dead ``node_id`` in every replicated range it holds by a
+        live node, which copies the range from a surviving replica (its
+        catch-up); an open range is sealed first, so its writers go on in a
+        range placed on live nodes. Returns how many ranges were repaired."""
+        deadline = trio.current_time() + timeout
+        repaired = 0
+        for rng in self.store.ranges_on_node(node_id):
+            if len(rng.nodes) <= 1 or trio.current_time() >= deadline:
+                continue  # a lone replica has nothing left to copy from
+            with trio.move_on_at(deadline):
+                try:
+                    repaired += await self._repair_range(rng, node_id, deadline)
+                except (ProtocolError, OSError) as error:
+                    _seal_failures.warning(
+                        f"repair {rng.key}",
+                        "stream %d range %d: replacing dead node %d failed: %s",
+                        rng.stream_id,
+                        rng.range_index,
+                        node_id,
+                        error,
+                    )
+        return repaired
+
+    async def _repair_range(self, rng: RangeRecord, dead: int, deadline: float) -> int:
+        if rng.is_open:
+            await self._seal_one(rng.stream_id, rng.range_index, deadline)
+            self.seals["repair"] += 1
+        async with self._locks.hold(rng.stream_id):
+            current = self.store.range(rng.stream_id, rng.range_index)
+            if current is None or current.is_open or dead not in current.nodes:
+                return 0
+            loads = [load for load in self.registry.loads() if load.node_id not in current.nodes]
+            [replacement] = place(loads, 1, min_free_space=self._min_free_space)
+            # The survivors first: the first one serves reads while the new
+            # replica copies the range.
+            nodes = (*(n for n in current.nodes if n != dead), replacement)
+            await self._commit([PutRange(replace(current, nodes=nodes))])
+            self.registry.note_removed([dead])
+            self.registry.note_hosted([replacement])
+            await self._sync_stream(current.stream_id, deadline, also={dead})
+            log.warning(
+                "stream %d range %d: dead node %d replaced by node %d, which copies it",
+                current.stream_id,
+                current.range_index,
+                dead,
+                replacement,
+            )
+            self.repairs += 1
+            return 1
 
     async def seal_after_failure(self, node_id: int, timeout: float) -> int:
         """Seal every open range led by ``node_id`` (a dead data node) that has
@@ -595,7 +669,7 @@ class PlacementManager:
         ]
         if not led:
             return 0
-        outcomes = await self.seal_ranges([rng.key for rng in led], timeout)
+        outcomes = await self.seal_ranges([rng.key for rng in led], timeout, cause="dead_primary")
         sealed = 0
         for rng, outcome in zip(led, outcomes, strict=True):
             if outcome.error is None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Final
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from net.metrics import ServerMetrics, new_registry
@@ -77,6 +77,22 @@ class ClusterCollector(Collector):
         ranges.add_metric(["open"], counts.streams)
         ranges.add_metric(["sealed"], max(counts.ranges - counts.streams, 0))
         yield ranges
+        yield GaugeMetricFamily(
+            f"{NAMESPACE}_under_replicated_ranges",
+            "replicated ranges with a replica on a dead data node",
+            value=self._manager.under_replicated(),
+        )
+        seals = CounterMetricFamily(
+            f"{NAMESPACE}_seals", "ranges sealed, by cause", labels=["cause"]
+        )
+        for cause in ("request", "dead_primary", "repair"):
+            seals.add_metric([cause], self._manager.seals[cause])
+        yield seals
+        yield CounterMetricFamily(
+            f"{NAMESPACE}_repairs",
+            "ranges whose dead replica was replaced by a live node",
+            value=self._manager.repairs,
+        )
 
         registry = self._manager.registry
         states = list(registry.states())

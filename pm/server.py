@@ -51,6 +51,7 @@ async def run_pm(config: PMConfig) -> int:
                 registry,
                 DataNodeLink(pool, registry.address),
                 min_free_space=config.min_free_space,
+                repair_after=config.repair_after_s,
             )
             metrics = PMMetrics(manager)
             server = Server(
@@ -81,7 +82,7 @@ async def run_pm(config: PMConfig) -> int:
                     )
                     announce(LISTENING_PREFIX, host, port)
                     nursery.start_soon(_watch_liveness, registry)
-                    nursery.start_soon(manager.seal_for_dead_primaries)
+                    nursery.start_soon(manager.watch_dead_nodes)
                     nursery.start_soon(manager.reconcile_returning_nodes)
                     await signals.requested.wait()
                     async with trio.open_nursery() as stopping:

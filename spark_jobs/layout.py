@@ -88,7 +88,8 @@ def _one_line(error: BaseException, pm_address: str) -> SourceError:
 
 
 async def _live_next_offset(pool: ConnectionPool, rng: messages.Range, timeout: float) -> int:
-    """The open range's next offset, asked of its replicas, primary first."""
+    """Where the open range's readable records end: its commit offset, asked
+    of its replicas, primary first."""
     failure: Exception | None = None
     for address in replica_addresses(rng):
         node = DataNodeClient(address, pool=pool, timeout=timeout)
@@ -97,7 +98,8 @@ async def _live_next_offset(pool: ConnectionPool, rng: messages.Range, timeout: 
         except (ProtocolError, ConnectionClosed, OSError) as error:
             failure = error
             continue
-        return int(described.next_offset)
+        # Records past the commit offset could still be taken back (SPEC §7).
+        return int(described.commit_offset)
     raise RuntimeError(
         f"no replica of range {rng.range_index} of stream {rng.stream_id} could say its end"
     ) from failure

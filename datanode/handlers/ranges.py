@@ -15,7 +15,7 @@ from storage import writes
 from storage.model import RangeInfo
 
 from ..context import NodeContext, check_stream_id, wait_future
-from ..convert import info_to_range, range_to_info
+from ..convert import range_to_info
 
 
 def timed_out() -> RequestTimeoutError:
@@ -49,7 +49,7 @@ class RangeHandlers:
                 range_owner=owner, error_code=error.code, error_message=error.message
             )
         return messages.ListRangesResult(
-            range_owner=owner, ranges=tuple(info_to_range(info) for info in infos)
+            range_owner=owner, ranges=tuple(self._node.wire_range(info) for info in infos)
         )
 
     async def seal_ranges(self, request: Request, responder: Responder) -> None:
@@ -83,7 +83,9 @@ class RangeHandlers:
             # and replication of the range stops.
             self._node.ranges_changed(stream_id)
             results.append(
-                messages.SealRangesResult(stream_id=stream_id, ranges=(info_to_range(sealed),))
+                messages.SealRangesResult(
+                    stream_id=stream_id, ranges=(self._node.wire_range(sealed),)
+                )
             )
         await responder.send(messages.SealRangesResponse(seal_responses=tuple(results)))
 
@@ -121,7 +123,8 @@ class RangeHandlers:
             self._node.ranges_changed(stream_id)
             results.append(
                 messages.SyncRangesResult(
-                    stream_id=stream_id, ranges=tuple(info_to_range(info) for info in synced)
+                    stream_id=stream_id,
+                    ranges=tuple(self._node.wire_range(info) for info in synced),
                 )
             )
         self._node.on_streams_synced(
@@ -146,7 +149,7 @@ class RangeHandlers:
                 continue
             results.append(
                 messages.DescribeRangeResult(
-                    stream_id=range_id.stream_id, range=info_to_range(info)
+                    stream_id=range_id.stream_id, range=self._node.wire_range(info)
                 )
             )
         await responder.send(messages.DescribeRangesResponse(describe_responses=tuple(results)))

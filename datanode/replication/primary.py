@@ -44,6 +44,7 @@ from sbp.batches import batch_spans, peek_header
 from sbp.enums import ErrorCode, Opcode
 from sbp.errors import ProtocolError, SBPError, error_for
 from sbp.replication import commit_offset, effective_acks
+from sbp.stats import Buckets
 from storage.model import RangeInfo
 
 from ..context import NodeContext
@@ -58,6 +59,11 @@ FRAME_BYTES: Final = 1 << 20
 REPLICATE_TIMEOUT_S: Final = 10.0
 #: how long to wait for the PM before trying again to learn ack_nums
 ACKS_RETRY_S: Final = 1.0
+
+#: upper bounds of the REPLICATE round-trip buckets, seconds
+REPLICATE_SECONDS_BOUNDS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+)  # fmt: skip
 
 #: called with True once the commit offset passes the item, False when it never will
 CommitCallback = Callable[[bool], None]
@@ -76,6 +82,8 @@ class Follower:
     #: the commit offset last sent to it
     sent_commit: int = -1
     in_flight: int = 0
+    #: batch bytes sent and not yet answered
+    in_flight_bytes: int = 0
     #: bumped by a rewind: answers to frames of older generations are stale
     generation: int = 0
     #: failed connections or frames in a row (the backoff before the next)
@@ -86,9 +94,12 @@ class Follower:
 class RangePipeline:
     """Replication of one open range led here; see the module docstring."""
 
-    def __init__(self, node: NodeContext, pool: ConnectionPool, info: RangeInfo) -> None:
+    def __init__(
+        self, node: NodeContext, pool: ConnectionPool, info: RangeInfo, latency: Buckets
+    ) -> None:
         self.node = node
         self.pool = pool
+        self.latency = latency
         self.stream_id = info.stream_id
         self.range_index = info.range_index
         self.epoch = info.epoch
@@ -270,8 +281,10 @@ class RangePipeline:
             timeout_ms=int(REPLICATE_TIMEOUT_S * 1000), replicate_requests=tuple(items)
         )
         results: list[messages.ReplicateResult] = []
+        follower.in_flight_bytes += len(payload)
         try:
             await previous.wait()
+            started = trio.current_time()
             try:
                 async with connection.stream(  # type: ignore[attr-defined]
                     Opcode.REPLICATE, header, payload, timeout=REPLICATE_TIMEOUT_S
@@ -282,8 +295,10 @@ class RangePipeline:
                         results.extend(reply.replicate_responses)
             finally:
                 sent.set()
+            self.latency.observe(trio.current_time() - started)
         finally:
             follower.in_flight = max(0, follower.in_flight - 1)
+            follower.in_flight_bytes -= len(payload)
             follower.wake.set()
         follower.sent_commit = max(follower.sent_commit, commit)
         self._take_answers(follower, generation, results)
@@ -349,6 +364,8 @@ class Replicator:
         self._pool = pool
         self._pipelines: dict[tuple[int, int], RangePipeline] = {}
         self._nursery: trio.Nursery | None = None
+        #: REPLICATE round trips of every pipeline
+        self.latency = Buckets(REPLICATE_SECONDS_BOUNDS)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -378,7 +395,7 @@ class Replicator:
         key = (stream_id, info.range_index)
         pipeline = self._pipelines.get(key)
         if pipeline is None or pipeline.stopped:
-            pipeline = RangePipeline(self._node, self._pool, info)
+            pipeline = RangePipeline(self._node, self._pool, info, self.latency)
             if not info.is_open or info.primary_node_id != self._node.node_id:
                 pipeline.stop()  # sealed under the append: it cannot commit here
                 return pipeline
@@ -413,3 +430,26 @@ class Replicator:
     @property
     def pipelines(self) -> list[RangePipeline]:
         return list(self._pipelines.values())
+
+    def follower_lag(self) -> dict[int, tuple[int, int]]:
+        """Per follower node: records durable here it does not hold yet, and
+        batch bytes sent to it and not yet answered, over every range."""
+        engine = self._node.engine
+        lag: dict[int, tuple[int, int]] = {}
+        for pipeline in self.pipelines:
+            durable = engine.next_offset(pipeline.stream_id) or pipeline.start_offset
+            for f in pipeline.followers:
+                records, sent = lag.get(f.node_id, (0, 0))
+                lag[f.node_id] = (records + max(0, durable - f.match), sent + f.in_flight_bytes)
+        return lag
+
+    def lagging_ranges(self) -> int:
+        """Open ranges led here with a follower that does not hold all that
+        is durable here (unreachable, or behind)."""
+        engine = self._node.engine
+        count = 0
+        for pipeline in self.pipelines:
+            durable = engine.next_offset(pipeline.stream_id) or pipeline.start_offset
+            if any(f.match < durable for f in pipeline.followers):
+                count += 1
+        return count

@@ -45,7 +45,9 @@ def stamped(base_offset: int, *values: bytes) -> bytearray:
     return out
 
 
-def item(base_offset: int, *values: bytes, index: int = 0, epoch: int = EPOCH) -> writes.ReplicaBatch:
+def item(
+    base_offset: int, *values: bytes, index: int = 0, epoch: int = EPOCH
+) -> writes.ReplicaBatch:
     data = stamped(base_offset, *values) if values else bytearray()
     return writes.ReplicaBatch(STREAM, index, epoch, base_offset, data, len(values))
 

@@ -1,0 +1,191 @@
+"""Catch-up (SPEC §7): a replica of a sealed range that holds less than the
+range's end copies the rest from a replica that holds it.
+
+This happens after a failover (a follower was behind when the PM sealed the
+range), after a restart, and when the PM places a new replica of a sealed
+range on this node to repair a lost one. Whenever a stream's ranges change
+here (``NodeContext.ranges_changed``) and at start-up, its sealed ranges are
+looked at: each one short of its end is copied with FETCH from the other
+replicas in turn, primary first, from where this node's records stop, and
+stored through the storage writer (``storage.writes.fill``). A replica that
+cannot serve it is skipped; when none can, the range is tried again later.
+Until a range is whole it counts as missing a replica
+(``range_missing_replica_cnt``) and this node serves only what it holds.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+import trio
+
+from client.datanode_client import DataNodeClient
+from client.retry import retry_delay
+from net.pool import ConnectionPool
+from net.ratelog import RateLimitedLog
+from sbp import messages
+from sbp.batches import batch_spans, validate_batch
+from sbp.enums import ErrorCode
+from sbp.errors import ProtocolError, SBPError, error_for
+from storage import writes
+from storage.model import RangeInfo, hosts
+
+from ..context import NodeContext
+
+logger = logging.getLogger(__name__)
+_no_source = RateLimitedLog(logger, interval=30.0)
+
+#: bytes asked of a peer per FETCH
+COPY_BYTES: Final = 4 << 20
+#: how long one FETCH of a peer may take
+COPY_TIMEOUT_S: Final = 30.0
+#: the longest wait before a range no peer could serve is tried again
+RETRY_MAX_S: Final = 10.0
+
+
+class CatchUp:
+    """Copies what this node lacks of its sealed ranges; see the module docstring."""
+
+    def __init__(self, node: NodeContext, pool: ConnectionPool) -> None:
+        self._node = node
+        self._pool = pool
+        self._pending: set[int] = set()
+        self._wake = trio.Event()
+        #: ranges known to be short here, by (stream_id, range_index)
+        self.missing: set[tuple[int, int]] = set()
+
+    def look_at(self, stream_id: int) -> None:
+        """The stream's ranges changed: check them soon."""
+        self._pending.add(stream_id)
+        self._wake.set()
+
+    async def run(self) -> None:
+        for stream_id in self._node.engine.stream_ids():
+            self._pending.add(stream_id)
+        failures = 0
+        while True:
+            if not self._pending:
+                self._wake = trio.Event()
+                if self.missing:
+                    with trio.move_on_after(retry_delay(failures, cap=RETRY_MAX_S)):
+                        await self._wake.wait()
+                    self._pending.update(stream_id for stream_id, _ in self.missing)
+                else:
+                    await self._wake.wait()
+                continue
+            stream_id = self._pending.pop()
+            whole = await self._catch_up_stream(stream_id)
+            failures = 0 if whole else failures + 1
+
+    async def _catch_up_stream(self, stream_id: int) -> bool:
+        """Copy what the stream's sealed ranges lack here; True when none lacks anything."""
+        whole = True
+        for info in self._short_ranges(stream_id):
+            key = (stream_id, info.range_index)
+            self.missing.add(key)
+            if await self._copy_range(info):
+                self.missing.discard(key)
+            else:
+                whole = False
+        return whole
+
+    def _short_ranges(self, stream_id: int) -> list[RangeInfo]:
+        engine = self._node.engine
+        first = engine.first_offset(stream_id)
+        if first is None:
+            for key in [k for k in self.missing if k[0] == stream_id]:
+                self.missing.discard(key)
+            return []
+        short = []
+        for info in engine.list_ranges(stream_id):
+            if info.is_open or not hosts(info, self._node.node_id):
+                continue
+            start = max(info.start_offset, first)
+            if start < info.end_offset and engine.held_end(stream_id, start, info.end_offset) < (
+                info.end_offset
+            ):
+                short.append(info)
+            else:
+                self.missing.discard((stream_id, info.range_index))
+        return short
+
+    async def _copy_range(self, info: RangeInfo) -> bool:
+        peers = [
+            r.address
+            for r in sorted(info.replicas, key=lambda r: not r.is_primary)
+            if r.node_id != self._node.node_id
+        ]
+        for address in peers:
+            try:
+                if await self._copy_from(address, info):
+                    return True
+            except (SBPError, OSError, trio.TooSlowError) as error:
+                _no_source.warning(
+                    f"copy {info.stream_id}/{info.range_index} from {address}",
+                    "catch-up of stream %d range %d from %s: %s",
+                    info.stream_id,
+                    info.range_index,
+                    address,
+                    error or type(error).__name__,
+                )
+        return False
+
+    async def _copy_from(self, address: str, info: RangeInfo) -> bool:
+        """Copy from one peer until the range is whole here (True) or the
+        peer has no more of it (False)."""
+        engine = self._node.engine
+        peer = DataNodeClient(address, pool=self._pool, timeout=COPY_TIMEOUT_S)
+        first = engine.first_offset(info.stream_id) or 0
+        held = engine.held_end(info.stream_id, max(info.start_offset, first), info.end_offset)
+        while held < info.end_offset:
+            want = messages.FetchInfo(
+                stream_id=info.stream_id, fetch_offset=held, batch_max_bytes=COPY_BYTES
+            )
+            data = b""
+            async with peer.fetch([want]) as results:
+                async for fetched in results:
+                    code = fetched.result.error_code
+                    if code != ErrorCode.NONE:
+                        raise error_for(code, fetched.result.error_message)
+                    data = bytes(fetched.data)
+            items = _items(info, data)
+            if not items:
+                return False
+            now = await self._node.command(lambda ctx: writes.fill(ctx, items))  # noqa: B023
+            if now <= held:
+                return False
+            held = now
+        logger.info(
+            "stream %d range %d caught up to its end %d from %s",
+            info.stream_id,
+            info.range_index,
+            info.end_offset,
+            address,
+        )
+        self._node.waiters.notify(info.stream_id)
+        return True
+
+
+def _items(info: RangeInfo, data: bytes) -> list[writes.ReplicaBatch]:
+    """The batches of a FETCH answer, checked, as fill items of ``info``."""
+    items = []
+    for start, end in batch_spans(data):
+        view = memoryview(data)[start:end]
+        try:
+            header = validate_batch(view)
+        except ProtocolError as error:
+            raise error_for(ErrorCode.INVALID_RECORD_BATCH, str(error)) from None
+        if header.base_offset >= info.end_offset:
+            break
+        items.append(
+            writes.ReplicaBatch(
+                info.stream_id,
+                info.range_index,
+                info.epoch,
+                header.base_offset,
+                view,
+                header.record_count,
+            )
+        )
+    return items

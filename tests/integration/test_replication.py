@@ -1,0 +1,241 @@
+"""Replication and failover (SPEC §7) with a PM and four data nodes as processes."""
+
+from __future__ import annotations
+
+import random
+import signal
+from pathlib import Path
+
+import pytest
+import trio
+
+from client.consumer import Consumer
+from client.producer import Producer
+from net.pool import ConnectionPool
+from sbp import messages
+from sbp.batches import build_batch, decode_batches
+from sbp.enums import ErrorCode
+
+from .pm_cluster import PMCluster, append_values, pm_cluster, primary_address
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+NODES = (1, 2, 3, 4)
+
+
+def node_of(cluster: PMCluster, data_node: messages.DataNode) -> int:
+    return next(n for n, p in cluster.nodes.items() if p.address == data_node.advertise_addr)
+
+
+async def replica_values(
+    cluster: PMCluster, rng: messages.Range, address: str, offset: int
+) -> list[bytes]:
+    """What one replica serves of the range from ``offset`` (no long poll)."""
+    info = messages.FetchInfo(stream_id=rng.stream_id, fetch_offset=offset, batch_max_bytes=1 << 20)
+    async with cluster.node_client(address).fetch([info]) as results:
+        data = b"".join([bytes(fetched.data) async for fetched in results])
+    return decode_batches(data).to_list() if data else []
+
+
+async def wait_served(
+    cluster: PMCluster, rng: messages.Range, address: str, expected: list[bytes]
+) -> None:
+    with trio.fail_after(10):
+        while await replica_values(cluster, rng, address, rng.start_offset) != expected:
+            await trio.sleep(0.05)
+
+
+@pytest.mark.deadline(90)
+async def test_every_replica_holds_and_serves_what_was_acknowledged(tmp_path: Path) -> None:
+    async with pm_cluster(tmp_path, NODES) as cluster:
+        pm = cluster.pm_client()
+        created = await pm.create_stream(3, ack_nums=2)
+        assert created.stream is not None and created.range is not None
+        assert created.stream.ack_nums == 2
+        rng = created.range
+        assert await append_values(cluster, rng, [b"a", b"b"]) == 0
+        assert await append_values(cluster, rng, [b"c"]) == 2
+        for replica in rng.replica_nodes:
+            await wait_served(cluster, rng, replica.data_node.advertise_addr, [b"a", b"b", b"c"])
+        # the commit offset every replica reports
+        for replica in rng.replica_nodes:
+            described = await cluster.node_client(replica.data_node.advertise_addr).describe_range(
+                rng.stream_id, 0
+            )
+            assert (described.next_offset, described.commit_offset) == (3, 3)
+
+
+@pytest.mark.deadline(90)
+async def test_ack_nums_is_checked(tmp_path: Path) -> None:
+    async with pm_cluster(tmp_path, (1,)) as cluster:
+        results = await cluster.pm_client().create_streams(
+            [messages.Stream(replica_nums=1, ack_nums=2), messages.Stream(replica_nums=1)]
+        )
+        assert results[0].error_code == ErrorCode.INVALID_REQUEST
+        assert "ack_nums" in results[0].error_message
+        assert results[1].error_code == ErrorCode.NONE
+
+
+@pytest.mark.deadline(120)
+async def test_a_stopped_follower_does_not_stop_appends_two_do(tmp_path: Path) -> None:
+    async with pm_cluster(tmp_path, (1, 2, 3)) as cluster:
+        pm = cluster.pm_client()
+        created = await pm.create_stream(3, ack_nums=2)
+        assert created.range is not None
+        rng = created.range
+        followers = [node_of(cluster, r.data_node) for r in rng.replica_nodes if not r.is_primary]
+        primary = cluster.node_client(primary_address(rng))
+        batch = bytes(build_batch([b"x"], base_timestamp=1))
+
+        cluster.nodes[followers[0]].process.send_signal(signal.SIGSTOP)
+        try:
+            [result] = await primary.append([(rng.stream_id, batch)], timeout=5)
+            assert (result.error_code, result.base_offset) == (ErrorCode.NONE, 0)
+
+            cluster.nodes[followers[1]].process.send_signal(signal.SIGSTOP)
+            started = trio.current_time()
+            [result] = await primary.append([(rng.stream_id, batch)], timeout=1)
+            assert result.error_code == ErrorCode.NOT_ENOUGH_REPLICAS
+            assert trio.current_time() - started < 2.5
+        finally:
+            for follower in followers:
+                cluster.nodes[follower].process.send_signal(signal.SIGCONT)
+
+
+async def produce(
+    cluster: PMCluster, stream_id: int, acked: dict[bytes, int], stop: trio.Event
+) -> None:
+    """Send unique values until ``stop``; record the offset of each acknowledged one."""
+    async with Producer(
+        cluster.pm_address, stream_id, linger=0.002, delivery_timeout=60, request_timeout=2
+    ) as producer:
+        number = 0
+        while not stop.is_set():
+            values = [f"v{number + i}".encode() for i in range(20)]
+            number += len(values)
+            handle = await producer.send_many(values)
+            offsets = await handle.offsets()
+            for value, offset in zip(values, offsets.tolist(), strict=True):
+                acked[value] = offset
+
+
+@pytest.mark.deadline(240)
+async def test_killing_the_primary_loses_no_acknowledged_record(tmp_path: Path) -> None:
+    rounds = 3
+    rng_seed = random.Random(20261124)
+    async with pm_cluster(tmp_path, NODES) as cluster:
+        pm = cluster.pm_client()
+        created = await pm.create_stream(3, ack_nums=2)
+        assert created.stream is not None
+        stream_id = created.stream.stream_id
+        acked: dict[bytes, int] = {}
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(produce, cluster, stream_id, acked, stop)
+            for _ in range(rounds):
+                await trio.sleep(rng_seed.uniform(0.5, 1.5))
+                ranges = await pm.list_stream_ranges(stream_id)
+                victim = node_of(cluster, ranges[-1].primary_node())
+                before = len(acked)
+                await cluster.nodes[victim].kill()
+                await cluster.wait_alive(set(NODES) - {victim}, dead={victim})
+                # The producer goes on by itself in a range on live nodes.
+                with trio.fail_after(30):
+                    while len(acked) < before + 200:
+                        await trio.sleep(0.05)
+                await cluster.start_node(victim)
+                await cluster.wait_alive(set(NODES))
+            stop.set()
+        ranges = await pm.list_stream_ranges(stream_id)
+        assert len(ranges) >= rounds + 1
+        end = ranges[-1]
+        # Every acknowledged record is read back at its offset, from any replica.
+        stored: dict[int, bytes] = {}
+        async with Consumer(cluster.pm_address, stream_id, from_offset=0) as consumer:
+            with trio.fail_after(60):
+                async for record in consumer.records():
+                    stored[record.offset] = record.value
+                    if len(stored) >= max(acked.values()) + 1:
+                        break
+        assert sorted(stored) == list(range(len(stored)))  # dense
+        lost = {value: offset for value, offset in acked.items() if stored.get(offset) != value}
+        assert not lost
+        assert end.is_open
+
+
+async def wait_sealed(cluster: PMCluster, stream_id: int, range_index: int) -> messages.Range:
+    pm = cluster.pm_client()
+    with trio.fail_after(20):
+        while True:
+            ranges = await pm.list_stream_ranges(stream_id)
+            if len(ranges) > range_index + 1 and not ranges[range_index].is_open:
+                return ranges[range_index]
+            await trio.sleep(0.05)
+
+
+@pytest.mark.deadline(120)
+async def test_the_old_primary_returns_to_a_sealed_range(tmp_path: Path) -> None:
+    async with pm_cluster(tmp_path, NODES) as cluster:
+        pm = cluster.pm_client()
+        created = await pm.create_stream(3, ack_nums=2)
+        assert created.range is not None
+        rng = created.range
+        await append_values(cluster, rng, [b"a", b"b"])
+        old_address = primary_address(rng)
+        victim = cluster.nodes[node_of(cluster, rng.primary_node())]
+        victim.process.send_signal(signal.SIGSTOP)
+        try:
+            sealed = await wait_sealed(cluster, rng.stream_id, 0)
+        finally:
+            victim.process.send_signal(signal.SIGCONT)
+        assert sealed.end_offset == 2
+        following = (await pm.list_stream_ranges(rng.stream_id))[1]
+        assert await append_values(cluster, following, [b"c"]) == 2
+
+        old = cluster.node_client(old_address)
+        batch = bytes(build_batch([b"late"], base_timestamp=1))
+        [late] = await old.append([(rng.stream_id, batch)], timeout=2)
+        assert late.error_code != ErrorCode.NONE
+        # Once the PM told it, it holds the range sealed where the PM sealed
+        # it, and serves nothing of it past that end.
+        with trio.fail_after(20):
+            while (await old.describe_range(rng.stream_id, 0)).end_offset != 2:
+                await trio.sleep(0.1)
+        assert await replica_values(cluster, rng, old_address, 0) == [b"a", b"b"]
+
+
+@pytest.mark.deadline(150)
+async def test_a_dead_replica_is_repaired_on_a_live_node(tmp_path: Path) -> None:
+    async with ConnectionPool() as pool:
+        cluster = PMCluster(tmp_path, pool)
+        try:
+            await cluster.start_pm("127.0.0.1:0", "--repair-after-ms", "2000")
+            await cluster.start_nodes(NODES)
+            pm = cluster.pm_client()
+            created = await pm.create_stream(3, ack_nums=2)
+            assert created.range is not None
+            rng = created.range
+            await append_values(cluster, rng, [b"a", b"b", b"c"])
+            await pm.seal_range(rng.stream_id, 0)
+            [dead] = [node_of(cluster, r.data_node) for r in rng.replica_nodes if not r.is_primary][
+                :1
+            ]
+            await cluster.nodes[dead].kill()
+            with trio.fail_after(30):
+                while True:
+                    repaired = (await pm.list_stream_ranges(rng.stream_id))[0]
+                    ids = {r.data_node.node_id for r in repaired.replica_nodes}
+                    if dead not in ids:
+                        break
+                    await trio.sleep(0.2)
+            assert len(ids) == 3
+            [newcomer] = ids - {r.data_node.node_id for r in rng.replica_nodes}
+            address = next(
+                r.data_node.advertise_addr
+                for r in repaired.replica_nodes
+                if r.data_node.node_id == newcomer
+            )
+            await wait_served(cluster, repaired, address, [b"a", b"b", b"c"])
+        finally:
+            with trio.CancelScope(shield=True):
+                await cluster.stop_all()
