@@ -110,6 +110,10 @@ def _replicas(text: str) -> int:
     return _integer(text, 1, 127)
 
 
+def _acks(text: str) -> int:
+    return _integer(text, 0, 127)
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -169,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.add_argument("--replicas", type=_replicas, default=1, help="replicas (default: 1)")
     create.add_argument(
+        "--acks",
+        type=_acks,
+        default=0,
+        help="replicas that must hold a record before it is acknowledged (default: 0, "
+        "a majority of --replicas)",
+    )
+    create.add_argument(
         "--retention-ms",
         type=_non_negative,
         default=0,
@@ -191,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     update.add_argument("stream_id", type=_stream_id, metavar="STREAM")
     update.add_argument("--replicas", type=_replicas, help="new replica count")
+    update.add_argument("--acks", type=_acks, help="new acks (replicas holding a record)")
     update.add_argument("--retention-ms", type=_non_negative, metavar="MS", help="new retention")
     _command(update, cmd_streams_update)
     delete = stream_commands.add_parser(

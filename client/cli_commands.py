@@ -12,14 +12,16 @@ import argparse
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any, Final
+
+import trio
 
 from net.pool import ConnectionPool
 from net.service import UsageError
 from sbp import messages
 from sbp.batches import DecodedRecords
-from sbp.errors import ConnectionClosed, ProtocolError
+from sbp.errors import ConnectionClosed, ProtocolError, SBPError
 
 from . import format as fmt
 from ._base import SBPClient
@@ -109,18 +111,29 @@ async def cmd_ping(env: Env) -> int:
 
 def _stream_rows(streams: Sequence[messages.Stream]) -> str:
     return fmt.table(
-        ["stream", "replicas", "retention", "epoch"],
+        ["stream", "replicas", "acks", "retention", "epoch"],
         [
-            [s.stream_id, s.replica_nums, fmt.retention_text(s.retention_period_ms), s.epoch]
+            [
+                s.stream_id,
+                s.replica_nums,
+                fmt.acks_text(s),
+                fmt.retention_text(s.retention_period_ms),
+                s.epoch,
+            ]
             for s in streams
         ],
     )
 
 
 async def cmd_streams_create(env: Env) -> int:
-    """Create --count streams with --replicas replicas each."""
+    """Create --count streams with --replicas replicas each, records
+    acknowledged once --acks of them hold them (default: a majority)."""
+    if env.args.acks > env.args.replicas:
+        raise UsageError(f"--acks {env.args.acks} is more than --replicas {env.args.replicas}")
     spec = messages.Stream(
-        replica_nums=env.args.replicas, retention_period_ms=env.args.retention_ms
+        replica_nums=env.args.replicas,
+        retention_period_ms=env.args.retention_ms,
+        ack_nums=env.args.acks,
     )
     results = await env.pm.create_streams([spec] * env.args.count)
     failed = [r for r in results if r.error_code]
@@ -136,12 +149,15 @@ async def cmd_streams_create(env: Env) -> int:
                 [
                     result.stream.stream_id,
                     result.stream.replica_nums,
+                    fmt.acks_text(result.stream),
                     fmt.retention_text(result.stream.retention_period_ms),
                     fmt.replicas_text(rng) if rng is not None else "-",
                 ]
             )
         if rows:
-            env.emit(fmt.table(["stream", "replicas", "retention", "nodes (* primary)"], rows))
+            env.emit(
+                fmt.table(["stream", "replicas", "acks", "retention", "nodes (* primary)"], rows)
+            )
     for result in failed:
         print(_item_error(result.error_code, result.error_message), file=env.err)
     return EXIT_SERVER_ERROR if failed else EXIT_OK
@@ -169,9 +185,9 @@ async def cmd_streams_get(env: Env) -> int:
 
 
 async def cmd_streams_update(env: Env) -> int:
-    """Change a stream's replica count or retention; unchanged fields stay."""
-    if env.args.replicas is None and env.args.retention_ms is None:
-        raise UsageError("nothing to update: give --replicas and/or --retention-ms")
+    """Change a stream's replica count, acks or retention; unchanged fields stay."""
+    if env.args.replicas is None and env.args.retention_ms is None and env.args.acks is None:
+        raise UsageError("nothing to update: give --replicas, --acks and/or --retention-ms")
     current = await env.pm.get_stream(env.args.stream_id)
     wanted = messages.Stream(
         stream_id=current.stream_id,
@@ -182,6 +198,7 @@ async def cmd_streams_update(env: Env) -> int:
             else current.retention_period_ms
         ),
         epoch=current.epoch,
+        ack_nums=env.args.acks if env.args.acks is not None else current.ack_nums,
     )
     stream = await env.pm.update_stream(wanted)
     env.emit_json(stream) if env.json else env.emit(_stream_rows([stream]))
@@ -230,7 +247,7 @@ async def cmd_streams_trim(env: Env) -> int:
 
 def _range_rows(ranges: Sequence[messages.Range]) -> str:
     return fmt.table(
-        ["stream", "range", "start", "end", "next", "epoch", "nodes (* primary)"],
+        ["stream", "range", "start", "end", "next", "commit", "epoch", "nodes (* primary)"],
         [
             [
                 r.stream_id,
@@ -238,6 +255,7 @@ def _range_rows(ranges: Sequence[messages.Range]) -> str:
                 r.start_offset,
                 fmt.end_text(r),
                 r.next_offset,
+                r.commit_offset,
                 r.epoch,
                 fmt.replicas_text(r),
             ]
@@ -247,16 +265,46 @@ def _range_rows(ranges: Sequence[messages.Range]) -> str:
 
 
 async def cmd_ranges_list(env: Env) -> int:
-    """The ranges of a stream, or (--node) every range on one data node."""
+    """The ranges of a stream, or (--node) every range on one data node. For
+    a stream's open range the replicas are asked too: their next and commit
+    offsets are shown as the replicas' state (``down`` when one does not
+    answer)."""
     if (env.args.stream_id is None) == (env.args.node is None):
         raise UsageError("give a stream id or --node NODE_ID (one of them)")
     if env.args.stream_id is not None:
-        ranges = await env.pm.list_stream_ranges(env.args.stream_id)
+        ranges = list(await env.pm.list_stream_ranges(env.args.stream_id))
+        if ranges and ranges[-1].is_open:
+            ranges[-1], states = await _live_range(env, ranges[-1])
+            if not env.json:
+                env.emit_listing(ranges, _range_rows, "no ranges")
+                env.emit(f"replicas of the open range: {states}")
+                return EXIT_OK
     else:
         node = await _find_node(env, env.args.node)
-        ranges = await env.pm.list_node_ranges(node)
+        ranges = list(await env.pm.list_node_ranges(node))
     env.emit_listing(ranges, _range_rows, "no ranges")
     return EXIT_OK
+
+
+async def _live_range(env: Env, rng: messages.Range) -> tuple[messages.Range, str]:
+    """The open range with the next and commit offsets its replicas report,
+    and each replica's state as text."""
+    states = []
+    next_offset, commit = rng.next_offset, rng.commit_offset
+    for replica in rng.replica_nodes:
+        node = replica.data_node
+        timeout = min(env.args.timeout, 2.0)
+        client = DataNodeClient(node.advertise_addr, pool=env.pool, timeout=timeout)
+        star = "*" if replica.is_primary else ""
+        try:
+            live = await client.describe_range(rng.stream_id, rng.range_index)
+        except (SBPError, OSError, trio.TooSlowError) as error:
+            states.append(f"{node.node_id}{star} down ({error or 'no answer'})")
+            continue
+        states.append(f"{node.node_id}{star} next {live.next_offset} commit {live.commit_offset}")
+        next_offset = max(next_offset, live.next_offset) if replica.is_primary else next_offset
+        commit = max(commit, live.commit_offset)
+    return replace(rng, next_offset=next_offset, commit_offset=commit), "; ".join(states)
 
 
 async def cmd_ranges_describe(env: Env) -> int:
@@ -432,10 +480,26 @@ async def cmd_cluster_status(env: Env) -> int:
         return EXIT_OK
     alive = sum(1 for row in rows if row["alive"])
     env.emit(f"PM {env.args.pm}: {alive} of {len(rows)} data nodes alive")
+    missing = sum(row["under_replicated"] for row in rows if row["alive"])
+    dead_ranges = sum(row["ranges"] for row in rows if not row["alive"])
+    env.emit(
+        f"under-replicated ranges: {missing} reported by live nodes"
+        + (f"; {dead_ranges} ranges on dead nodes" if dead_ranges else "")
+    )
     if rows:
         env.emit(
             fmt.table(
-                ["node", "address", "alive", "heartbeat", "ranges", "open", "in/s", "free"],
+                [
+                    "node",
+                    "address",
+                    "alive",
+                    "heartbeat",
+                    "ranges",
+                    "open",
+                    "under-replicated",
+                    "in/s",
+                    "free",
+                ],
                 [
                     [
                         row["node_id"],
@@ -444,6 +508,7 @@ async def cmd_cluster_status(env: Env) -> int:
                         fmt.age_text(row["last_heartbeat_ms"], now),
                         row["ranges"],
                         row["active_ranges"],
+                        row["under_replicated"],
                         fmt.size_text(row["in_bytes_per_s"]),
                         fmt.optional_size_text(row["disk_free_bytes"]),
                     ]

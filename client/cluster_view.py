@@ -24,6 +24,8 @@ def node_summary(status: messages.DataNodeStatus, now: float) -> dict[str, Any]:
         ),
         "ranges": status.range_count,
         "active_ranges": report.range_active_cnt,
+        # ranges the node knows to be missing a replica (SPEC §7)
+        "under_replicated": report.range_missing_replica_cnt,
         "in_bytes_per_s": report.disk_in_rate,
         "out_bytes_per_s": report.disk_out_rate,
         "appends_per_s": report.network_append_rate,

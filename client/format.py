@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sbp import messages
+from sbp.replication import effective_acks
 
 
 def to_jsonable(value: Any) -> Any:
@@ -86,6 +87,13 @@ def replicas_text(rng: messages.Range) -> str:
         star = "*" if replica.is_primary else ""
         parts.append(f"{node.node_id}{star}@{node.advertise_addr}")
     return ",".join(parts) or "-"
+
+
+def acks_text(stream: messages.Stream) -> str:
+    """A stream's ``ack_nums``: ``majority (2)`` for 0, else the number."""
+    if stream.ack_nums > 0:
+        return str(stream.ack_nums)
+    return f"majority ({effective_acks(stream.replica_nums, 0)})"
 
 
 def end_text(rng: messages.Range) -> str:

@@ -84,19 +84,29 @@ def test_append_from_a_file_with_progress(cluster: LocalCluster, tmp_path: Path)
 def test_streams_commands(cluster: LocalCluster) -> None:
     pm = cluster.pm_address
     created = sbp_json(
-        pm, "streams", "create", "--count", "3", "--replicas", "2", "--retention-ms", "60000"
-    )
+        pm, "streams", "create", "--count", "3", "--replicas", "2", "--acks", "1",
+        "--retention-ms", "60000",
+    )  # fmt: skip
     ids = [item["stream"]["stream_id"] for item in created]
     assert len(set(ids)) == 3
     assert all(item["stream"]["replica_nums"] == 2 for item in created)
+    assert all(item["stream"]["ack_nums"] == 1 for item in created)
     assert all(len(item["range"]["replica_nodes"]) == 2 for item in created)
 
     table = sbp(pm, "streams", "create")
-    assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:3] == [
+    assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:4] == [
         "stream",
         "replicas",
+        "acks",
         "retention",
     ]
+    too_many = sbp(pm, "streams", "create", "--replicas", "2", "--acks", "3")
+    assert too_many.returncode == 2 and "--acks 3 is more than --replicas 2" in too_many.stderr
+
+    ranges = sbp(pm, "ranges", "list", str(ids[0]))
+    assert ranges.returncode == 0 and "commit" in ranges.stdout.splitlines()[0]
+    [state] = [line for line in ranges.stdout.splitlines() if line.startswith("replicas of")]
+    assert state.count("next 0 commit 0") == 2, state
 
     listed = {s["stream_id"]: s for s in sbp_json(pm, "streams", "list")}
     assert set(ids) <= set(listed)
@@ -104,7 +114,7 @@ def test_streams_commands(cluster: LocalCluster) -> None:
 
     got = sbp(pm, "streams", "get", str(ids[0]))
     assert got.returncode == 0
-    assert got.stdout.splitlines()[1].split()[:3] == [str(ids[0]), "2", "1m"]
+    assert got.stdout.splitlines()[1].split()[:4] == [str(ids[0]), "2", "1", "1m"]
 
     updated = sbp_json(pm, "streams", "update", str(ids[1]), "--retention-ms", "0")
     assert (updated["stream_id"], updated["retention_period_ms"], updated["replica_nums"]) == (

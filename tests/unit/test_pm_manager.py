@@ -25,6 +25,8 @@ class FakeDataNodes:
         self.deleted: list[tuple[int, tuple[int, ...]]] = []
         self.sealed: list[RangeRecord] = []
         self.next_offsets: dict[int, int] = {}
+        #: a replica's own answer to a seal, by (stream id, node id)
+        self.replica_offsets: dict[tuple[int, int], int] = {}
         self.seal_delay = 0.0
         self.unreachable: set[int] = set()
         self.unreachable_addresses: set[str] = set()
@@ -42,12 +44,14 @@ class FakeDataNodes:
         for stream_id, ranges in streams:
             self.synced.append((node_id, stream_id, tuple(ranges)))
 
-    async def seal_range(self, rng: RangeRecord) -> int:
-        if rng.primary in self.unreachable:
+    async def seal_replica(self, rng: RangeRecord, node_id: int) -> int:
+        if node_id in self.unreachable:
             await trio.sleep_forever()
         await trio.sleep(self.seal_delay)
-        self.sealed.append(rng)
-        return self.next_offsets.get(rng.stream_id, 0)
+        if node_id == rng.primary:
+            self.sealed.append(rng)
+        default = self.next_offsets.get(rng.stream_id, 0)
+        return self.replica_offsets.get((rng.stream_id, node_id), default)
 
     async def next_offset(self, rng: RangeRecord) -> int:
         return self.next_offsets.get(rng.stream_id, 0)
@@ -133,6 +137,65 @@ async def test_seal_and_new_then_idempotent_retry(store: MetadataStore) -> None:
     [again] = await manager.seal_ranges([(stream.stream_id, 0)], timeout=5)
     assert again.value == [old, new]
     assert len(nodes.sealed) == 1
+
+
+@pytest.mark.parametrize(("acks", "end"), [(1, 10), (2, 7), (3, 4), (0, 7)])
+async def test_a_replicated_seal_ends_by_the_rule_of_r_minus_a(
+    store: MetadataStore, acks: int, end: int
+) -> None:
+    nodes = FakeDataNodes()
+    manager = _manager(store, nodes)
+    [created] = await manager.create_streams([StreamRecord(0, 3, ack_nums=acks)], timeout=5)
+    stream, first = created.value  # type: ignore[misc]
+    for node_id, offset in zip(first.nodes, (10, 7, 4), strict=True):
+        nodes.replica_offsets[(stream.stream_id, node_id)] = offset
+    [sealed] = await manager.seal_ranges([(stream.stream_id, 0)], timeout=5)
+    old, new = sealed.value  # type: ignore[misc]
+    assert (old.end_offset, new.start_offset) == (end, end)
+    assert manager.seals["request"] == 1
+
+
+async def test_a_seal_goes_on_without_a_silent_replica_when_enough_answer(
+    store: MetadataStore,
+) -> None:
+    nodes = FakeDataNodes()
+    manager = _manager(store, nodes, count=4)
+    created, strict = await manager.create_streams(
+        [StreamRecord(0, 3, ack_nums=2), StreamRecord(0, 3, ack_nums=1)], timeout=5
+    )
+    stream, first = created.value  # type: ignore[misc]
+    primary, *followers = first.nodes
+    nodes.unreachable.add(primary)
+    nodes.unreachable.add(strict.value[1].primary)  # type: ignore[index]
+    for node_id, offset in zip(followers, (5, 3), strict=True):
+        nodes.replica_offsets[(stream.stream_id, node_id)] = offset
+    sealed, refused = await manager.seal_ranges(
+        [(stream.stream_id, 0), (strict.value[0].stream_id, 0)],  # type: ignore[index]
+        timeout=1,
+    )
+    old, _new = sealed.value  # type: ignore[misc]
+    assert old.end_offset == 5  # index R - A = 1 of the answers [3, 5]
+    # With A = 1 a record may live on one replica only: every replica must
+    # answer, and one silent replica stops the seal.
+    assert refused.error is not None and refused.error.code == ErrorCode.TIMEOUT
+
+
+async def test_ack_nums_are_checked_and_kept(store: MetadataStore) -> None:
+    nodes = FakeDataNodes()
+    manager = _manager(store, nodes)
+    results = await manager.create_streams(
+        [StreamRecord(0, 2, ack_nums=3), StreamRecord(0, 3, ack_nums=3)], timeout=5
+    )
+    assert results[0].error is not None and results[0].error.code == ErrorCode.INVALID_REQUEST
+    stream = results[1].value[0]  # type: ignore[index]
+    assert store.stream(stream.stream_id) == stream and stream.ack_nums == 3
+    # replica_nums below the kept ack_nums is refused; both together are taken
+    [refused] = await manager.update_streams([StreamRecord(stream.stream_id, 2)], timeout=5)
+    assert refused.error is not None and "ack_nums" in refused.error.message
+    [taken] = await manager.update_streams(
+        [StreamRecord(stream.stream_id, 2, ack_nums=1)], timeout=5
+    )
+    assert taken.value == StreamRecord(stream.stream_id, 2, 0, 0, 1)
 
 
 async def test_racing_seals_produce_one_next_range(store: MetadataStore) -> None:
