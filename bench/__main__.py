@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench import report
-from bench.scenarios import append, catch_up, spark, tail
+from bench.scenarios import append, catch_up, replication, spark, tail
 from bench.scenarios.options import Options
 
 SCENARIOS: dict[str, Callable[[Options], report.ScenarioResult]] = {
@@ -27,6 +27,7 @@ SCENARIOS: dict[str, Callable[[Options], report.ScenarioResult]] = {
     tail.NAME: tail.run,
     catch_up.NAME: catch_up.run,
     spark.NAME: spark.run,
+    replication.NAME: replication.run,
 }
 
 

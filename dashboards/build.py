@@ -330,6 +330,66 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
         ),
     ),
     (
+        "Replication",
+        (
+            Panel(
+                "Under-replicated ranges",
+                "Ranges missing a replica: on a dead node (PM), or with a follower behind or "
+                "not yet copied whole (data nodes).",
+                "none",
+                (
+                    (f"sum(sbp_pm_under_replicated_ranges{{{PM}}})", "replica on a dead node"),
+                    (f"sum(sbp_datanode_under_replicated_ranges{{{NODE}}})", "reported by nodes"),
+                ),
+            ),
+            Panel(
+                "Replication lag",
+                "Records durable on a primary that a follower does not hold yet.",
+                "none",
+                (
+                    (
+                        f"sum by (instance, follower) "
+                        f"(sbp_datanode_replication_lag_records{{{NODE}}})",
+                        "{{instance}} to node {{follower}}",
+                    ),
+                ),
+            ),
+            Panel(
+                "Replication lag bytes",
+                "Batch bytes a primary sent a follower and has no answer for yet.",
+                "bytes",
+                (
+                    (
+                        f"sum by (instance, follower) "
+                        f"(sbp_datanode_replication_in_flight_bytes{{{NODE}}})",
+                        "{{instance}} to node {{follower}}",
+                    ),
+                ),
+            ),
+            Panel(
+                "REPLICATE latency p99",
+                "The p99 round trip of REPLICATE from each primary to its followers.",
+                "s",
+                (
+                    (
+                        quantile(0.99, NODE, "instance", "sbp_datanode_replicate_seconds"),
+                        "{{instance}}",
+                    ),
+                ),
+            ),
+            Panel(
+                "Seals and repairs",
+                "Ranges sealed per second by cause (a writer's request, a dead primary, a "
+                "repair), and ranges whose dead replica was replaced.",
+                "ops",
+                (
+                    (f"sum by (cause) (rate(sbp_pm_seals_total{{{PM}}}{RATE}))", "seal: {{cause}}"),
+                    (f"sum(rate(sbp_pm_repairs_total{{{PM}}}{RATE}))", "repairs"),
+                ),
+            ),
+        ),
+    ),
+    (
         "Connections and processes",
         (
             Panel(

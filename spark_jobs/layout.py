@@ -2,8 +2,9 @@
 the data node holding the open range, and input partitions planned over them.
 
 The PM's ``next_offset`` of an open range is a snapshot that lags the data
-node, so the end of a stream is asked of the open range's primary with
-DESCRIBE_RANGES (SPEC §5). Sealed ranges end where the PM says.
+node, so the end of a stream is asked of the open range's replicas with
+DESCRIBE_RANGES (SPEC §5): its commit offset, below which records are
+acknowledged (SPEC §7). Sealed ranges end where the PM says.
 """
 
 from __future__ import annotations

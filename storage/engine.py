@@ -458,14 +458,15 @@ class StorageEngine:
 
     def range_at(self, stream_id: int, offset: int) -> RangeInfo | None:
         """The stream's range holding ``offset`` (the open one holds every
-        offset from its start), live next offset filled in; None if none or
-        the stream is unknown. Thread-safe."""
+        offset from its start) as recorded, its ``next_offset`` not filled in
+        (this runs once per appended batch); None if none or the stream is
+        unknown. Thread-safe."""
         state = self._store.streams.get(stream_id)
         if state is None:
             return None
         for info in reversed(state.ranges):
             if info.holds(offset):
-                return state.live(info)
+                return info
         return None
 
     def describe_range(self, stream_id: int, range_index: int) -> RangeInfo:

@@ -37,6 +37,7 @@ import trio
 
 from client.retry import retry_delay
 from net.calls import header_as
+from net.connection import Connection
 from net.pool import ConnectionPool
 from net.ratelog import RateLimitedLog
 from sbp import messages
@@ -192,7 +193,7 @@ class RangePipeline:
             follower.in_flight = 0
             await trio.sleep(retry_delay(follower.failures))
 
-    async def _stream_to(self, follower: Follower, connection: object) -> None:
+    async def _stream_to(self, follower: Follower, connection: Connection) -> None:
         """Send the follower what it lacks, for as long as the connection lasts."""
         engine = self.node.engine
         last_sent = trio.Event()
@@ -258,7 +259,7 @@ class RangePipeline:
     async def _frame(
         self,
         follower: Follower,
-        connection: object,
+        connection: Connection,
         items: list[messages.ReplicateInfo],
         payload: bytes,
         previous: trio.Event,
@@ -286,7 +287,7 @@ class RangePipeline:
             await previous.wait()
             started = trio.current_time()
             try:
-                async with connection.stream(  # type: ignore[attr-defined]
+                async with connection.stream(
                     Opcode.REPLICATE, header, payload, timeout=REPLICATE_TIMEOUT_S
                 ) as responses:
                     sent.set()
@@ -338,7 +339,9 @@ class RangePipeline:
             return
         durable = self.node.engine.next_offset(self.stream_id) or self.start_offset
         offsets = [durable, *(f.match for f in self.followers)]
-        committed = commit_offset(offsets, self.ack_nums)
+        # Never past what this primary holds: a follower ahead of it (a node
+        # run with --sync never that lost its tail) holds nothing it acknowledged.
+        committed = min(commit_offset(offsets, self.ack_nums), durable)
         if committed < self.commit:
             return
         self.commit = committed

@@ -206,7 +206,8 @@ def test_dashboard_queries_return_data_from_a_live_cluster(
     try:
         prometheus.wait_ready(jobs=3)
         with SyncClient(cluster.pm_address) as client:
-            streams = [client.create_stream().stream_id for _ in range(3)]
+            # the loaded stream has two replicas: the replication panels get data
+            streams = [client.create_stream(replicas).stream_id for replicas in (2, 1, 1)]
             primary = client.list_ranges(streams[0])[-1]
         node_address = next(
             r.data_node.advertise_addr for r in primary.replica_nodes if r.is_primary
@@ -252,7 +253,7 @@ def check_reports_match_node_metrics(prometheus: Prometheus, at: float) -> None:
     }
     reported = prometheus.values("sbp_pm_data_node_open_ranges", at=at)
     assert sorted(reported.values()) == sorted(by_instance.values())
-    assert sum(reported.values()) == 3  # one open range per stream
+    assert sum(reported.values()) == 4  # one open range per stream, on each of its replicas
 
     own_rates = prometheus.values(
         f"sum by (instance) (rate(sbp_datanode_appended_bytes_total[{RATE_INTERVAL}]))", at=at

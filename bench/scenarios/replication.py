@@ -1,0 +1,252 @@
+"""Replication's cost: 64 KiB appends to a stream of one replica against a
+stream of three replicas acknowledged by two (SPEC §7), on the same cluster
+of a PM and three data nodes (``--sync always``) sharing this machine.
+
+Each pair is measured at 1 and at 64 requests in flight, in alternating
+order over several rounds (whichever runs second on a shared machine tends
+to lose). While the replicated stream takes its load, its followers are
+asked their next offset every 50 ms: how far behind the primary they are
+is the replication lag.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import trio
+from matplotlib.figure import Figure
+
+from bench.harness import (
+    CPUMeter,
+    Load,
+    Measurement,
+    Workload,
+    batch_64k,
+    drive_trio,
+)
+from bench.report import ScenarioResult, Target, number, percent, table
+from bench.scenarios.options import DEFAULT_IN_FLIGHT, Options
+from client.cluster import Child, plan_children, start_child, stop_child, wait_for_nodes
+from client.datanode_client import DataNodeClient
+from client.pm_client import PMClient
+from net.pool import ConnectionPool
+from sbp import messages
+
+NAME = "replication"
+NODES: Final = 3
+#: (replica_nums, ack_nums) of the two streams compared
+SETTINGS: Final = ((1, 1), (3, 2))
+LAG_SAMPLE_S: Final = 0.05
+
+
+@dataclass
+class Cluster:
+    pm_address: str
+    node_pids: list[int]
+
+
+@asynccontextmanager
+async def three_node_cluster(parent: Path) -> AsyncIterator[Cluster]:
+    data_dir = Path(tempfile.mkdtemp(prefix="replication-", dir=parent))
+    pm, nodes = plan_children(data_dir, NODES, "127.0.0.1", 0, "always", sys.executable)
+    children: list[Child] = [pm, *nodes]
+    async with trio.open_nursery() as nursery:
+        try:
+            await start_child(pm, nursery)
+            for node in nodes:
+                await start_child(node, nursery, ("--pm", pm.address))
+            if await wait_for_nodes(pm.address, NODES, 30) < NODES:
+                raise RuntimeError(f"the data nodes did not join the PM; logs in {data_dir}")
+            pids = [node.process.pid for node in nodes if node.process is not None]
+            yield Cluster(pm.address, pids)
+        finally:
+            with trio.CancelScope(shield=True):
+                for child in reversed(children):
+                    await stop_child(child)
+            nursery.cancel_scope.cancel()
+
+
+async def _lag_sampler(
+    pool: ConnectionPool, rng: messages.Range, lags: list[int], stop: trio.Event
+) -> None:
+    """Every ``LAG_SAMPLE_S``: the primary's next offset minus each follower's."""
+    clients = {
+        replica.is_primary: DataNodeClient(replica.data_node.advertise_addr, pool=pool)
+        for replica in rng.replica_nodes
+    }
+    followers = [
+        DataNodeClient(r.data_node.advertise_addr, pool=pool)
+        for r in rng.replica_nodes
+        if not r.is_primary
+    ]
+    primary = clients[True]
+    while not stop.is_set():
+        head = (await primary.describe_range(rng.stream_id, rng.range_index)).next_offset
+        for follower in followers:
+            held = (await follower.describe_range(rng.stream_id, rng.range_index)).next_offset
+            lags.append(max(0, head - held))
+        await trio.sleep(LAG_SAMPLE_S)
+
+
+async def _measure(
+    cluster: Cluster,
+    pool: ConnectionPool,
+    replicas: int,
+    acks: int,
+    in_flight: int,
+    options: Options,
+    lags: list[int],
+) -> Measurement:
+    batch, records = batch_64k()
+    workload = Workload("64k-1", "64 KiB batches, 1 stream", batch, records, 1)
+    pm = PMClient(cluster.pm_address, pool=pool)
+    created = await pm.create_stream(replicas, ack_nums=acks)
+    assert created.range is not None and created.stream is not None
+    rng = created.range
+    primary = rng.primary_node()
+    assert primary is not None
+    node = DataNodeClient(primary.advertise_addr, pool=pool)
+    stream_id = created.stream.stream_id
+
+    async def send(_index: int) -> None:
+        await node.append_batch(stream_id, batch)
+
+    servers = [CPUMeter(pid) for pid in cluster.node_pids]
+    client = CPUMeter()
+    for meter in (*servers, client):
+        meter.start()
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        if replicas > 1:
+            nursery.start_soon(_lag_sampler, pool, rng, lags, stop)
+        window = await drive_trio(send, workload, Load(in_flight, options.seconds, options.warmup))
+        stop.set()
+    server_cpu = sum(meter.stop() or 0.0 for meter in servers)
+    measurement = window.measurement(
+        f"R={replicas} A={acks}", workload, "sync always", in_flight, server_cpu, client.stop()
+    )
+    measurement.extra["replicas"] = replicas
+    measurement.extra["acks"] = acks
+    await pm.delete_stream(stream_id)
+    return measurement
+
+
+async def _run(options: Options) -> tuple[list[Measurement], list[int]]:
+    rounds = 1 if options.quick else 3
+    measurements: list[Measurement] = []
+    lags: list[int] = []
+    async with three_node_cluster(options.scratch) as cluster, ConnectionPool() as pool:
+        for round_number in range(rounds):
+            order = SETTINGS if round_number % 2 == 0 else tuple(reversed(SETTINGS))
+            for in_flight in (1, DEFAULT_IN_FLIGHT):
+                for replicas, acks in order:
+                    measurements.append(
+                        await _measure(
+                            cluster, pool, replicas, acks, in_flight, options,
+                            lags if in_flight == DEFAULT_IN_FLIGHT else [],
+                        )
+                    )  # fmt: skip
+    return measurements, lags
+
+
+def _median(
+    ms: list[Measurement], replicas: int, in_flight: int, value: Callable[..., float]
+) -> float:
+    chosen = [value(m) for m in ms if m.extra["replicas"] == replicas and m.in_flight == in_flight]
+    return statistics.median(chosen)
+
+
+def _plot(ms: list[Measurement]) -> Callable[[Figure], None]:
+    def draw(figure: Figure) -> None:
+        left, right = figure.subplots(1, 2)
+        for replicas, acks in SETTINGS:
+            label = f"R={replicas} A={acks}"
+            rates = [m.mb_per_s for m in ms if m.extra["replicas"] == replicas and m.in_flight > 1]
+            p50s = [
+                m.latency_ms["p50"]
+                for m in ms
+                if m.extra["replicas"] == replicas and m.in_flight == 1
+            ]
+            left.plot(range(1, len(rates) + 1), rates, "o-", label=label)
+            right.plot(range(1, len(p50s) + 1), p50s, "o-", label=label)
+        left.set_title(f"MB/s at {DEFAULT_IN_FLIGHT} in flight")
+        right.set_title("p50 ms at 1 in flight")
+        for axes in (left, right):
+            axes.set_xlabel("round")
+            axes.legend(fontsize=8)
+            axes.set_ylim(bottom=0)
+
+    return draw
+
+
+def run(options: Options) -> ScenarioResult:
+    started = time.monotonic()
+    measurements, lags = trio.run(_run, options)
+    rate_1 = _median(measurements, 1, DEFAULT_IN_FLIGHT, lambda m: m.mb_per_s)
+    rate_3 = _median(measurements, 3, DEFAULT_IN_FLIGHT, lambda m: m.mb_per_s)
+    p50_1 = _median(measurements, 1, 1, lambda m: m.latency_ms["p50"])
+    p50_3 = _median(measurements, 3, 1, lambda m: m.latency_ms["p50"])
+    rows = [
+        (
+            m.system,
+            m.in_flight,
+            number(m.mb_per_s),
+            number(m.latency_ms["p50"], 2),
+            number(m.latency_ms["p99"], 2),
+            percent(m.server_cpu),
+            percent(m.client_cpu),
+        )
+        for m in measurements
+    ]
+    lag_rows = [
+        (
+            "followers' lag behind the primary, records of 64 KiB batches",
+            len(lags),
+            number(statistics.median(lags) if lags else None),
+            number(max(lags) if lags else None),
+        )
+    ]
+    return ScenarioResult(
+        name=NAME,
+        title="Replication",
+        settings=options.as_settings()
+        | {"nodes": NODES, "streams": [f"R={r} A={a}" for r, a in SETTINGS], "sync": "always"},
+        measurements=measurements,
+        targets=[
+            Target(
+                f"R=3 A=2 against R=1 at {DEFAULT_IN_FLIGHT} in flight (median MB/s)",
+                rate_3 / rate_1,
+                0.6,
+                "x",
+            ),
+            Target(
+                "R=3 p50 minus R=1 p50 at 1 in flight",
+                p50_3 - p50_1,
+                0.5,
+                "ms",
+                higher_is_better=False,
+            ),
+        ],
+        tables=[
+            "## Every run, in the order measured\n\n"
+            + table(
+                ["stream", "in flight", "MB/s", "p50 ms", "p99 ms", "nodes' CPU", "client CPU"],
+                rows,
+                "lrrrrrr",
+            ),
+            "## Replication lag under load\n\n"
+            + table(["what", "samples", "median", "max"], lag_rows, "lrrr"),
+        ],
+        plot=_plot(measurements),
+        extra={"lag_records": {"median": statistics.median(lags) if lags else None,
+                               "max": max(lags) if lags else None},
+               "seconds": time.monotonic() - started},
+    )  # fmt: skip
