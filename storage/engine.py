@@ -299,6 +299,15 @@ class StorageEngine:
 
         return self.submit_command(apply)
 
+    def replica_position(self, item: writes.ReplicaBatch) -> int:
+        """This replica's durable next offset of the item's range, or the error
+        REPLICATE would refuse the item with (``writes.replica_position``),
+        without going through the writer: what an item carrying only the
+        primary's commit offset is answered. Thread-safe."""
+        return writes.replica_position(
+            self._store.streams.get(item.stream_id), item, self._store.node_id
+        )
+
     def held_end(self, stream_id: int, start: int, end: int) -> int:
         """How far from ``start`` this node holds the stream without a gap, up
         to ``end``: where a catch-up of a sealed range resumes. Thread-safe."""

@@ -412,12 +412,31 @@ def replicate(ctx: WriteContext, item: ReplicaBatch) -> int:
     """A follower's side of REPLICATE: store the batch if it is the range's
     next one; returns this replica's next offset of the range afterwards.
 
-    The range must be open here with the same epoch (RangeSealedError,
-    EpochFencedError for an older one, RangeNotFoundError otherwise). A batch
-    already held is accepted again without a change (a resend); one past the
-    next offset is OutOfOrderError carrying the next offset to resend from.
+    The range must be open here with the same epoch (``replica_position``).
+    A batch already held is accepted again without a change (a resend); one
+    past the next offset is OutOfOrderError carrying the next offset to
+    resend from.
     """
-    state, info = _replica_range(ctx, item.stream_id, item.range_index)
+    current = ctx.current(item.stream_id)
+    next_offset = replica_position(current, item, ctx.store.node_id)
+    if item.record_count == 0 or item.base_offset + item.record_count <= next_offset:
+        return next_offset
+    if item.base_offset != next_offset:
+        raise OutOfOrderError(
+            f"range {item.range_index} of stream {item.stream_id} continues at {next_offset} "
+            f"here, not {item.base_offset}",
+            next_offset=next_offset,
+        )
+    ctx.add_batch(ctx.for_update(item.stream_id), item.base_offset, item.batch, item.record_count)
+    return item.base_offset + item.record_count
+
+
+def replica_position(state: StreamState | None, item: ReplicaBatch, node_id: int | None) -> int:
+    """This replica's next offset of the item's range, or the error refusing
+    REPLICATE there: the range must be hosted here and open
+    (RangeSealedError), with the item's epoch (EpochFencedError for an older
+    one, RangeNotFoundError for a newer one: this node's view is behind)."""
+    info = _replica_range(state, item.stream_id, item.range_index, node_id)
     if not info.is_open:
         raise RangeSealedError(
             f"range {info.range_index} of stream {item.stream_id} is sealed at {info.end_offset}"
@@ -428,17 +447,8 @@ def replicate(ctx: WriteContext, item: ReplicaBatch) -> int:
             f"range {info.range_index} of stream {item.stream_id} is at epoch {info.epoch} "
             f"here, REPLICATE names {item.epoch}"
         )
-    next_offset = max(state.next_offset, info.start_offset)
-    if item.record_count == 0 or item.base_offset + item.record_count <= next_offset:
-        return next_offset
-    if item.base_offset != next_offset:
-        raise OutOfOrderError(
-            f"range {info.range_index} of stream {item.stream_id} continues at {next_offset} "
-            f"here, not {item.base_offset}",
-            next_offset=next_offset,
-        )
-    ctx.add_batch(ctx.for_update(item.stream_id), item.base_offset, item.batch, item.record_count)
-    return item.base_offset + item.record_count
+    assert state is not None
+    return max(state.next_offset, info.start_offset)
 
 
 def fill(ctx: WriteContext, items: Sequence[ReplicaBatch]) -> int:
@@ -449,7 +459,9 @@ def fill(ctx: WriteContext, items: Sequence[ReplicaBatch]) -> int:
     if not items:
         raise InvalidRequestError("nothing to fill")
     first = items[0]
-    state, info = _replica_range(ctx, first.stream_id, first.range_index)
+    state = ctx.current(first.stream_id)
+    info = _replica_range(state, first.stream_id, first.range_index, ctx.store.node_id)
+    assert state is not None
     if info.is_open:
         raise InvalidRequestError(
             f"range {info.range_index} of stream {first.stream_id} is open: it is replicated"
@@ -468,19 +480,18 @@ def fill(ctx: WriteContext, items: Sequence[ReplicaBatch]) -> int:
 
 
 def _replica_range(
-    ctx: WriteContext, stream_id: int, range_index: int
-) -> tuple[StreamState, RangeInfo]:
-    state = ctx.current(stream_id)
+    state: StreamState | None, stream_id: int, range_index: int, node_id: int | None
+) -> RangeInfo:
     if state is None:
         raise RangeNotFoundError(f"stream {stream_id} is unknown here")
     if state.deleted:
         raise StreamDeletedError(f"stream {stream_id} is deleted")
     info = state.find_range(range_index)
-    if not hosts(info, ctx.store.node_id):
+    if not hosts(info, node_id):
         raise RangeNotFoundError(
             f"range {range_index} of stream {stream_id} is not hosted on this node"
         )
-    return state, info
+    return info
 
 
 def trim_stream(ctx: WriteContext, stream_id: int, trim_offset: int) -> int:

@@ -2,8 +2,8 @@
 
 Each item is a batch the primary stored, its base offset stamped, or only the
 primary's commit offset (``batch_length`` 0). The batches are checked here
-(CRC-32C, and that the stamped offset is the item's), then go to the storage
-writer in one command, in arrival order, where the accept rules of
+(their structure, and that the stamped offset is the item's), then go to the
+storage writer in one command, in arrival order, where the accept rules of
 ``storage.writes.replicate`` decide each: stored at the range's next offset,
 accepted again when already held, OUT_OF_ORDER with the offset to resend from
 past a gap. Each item is answered after that command is durable, with this
@@ -51,7 +51,7 @@ class ReplicateHandler:
         return self._answer(infos, checked, self._submit(checked), deadline, responder)
 
     def _submit(self, checked: list[ReplicaBatch | ProtocolError]) -> Stored | None:
-        batches = [item for item in checked if isinstance(item, ReplicaBatch)]
+        batches = [item for item in checked if isinstance(item, ReplicaBatch) and item.record_count]
         return self._node.engine.submit_replicas(batches) if batches else None
 
     async def _learn_then_store(
@@ -76,17 +76,29 @@ class ReplicateHandler:
         responder: Responder,
     ) -> None:
         outcomes: list[int | ProtocolError] = []
+        stored_items = [c for c in checked if isinstance(c, ReplicaBatch) and c.record_count]
         if submitted is not None:
             try:
                 with trio.fail_at(deadline):
                     outcomes = await wait_future(submitted)
             except trio.TooSlowError:
-                outcomes = [timed_out()] * sum(isinstance(c, ReplicaBatch) for c in checked)
+                outcomes = [timed_out()] * len(stored_items)
         stored = iter(outcomes)
         results: list[messages.ReplicateResult] = []
         relearn: set[int] = set()
         for info, item in zip(infos, checked, strict=True):
-            outcome = next(stored) if isinstance(item, ReplicaBatch) else item
+            outcome: int | ProtocolError
+            if not isinstance(item, ReplicaBatch):
+                outcome = item
+            elif item.record_count:
+                outcome = next(stored)
+            else:
+                # Only the primary's commit offset: answered from what is
+                # durable now, without a trip through the storage writer.
+                try:
+                    outcome = self._node.engine.replica_position(item)
+                except ProtocolError as error:
+                    outcome = error
             if isinstance(outcome, ProtocolError):
                 if outcome.code == ErrorCode.RANGE_NOT_FOUND and info.stream_id >= 0:
                     relearn.add(info.stream_id)
@@ -129,7 +141,9 @@ def _check_items(
                 )
             count = 0
             if length:
-                batch = validate_batch(view)
+                # The structure only: the frame's checksum proved these are the
+                # bytes the primary sent, and it checked their CRC-32C on APPEND.
+                batch = validate_batch(view, verify_crc=False)
                 if batch.base_offset != info.base_offset:
                     raise InvalidRecordBatchError(
                         f"batch stamped at {batch.base_offset}, item says {info.base_offset}"
