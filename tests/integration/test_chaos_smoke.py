@@ -1,7 +1,8 @@
 """The fault-injection harness as a user runs it, at smoke size: a 60-second
-run of every fault kind against a PM and three data nodes must find no
-violation, and a fuzz run of mutated frames must leave the servers serving,
-with their records and memory intact."""
+run of every fault kind against a PM and three data nodes, on streams of one
+replica and then of three, must find no violation, and a fuzz run of
+mutated frames must leave the servers serving, with their records and
+memory intact."""
 
 from __future__ import annotations
 
@@ -45,6 +46,22 @@ def test_a_minute_of_faults_loses_nothing_acknowledged(tmp_path: Path) -> None:
     for name in ("chaos.md", "chaos.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert "# Chaos run: pass" in (tmp_path / "chaos.md").read_text()
+
+
+def test_a_minute_of_faults_on_replicated_streams_loses_nothing(tmp_path: Path) -> None:
+    """Streams of three replicas under the same faults: besides the checks
+    above, every replica of every range holds what the stream holds (the
+    ``replica`` check reads each one from its own node)."""
+    run = run_chaos(
+        "--duration", "60", "--seed", str(SEED), "--replicas", "3", "--out", str(tmp_path),
+        timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads((tmp_path / "chaos.json").read_text())
+    assert report["verdict"] == "pass"
+    assert report["violations"] == dict.fromkeys(CHECKS, 0)
+    assert report["outcomes"]["ack"] > 3_000
+    assert not any(report["server_tracebacks"].values())
 
 
 def test_mutated_frames_leave_the_servers_serving(tmp_path: Path) -> None:
