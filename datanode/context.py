@@ -64,20 +64,22 @@ class NodeContext:
         return messages.DataNode(node_id=self.node_id, advertise_addr=self.advertise_addr)
 
     def read_limit(self, stream_id: int) -> int | None:
-        """Where FETCH must stop in the stream's open range: its commit
-        offset when the range is replicated (SPEC §7), None otherwise."""
-        info = self.engine.open_range(stream_id)
-        if info is None or len(info.replicas) <= 1:
+        """Where FETCH must stop in the stream: the commit offset of its first
+        replicated range whose end the PM has not fixed yet (the open range,
+        or one sealed here and not yet told where the PM ended it), None when
+        there is none (SPEC §7: only acknowledged records are served)."""
+        info = self.engine.unsettled_range(stream_id)
+        if info is None:
             return None
         return self.commits.get(stream_id, info.range_index, info.start_offset)
 
     def commit_of(self, info: RangeInfo) -> int:
         """The range's commit offset as this node knows it: a sealed range's
         end, an unreplicated range's next offset, else the commit table's."""
-        if not info.is_open:
-            return info.end_offset
         if len(info.replicas) <= 1:
             return info.next_offset
+        if info.end_is_final:
+            return info.end_offset
         return self.commits.get(info.stream_id, info.range_index, info.start_offset)
 
     def wire_range(self, info: RangeInfo) -> messages.Range:

@@ -393,6 +393,13 @@ class StorageEngine:
         stop = holder.end_offset if not holder.is_open else state.next_offset
         if limit is not None:
             if offset >= limit:
+                if not holder.is_open:
+                    # sealed here, the PM's end not known yet: ask elsewhere or later
+                    raise RangeNotFoundError(
+                        f"offset {offset} of stream {stream_id} is past what range "
+                        f"{holder.range_index} has committed, and the PM has not said "
+                        "where that range ends yet"
+                    )
                 return bytearray()
             stop = min(stop, limit)
         store = self._store
@@ -464,6 +471,18 @@ class StorageEngine:
         if state is None or state.deleted or not state.ranges or not state.ranges[-1].is_open:
             return None
         return state.live(state.ranges[-1])
+
+    def unsettled_range(self, stream_id: int) -> RangeInfo | None:
+        """The stream's first range with followers whose end is not fixed by
+        the PM yet: open, or sealed here (``RangeInfo.sealed_here``); None if
+        none. Reads must not pass its commit offset. Thread-safe."""
+        state = self._store.streams.get(stream_id)
+        if state is None:
+            return None
+        for info in state.ranges:
+            if len(info.replicas) > 1 and not info.end_is_final:
+                return info
+        return None
 
     def range_at(self, stream_id: int, offset: int) -> RangeInfo | None:
         """The stream's range holding ``offset`` (the open one holds every

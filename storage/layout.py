@@ -102,6 +102,8 @@ def encode_range(info: RangeInfo) -> bytes:
         "deleted": info.deleted,
         "replicas": [[r.node_id, r.address, r.is_primary] for r in info.replicas],
     }
+    if info.sealed_here:
+        record["sealed_here"] = True
     return json.dumps(record, separators=(",", ":")).encode()
 
 
@@ -116,6 +118,7 @@ def decode_range(key: bytes, value: bytes) -> RangeInfo:
         epoch=record["epoch"],
         replicas=tuple(ReplicaInfo(n, a, p) for n, a, p in record["replicas"]),
         deleted=record["deleted"],
+        sealed_here=record.get("sealed_here", False),
     )
 
 

@@ -51,6 +51,16 @@ class RangeInfo(RangeSpan):
     replicas: tuple[ReplicaInfo, ...] = ()
     deleted: bool = False
     next_offset: int = 0
+    #: sealed by a SEAL_RANGES to this node, at what it held, and not yet told
+    #: where the PM ended it: with followers, records past the PM's end (which
+    #: may be lower) were never acknowledged, so they are not served meanwhile
+    sealed_here: bool = False
+
+    @property
+    def end_is_final(self) -> bool:
+        """Sealed where the PM sealed it: every record below the end belongs
+        to the stream (SPEC §7)."""
+        return not self.is_open and not self.sealed_here
 
     @property
     def primary_node_id(self) -> int | None:

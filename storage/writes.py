@@ -388,7 +388,9 @@ def seal_range(ctx: WriteContext, stream_id: int, range_index: int) -> RangeInfo
     info = state.find_range(range_index)
     if not info.is_open:
         return state.live(info)
-    sealed = dataclasses.replace(info, end_offset=max(state.next_offset, info.start_offset))
+    sealed = dataclasses.replace(
+        info, end_offset=max(state.next_offset, info.start_offset), sealed_here=True
+    )
     state.ranges = tuple(sealed if r is info else r for r in state.ranges)
     ctx.save_range(sealed)
     return state.live(sealed)
@@ -618,10 +620,13 @@ def sync_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> l
     #: where a range sealed by the PM ends below what this replica holds of it
     excess_from: int | None = None
     for info in incoming:
-        info = dataclasses.replace(info, deleted=False, next_offset=0)
+        info = dataclasses.replace(info, deleted=False, next_offset=0, sealed_here=False)
         local = known.get(info.range_index)
         if local is not None and not local.is_open and info.is_open:
-            info = dataclasses.replace(info, end_offset=local.end_offset)
+            # sealed here, the PM's view not there yet: it stays sealed, its end provisional
+            info = dataclasses.replace(
+                info, end_offset=local.end_offset, sealed_here=local.sealed_here
+            )
         elif local is not None and not info.is_open:
             held_top = state.next_offset if local.is_open else local.end_offset
             if held_top > info.end_offset:

@@ -35,7 +35,7 @@ def open_range(index: int = 0, start: int = 0) -> RangeInfo:
     return RangeInfo(STREAM, index, start, replicas=replicas(), epoch=EPOCH)
 
 
-def sealed(index: int, start: int, end: int) -> RangeInfo:
+def sealed_range(index: int, start: int, end: int) -> RangeInfo:
     return RangeInfo(STREAM, index, start, end, replicas=replicas(), epoch=EPOCH)
 
 
@@ -117,7 +117,7 @@ def test_a_seal_below_what_the_replica_holds_drops_the_excess(
     # the three batches went into one chunk; the end cuts it after the second
     replicate(follower, item(0, b"a"), item(1, b"b"), item(2, b"c", b"d"))
     follower.seal_range(STREAM, 0)  # the PM's SEAL_RANGES: this replica answers 4
-    follower.sync_ranges(STREAM, [sealed(0, 0, 2), open_range(1, 2)])
+    follower.sync_ranges(STREAM, [sealed_range(0, 0, 2), open_range(1, 2)])
     assert follower.next_offset(STREAM) == 2
     assert values(follower) == [b"a", b"b"]
     # the next range's batches follow on from the sealed end
@@ -130,7 +130,7 @@ def test_a_seal_below_what_the_replica_holds_drops_the_excess(
 
 def test_a_short_replica_serves_what_it_holds_and_catches_up(follower: StorageEngine) -> None:
     replicate(follower, item(0, b"a"))
-    follower.sync_ranges(STREAM, [sealed(0, 0, 4), open_range(1, 4)])
+    follower.sync_ranges(STREAM, [sealed_range(0, 0, 4), open_range(1, 4)])
     assert values(follower) == [b"a"]
     with pytest.raises(RangeNotFoundError, match="not held"):
         follower.read(STREAM, 1, 1 << 20)
@@ -156,3 +156,24 @@ def test_what_a_follower_stored_survives_a_restart(tmp_path: Path) -> None:
         assert engine.next_offset(STREAM) == 2
         assert replicate(engine, item(2, b"c")) == [3]
         assert values(engine) == [b"a", b"b", b"c"]
+
+
+def test_a_range_sealed_here_is_unsettled_until_the_pm_says_where_it_ends(
+    follower: StorageEngine,
+) -> None:
+    replicate(follower, item(0, b"a"), item(1, b"b"), item(2, b"c"))
+    unsettled = follower.unsettled_range(STREAM)
+    assert unsettled is not None and unsettled.range_index == 0 and unsettled.is_open
+    sealed = follower.seal_range(STREAM, 0)  # the PM's SEAL_RANGES: this replica answers 3
+    assert (sealed.end_offset, sealed.sealed_here) == (3, True)
+    # readers are held to what they know is committed (here: 1) until the PM's end is known
+    assert follower.unsettled_range(STREAM) is not None
+    assert values(follower, 0, limit=1) == [b"a"]
+    with pytest.raises(RangeNotFoundError, match="has not said where that range ends"):
+        follower.read(STREAM, 1, 1 << 20, 1)
+    follower.sync_ranges(STREAM, [sealed_range(0, 0, 2), open_range(1, 2)])
+    settled = follower.list_ranges(STREAM)[0]
+    assert (settled.end_offset, settled.sealed_here, settled.end_is_final) == (2, False, True)
+    unsettled = follower.unsettled_range(STREAM)
+    assert unsettled is not None and unsettled.range_index == 1
+    assert values(follower) == [b"a", b"b"]
