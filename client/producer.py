@@ -54,6 +54,12 @@ from .retry import is_transient, retry_delay
 
 log = logging.getLogger(__name__)
 
+#: answers after which the producer asks the PM to seal the range it wrote to
+#: (SPEC §7): too few replicas took the batch, or the primary sealed the range
+#: on a seal request whose end the PM never recorded (a seal that ran out of
+#: answers). Sealing a range the PM has sealed already only returns it.
+_SEAL_ON: Final = frozenset({ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.RANGE_SEALED})
+
 #: defaults of the batching knobs (see ``Producer``)
 DEFAULT_LINGER: Final = 0.005
 DEFAULT_BATCH_BYTES: Final = 1 << 20
@@ -596,7 +602,7 @@ class Producer:
                     batch.resolve(result.base_offset)
                 else:
                     item_error = error_for(result.error_code, result.error_message)
-                    if result.error_code == ErrorCode.NOT_ENOUGH_REPLICAS:
+                    if result.error_code in _SEAL_ON:
                         self._seal_wanted = range_index
                     if is_transient(item_error):
                         retry.append(batch)
@@ -644,7 +650,8 @@ class Producer:
     async def _recover(self) -> None:
         """After a failure, with nothing in flight: back off, list the ranges
         again. A range that could not get enough replicas to hold a batch
-        (NOT_ENOUGH_REPLICAS) is sealed first (SPEC §7): the PM ends it where
+        (NOT_ENOUGH_REPLICAS), or that its primary refused as sealed, is
+        sealed first (SPEC §7; idempotent on the PM): the PM ends it where
         its acknowledged records end and opens the next one on live nodes,
         where the batches not acknowledged are sent again, in order. A dead
         primary is sealed by the PM itself once it misses its heartbeats."""

@@ -25,6 +25,7 @@ from net.pool import ConnectionPool
 from sbp import messages
 from sbp.enums import ClientRole, ErrorCode
 from sbp.errors import ProtocolError, SBPError, error_for
+from storage.model import RangeInfo
 
 logger = logging.getLogger(__name__)
 
@@ -180,6 +181,26 @@ class PMLink:
         if result.error_code != ErrorCode.NONE or result.stream is None:
             return None
         return int(result.stream.ack_nums)
+
+    async def seal_range(self, info: RangeInfo) -> bool:
+        """Ask the PM to seal a range (SEAL_RANGES, as a writer would): True
+        once it is sealed there, by this call or before it."""
+        try:
+            await self._pm.seal_range(info.stream_id, info.range_index)
+        except ProtocolError as error:
+            if error.code in (ErrorCode.STREAM_NOT_FOUND, ErrorCode.RANGE_NOT_FOUND):
+                return True  # gone: nothing left to seal
+            logger.info(
+                "SEAL_RANGES of stream %d range %d on the PM: %s",
+                info.stream_id,
+                info.range_index,
+                error,
+            )
+            return False
+        except (SBPError, OSError) as error:
+            logger.info("SEAL_RANGES on the PM failed: %s", error)
+            return False
+        return True
 
     async def report_trims(self, trims: Sequence[tuple[int, int]]) -> bool:
         """Tell the PM the streams' new first offsets (TRIM_STREAMS); False

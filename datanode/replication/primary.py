@@ -58,6 +58,10 @@ WINDOW: Final = 8
 FRAME_BYTES: Final = 1 << 20
 #: how long a follower has to answer one REPLICATE
 REPLICATE_TIMEOUT_S: Final = 10.0
+#: a range sealed here that the PM has not ended after this long is sealed
+#: on the PM by this node (``Replicator._settle``); the longest wait between tries
+SETTLE_AFTER_S: Final = 3.0
+SETTLE_MAX_S: Final = 30.0
 #: how long to wait for the PM before trying again to learn ack_nums
 ACKS_RETRY_S: Final = 1.0
 
@@ -367,6 +371,8 @@ class Replicator:
         self._pool = pool
         self._pipelines: dict[tuple[int, int], RangePipeline] = {}
         self._nursery: trio.Nursery | None = None
+        #: streams that may have ranges sealed here whose end the PM has not fixed
+        self._unsettled: dict[int, float] = {}
         #: REPLICATE round trips of every pipeline
         self.latency = Buckets(REPLICATE_SECONDS_BOUNDS)
 
@@ -379,7 +385,37 @@ class Replicator:
             for stream_id in self._node.engine.stream_ids():
                 self.lead(stream_id)
             task_status.started()
-            await trio.sleep_forever()
+            await self._settle()
+
+    async def _settle(self) -> None:
+        """Ranges sealed here by a SEAL_RANGES whose end the PM did not record
+        (its seal ran out of answers, or the PM went away mid-seal) take no
+        appends and serve only what is committed: once one has waited
+        ``SETTLE_AFTER_S``, this node asks the PM to seal it itself, again
+        with backoff, until the PM's SYNC_RANGES fixes its end."""
+        failures = 0
+        while True:
+            await trio.sleep(
+                SETTLE_AFTER_S if not failures else retry_delay(failures, cap=SETTLE_MAX_S)
+            )
+            now = trio.current_time()
+            due = [
+                info
+                for stream_id, since in list(self._unsettled.items())
+                if now - since >= SETTLE_AFTER_S
+                for info in self._node.engine.list_ranges(stream_id)
+                if info.sealed_here and len(info.replicas) > 1
+            ]
+            # streams with nothing left to settle are forgotten
+            for stream_id, since in list(self._unsettled.items()):
+                if now - since >= SETTLE_AFTER_S and all(i.stream_id != stream_id for i in due):
+                    del self._unsettled[stream_id]
+            pm = self._node.pm
+            if not due or pm is None:
+                failures = 0
+                continue
+            settled = [await pm.seal_range(info) for info in due]
+            failures = 0 if all(settled) else failures + 1
 
     def lead(self, stream_id: int) -> None:
         """Start the pipeline of the stream's open range if it is led here
@@ -419,6 +455,7 @@ class Replicator:
         longer open and led here stop (their waiting items fail)."""
         engine = self._node.engine
         self.lead(stream_id)
+        self._unsettled.setdefault(stream_id, trio.current_time())
         for (sid, index), pipeline in list(self._pipelines.items()):
             if sid != stream_id:
                 continue

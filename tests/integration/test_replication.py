@@ -15,6 +15,7 @@ from net.pool import ConnectionPool
 from sbp import messages
 from sbp.batches import build_batch, decode_batches
 from sbp.enums import ErrorCode
+from sbp.errors import ProtocolError
 
 from .pm_cluster import PMCluster, append_values, pm_cluster, primary_address
 
@@ -239,3 +240,33 @@ async def test_a_dead_replica_is_repaired_on_a_live_node(tmp_path: Path) -> None
         finally:
             with trio.CancelScope(shield=True):
                 await cluster.stop_all()
+
+
+@pytest.mark.deadline(120)
+async def test_a_seal_that_ran_out_of_answers_is_finished_by_the_primary(
+    tmp_path: Path,
+) -> None:
+    """The primary sealed the range on the PM's request, but too few replicas
+    answered for the PM to end it: once the followers are back, the primary
+    asks the PM to seal it again, and the stream goes on."""
+    async with pm_cluster(tmp_path, (1, 2, 3)) as cluster:
+        pm = cluster.pm_client()
+        created = await pm.create_stream(3, ack_nums=2)
+        assert created.range is not None
+        rng = created.range
+        await append_values(cluster, rng, [b"a"])
+        followers = [node_of(cluster, r.data_node) for r in rng.replica_nodes if not r.is_primary]
+        for follower in followers:
+            cluster.nodes[follower].process.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises((ProtocolError, trio.TooSlowError)):
+                await pm.seal_range(rng.stream_id, 0, timeout=1)
+        finally:
+            for follower in followers:
+                cluster.nodes[follower].process.send_signal(signal.SIGCONT)
+        primary = cluster.node_client(primary_address(rng))
+        assert (await primary.describe_range(rng.stream_id, 0)).end_offset == 1
+        sealed = await wait_sealed(cluster, rng.stream_id, 0)
+        assert sealed.end_offset == 1
+        following = (await pm.list_stream_ranges(rng.stream_id))[1]
+        assert await append_values(cluster, following, [b"b"]) == 1
