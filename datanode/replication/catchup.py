@@ -75,7 +75,11 @@ class CatchUp:
                     await self._wake.wait()
                 continue
             stream_id = self._pending.pop()
-            whole = await self._catch_up_stream(stream_id)
+            try:
+                whole = await self._catch_up_stream(stream_id)
+            except Exception:  # never take the node down; tried again later
+                logger.exception("catch-up of stream %d failed", stream_id)
+                whole = False
             failures = 0 if whole else failures + 1
 
     async def _catch_up_stream(self, stream_id: int) -> bool:
@@ -98,7 +102,11 @@ class CatchUp:
                 self.missing.discard(key)
             return []
         short = []
-        for info in engine.list_ranges(stream_id):
+        try:
+            hosted = engine.list_ranges(stream_id)
+        except ProtocolError:  # forgotten meanwhile (the writer publishes on its own thread)
+            hosted = []
+        for info in hosted:
             if info.is_open or not hosts(info, self._node.node_id):
                 continue
             start = max(info.start_offset, first)
@@ -120,7 +128,8 @@ class CatchUp:
             try:
                 if await self._copy_from(address, info):
                     return True
-            except (SBPError, OSError, trio.TooSlowError) as error:
+            except (SBPError, OSError, ValueError, trio.TooSlowError) as error:
+                # ValueError: a peer address that cannot be used (as the PM sent it)
                 _no_source.warning(
                     f"copy {info.stream_id}/{info.range_index} from {address}",
                     "catch-up of stream %d range %d from %s: %s",

@@ -403,7 +403,7 @@ class Replicator:
                 info
                 for stream_id, since in list(self._unsettled.items())
                 if now - since >= SETTLE_AFTER_S
-                for info in self._node.engine.list_ranges(stream_id)
+                for info in self._hosted(stream_id)
                 if info.sealed_here and len(info.replicas) > 1
             ]
             # streams with nothing left to settle are forgotten
@@ -416,6 +416,13 @@ class Replicator:
                 continue
             settled = [await pm.seal_range(info) for info in due]
             failures = 0 if all(settled) else failures + 1
+
+    def _hosted(self, stream_id: int) -> list[RangeInfo]:
+        """The stream's ranges here; none once it is forgotten or deleted."""
+        try:
+            return self._node.engine.list_ranges(stream_id)
+        except ProtocolError:
+            return []
 
     def lead(self, stream_id: int) -> None:
         """Start the pipeline of the stream's open range if it is led here
@@ -446,6 +453,15 @@ class Replicator:
     async def _run_pipeline(self, key: tuple[int, int], pipeline: RangePipeline) -> None:
         try:
             await pipeline.run()
+        except Exception:
+            # One range's replication must never take the node down (a range
+            # told with a follower address that cannot be used, say): it
+            # stops, and its appends are answered NOT_ENOUGH_REPLICAS.
+            logger.exception(
+                "replication of stream %d range %d stopped",
+                pipeline.stream_id,
+                pipeline.range_index,
+            )
         finally:
             if self._pipelines.get(key) is pipeline:
                 del self._pipelines[key]
