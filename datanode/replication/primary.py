@@ -179,7 +179,9 @@ class RangePipeline:
             try:
                 connection = await self.pool.get(follower.address)
                 await self._stream_to(follower, connection)
-            except* (SBPError, OSError, trio.TooSlowError) as group:
+            # ValueError: an address the PM gave that cannot be used (retried:
+            # the node may be moved to a usable one)
+            except* (SBPError, OSError, ValueError, trio.TooSlowError) as group:
                 error = group.exceptions[0]
             if error is None:
                 return  # nothing left to replicate: the range stopped
@@ -468,7 +470,8 @@ class Replicator:
 
     def ranges_changed(self, stream_id: int) -> None:
         """A seal or SYNC_RANGES touched the stream: pipelines of ranges no
-        longer open and led here stop (their waiting items fail)."""
+        longer open and led here stop (their waiting items fail), and
+        followers' addresses are brought up to date."""
         engine = self._node.engine
         self.lead(stream_id)
         self._unsettled.setdefault(stream_id, trio.current_time())
@@ -482,6 +485,11 @@ class Replicator:
                 or info.primary_node_id != self._node.node_id
             ):
                 pipeline.stop()
+                continue
+            # a follower that moved is reached at its new address from the next connection on
+            addresses = {r.node_id: r.address for r in info.replicas}
+            for follower in pipeline.followers:
+                follower.address = addresses.get(follower.node_id, follower.address)
 
     @property
     def pipelines(self) -> list[RangePipeline]:

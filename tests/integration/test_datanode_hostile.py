@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import socket
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import trio
 
+from sbp import messages
 from sbp.batches import build_batch
 from sbp.enums import ErrorCode, Flags, Opcode
 from sbp.frames import encode_frame
@@ -118,4 +120,41 @@ async def test_half_sent_frames_are_held_to_the_request_budget(datanodes: DataNo
         header, payload = append_request([(1, build_batch([b"y" * (12 * MiB)], base_timestamp=1))])
         response = await client.request(Opcode.APPEND, header, payload, timeout=30)
         assert [r.error_code for r in response.header.append_responses] == [0]
+    assert "Traceback" not in node.stderr()
+
+
+async def test_ranges_with_unusable_followers_leave_the_node_serving(
+    datanodes: DataNodes,
+) -> None:
+    """SYNC_RANGES (anyone may send it until ACLs exist) naming followers at
+    addresses that cannot be used, then forgetting the streams: appends to
+    the ranges are refused, and the node goes on serving (the replication
+    work behind it once took the node down)."""
+    node = await datanodes.start(1)
+    followers = ("nonsense", "127.0.0.1:1", "[::1:99999")
+    ranges = []
+    for stream_id, address in enumerate(followers, start=1):
+        own = hosted_range(stream_id, node)
+        follower = messages.ReplicaNode(
+            data_node=messages.DataNode(node_id=2, advertise_addr=address), is_primary=False
+        )
+        ranges.append(replace(own, replica_nodes=(*own.replica_nodes, follower)))
+    async with connect(node.address) as client:
+        await sync_ranges(client, *ranges)
+        header, payload = append_request(
+            [(stream_id, build_batch([b"x"], base_timestamp=1)) for stream_id in (1, 2, 3)],
+            timeout_ms=1000,
+        )
+        answer = await client.request(Opcode.APPEND, header, payload, timeout=10)
+        codes = {r.error_code for r in answer.header.append_responses}
+        assert codes == {ErrorCode.NOT_ENOUGH_REPLICAS}
+        # forget the streams, then give the node's background work time to look
+        forget = messages.SyncRangesRequest(
+            timeout_ms=10_000,
+            stream_ranges=tuple(messages.StreamRanges(stream_id=s) for s in (1, 2, 3)),
+        )
+        await client.request(Opcode.SYNC_RANGES, forget, timeout=10)
+        await trio.sleep(4)
+        await client.ping(timeout=5)
+    assert node.running
     assert "Traceback" not in node.stderr()
