@@ -27,6 +27,8 @@ from .workload import EXPECTED, Workload, WorkloadSettings
 SETTLE_S = 8.0
 #: how long reading one stream back may take at the end
 FINAL_READ_TIMEOUT_S = 120.0
+#: how long a replica holding fewer records than its stream is given to catch up
+REPLICA_SETTLE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -154,16 +156,37 @@ async def _read_back(pm_address: str, streams: list[int]) -> list[checker.Stored
                 for rng in wire:
                     if len(rng.replica_nodes) > 1:
                         stop = end if rng.is_open else rng.end_offset
+                        expected = sum(1 for at, _ in records if rng.start_offset <= at < stop)
                         for replica in rng.replica_nodes:
                             key = f"range {rng.range_index} on node {replica.data_node.node_id}"
-                            held = await _read_replica(
-                                replica.data_node.advertise_addr, stream_id, rng.start_offset, stop
+                            held = await _settled_replica(
+                                replica.data_node.advertise_addr,
+                                stream_id,
+                                rng.start_offset,
+                                stop,
+                                expected,
                             )
                             replicas[key] = (rng.start_offset, stop, held)
         except (*EXPECTED, trio.TooSlowError) as exc:
             error = f"{type(exc).__name__}: {exc}"
         stored.append(checker.StoredStream(stream_id, records, ranges, error, replicas))
     return stored
+
+
+async def _settled_replica(
+    address: str, stream_id: int, start: int, stop: int, expected: int
+) -> list[tuple[int, bytes]]:
+    """What a replica holds of [start, stop), read again for up to
+    ``REPLICA_SETTLE_S`` while it holds fewer records than the stream: a
+    follower of an open range may trail the records already acknowledged by
+    the others (A of R), and a short replica of a sealed range catches up;
+    what is checked is where replicas end up, not a moment of that."""
+    deadline = trio.current_time() + REPLICA_SETTLE_S
+    while True:
+        held = await _read_replica(address, stream_id, start, stop)
+        if len(held) >= expected or trio.current_time() >= deadline:
+            return held
+        await trio.sleep(0.2)
 
 
 async def _read_replica(
