@@ -181,7 +181,10 @@ def _items(info: RangeInfo, data: bytes) -> list[writes.ReplicaBatch]:
     items = []
     for start, end in batch_spans(data):
         view = memoryview(data)[start:end]
-        header = validate_batch(view)  # InvalidRecordBatchError: this peer is skipped
+        try:
+            header = validate_batch(view)
+        except ProtocolError as error:
+            raise error_for(ErrorCode.INVALID_RECORD_BATCH, str(error)) from None
         if header.base_offset >= info.end_offset:
             break
         items.append(

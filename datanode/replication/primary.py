@@ -214,10 +214,10 @@ class RangePipeline:
                     continue
                 durable = engine.next_offset(self.stream_id) or self.start_offset
                 if follower.send_offset < durable and follower.in_flight < WINDOW:
-                    items, payload, next_offset = self._read_frame(follower.send_offset)
+                    items, payload = self._read_frame(follower.send_offset)
                     if not items:
                         return
-                    follower.send_offset = next_offset
+                    follower.send_offset = items[-1].base_offset + _records(payload, items[-1])
                     previous, last_sent = last_sent, trio.Event()
                     follower.in_flight += 1
                     frames.start_soon(
@@ -233,10 +233,8 @@ class RangePipeline:
                     continue
                 await follower.wake.wait()
 
-    def _read_frame(self, offset: int) -> tuple[list[messages.ReplicateInfo], memoryview, int]:
-        """The batches from ``offset`` on, up to one frame's worth: as items,
-        the payload (the read's own buffer, not copied again), and the
-        offset after them."""
+    def _read_frame(self, offset: int) -> tuple[list[messages.ReplicateInfo], bytes]:
+        """The batches from ``offset`` on, up to one frame's worth, as items."""
         try:
             data = self.node.engine.read(self.stream_id, offset, FRAME_BYTES)
         except ProtocolError as error:
@@ -248,32 +246,28 @@ class RangePipeline:
                 error,
             )
             self.stop()
-            return [], memoryview(b""), offset
+            return [], b""
         items = []
         for start, end in batch_spans(data):
             header = peek_header(data, start)
-            items.append(self._item(header.base_offset, end - start))
-            offset = header.base_offset + header.record_count
-        return items, memoryview(data), offset
-
-    def _item(self, base_offset: int, batch_length: int = 0) -> messages.ReplicateInfo:
-        """One REPLICATE item of this range; without a batch it carries only
-        the commit offset."""
-        return messages.ReplicateInfo(
-            stream_id=self.stream_id,
-            range_index=self.range_index,
-            epoch=self.epoch,
-            base_offset=base_offset,
-            batch_length=batch_length,
-            commit_offset=self.commit,
-        )
+            items.append(
+                messages.ReplicateInfo(
+                    stream_id=self.stream_id,
+                    range_index=self.range_index,
+                    epoch=self.epoch,
+                    base_offset=header.base_offset,
+                    batch_length=end - start,
+                    commit_offset=self.commit,
+                )
+            )
+        return items, bytes(data)
 
     async def _frame(
         self,
         follower: Follower,
         connection: Connection,
         items: list[messages.ReplicateInfo],
-        payload: bytes | memoryview,
+        payload: bytes,
         previous: trio.Event,
         sent: trio.Event,
     ) -> None:
@@ -281,7 +275,15 @@ class RangePipeline:
         generation = follower.generation
         commit = self.commit
         if not items:  # the commit offset alone (or a question where it is)
-            items = [self._item(follower.send_offset or self.start_offset)]
+            items = [
+                messages.ReplicateInfo(
+                    stream_id=self.stream_id,
+                    range_index=self.range_index,
+                    epoch=self.epoch,
+                    base_offset=follower.send_offset or self.start_offset,
+                    commit_offset=commit,
+                )
+            ]
         header = messages.ReplicateRequest(
             timeout_ms=int(REPLICATE_TIMEOUT_S * 1000), replicate_requests=tuple(items)
         )
@@ -356,6 +358,11 @@ class RangePipeline:
         for follower in self.followers:
             if follower.sent_commit < committed:
                 follower.wake.set()
+
+
+def _records(payload: bytes, item: messages.ReplicateInfo) -> int:
+    """The record count of the last item's batch (at the end of the payload)."""
+    return peek_header(payload, len(payload) - item.batch_length).record_count
 
 
 class Replicator:
