@@ -47,12 +47,12 @@ def replica_for_read(rng: messages.Range, attempt: int) -> messages.DataNode:
     """The replica to read a range from: the primary, then after each failed
     attempt the next replica in turn (SPEC §7: every replica serves what is
     committed), so a reader falls over from a dead or lagging node."""
-    replicas = sorted(rng.replica_nodes, key=lambda r: not r.is_primary)
+    replicas = rng.nodes_primary_first()
     if not replicas:
         raise RangeNotFoundError(
             f"range {rng.range_index} of stream {rng.stream_id} has no data node"
         )
-    return replicas[attempt % len(replicas)].data_node
+    return replicas[attempt % len(replicas)]
 
 
 class StreamRoutes:

@@ -57,12 +57,11 @@ def range_message(
 
 def range_record(rng: messages.Range) -> RangeRecord:
     """A range as a data node lists it, as a record (primary first)."""
-    replicas = sorted(rng.replica_nodes, key=lambda r: not r.is_primary)
     return RangeRecord(
         stream_id=rng.stream_id,
         range_index=rng.range_index,
         start_offset=rng.start_offset,
-        nodes=tuple(r.data_node.node_id for r in replicas),
+        nodes=tuple(node.node_id for node in rng.nodes_primary_first()),
         end_offset=rng.end_offset,
         epoch=rng.epoch,
     )

@@ -116,6 +116,11 @@ class Range(RangeSpan, Message):
     epoch: int = fb.int64(6)  # the stream epoch the range was created in
     commit_offset: int = fb.int64(7)  # records below it are acknowledged (§7); a snapshot
 
+    def nodes_primary_first(self) -> tuple[DataNode, ...]:
+        """The range's data nodes, its primary first: the order readers try them in."""
+        ordered = sorted(self.replica_nodes, key=lambda replica: not replica.is_primary)
+        return tuple(replica.data_node for replica in ordered)
+
     def primary_node(self) -> DataNode | None:
         """The data node of the primary replica (None when none is marked)."""
         for replica in self.replica_nodes:

@@ -30,11 +30,8 @@ _DESCRIBE_CONCURRENCY = 16
 
 
 def replica_addresses(rng: messages.Range) -> tuple[str, ...]:
-    """The range's data nodes, primary first: it holds every acknowledged record."""
-    ordered = sorted(rng.replica_nodes, key=lambda replica: not replica.is_primary)
-    return tuple(
-        replica.data_node.advertise_addr for replica in ordered if replica.data_node is not None
-    )
+    """The range's data nodes' addresses, primary first."""
+    return tuple(node.advertise_addr for node in rng.nodes_primary_first())
 
 
 @dataclass(frozen=True)

@@ -214,10 +214,10 @@ class RangePipeline:
                     continue
                 durable = engine.next_offset(self.stream_id) or self.start_offset
                 if follower.send_offset < durable and follower.in_flight < WINDOW:
-                    items, payload = self._read_frame(follower.send_offset)
+                    items, payload, next_offset = self._read_frame(follower.send_offset)
                     if not items:
                         return
-                    follower.send_offset = items[-1].base_offset + _records(payload, items[-1])
+                    follower.send_offset = next_offset
                     previous, last_sent = last_sent, trio.Event()
                     follower.in_flight += 1
                     frames.start_soon(
@@ -233,8 +233,10 @@ class RangePipeline:
                     continue
                 await follower.wake.wait()
 
-    def _read_frame(self, offset: int) -> tuple[list[messages.ReplicateInfo], bytes]:
-        """The batches from ``offset`` on, up to one frame's worth, as items."""
+    def _read_frame(self, offset: int) -> tuple[list[messages.ReplicateInfo], memoryview, int]:
+        """The batches from ``offset`` on, up to one frame's worth: as items,
+        the payload (the read's own buffer, not copied again), and the
+        offset after them."""
         try:
             data = self.node.engine.read(self.stream_id, offset, FRAME_BYTES)
         except ProtocolError as error:
@@ -246,44 +248,44 @@ class RangePipeline:
                 error,
             )
             self.stop()
-            return [], b""
+            return [], memoryview(b""), offset
         items = []
         for start, end in batch_spans(data):
             header = peek_header(data, start)
-            items.append(
-                messages.ReplicateInfo(
-                    stream_id=self.stream_id,
-                    range_index=self.range_index,
-                    epoch=self.epoch,
-                    base_offset=header.base_offset,
-                    batch_length=end - start,
-                    commit_offset=self.commit,
-                )
-            )
-        return items, bytes(data)
+            items.append(self._item(header.base_offset, end - start))
+            offset = header.base_offset + header.record_count
+        return items, memoryview(data), offset
+
+    def _item(self, base_offset: int, batch_length: int = 0) -> messages.ReplicateInfo:
+        """One REPLICATE item of this range; without a batch it carries only
+        the commit offset."""
+        return messages.ReplicateInfo(
+            stream_id=self.stream_id,
+            range_index=self.range_index,
+            epoch=self.epoch,
+            base_offset=base_offset,
+            batch_length=batch_length,
+            commit_offset=self.commit,
+        )
 
     async def _frame(
         self,
         follower: Follower,
         connection: Connection,
         items: list[messages.ReplicateInfo],
-        payload: bytes,
+        payload: bytes | memoryview,
         previous: trio.Event,
         sent: trio.Event,
     ) -> None:
         """One REPLICATE: sent after the frame before it, answered on its own."""
         generation = follower.generation
-        commit = self.commit
         if not items:  # the commit offset alone (or a question where it is)
-            items = [
-                messages.ReplicateInfo(
-                    stream_id=self.stream_id,
-                    range_index=self.range_index,
-                    epoch=self.epoch,
-                    base_offset=follower.send_offset or self.start_offset,
-                    commit_offset=commit,
-                )
-            ]
+            items = [self._item(follower.send_offset or self.start_offset)]
+        # What the follower is told is what its items carry: the commit offset
+        # when the frame was read, which may be older than the pipeline's by
+        # the time the frame leaves. Counting the newer one as sent would leave
+        # an idle follower serving one commit short until the next append.
+        commit = items[0].commit_offset
         header = messages.ReplicateRequest(
             timeout_ms=int(REPLICATE_TIMEOUT_S * 1000), replicate_requests=tuple(items)
         )
@@ -358,11 +360,6 @@ class RangePipeline:
         for follower in self.followers:
             if follower.sent_commit < committed:
                 follower.wake.set()
-
-
-def _records(payload: bytes, item: messages.ReplicateInfo) -> int:
-    """The record count of the last item's batch (at the end of the payload)."""
-    return peek_header(payload, len(payload) - item.batch_length).record_count
 
 
 class Replicator:

@@ -1,0 +1,151 @@
+"""The primary's pipeline to one follower (datanode.replication.primary), on
+a fake node and a fake follower connection: what it tells a follower of the
+commit offset is what the follower ends up serving."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from types import SimpleNamespace
+from typing import Any
+
+import trio
+
+from datanode.replication.primary import REPLICATE_SECONDS_BOUNDS, RangePipeline
+from net.calls import Response
+from sbp import messages
+from sbp.batches import build_batch, peek_header, stamp_base_offset
+from sbp.enums import Opcode
+from sbp.stats import Buckets
+from storage import RangeInfo, ReplicaInfo
+
+STREAM = 5
+
+
+class FakeEngine:
+    """Batches of one stream, durable as soon as appended."""
+
+    def __init__(self) -> None:
+        self.batches: list[bytearray] = []
+        self.next = 0
+
+    def append(self, records: int) -> None:
+        batch = build_batch([b"v"] * records, 0)
+        stamp_base_offset(batch, self.next)
+        self.batches.append(batch)
+        self.next += records
+
+    def next_offset(self, stream_id: int) -> int:
+        return self.next
+
+    def read(self, stream_id: int, offset: int, max_bytes: int) -> bytearray:
+        out = bytearray()
+        for batch in self.batches:
+            if peek_header(batch).base_offset >= offset and len(out) < max_bytes:
+                out += batch
+        return out
+
+
+class FakeFollower:
+    """A follower's connection: stores every batch sent, answers at once with
+    its next offset, and remembers the highest commit offset it was told."""
+
+    def __init__(self) -> None:
+        self.next = 0
+        self.told_commit = -1
+        self.frames = 0
+
+    @asynccontextmanager
+    async def stream(
+        self, opcode: Opcode, header: messages.ReplicateRequest, payload: Any, timeout: float
+    ) -> AsyncIterator[AsyncIterator[Response[messages.ReplicateResponse]]]:
+        self.frames += 1
+        results = []
+        for item in header.replicate_requests:
+            if item.batch_length:
+                self.next = max(self.next, item.base_offset + 1)
+            self.told_commit = max(self.told_commit, item.commit_offset)
+            results.append(
+                messages.ReplicateResult(
+                    stream_id=item.stream_id, range_index=item.range_index, next_offset=self.next
+                )
+            )
+        answer = messages.ReplicateResponse(replicate_responses=tuple(results))
+
+        async def responses() -> AsyncIterator[Response[messages.ReplicateResponse]]:
+            yield Response(Opcode.REPLICATE, answer, b"")
+
+        yield responses()
+
+
+def pipeline_of(engine: FakeEngine) -> RangePipeline:
+    info = RangeInfo(
+        STREAM,
+        0,
+        0,
+        replicas=(
+            ReplicaInfo(1, "127.0.0.1:9001", True),
+            ReplicaInfo(2, "127.0.0.1:9002", False),
+            ReplicaInfo(3, "127.0.0.1:9003", False),
+        ),
+    )
+    node = SimpleNamespace(engine=engine, commits=SimpleNamespace(advance=lambda *_: True), pm=None)
+    pipeline = RangePipeline(node, None, info, Buckets(REPLICATE_SECONDS_BOUNDS))  # type: ignore[arg-type]
+    pipeline.ack_nums = 2
+    return pipeline
+
+
+async def test_an_idle_follower_is_told_the_commit_that_moved_while_its_frame_waited() -> None:
+    """A frame read at commit 0 leaves after another follower's answer moved
+    the commit to 1 (REPLICATE frames leave in order, after the one before):
+    the follower was told 0, and once nothing else is left to send it is
+    told 1 on its own. Counting 1 as told would leave it serving one batch
+    short of what was acknowledged for as long as no append comes."""
+    engine = FakeEngine()
+    engine.append(1)
+    pipeline = pipeline_of(engine)
+    follower = pipeline.followers[1]
+    follower.send_offset = 0
+    connection = FakeFollower()
+
+    items, payload, follower.send_offset = pipeline._read_frame(0)
+    assert [item.commit_offset for item in items] == [0]
+    pipeline.commit = 1  # the other follower answered before this frame left
+    ready = trio.Event()
+    ready.set()
+    await pipeline._frame(follower, connection, items, payload, ready, trio.Event())  # type: ignore[arg-type]
+    assert connection.told_commit == 0
+    assert follower.sent_commit == 0
+    assert follower.match == 1
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pipeline._stream_to, follower, connection)  # type: ignore[arg-type]
+            while connection.told_commit < 1:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    assert connection.frames == 2
+
+
+async def test_followers_end_up_told_the_last_commit_offset() -> None:
+    """Appends, both followers streaming: once appends stop, each follower
+    has every batch and has been told the commit offset of the last one."""
+    engine = FakeEngine()
+    pipeline = pipeline_of(engine)
+    connections = [FakeFollower(), FakeFollower()]
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            for follower, connection in zip(pipeline.followers, connections, strict=True):
+                follower.send_offset = 0
+                nursery.start_soon(pipeline._stream_to, follower, connection)  # type: ignore[arg-type]
+            for _ in range(200):
+                engine.append(1)
+                pipeline.new_data()
+                await trio.sleep(0)
+            while pipeline.commit < engine.next or any(
+                c.told_commit < engine.next for c in connections
+            ):
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    assert [c.next for c in connections] == [200, 200]
+    assert [c.told_commit for c in connections] == [200, 200]
