@@ -387,11 +387,12 @@ class Replicator:
             await self._settle()
 
     async def _settle(self) -> None:
-        """Ranges sealed here by a SEAL_RANGES whose end the PM did not record
-        (its seal ran out of answers, or the PM went away mid-seal) take no
-        appends and serve only what is committed: once one has waited
-        ``SETTLE_AFTER_S``, this node asks the PM to seal it itself, again
-        with backoff, until the PM's SYNC_RANGES fixes its end."""
+        """Ranges sealed here by a SEAL_RANGES whose end this node was never
+        told (the PM's seal ran out of answers, the PM went away mid-seal, or
+        its SYNC_RANGES did not reach this node) take no appends and serve
+        only what is committed: once one has waited ``SETTLE_AFTER_S``, this
+        node asks the PM to seal it itself, then asks it for the stream's
+        ranges, again with backoff, until their end is known here."""
         failures = 0
         while True:
             await trio.sleep(
@@ -413,7 +414,15 @@ class Replicator:
             if not due or pm is None:
                 failures = 0
                 continue
-            settled = [await pm.seal_range(info) for info in due]
+            settled = []
+            for info in due:
+                sealed = await pm.seal_range(info)
+                if sealed:
+                    # A range the PM had sealed already is answered with its
+                    # state and no SYNC_RANGES: a replica that missed the
+                    # first one (cut off from the PM then) learns the end here.
+                    await pm.refresh_stream(info.stream_id)
+                settled.append(sealed)
             failures = 0 if all(settled) else failures + 1
 
     def _hosted(self, stream_id: int) -> list[RangeInfo]:

@@ -1,23 +1,30 @@
-"""The primary's pipeline to one follower (datanode.replication.primary), on
-a fake node and a fake follower connection: what it tells a follower of the
-commit offset is what the follower ends up serving."""
+"""The primary's side of replication (datanode.replication.primary) on fake
+nodes: what a pipeline tells a follower of the commit offset is what the
+follower ends up serving, and a range sealed here learns where the PM ended
+it even when the PM's SYNC_RANGES never came."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import trio
 
-from datanode.replication.primary import REPLICATE_SECONDS_BOUNDS, RangePipeline
+from datanode.replication.primary import (
+    REPLICATE_SECONDS_BOUNDS,
+    SETTLE_AFTER_S,
+    RangePipeline,
+    Replicator,
+)
 from net.calls import Response
 from sbp import messages
 from sbp.batches import build_batch, peek_header, stamp_base_offset
 from sbp.enums import Opcode
 from sbp.stats import Buckets
-from storage import RangeInfo, ReplicaInfo
+from storage import RangeInfo, ReplicaInfo, StorageEngine, writes
 
 STREAM = 5
 
@@ -149,3 +156,47 @@ async def test_followers_end_up_told_the_last_commit_offset() -> None:
             nursery.cancel_scope.cancel()
     assert [c.next for c in connections] == [200, 200]
     assert [c.told_commit for c in connections] == [200, 200]
+
+
+async def test_a_range_sealed_here_learns_the_pm_end_it_was_never_synced(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """This follower answered the PM's SEAL_RANGES (sealed here at 3, the
+    end unknown) but the SYNC_RANGES with the end, 2, never reached it. The
+    PM, asked again, answers that the range is sealed and sends nothing: the
+    node asks it for the stream's ranges, and serves up to the PM's end."""
+    replicas = (ReplicaInfo(1, "127.0.0.1:9001", True), ReplicaInfo(2, "127.0.0.1:9002", False))
+    with StorageEngine(tmp_path / "node", node_id=2, map_size=64 << 20) as engine:
+        engine.sync_ranges(STREAM, [RangeInfo(STREAM, 0, 0, replicas=replicas)])
+        for offset in range(3):
+            batch = build_batch([b"v"], 0)
+            stamp_base_offset(batch, offset)
+            engine.submit_replicas([writes.ReplicaBatch(STREAM, 0, 0, offset, batch, 1)]).result()
+        assert engine.seal_range(STREAM, 0).sealed_here
+
+        asked: list[str] = []
+
+        class PM:
+            async def seal_range(self, info: RangeInfo) -> bool:
+                asked.append("seal")
+                return True  # sealed there long ago
+
+            async def refresh_stream(self, stream_id: int) -> bool:
+                asked.append("ranges")
+                pm_view = [
+                    RangeInfo(STREAM, 0, 0, 2, replicas=replicas),
+                    RangeInfo(STREAM, 1, 2, replicas=replicas),
+                ]
+                engine.sync_ranges(stream_id, pm_view)
+                return True
+
+        node = SimpleNamespace(engine=engine, pm=PM(), node_id=2)
+        replicator = Replicator(node, None)  # type: ignore[arg-type]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(replicator.run)
+            replicator.ranges_changed(STREAM)
+            await trio.sleep(SETTLE_AFTER_S * 3)
+            nursery.cancel_scope.cancel()
+        settled = engine.list_ranges(STREAM)[0]
+        assert (settled.end_offset, settled.end_is_final) == (2, True)
+        assert asked[:2] == ["seal", "ranges"]
