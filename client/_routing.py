@@ -10,6 +10,7 @@ NOT_PRIMARY, or a connection that fails, makes the caller ``refresh`` it.
 from __future__ import annotations
 
 import bisect
+import ssl
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Final, Self
@@ -103,13 +104,20 @@ class StreamRoutes:
 
 class ClientContext:
     """The PM client and the connection pool a producer or consumer works
-    with: the caller's when given, otherwise opened here and closed on exit."""
+    with: the caller's when given, otherwise opened here (with ``tls``, an
+    ``ssl.SSLContext`` from ``net.tls.TLSSettings.client_context``) and
+    closed on exit."""
 
     def __init__(
-        self, pm: str | PMClient, pool: ConnectionPool | None, request_timeout: float
+        self,
+        pm: str | PMClient,
+        pool: ConnectionPool | None,
+        request_timeout: float,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._pm_target = pm
         self._given_pool = pool
+        self._tls = tls
         self.request_timeout = request_timeout
         self._stack = AsyncExitStack()
         self._pool: ConnectionPool | None = None
@@ -119,7 +127,7 @@ class ClientContext:
     async def __aenter__(self) -> Self:
         pool = self._given_pool
         if pool is None:
-            pool = await self._stack.enter_async_context(ConnectionPool())
+            pool = await self._stack.enter_async_context(ConnectionPool(tls=self._tls))
         self._pool = pool
         if isinstance(self._pm_target, PMClient):
             self._pm = self._pm_target

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import IO
 
 import trio
@@ -32,6 +34,7 @@ import trio
 from net.address import parse_address
 from net.pool import ConnectionPool
 from net.service import UsageError
+from net.tls import TLSSettings
 from sbp.enums import ErrorCode
 from sbp.errors import ConnectionClosed, ProtocolError, SBPError
 
@@ -45,8 +48,10 @@ from .cli_commands import (
     EXIT_SERVER_ERROR,
     EXIT_TIMEOUT,
     EXIT_USAGE,
+    LOCAL_PKI,
     Command,
     Env,
+    cmd_acl_check,
     cmd_cluster_status,
     cmd_ping,
     cmd_ranges_describe,
@@ -149,6 +154,25 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("SBP_PM", DEFAULT_PM),
         metavar="HOST:PORT",
         help=f"the PM's address (default: $SBP_PM, else {DEFAULT_PM}, the local cluster's)",
+    )
+    parser.add_argument(
+        "--tls-ca",
+        default=os.environ.get("SBP_TLS_CA"),
+        metavar="FILE",
+        help="speak TLS, checking the servers against this CA certificate (default: "
+        f"$SBP_TLS_CA; else {LOCAL_PKI}/ca.pem when it exists, as `sbp-cluster --tls` makes it)",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        default=os.environ.get("SBP_TLS_CERT"),
+        metavar="FILE",
+        help="present this client certificate (mutual TLS; default: $SBP_TLS_CERT)",
+    )
+    parser.add_argument(
+        "--tls-key",
+        default=os.environ.get("SBP_TLS_KEY"),
+        metavar="FILE",
+        help="the private key of --tls-cert (default: $SBP_TLS_KEY)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument(
@@ -302,6 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--interval", type=_seconds, default=1.0, metavar="SECONDS", help="redraw every (1 s)"
     )
     _command(top, cmd_top)
+
+    acl = commands.add_parser("acl", help="access control lists (SPEC §9)")
+    acl_commands = acl.add_subparsers(metavar="ACTION", required=True)
+    check = acl_commands.add_parser(
+        "check", help="validate an ACL file", description=cmd_acl_check.__doc__
+    )
+    check.add_argument("file", metavar="FILE", help="the JSON file a server's --acl-file names")
+    _command(check, cmd_acl_check)
     return parser
 
 
@@ -343,8 +375,30 @@ LONG_RUNNING: frozenset[Command] = frozenset({cmd_append, cmd_read, cmd_tail, cm
 ANSWER_GRACE_S = 0.25
 
 
+def client_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The TLS the command speaks: the flags (or ``SBP_TLS_*``); without any,
+    the local cluster's certificates when ``sbp-cluster --tls`` made them."""
+    ca, cert, key = args.tls_ca, args.tls_cert, args.tls_key
+    if ca is None and cert is None and key is None:
+        local = Path(LOCAL_PKI)
+        if not (local / "ca.pem").is_file():
+            return None
+        ca, cert, key = local / "ca.pem", local / "client.pem", local / "client.key"
+    if (cert is None) != (key is None):
+        raise UsageError("--tls-cert and --tls-key go together")
+    settings = TLSSettings(
+        ca=Path(ca) if ca else None,
+        cert=Path(cert) if cert else None,
+        key=Path(key) if key else None,
+    )
+    try:
+        return settings.client_context()
+    except (OSError, ssl.SSLError) as error:
+        raise UsageError(f"cannot use the TLS files: {error}") from None
+
+
 async def run_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    async with ConnectionPool() as pool:
+    async with ConnectionPool(tls=client_tls(args)) as pool:
         pm = PMClient(args.pm, pool=pool, timeout=args.timeout)
         command: Command = args.command
         env = Env(args, pm, pool, out, err)
@@ -372,8 +426,25 @@ def main(argv: Sequence[str] | None = None, *, out: IO[str] | None = None) -> in
                 raise
             failure = (EXIT_SERVER_ERROR, f"unexpected error: {error!r}")
         code, message = failure
+        if code == EXIT_CONNECT:
+            message += _tls_hint(message, speaks_tls=_speaks_tls(args))
         print(f"sbp: {message}", file=err)
         return code
+
+
+def _speaks_tls(args: argparse.Namespace) -> bool:
+    return bool(args.tls_ca or args.tls_cert) or (Path(LOCAL_PKI) / "ca.pem").is_file()
+
+
+def _tls_hint(message: str, *, speaks_tls: bool) -> str:
+    """What a connection closed at once most likely means (SPEC §9: a TLS
+    port closes a plain-text connection; a mutual-TLS one refuses a client
+    without an acceptable certificate)."""
+    if not speaks_tls and "closed the connection" in message:
+        return " (if the server requires TLS, give --tls-ca, or set SBP_TLS_CA)"
+    if speaks_tls and ("UNEXPECTED_EOF" in message or "CERTIFICATE" in message.upper()):
+        return " (the server refused this client's certificate, or wants one: see --tls-cert)"
+    return ""
 
 
 def _silence_stdout() -> None:

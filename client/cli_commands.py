@@ -13,10 +13,13 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import IO, Any, Final
 
 import trio
 
+from net.acl import AclError, load_acl
+from net.acl import describe as describe_acl
 from net.pool import ConnectionPool
 from net.service import UsageError
 from sbp import messages
@@ -32,6 +35,9 @@ from .datanode_client import DataNodeClient
 from .pm_client import PMClient
 
 DEFAULT_PM: Final = "127.0.0.1:7400"
+#: where ``sbp-cluster --tls`` keeps the local cluster's CA and certificates
+#: (under its default data directory); the CLI uses them when told no others
+LOCAL_PKI: Final = "var/pki"
 DEFAULT_TIMEOUT_S: Final = 10.0
 
 EXIT_OK: Final = 0
@@ -521,3 +527,32 @@ async def cmd_cluster_status(env: Env) -> int:
 
 def _item_error(code: int, message: str) -> str:
     return f"sbp: {ProtocolError(message, code=code)}"
+
+
+# --------------------------------------------------------------------------- acl
+
+
+async def cmd_acl_check(env: Env) -> int:
+    """Check an ACL file as the servers read it (SPEC §9): print its entries,
+    or the first problem (exit 2). Speaks to no server."""
+    try:
+        acl = load_acl(Path(env.args.file))
+    except AclError as error:
+        raise UsageError(str(error)) from None
+    if env.json:
+        env.emit_json(
+            [
+                {
+                    "principal": e.principal,
+                    "operations": sorted(e.operations),
+                    "resource": str(e.resource),
+                    "effect": "allow" if e.allow else "deny",
+                }
+                for e in acl.entries
+            ]
+        )
+        return EXIT_OK
+    env.emit(f"{env.args.file}: {len(acl)} entries, valid")
+    for line in describe_acl(acl):
+        env.emit(f"  {line}")
+    return EXIT_OK

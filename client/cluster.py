@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -32,6 +33,9 @@ import trio
 
 from net.dirlock import locked_dir
 from net.service import PARENT_ENV, ServiceError
+from net.tls import TLSSettings
+
+from .pki import local_cluster_pki
 
 DEFAULT_PORT_BASE = 7400
 DEFAULT_NODES = 3
@@ -197,13 +201,31 @@ async def stop_child(child: Child) -> int | None:
     return await process.wait()
 
 
-async def wait_for_nodes(pm_address: str, expected: int, timeout: float) -> int:
+def secure_children(
+    pm: Child, data_nodes: list[Child], pki: Path, acl_file: Path | None
+) -> ssl.SSLContext:
+    """Mutual TLS for every child (``--tls``): the local CA and certificates
+    under ``pki`` (made once, kept), the PM's and the data nodes' names
+    being their roles (SPEC §9); returns the launcher's own client context."""
+    ca, issued = local_cluster_pki(pki)
+    for child, role in ((pm, "pm"), *((node, "datanode") for node in data_nodes)):
+        own = issued[role]
+        child.argv += ["--tls-cert", str(own.cert), "--tls-key", str(own.key), "--tls-ca", str(ca)]
+        if acl_file is not None:
+            child.argv += ["--acl-file", str(acl_file)]
+    # The launcher is the cluster's own tooling: it asks the PM as the PM would.
+    return TLSSettings(ca=ca, cert=issued["pm"].cert, key=issued["pm"].key).client_context()
+
+
+async def wait_for_nodes(
+    pm_address: str, expected: int, timeout: float, tls: ssl.SSLContext | None = None
+) -> int:
     """Wait until the PM sees ``expected`` live data nodes; returns how many it saw."""
     from client.pm_client import PMClient
 
     alive = 0
     with trio.move_on_after(timeout):
-        async with PMClient(pm_address) as pm:
+        async with PMClient(pm_address, tls=tls) as pm:
             while True:
                 try:
                     statuses = await pm.describe_cluster(timeout=2.0)
@@ -216,13 +238,22 @@ async def wait_for_nodes(pm_address: str, expected: int, timeout: float) -> int:
     return alive
 
 
-def _banner(pm: Child, data_nodes: list[Child], data_dir: Path) -> str:
+def _banner(pm: Child, data_nodes: list[Child], data_dir: Path, tls: bool) -> str:
     lines = [
         "",
         f"SBP local cluster is up (data under {data_dir}, logs in {data_dir / 'logs'}):",
         f"  PM          {pm.address}",
     ]
     lines += [f"  {node.name:<11} {node.address}" for node in data_nodes]
+    if tls:
+        pki = data_dir / "pki"
+        lines += [
+            "",
+            f"Mutual TLS: CA and certificates in {pki}. `sbp` run from {data_dir.parent}",
+            "finds them there; from elsewhere:",
+            f"  export SBP_TLS_CA={pki / 'ca.pem'} SBP_TLS_CERT={pki / 'client.pem'} "
+            f"SBP_TLS_KEY={pki / 'client.key'}",
+        ]
     lines += [
         "",
         "Try:",
@@ -250,14 +281,25 @@ async def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
     pm, data_nodes = plan_children(
         data_dir, args.nodes, args.host, args.port_base, args.sync, sys.executable
     )
+    pki = data_dir / "pki"
+    if not args.tls and (pki / "ca.pem").exists():
+        # `sbp` would speak TLS to it (it finds var/pki): a directory's
+        # cluster is run one way.
+        print(
+            f"sbp-cluster: the cluster in {data_dir} was run with --tls: run it with --tls "
+            f"again, or remove {pki} to run it without",
+            file=sys.stderr,
+        )
+        return 2
+    tls = secure_children(pm, data_nodes, pki, args.acl_file) if args.tls else None
     children = [pm, *data_nodes]
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             try:
                 with trio.CancelScope() as running:
                     nursery.start_soon(_cancel_on_signal, signals, running)
-                    await _start_all(pm, data_nodes, nursery, data_dir)
-                    print(_banner(pm, data_nodes, data_dir), flush=True)
+                    await _start_all(pm, data_nodes, nursery, data_dir, tls)
+                    print(_banner(pm, data_nodes, data_dir, tls is not None), flush=True)
                     if args.ready_file:
                         Path(args.ready_file).write_text(pm.address + "\n")
                     await _supervise(children, nursery, restart=not args.no_restart)
@@ -285,14 +327,18 @@ async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope
 
 
 async def _start_all(
-    pm: Child, data_nodes: list[Child], nursery: trio.Nursery, data_dir: Path
+    pm: Child,
+    data_nodes: list[Child],
+    nursery: trio.Nursery,
+    data_dir: Path,
+    tls: ssl.SSLContext | None,
 ) -> None:
     print(f"starting PM and {len(data_nodes)} data nodes under {data_dir} …", flush=True)
     await start_child(pm, nursery)
     async with trio.open_nursery() as starting:
         for node in data_nodes:
             starting.start_soon(start_child, node, nursery, ("--pm", pm.address))
-    alive = await wait_for_nodes(pm.address, len(data_nodes), READY_TIMEOUT_S)
+    alive = await wait_for_nodes(pm.address, len(data_nodes), READY_TIMEOUT_S, tls)
     if alive < len(data_nodes):
         raise ClusterError(
             f"the PM sees {alive} of {len(data_nodes)} data nodes alive; "
@@ -405,12 +451,30 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="stop the whole cluster when one server dies (default: start it again)",
     )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="mutual TLS everywhere: a local CA and certificates are made under "
+        "DATA_DIR/pki (kept for the next run), where `sbp` finds them",
+    )
+    parser.add_argument(
+        "--acl-file",
+        type=Path,
+        metavar="FILE",
+        help="authorize requests by this ACL file on the PM and every data node (needs --tls; "
+        "`sbp` presents the principal 'client'); see docs/security.md",
+    )
     parser.add_argument("--ready-file", help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.acl_file is not None:
+        if not args.tls:
+            parser.error("--acl-file needs --tls (principals come from client certificates)")
+        args.acl_file = args.acl_file.resolve()
     try:
         return trio.run(run_cluster, args)
     except KeyboardInterrupt:

@@ -25,6 +25,7 @@ begins.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -107,6 +108,7 @@ class Consumer:
         from_offset: int | None = None,
         *,
         pool: ConnectionPool | None = None,
+        tls: ssl.SSLContext | None = None,
         tail: bool = False,
         max_wait_ms: int = DEFAULT_MAX_WAIT_MS,
         fetch_bytes: int = DEFAULT_FETCH_BYTES,
@@ -125,7 +127,7 @@ class Consumer:
         self.fetch_bytes = fetch_bytes
         self.prefetch = prefetch
         self.retry_timeout = retry_timeout
-        self._context = ClientContext(pm, pool, request_timeout)
+        self._context = ClientContext(pm, pool, request_timeout, tls)
         self._stack = AsyncExitStack()
         self._nursery: trio.Nursery | None = None
         send, receive = trio.open_memory_channel[_Chunk | _End | BaseException](prefetch)

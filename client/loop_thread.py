@@ -11,6 +11,7 @@ worker is one) does not inherit the thread.
 from __future__ import annotations
 
 import contextlib
+import ssl
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
@@ -31,7 +32,8 @@ class LoopThread:
     or call ``close()``. Its methods may be called from any thread but the
     loop's own."""
 
-    def __init__(self, name: str = "sbp-loop") -> None:
+    def __init__(self, name: str = "sbp-loop", *, tls: ssl.SSLContext | None = None) -> None:
+        self._tls = tls
         self._ready = threading.Event()
         self._token: trio.lowlevel.TrioToken | None = None
         self._pool: ConnectionPool | None = None
@@ -54,7 +56,7 @@ class LoopThread:
 
     async def _main(self) -> None:
         self._stop = trio.Event()
-        async with ConnectionPool() as pool, trio.open_nursery() as nursery:
+        async with ConnectionPool(tls=self._tls) as pool, trio.open_nursery() as nursery:
             self._pool = pool
             self._nursery = nursery
             self._token = trio.lowlevel.current_trio_token()

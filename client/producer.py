@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import ssl
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
@@ -242,6 +243,7 @@ class Producer:
         stream_id: int,
         *,
         pool: ConnectionPool | None = None,
+        tls: ssl.SSLContext | None = None,
         linger: float = DEFAULT_LINGER,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
         batch_records: int = DEFAULT_BATCH_RECORDS,
@@ -262,7 +264,7 @@ class Producer:
         self.buffer_bytes = buffer_bytes
         self.delivery_timeout = delivery_timeout
         self.request_timeout = request_timeout
-        self._context = ClientContext(pm, pool, request_timeout)
+        self._context = ClientContext(pm, pool, request_timeout, tls)
         self._routes: StreamRoutes | None = None
         self._stack = AsyncExitStack()
         self._nursery: trio.Nursery | None = None

@@ -28,6 +28,7 @@ import numpy.typing as npt
 import trio
 
 from net.pool import ConnectionPool
+from net.tls import TLSSettings
 from sbp import messages
 from sbp.batches import Buffer, DecodedRecords
 
@@ -66,10 +67,13 @@ class SyncClient:
     inside the client's own loop (that is, not from async code).
     """
 
-    def __init__(self, pm: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self, pm: str, *, timeout: float = DEFAULT_TIMEOUT, tls: TLSSettings | None = None
+    ) -> None:
         self.pm_address = pm
         self.timeout = timeout
-        self._loop = LoopThread("sbp-client")
+        # TLS with ``tls.ca`` checking the servers, ``tls.cert`` presented (mutual TLS)
+        self._loop = LoopThread("sbp-client", tls=tls.client_context() if tls else None)
         self._pm = PMClient(pm, pool=self._loop.pool, timeout=timeout)
         self._hosted: set[_Hosted[Any]] = set()
         self._closed = False

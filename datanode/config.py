@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -22,8 +22,11 @@ from net.settings import (
     non_negative_int,
     parse_size,
     positive_int,
+    security_options,
+    security_settings,
     serving_limit_options,
 )
+from net.tls import ServerSecurity
 from sbp.constants import DEFAULT_MAX_FRAME_LENGTH
 from storage.engine import DEFAULT_PAGE_CACHE_WINDOW
 
@@ -39,6 +42,7 @@ DEFAULT_RETENTION_INTERVAL_MS: Final = 30_000
 
 OPTIONS: Final = (
     *listen_options(),
+    *security_options(),
     Option(
         "advertise",
         "address given to the PM and clients (default: the bound listen address)",
@@ -143,6 +147,8 @@ class DataNodeConfig:
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_MS / 1000
     metrics_interval_s: float = DEFAULT_METRICS_REPORT_MS / 1000
     retention_interval_s: float = DEFAULT_RETENTION_INTERVAL_MS / 1000
+    #: TLS, mutual TLS and the ACL file (SPEC §9)
+    security: ServerSecurity = field(default_factory=ServerSecurity)
     log_level: str = "info"
 
     @property
@@ -179,5 +185,6 @@ def parse_config(argv: Sequence[str] | None = None) -> DataNodeConfig:
         heartbeat_interval_s=values["heartbeat_interval_ms"] / 1000,
         metrics_interval_s=values["metrics_interval_ms"] / 1000,
         retention_interval_s=values["retention_interval_ms"] / 1000,
+        security=security_settings(values),
         log_level=values["log_level"],
     )

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
+from net.authz import AccessControl
 from sbp import messages
 from sbp.errors import InvalidRequestError
 from storage import writes
@@ -56,6 +57,8 @@ class NodeContext:
     replicator: Replicator | None = None
     #: called with a stream whose ranges changed (the catch-up looks at it)
     on_ranges_changed: Callable[[int], None] = lambda _id: None
+    #: who may do what (SPEC §9); allows everything without an ACL file
+    access: AccessControl = field(default_factory=AccessControl)
 
     def __post_init__(self) -> None:
         self.commits = CommitOffsets(self.waiters)

@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
 import lmdb
 import trio
-from prometheus_client import CollectorRegistry
 
 from net.address import format_address
+from net.authz import AccessCollector, access_control
 from net.budget import ServerBudgets
 from net.dirlock import locked_dir
 from net.limits import KEEPALIVE_INTERVAL_S, ConnectionLimits
-from net.metrics_http import MetricsHTTPServer
+from net.metrics_http import bound_metrics
 from net.pool import ConnectionPool
 from net.server import Dispatcher, Server
 from net.service import (
@@ -130,7 +129,14 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
         waiting_fetches=lambda: waiters.waiting,
         hosted_ranges=engine.list_ranges,
     )
-    node = NodeContext(node_id=config.node_id, engine=engine, metrics=metrics, waiters=waiters)
+    node = NodeContext(
+        node_id=config.node_id,
+        engine=engine,
+        metrics=metrics,
+        waiters=waiters,
+        access=access_control(config.security),
+    )
+    metrics.registry.register(AccessCollector(node.access))
     server = Server(
         build_dispatcher(node, config.max_frame_bytes),
         limits=connection_limits(config),
@@ -139,15 +145,19 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
         observer=metrics.connections if config.metrics_listen is not None else None,
         max_connections=config.max_connections,
         budgets=ServerBudgets.of(config.max_request_bytes, config.max_answer_bytes),
+        tls=config.security.server_context(),
     )
     with contextlib.ExitStack() as exits:
         metrics_server = None
         if config.metrics_listen is not None:
             metrics_server = exits.enter_context(
-                _bound("metrics", config.metrics_listen, metrics.registry)
+                bound_metrics(config.metrics_listen, metrics.registry, config.security)
             )
-        async with ConnectionPool() as pool, trio.open_nursery() as nursery:
+        # Links to the PM and to followers speak TLS with this node's certificate.
+        pool = ConnectionPool(tls=config.security.client_context())
+        async with pool, trio.open_nursery() as nursery:
             nursery.start_soon(signals.watch)
+            nursery.start_soon(node.access.reload_on_sighup)
             nursery.start_soon(node.append_timeouts.run)
             # Before the listener: an APPEND to a replicated range must never
             # be answered without its pipeline.
@@ -213,19 +223,3 @@ async def _listen(
             f"cannot listen on {format_address(*listen)}: {error.strerror or error}"
         ) from None
     return bound
-
-
-@contextlib.contextmanager
-def _bound(
-    what: str, address: tuple[str, int], registry: CollectorRegistry
-) -> Iterator[MetricsHTTPServer]:
-    try:
-        server = MetricsHTTPServer(registry, *address)
-    except OSError as error:
-        raise ServiceError(
-            f"cannot serve {what} on {format_address(*address)}: {error.strerror or error}"
-        ) from None
-    try:
-        yield server
-    finally:
-        server.close()

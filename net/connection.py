@@ -43,12 +43,14 @@ from sbp.frames import READ_SIZE
 from sbp.observer import NULL_OBSERVER, ConnectionObserver
 
 from .address import peer_name
+from .authz import ANONYMOUS
 from .budget import ByteBudget, ServerBudgets
 from .calls import Caller
 from .limits import CLIENT_LIMITS, ConnectionLimits
 from .ratelog import RateLimitedLog
 from .request import Request, RequestHandler, Responder, serve_in_task
 from .timers import IdleClock, close_when_idle, keep_alive
+from .tls import describe_link_error
 
 logger = logging.getLogger(__name__)
 #: frames that end a connection (FRAME_TOO_LARGE …): logged, but not a flood
@@ -95,9 +97,12 @@ class Connection:
         observer: ConnectionObserver | None = None,
         peer: str = "",
         budgets: ServerBudgets | None = None,
+        principal: str = ANONYMOUS,
     ) -> None:
         self.side = side
         self.peer = peer or peer_name(stream)
+        #: who the peer is, from its certificate (``net.authz``)
+        self.principal = principal
         self.limits = limits
         self._stream = stream
         self._handler = handler
@@ -308,7 +313,7 @@ class Connection:
                 if self._room and engine.outgoing_bytes <= engine.high_water:
                     self._room.unpark_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self.shutdown(f"send failed: {exc or type(exc).__name__}")
+            self.shutdown(f"send failed: {describe_link_error(exc)}")
         finally:
             self._writer_done.set()
 
@@ -355,7 +360,7 @@ class Connection:
                     nbytes = len(data)
                     events = engine.feed(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                self._set_reason(f"receive failed: {exc or type(exc).__name__}")
+                self._set_reason(f"receive failed: {describe_link_error(exc)}")
                 return
             if not nbytes:
                 self._set_reason(f"{self.peer} closed the connection")

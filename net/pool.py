@@ -22,6 +22,7 @@ from sbp.observer import ConnectionObserver
 from .address import parse_address
 from .connection import Connection
 from .limits import CLIENT_LIMITS, ConnectionLimits
+from .tls import describe_link_error
 
 #: first retry delay; doubles per consecutive failure up to BACKOFF_MAX
 BACKOFF_INITIAL = 0.05
@@ -135,7 +136,10 @@ class ConnectionPool:
             assert self._nursery is not None
             await self._nursery.start(connection.run)
             return connection
-        reason = "timed out" if isinstance(last_error, trio.TooSlowError) else str(last_error)
+        if isinstance(last_error, trio.TooSlowError):
+            reason = "timed out"
+        else:
+            reason = describe_link_error(last_error) if last_error else "no attempt"
         raise ConnectionClosed(
             f"cannot connect to {address} after {self.connect_attempts} attempts: {reason}"
         ) from last_error

@@ -54,6 +54,9 @@ class Answering(Protocol):
     def peer(self) -> str: ...
 
     @property
+    def principal(self) -> str: ...
+
+    @property
     def closed(self) -> bool: ...
 
     def queue_response(
@@ -120,6 +123,11 @@ class Request:
             self._header = message_type.decode(self.raw_header)
         header: messages.Message = self._header
         return header
+
+    @property
+    def principal(self) -> str:
+        """Who sent it (``net.authz``): its connection's principal."""
+        return self.connection.principal
 
     def deadline(self, timeout_ms: int) -> float:
         """The trio time by which the request must be answered (``request_timeout``)."""

@@ -27,11 +27,13 @@ from sbp.frames import encode_frame
 from sbp.observer import ConnectionObserver
 
 from .address import peer_name
+from .authz import principal_of
 from .budget import ServerBudgets
 from .connection import Connection
 from .limits import SERVER_LIMITS, ConnectionLimits
 from .ratelog import RateLimitedLog
 from .request import Request, RequestHandler, Responder
+from .tls import describe_link_error
 
 __all__ = ["Dispatcher", "Request", "RequestHandler", "Responder", "Server"]
 
@@ -218,7 +220,8 @@ class Server:
                     await stream.do_handshake()
             except (trio.BrokenResourceError, trio.TooSlowError, OSError) as error:
                 # Plain text on a TLS port, or no acceptable certificate.
-                logger.info("TLS handshake with %s failed: %s", peer_name(tcp), error)
+                why = describe_link_error(error)
+                logger.info("TLS handshake with %s failed: %s", peer_name(tcp), why)
                 await trio.aclose_forcefully(tcp)
                 return
         if self._draining or len(self._connections) >= self.max_connections:
@@ -227,6 +230,7 @@ class Server:
         connection = Connection(
             stream,
             peer=peer_name(tcp),
+            principal=principal_of(stream),
             side=Side.SERVER,
             handler=self.dispatcher,
             limits=self.limits,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import ssl
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from sbp.constants import DEFAULT_MAX_FRAME_LENGTH, MIN_FRAME_LENGTH
 
 from .address import parse_address
 from .service import LOG_LEVELS, UsageError
+from .tls import ServerSecurity, TLSSettings
 
 # -- values ---------------------------------------------------------------------
 
@@ -96,6 +98,73 @@ def listen_options() -> tuple[Option, Option]:
             metavar="HOST:PORT",
         ),
     )
+
+
+def security_options() -> tuple[Option, ...]:
+    """TLS, mutual TLS and ACLs (SPEC §9), as both servers take them."""
+    return (
+        Option(
+            "tls-cert",
+            "serve TLS with this certificate (PEM); the connections this server opens "
+            "present it too",
+            Path,
+            metavar="FILE",
+        ),
+        Option("tls-key", "the private key of --tls-cert (PEM)", Path, metavar="FILE"),
+        Option(
+            "tls-ca",
+            "require client certificates signed by this CA (mutual TLS), and check the "
+            "servers this one connects to against it",
+            Path,
+            metavar="FILE",
+        ),
+        Option(
+            "acl-file",
+            "authorize each request by the ACL entries of this JSON file (needs --tls-ca); "
+            "SIGHUP reads it again",
+            Path,
+            metavar="FILE",
+        ),
+        Option(
+            "metrics-tls-cert",
+            "serve /metrics over HTTPS with this certificate (PEM)",
+            Path,
+            metavar="FILE",
+        ),
+        Option("metrics-tls-key", "the private key of --metrics-tls-cert", Path, metavar="FILE"),
+    )
+
+
+def security_settings(values: dict[str, Any]) -> ServerSecurity:
+    """The checked security settings: files that go together are given
+    together, and every file is read now, so that a bad one stops start-up
+    with one line rather than the first handshake."""
+    cert, key, ca = values["tls_cert"], values["tls_key"], values["tls_ca"]
+    if (cert is None) != (key is None):
+        raise UsageError("--tls-cert and --tls-key go together")
+    if ca is not None and cert is None:
+        raise UsageError("--tls-ca (mutual TLS) needs --tls-cert and --tls-key")
+    if values["acl_file"] is not None and ca is None:
+        raise UsageError(
+            "--acl-file needs mutual TLS (--tls-ca): without client certificates every "
+            "peer is anonymous"
+        )
+    metrics_cert, metrics_key = values["metrics_tls_cert"], values["metrics_tls_key"]
+    if (metrics_cert is None) != (metrics_key is None):
+        raise UsageError("--metrics-tls-cert and --metrics-tls-key go together")
+    if metrics_cert is not None and values["metrics_listen"] is None:
+        raise UsageError("--metrics-tls-cert needs --metrics-listen")
+    security = ServerSecurity(
+        tls=TLSSettings(ca=ca, cert=cert, key=key) if cert is not None else None,
+        acl_file=values["acl_file"],
+        metrics_cert=metrics_cert,
+        metrics_key=metrics_key,
+    )
+    try:
+        security.check()
+    except (OSError, ssl.SSLError, ValueError) as error:
+        raise UsageError(str(error)) from None
+    return security
 
 
 def serving_limit_options() -> tuple[Option, ...]:

@@ -10,6 +10,8 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
+from .acl import load_acl
+
 
 @dataclass(frozen=True, slots=True)
 class TLSSettings:
@@ -42,3 +44,59 @@ class TLSSettings:
         if self.ca is not None:
             context.verify_mode = ssl.CERT_REQUIRED
         return context
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSecurity:
+    """A server's security settings (``net.settings.security_options``)."""
+
+    #: the SBP listener's TLS, and the links this server opens
+    tls: TLSSettings | None = None
+    acl_file: Path | None = None
+    #: HTTPS for /metrics
+    metrics_cert: Path | None = None
+    metrics_key: Path | None = None
+
+    def server_context(self) -> ssl.SSLContext | None:
+        return None if self.tls is None else self.tls.server_context()
+
+    def client_context(self) -> ssl.SSLContext | None:
+        return None if self.tls is None else self.tls.client_context()
+
+    def check(self) -> None:
+        """Read every file once: raises ``OSError``, ``ssl.SSLError`` or
+        ``ValueError`` (an unusable ACL file) naming the problem."""
+        if self.tls is not None:
+            for path in (self.tls.cert, self.tls.key, self.tls.ca):
+                if path is not None and not path.is_file():
+                    raise ValueError(f"TLS file {path} does not exist")
+            try:
+                self.tls.server_context()
+                self.tls.client_context()
+            except ssl.SSLError as error:
+                raise ValueError(f"the TLS files cannot be used: {error}") from None
+        if self.metrics_cert is not None:
+            try:
+                metrics = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+                metrics.load_cert_chain(str(self.metrics_cert), str(self.metrics_key))
+            except (OSError, ssl.SSLError) as error:
+                raise ValueError(f"the metrics TLS files cannot be used: {error}") from None
+        if self.acl_file is not None:
+            load_acl(self.acl_file)
+
+
+def describe_link_error(error: BaseException) -> str:
+    """One line for a failed send, receive or handshake. trio raises
+    ``BrokenResourceError`` with an empty message and the ``ssl`` error as
+    its cause: the cause says what happened (``CERTIFICATE_VERIFY_FAILED``,
+    a certificate the peer required, plain text on a TLS port …)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return f"TLS: the peer's certificate was refused: {seen.verify_message}"
+        if isinstance(seen, ssl.SSLError):
+            return f"TLS: {seen.reason or seen}"
+        if str(seen):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return type(error).__name__

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -19,8 +19,11 @@ from net.settings import (
     load_settings,
     parse_size,
     positive_int,
+    security_options,
+    security_settings,
     serving_limit_options,
 )
+from net.tls import ServerSecurity
 from sbp.constants import DEFAULT_MAX_FRAME_LENGTH
 
 from .metadata import DEFAULT_MAP_SIZE
@@ -33,6 +36,7 @@ DEFAULT_REPAIR_AFTER_MS: Final = 600_000
 
 OPTIONS: Final = (
     *listen_options(),
+    *security_options(),
     Option("data-dir", "directory of the PM's metadata (LMDB; required)", Path, metavar="DIR"),
     Option(
         "node-timeout-ms",
@@ -101,6 +105,8 @@ class PMConfig:
     max_answer_bytes: int = DEFAULT_ANSWER_BYTES
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    #: TLS, mutual TLS and the ACL file (SPEC §9)
+    security: ServerSecurity = field(default_factory=ServerSecurity)
     log_level: str = "info"
 
 
@@ -124,5 +130,6 @@ def parse_config(argv: Sequence[str] | None = None) -> PMConfig:
         max_answer_bytes=values["max_answer_bytes"],
         max_in_flight=values["max_in_flight"],
         drain_timeout_s=float(values["drain_timeout_s"]),
+        security=security_settings(values),
         log_level=values["log_level"],
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, TypeVar
 
@@ -61,9 +62,11 @@ class DataNodeLink:
         self._data_node = DataNodeCache(address_of)
 
     @classmethod
-    def new_pool(cls) -> ConnectionPool:
+    def new_pool(cls, tls: ssl.SSLContext | None = None) -> ConnectionPool:
         """A connection pool suited to these calls (enter it before use)."""
-        return ConnectionPool(limits=ConnectionLimits(), connect_timeout=2.0, connect_attempts=1)
+        return ConnectionPool(
+            limits=ConnectionLimits(), connect_timeout=2.0, connect_attempts=1, tls=tls
+        )
 
     async def sync_ranges(
         self, node_id: int, streams: Sequence[tuple[int, Sequence[RangeRecord]]]

@@ -3,13 +3,19 @@ wire messages out. One handler per opcode; nothing here decides anything.
 
 APPEND and FETCH are not registered: the dispatcher answers them (and any
 other opcode the PM does not serve) with UNSUPPORTED_OPERATION.
+
+With an ACL file (SPEC §9) each item is authorized before the manager sees
+it: a denied item is answered AUTHORIZATION_FAILED and the others go on. A
+data node's HEARTBEAT and REPORT_METRICS are taken only from the cluster's
+own principals, and DESCRIBE_CLUSTER needs CLUSTER.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, TypeVar
 
+from net.authz import AccessControl
 from net.request import Request, Responder, request_timeout
 from net.server import Dispatcher
 from sbp import messages
@@ -40,12 +46,33 @@ def _message(error: ProtocolError | None) -> str:
     return "" if error is None else error.message
 
 
+T = TypeVar("T")
+K = TypeVar("K")
+
+
+async def _allowed_only(
+    denials: Sequence[ProtocolError | None],
+    items: Sequence[K],
+    call: Callable[[list[K]], Awaitable[list[Outcome[T]]]],
+) -> list[Outcome[T]]:
+    """The manager's outcomes for the items not denied, the denials in place
+    of the others (the manager is not called when every item is denied)."""
+    allowed = [item for item, denied in zip(items, denials, strict=True) if denied is None]
+    outcomes = iter(await call(allowed) if allowed else [])
+    return [Outcome(error=denied) if denied else next(outcomes) for denied in denials]
+
+
+async def _ready(outcomes: list[Outcome[T]]) -> list[Outcome[T]]:
+    return outcomes
+
+
 class PMHandlers:
     """Serves the PM's opcodes from one ``PlacementManager``."""
 
-    def __init__(self, manager: PlacementManager) -> None:
+    def __init__(self, manager: PlacementManager, access: AccessControl | None = None) -> None:
         self._manager = manager
         self._data_node = DataNodeCache(manager.registry.address)
+        self._access = access if access is not None else AccessControl()
 
     def dispatcher(self) -> Dispatcher:
         dispatcher = Dispatcher("placement manager")
@@ -76,6 +103,7 @@ class PMHandlers:
     async def heartbeat(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.HeartbeatRequest)
         if header.client_role == ClientRole.DATA_NODE:
+            self._require_cluster(request, "HEARTBEAT as a data node")
             await self._manager.heartbeat(node_record(header.data_node))
         await responder.send(
             messages.HeartbeatResponse(client_id=header.client_id, client_role=ClientRole.PM)
@@ -83,13 +111,23 @@ class PMHandlers:
 
     async def report_metrics(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.ReportMetricsRequest)
+        self._require_cluster(request, "REPORT_METRICS")
         await self._manager.report_metrics(node_record(header.data_node), report_fields(header))
         await responder.send(messages.ReportMetricsResponse(data_node=header.data_node))
 
     async def describe_cluster(self, request: Request, responder: Responder) -> None:
         request.header_as(messages.DescribeClusterRequest)
+        denied = self._access.check(request.principal, "CLUSTER")
+        if denied is not None:
+            raise denied
         statuses = tuple(self._status(state) for state in self._manager.cluster())
         await responder.send(messages.DescribeClusterResponse(data_nodes=statuses))
+
+    def _require_cluster(self, request: Request, what: str) -> None:
+        """Requests without items: refused whole (a SYSTEM_ERROR)."""
+        denied = self._access.check_internal(request.principal, what)
+        if denied is not None:
+            raise denied
 
     def _status(self, state: NodeState) -> messages.DataNodeStatus:
         node = messages.DataNode(node_id=state.node_id, advertise_addr=state.node.address)
@@ -105,8 +143,11 @@ class PMHandlers:
 
     async def create_streams(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.CreateStreamsRequest)
-        outcomes = await self._manager.create_streams(
-            [stream_record(s) for s in header.streams], request_timeout(header.timeout_ms)
+        timeout = request_timeout(header.timeout_ms)
+        outcomes = await _allowed_only(
+            self._access.check_each(request.principal, "CREATE", [None] * len(header.streams)),
+            [stream_record(s) for s in header.streams],
+            lambda records: self._manager.create_streams(records, timeout),
         )
         results = []
         for asked, outcome in zip(header.streams, outcomes, strict=True):
@@ -127,8 +168,12 @@ class PMHandlers:
 
     async def delete_streams(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.DeleteStreamsRequest)
-        outcomes = await self._manager.delete_streams(
-            [s.stream_id for s in header.streams], request_timeout(header.timeout_ms)
+        timeout = request_timeout(header.timeout_ms)
+        ids = [s.stream_id for s in header.streams]
+        outcomes = await _allowed_only(
+            self._access.check_each(request.principal, "DELETE", ids),
+            ids,
+            lambda allowed: self._manager.delete_streams(allowed, timeout),
         )
         results = tuple(
             messages.DeleteStreamResult(
@@ -142,8 +187,13 @@ class PMHandlers:
 
     async def update_streams(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.UpdateStreamsRequest)
-        outcomes = await self._manager.update_streams(
-            [stream_record(s) for s in header.streams], request_timeout(header.timeout_ms)
+        timeout = request_timeout(header.timeout_ms)
+        outcomes = await _allowed_only(
+            self._access.check_each(
+                request.principal, "ALTER", [s.stream_id for s in header.streams]
+            ),
+            [stream_record(s) for s in header.streams],
+            lambda records: self._manager.update_streams(records, timeout),
         )
         results = tuple(
             messages.UpdateStreamResult(
@@ -158,7 +208,11 @@ class PMHandlers:
     async def get_streams(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.GetStreamsRequest)
         if header.stream_ids:
-            outcomes = self._manager.get_streams(header.stream_ids)
+            outcomes = await _allowed_only(
+                self._access.check_each(request.principal, "DESCRIBE", header.stream_ids),
+                header.stream_ids,
+                lambda allowed: _ready(self._manager.get_streams(allowed)),
+            )
             results = tuple(
                 messages.GetStreamResult(
                     stream=messages.Stream(stream_id=stream_id)
@@ -170,15 +224,24 @@ class PMHandlers:
                 for stream_id, outcome in zip(header.stream_ids, outcomes, strict=True)
             )
         else:
+            # A listing shows the streams the principal may describe.
             page = self._manager.list_streams(header.start_after, header.limit)
-            results = tuple(messages.GetStreamResult(stream=stream_message(s)) for s in page)
+            results = tuple(
+                messages.GetStreamResult(stream=stream_message(s))
+                for s in page
+                if self._access.allows(request.principal, "DESCRIBE", s.stream_id)
+            )
         await responder.send(messages.GetStreamsResponse(get_responses=results))
 
     async def trim_streams(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.TrimStreamsRequest)
-        outcomes = await self._manager.trim_streams(
+        timeout = request_timeout(header.timeout_ms)
+        outcomes = await _allowed_only(
+            self._access.check_each(
+                request.principal, "ALTER", [t.stream_id for t in header.trimmed_streams]
+            ),
             [(t.stream_id, t.trim_offset) for t in header.trimmed_streams],
-            request_timeout(header.timeout_ms),
+            lambda trims: self._manager.trim_streams(trims, timeout),
         )
         results = []
         for asked, outcome in zip(header.trimmed_streams, outcomes, strict=True):
@@ -203,11 +266,24 @@ class PMHandlers:
 
     async def list_ranges(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.ListRangesRequest)
-        results = tuple(self._list_one(owner) for owner in header.range_owners)
+        results = tuple(
+            self._list_one(owner, self._may_list(request.principal, owner))
+            for owner in header.range_owners
+        )
         await responder.send(messages.ListRangesResponse(list_responses=results))
 
-    def _list_one(self, owner: messages.RangeOwner) -> messages.ListRangesResult:
+    def _may_list(self, principal: str, owner: messages.RangeOwner) -> ProtocolError | None:
+        """A stream's ranges need DESCRIBE of it; a data node's, CLUSTER."""
+        if owner.data_node is not None:
+            return self._access.check(principal, "CLUSTER")
+        return self._access.check(principal, "DESCRIBE", owner.stream_id)
+
+    def _list_one(
+        self, owner: messages.RangeOwner, denied: ProtocolError | None
+    ) -> messages.ListRangesResult:
         try:
+            if denied is not None:
+                raise denied
             if owner.data_node is not None and owner.stream_id == 0:
                 ranges = self._manager.node_ranges(owner.data_node.node_id)
             elif owner.data_node is None and owner.stream_id != 0:
@@ -222,9 +298,15 @@ class PMHandlers:
 
     async def seal_ranges(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.SealRangesRequest)
-        outcomes = await self._manager.seal_ranges(
+        timeout = request_timeout(header.timeout_ms)
+        # A writer seals the range it cannot finish (SPEC §7): APPEND will do.
+        outcomes = await _allowed_only(
+            [
+                self._access.check_any(request.principal, ("ALTER", "APPEND"), r.stream_id)
+                for r in header.ranges
+            ],
             [(r.stream_id, r.range_index) for r in header.ranges],
-            request_timeout(header.timeout_ms),
+            lambda keys: self._manager.seal_ranges(keys, timeout),
         )
         results = tuple(
             messages.SealRangesResult(
@@ -239,8 +321,12 @@ class PMHandlers:
 
     async def describe_ranges(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.DescribeRangesRequest)
-        outcomes: list[Outcome[RangeRecord]] = self._manager.describe_ranges(
-            [(r.stream_id, r.range_index) for r in header.ranges]
+        outcomes: list[Outcome[RangeRecord]] = await _allowed_only(
+            self._access.check_each(
+                request.principal, "DESCRIBE", [r.stream_id for r in header.ranges]
+            ),
+            [(r.stream_id, r.range_index) for r in header.ranges],
+            lambda keys: _ready(self._manager.describe_ranges(keys)),
         )
         results = tuple(
             messages.DescribeRangeResult(

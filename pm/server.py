@@ -10,10 +10,11 @@ from typing import Final
 
 import trio
 
+from net.authz import AccessCollector, access_control
 from net.budget import ServerBudgets
 from net.dirlock import locked_dir
 from net.limits import KEEPALIVE_INTERVAL_S, ConnectionLimits
-from net.metrics_http import MetricsHTTPServer
+from net.metrics_http import MetricsHTTPServer, bound_metrics
 from net.server import Server
 from net.service import (
     EXIT_OK,
@@ -44,7 +45,8 @@ LIVENESS_CHECK_S: Final = 1.0
 async def run_pm(config: PMConfig) -> int:
     """Serve until SIGTERM/SIGINT, then drain and close; the exit code."""
     with ShutdownSignals() as signals, _open_store(config) as store:
-        async with DataNodeLink.new_pool() as pool:
+        # Links to the data nodes speak TLS with this PM's certificate.
+        async with DataNodeLink.new_pool(config.security.client_context()) as pool:
             registry = NodeRegistry(config.node_timeout_s)
             manager = PlacementManager(
                 store,
@@ -54,8 +56,10 @@ async def run_pm(config: PMConfig) -> int:
                 repair_after=config.repair_after_s,
             )
             metrics = PMMetrics(manager)
+            access = access_control(config.security)
+            metrics.registry.register(AccessCollector(access))
             server = Server(
-                PMHandlers(manager).dispatcher(),
+                PMHandlers(manager, access).dispatcher(),
                 limits=ConnectionLimits(
                     max_frame_length=config.max_frame_bytes,
                     max_concurrent_requests=config.max_in_flight,
@@ -65,10 +69,12 @@ async def run_pm(config: PMConfig) -> int:
                 observer=metrics.connections,
                 max_connections=config.max_connections,
                 budgets=ServerBudgets.of(config.max_request_bytes, config.max_answer_bytes),
+                tls=config.security.server_context(),
             )
             with _metrics_endpoint(config, metrics) as endpoint:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(signals.watch)
+                    nursery.start_soon(access.reload_on_sighup)
                     host, port = await nursery.start(server.serve, *config.listen)
                     if endpoint is not None:
                         announce(METRICS_PREFIX, *endpoint.address)
@@ -126,7 +132,7 @@ def _metrics_endpoint(config: PMConfig, metrics: PMMetrics) -> Iterator[MetricsH
     if config.metrics_listen is None:
         yield None
         return
-    with MetricsHTTPServer.running(metrics.registry, *config.metrics_listen) as endpoint:
+    with bound_metrics(config.metrics_listen, metrics.registry, config.security) as endpoint:
         yield endpoint
 
 

@@ -20,6 +20,7 @@ from client.datanode_client import DataNodeClient
 from client.pm_client import PMClient
 from client.sync import SyncClient
 from net.pool import ConnectionPool
+from net.tls import TLSSettings
 from sbp import messages
 from sbp.errors import ConnectionClosed, ProtocolError, SBPError, StreamNotFoundError
 
@@ -140,12 +141,15 @@ async def describe_streams(
 
 
 def stream_layouts(
-    pm_address: str, stream_ids: Sequence[int] | None, timeout: float = DEFAULT_TIMEOUT
+    pm_address: str,
+    stream_ids: Sequence[int] | None,
+    timeout: float = DEFAULT_TIMEOUT,
+    tls: TLSSettings | None = None,
 ) -> dict[int, StreamLayout]:
     """``describe_streams`` from synchronous code (a Spark driver, a job);
     raises ``SourceError``, one line, when the cluster cannot answer."""
     try:
-        with SyncClient(pm_address, timeout=timeout) as client:
+        with SyncClient(pm_address, timeout=timeout, tls=tls) as client:
             return client.run(describe_streams, client.pm, client.pool, stream_ids)
     except (SBPError, OSError, trio.TooSlowError, BaseExceptionGroup, RuntimeError) as error:
         if isinstance(error, SourceError):

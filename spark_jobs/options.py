@@ -11,7 +11,11 @@ import difflib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from net.tls import TLSSettings
 
 #: ``streams`` value that selects every stream the PM knows
 ALL_STREAMS: Final = "all"
@@ -37,6 +41,9 @@ class SBPOptionError(ValueError):
     """An option of the ``sbp`` source is missing, unknown or malformed."""
 
 
+#: TLS to the cluster (SPEC §9): the CA that signed the servers' certificates,
+#: and the certificate and key this job presents (mutual TLS)
+TLS_OPTIONS: Final = ("tlsCa", "tlsCert", "tlsKey")
 #: every option a read takes (docs/spark.md)
 READ_OPTIONS: Final = (
     "pm",
@@ -48,9 +55,10 @@ READ_OPTIONS: Final = (
     "maxRecordsPerTrigger",
     "fetchMaxBytes",
     "timeoutMs",
+    *TLS_OPTIONS,
 )
 #: every option a write takes
-WRITE_OPTIONS: Final = ("pm", "stream", "batchMaxBytes", "timeoutMs")
+WRITE_OPTIONS: Final = ("pm", "stream", "batchMaxBytes", "timeoutMs", *TLS_OPTIONS)
 #: Kafka source names with the same meaning here (offsets are dense, so
 #: Kafka's offsets per trigger are records per trigger)
 KAFKA_ALIASES: Final = {"maxOffsetsPerTrigger": "maxRecordsPerTrigger"}
@@ -97,6 +105,23 @@ def parse_pm(options: Mapping[str, str]) -> str:
     except ValueError as error:
         raise SBPOptionError(f"option 'pm' must be host:port, got {address!r}") from error
     return address
+
+
+def parse_tls(options: Mapping[str, str]) -> TLSSettings | None:
+    """Options ``tlsCa``, ``tlsCert``, ``tlsKey``: files every executor can
+    read at the same path. None (plain text) without any."""
+    from net.tls import TLSSettings  # here: the net package brings trio along
+
+    paths = {name: str(options[name]).strip() for name in TLS_OPTIONS if options.get(name)}
+    if not paths:
+        return None
+    if ("tlsCert" in paths) != ("tlsKey" in paths):
+        raise SBPOptionError("options 'tlsCert' and 'tlsKey' go together")
+    for name, path in paths.items():
+        if not Path(path).is_file():
+            raise SBPOptionError(f"option {name!r}: no such file {path!r}")
+    ca, cert, key = (Path(paths[name]) if name in paths else None for name in TLS_OPTIONS)
+    return TLSSettings(ca=ca, cert=cert, key=key)
 
 
 def _stream_id(text: str, option: str) -> int:
@@ -211,6 +236,7 @@ class ReadOptions:
     max_records_per_trigger: int
     fetch_max_bytes: int
     timeout: float
+    tls: TLSSettings | None = None
     #: offsets asked for that were trimmed away fail the query (as Kafka's
     #: option); false reads from the first record there is instead
     fail_on_data_loss: bool = True
@@ -231,6 +257,7 @@ class ReadOptions:
             ),
             fetch_max_bytes=parse_positive_int(options, "fetchMaxBytes", DEFAULT_FETCH_MAX_BYTES),
             timeout=parse_timeout(options),
+            tls=parse_tls(options),
             fail_on_data_loss=parse_bool(options, "failOnDataLoss", True),
         )
 
@@ -243,6 +270,7 @@ class WriteOptions:
     stream: int
     batch_max_bytes: int
     timeout: float
+    tls: TLSSettings | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
@@ -252,4 +280,5 @@ class WriteOptions:
             stream=parse_stream(options),
             batch_max_bytes=parse_positive_int(options, "batchMaxBytes", DEFAULT_BATCH_MAX_BYTES),
             timeout=parse_timeout(options),
+            tls=parse_tls(options),
         )

@@ -66,7 +66,7 @@ StreamOffsets = dict[str, int]
 def _layouts(options: ReadOptions, stream_ids: Sequence[int] | None) -> dict[int, StreamLayout]:
     from .layout import stream_layouts
 
-    return stream_layouts(options.pm, stream_ids, options.timeout)
+    return stream_layouts(options.pm, stream_ids, options.timeout, options.tls)
 
 
 #: ``stream_id long, offset long, timestamp timestamp, value binary``, built
@@ -100,7 +100,7 @@ def _read(partition: InputPartition, options: ReadOptions) -> Iterator[pa.Record
     if not isinstance(partition, RangeSlice):
         return  # Spark's stand-in partition when partitions() planned none
     # made here, in the worker that reads: a client does not survive Spark's fork
-    with SyncClient(options.pm, timeout=options.timeout) as client:
+    with SyncClient(options.pm, timeout=options.timeout, tls=options.tls) as client:
         yield from read_slice(client, partition, options.fetch_max_bytes)
 
 

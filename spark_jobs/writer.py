@@ -38,7 +38,7 @@ def append_values(options: WriteOptions, arrow_batches: Iterable[pa.RecordBatch]
     first: SyncRecordsHandle | None = None
     last: SyncRecordsHandle | None = None
     with (
-        SyncClient(options.pm, timeout=options.timeout) as client,
+        SyncClient(options.pm, timeout=options.timeout, tls=options.tls) as client,
         # one request at a time keeps the task's records in row order across retries
         client.producer(options.stream, request_timeout=options.timeout) as producer,
     ):

@@ -15,7 +15,12 @@ from net.ratelog import RateLimitedLog
 from net.request import Request, Responder
 from sbp import messages
 from sbp.enums import ErrorCode
-from sbp.errors import InvalidRequestError, ProtocolError
+from sbp.errors import (
+    AuthorizationFailedError,
+    InvalidRequestError,
+    ProtocolError,
+    RequestTimeoutError,
+)
 from storage.model import AppendItem, AppendOutcome, AppendResult
 
 from ..context import NodeContext
@@ -61,16 +66,19 @@ class AppendHandler:
         append = _Append(
             self, items, self._completions_now(), infos, responder, request.received_at
         )
-        if not items:
-            append.deliver([])  # nothing to store, nothing to keep in order
-            return None
         node = self._node
+        if items and node.access.enabled:
+            append.deny(node.access.check_each(request.principal, "APPEND", append.stream_ids()))
+        if not append.to_store:
+            # nothing to store (no items, or every one denied), nothing to keep in order
+            append.deliver(append.with_denials([]))
+            return None
         if deadline < math.inf:
             append.timeouts = node.append_timeouts
             node.append_timeouts.add(deadline, append)
         lane = self._slow_lanes.get(request.connection)
-        if lane is None and all(node.knows(item.stream_id) for item in items):
-            node.engine.submit(items, append.on_durable)
+        if lane is None and all(node.knows(item.stream_id) for item in append.to_store):
+            node.engine.submit(append.to_store, append.on_durable)
             return None
         if lane is not None:
             lane.append(append)
@@ -85,11 +93,11 @@ class AppendHandler:
             while lane:
                 append = lane[0]
                 if not append.finished:  # not expired while it waited
-                    for stream_id in {item.stream_id for item in append.items}:
+                    for stream_id in {item.stream_id for item in append.to_store}:
                         if not node.knows(stream_id):
                             await node.learn_stream(stream_id)
                     if not append.finished:
-                        node.engine.submit(append.items, append.on_durable)
+                        node.engine.submit(append.to_store, append.on_durable)
                 lane.popleft()
         finally:
             del self._slow_lanes[connection]
@@ -172,6 +180,7 @@ class _Append:
 
     __slots__ = (
         "completions",
+        "denied",
         "finished",
         "handler",
         "infos",
@@ -180,6 +189,7 @@ class _Append:
         "responder",
         "results",
         "timeouts",
+        "to_store",
         "uncommitted",
     )
 
@@ -205,10 +215,30 @@ class _Append:
         #: whose commit offset has not passed them yet (SPEC §7)
         self.results: list[messages.AppendResult] | None = None
         self.uncommitted: set[int] = set()
+        #: by item index, the items refused AUTHORIZATION_FAILED (SPEC §9);
+        #: the others go to storage
+        self.denied: dict[int, ProtocolError] = {}
+        self.to_store = items
+
+    def stream_ids(self) -> list[int]:
+        return [item.stream_id for item in self.items]
+
+    def deny(self, denials: list[AuthorizationFailedError | None]) -> None:
+        """Keep the denied items out of storage; they are answered with their error."""
+        self.denied = {index: error for index, error in enumerate(denials) if error is not None}
+        if self.denied:
+            self.to_store = [i for n, i in enumerate(self.items) if n not in self.denied]
+
+    def with_denials(self, outcomes: list[AppendOutcome]) -> list[AppendOutcome]:
+        """The stored items' outcomes, with the denied items' errors in their places."""
+        if not self.denied:
+            return outcomes
+        stored = iter(outcomes)
+        return [self.denied.get(n) or next(stored) for n in range(len(self.items))]
 
     def on_durable(self, outcomes: list[AppendOutcome]) -> None:
         """Runs on the storage writer thread: hand over, never block."""
-        self.completions.put(self, outcomes)
+        self.completions.put(self, self.with_denials(outcomes))
 
     def deliver(self, outcomes: list[AppendOutcome]) -> None:
         """On the trio thread: count, wake the FETCHes waiting on these streams
@@ -288,7 +318,9 @@ class _Append:
         log); the client is told they did not finish in time."""
         if self.results is None:
             self.handler._counters.append_items_failed += len(self.infos)
-            self._end([_timed_out(info) for info in self.infos])
+            late = RequestTimeoutError("not durable before the request's timeout_ms")
+            outcomes = self.with_denials([late] * len(self.to_store))
+            self._end(self.handler.results(self.infos, outcomes))
             return
         # Durable here, but not on enough replicas in time.
         self.handler._counters.append_items_failed += len(self.uncommitted)
@@ -351,14 +383,4 @@ def _not_replicated(info: messages.AppendInfo, why: str) -> messages.AppendResul
         base_offset=-1,
         error_code=ErrorCode.NOT_ENOUGH_REPLICAS,
         error_message=why,
-    )
-
-
-def _timed_out(info: messages.AppendInfo) -> messages.AppendResult:
-    return messages.AppendResult(
-        stream_id=info.stream_id,
-        request_index=info.request_index,
-        base_offset=-1,
-        error_code=ErrorCode.TIMEOUT,
-        error_message="not durable before the request's timeout_ms",
     )

@@ -47,11 +47,31 @@ class FetchHandler:
         counters.fetch_requests += 1
         counters.fetch_items += len(header.fetch_requests)
         deadline = request.received_at + max(header.max_wait_ms, 0) / 1000
+        infos: Sequence[messages.FetchInfo] = header.fetch_requests
         try:
-            await self._serve(header.fetch_requests, deadline, max(header.min_bytes, 1), responder)
+            if self._node.access.enabled:
+                infos = await self._answer_denied(request.principal, infos, responder)
+                if not infos:
+                    return
+            await self._serve(infos, deadline, max(header.min_bytes, 1), responder)
         finally:
             elapsed = trio.current_time() - request.received_at
             counters.fetch_seconds += elapsed
+
+    async def _answer_denied(
+        self, principal: str, infos: Sequence[messages.FetchInfo], responder: Responder
+    ) -> Sequence[messages.FetchInfo]:
+        """Answer the items the principal may not FETCH (SPEC §9) in a frame
+        of their own; the others are served as usual."""
+        denials = self._node.access.check_each(principal, "FETCH", [i.stream_id for i in infos])
+        refused = [_failed(i, d) for i, d in zip(infos, denials, strict=True) if d is not None]
+        if not refused:
+            return infos
+        allowed = [i for i, d in zip(infos, denials, strict=True) if d is None]
+        self._counters.fetch_items_failed += len(refused)
+        answer = messages.FetchResponse(fetch_responses=tuple(refused))
+        await responder.send(answer, end=not allowed)
+        return allowed
 
     async def _serve(
         self,

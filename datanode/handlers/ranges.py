@@ -1,4 +1,9 @@
-"""LIST_RANGES, SEAL_RANGES, SYNC_RANGES and DESCRIBE_RANGES on a data node."""
+"""LIST_RANGES, SEAL_RANGES, SYNC_RANGES and DESCRIBE_RANGES on a data node.
+
+SEAL_RANGES and SYNC_RANGES come from the PM: with an ACL file (SPEC §9)
+only the cluster's own principals may send them; listing and describing a
+stream's ranges needs DESCRIBE of it, and a node's whole listing CLUSTER.
+"""
 
 from __future__ import annotations
 
@@ -30,12 +35,20 @@ class RangeHandlers:
 
     async def list_ranges(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.ListRangesRequest)
-        results = [self._list_one(owner) for owner in header.range_owners]
+        results = [self._list_one(request.principal, owner) for owner in header.range_owners]
         await responder.send(messages.ListRangesResponse(list_responses=tuple(results)))
 
-    def _list_one(self, owner: messages.RangeOwner) -> messages.ListRangesResult:
+    def _list_one(self, principal: str, owner: messages.RangeOwner) -> messages.ListRangesResult:
         engine = self._node.engine
+        access = self._node.access
         try:
+            denied = (
+                access.check(principal, "CLUSTER")
+                if owner.data_node is not None
+                else access.check(principal, "DESCRIBE", owner.stream_id)
+            )
+            if denied is not None:
+                raise denied
             if owner.data_node is not None:
                 if owner.data_node.node_id != self._node.node_id:
                     raise DataNodeNotFoundError(
@@ -56,6 +69,11 @@ class RangeHandlers:
         header = request.header_as(messages.SealRangesRequest)
         deadline = request.deadline(header.timeout_ms)
         engine = self._node.engine
+        denied = self._node.access.check_internal(request.principal, "SEAL_RANGES")
+        if denied is not None:
+            refused = tuple(_seal_error(r.stream_id, denied) for r in header.ranges)
+            await responder.send(messages.SealRangesResponse(seal_responses=refused))
+            return
         # Submitted together, the seals commit in one transaction.
         futures = [
             engine.submit_command(
@@ -93,6 +111,11 @@ class RangeHandlers:
         header = request.header_as(messages.SyncRangesRequest)
         deadline = request.deadline(header.timeout_ms)
         engine = self._node.engine
+        denied = self._node.access.check_internal(request.principal, "SYNC_RANGES")
+        if denied is not None:
+            refused = tuple(_sync_error(item.stream_id, denied) for item in header.stream_ranges)
+            await responder.send(messages.SyncRangesResponse(sync_responses=refused))
+            return
         futures: list[Future[list[RangeInfo]] | ProtocolError] = []
         for item in header.stream_ranges:
             try:
@@ -137,6 +160,9 @@ class RangeHandlers:
         results: list[messages.DescribeRangeResult] = []
         for range_id in header.ranges:
             try:
+                denied = self._node.access.check(request.principal, "DESCRIBE", range_id.stream_id)
+                if denied is not None:
+                    raise denied
                 info = self._node.engine.describe_range(range_id.stream_id, range_id.range_index)
             except ProtocolError as error:
                 results.append(

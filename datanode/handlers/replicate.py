@@ -42,6 +42,13 @@ class ReplicateHandler:
     def start(self, request: Request, responder: Responder) -> Awaitable[None]:
         header = request.header_as(messages.ReplicateRequest)
         infos = header.replicate_requests
+        denied = self._node.access.check_internal(request.principal, "REPLICATE")
+        if denied is not None:  # only a range's primary, a data node, may
+            return responder.send(
+                messages.ReplicateResponse(
+                    replicate_responses=tuple(_failed(info, denied) for info in infos)
+                )
+            )
         checked = _check_items(infos, request.payload)
         deadline = request.deadline(header.timeout_ms)
         node = self._node

@@ -28,6 +28,9 @@ class StreamHandlers:
         for stream in header.streams:
             try:
                 check_stream_id(stream.stream_id)
+                denied = self._node.access.check(request.principal, "DELETE", stream.stream_id)
+                if denied is not None:
+                    raise denied
             except ProtocolError as refused:
                 futures.append(refused)
                 continue
