@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench import report
-from bench.scenarios import append, catch_up, replication, spark, tail
+from bench.scenarios import append, catch_up, replication, spark, tail, tls
 from bench.scenarios.options import Options
 
 SCENARIOS: dict[str, Callable[[Options], report.ScenarioResult]] = {
@@ -28,6 +28,7 @@ SCENARIOS: dict[str, Callable[[Options], report.ScenarioResult]] = {
     catch_up.NAME: catch_up.run,
     spark.NAME: spark.run,
     replication.NAME: replication.run,
+    tls.NAME: tls.run,
 }
 
 

@@ -75,17 +75,20 @@ class LocalCA:
         self.cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         self._key, self._cert = key, cert
 
-    def issue(self, name: str, hosts: Sequence[str] = LOCAL_HOSTS) -> Issued:
+    def issue(
+        self, name: str, hosts: Sequence[str] = LOCAL_HOSTS, *, days: int = VALID_DAYS
+    ) -> Issued:
         """``name``.pem and ``name``.key: subject CN ``name``, the ``hosts``
-        as subjectAltNames, good for both ends of a connection. Kept when
-        they exist already."""
+        as subjectAltNames, good for both ends of a connection for ``days``
+        (negative: expired that long ago, for tests). Kept when they exist
+        already."""
         issued = Issued(self.folder / f"{name}.pem", self.folder / f"{name}.key")
         if issued.cert.is_file() and issued.key.is_file():
             return issued
         key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
         cert = (
-            _builder(subject, self._cert.subject, key.public_key())
+            _builder(subject, self._cert.subject, key.public_key(), days)
             .add_extension(x509.SubjectAlternativeName([_san(h) for h in hosts]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
@@ -109,17 +112,23 @@ def local_cluster_pki(folder: Path) -> tuple[Path, dict[str, Issued]]:
 
 
 def _builder(
-    subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey
+    subject: x509.Name,
+    issuer: x509.Name,
+    public_key: ec.EllipticCurvePublicKey,
+    days: int = VALID_DAYS,
 ) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
+    until = now + datetime.timedelta(days=days)
     return (
         x509.CertificateBuilder()
         .subject_name(subject)
         .issuer_name(issuer)
         .public_key(public_key)
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+        .not_valid_before(
+            min(now - datetime.timedelta(minutes=5), until - datetime.timedelta(days=1))
+        )
+        .not_valid_after(until)
     )
 
 

@@ -112,6 +112,10 @@ async def secure_cluster(root: Path, nodes: int = 2) -> AsyncIterator[SecureClus
                     *("--node-id", str(node_id), "--pm", pm.address),
                     *("--heartbeat-interval-ms", "200"),
                     *security("datanode"),
+                    # /metrics over HTTPS, with the node's own certificate
+                    *("--metrics-listen", "127.0.0.1:0"),
+                    *("--metrics-tls-cert", str(ca.issue("datanode").cert)),
+                    *("--metrics-tls-key", str(ca.issue("datanode").key)),
                 ],
                 root / "logs",
                 name=f"node-{node_id}",
@@ -233,10 +237,22 @@ async def test_plain_text_and_unacceptable_certificates_are_refused(tmp_path: Pa
         other_ca = TLSSettings(
             ca=cluster.ca.cert_path, cert=stranger.cert, key=stranger.key
         ).client_context()
-        for context in (no_certificate, other_ca):
+        old = cluster.ca.issue("alice-expired", days=-2)
+        expired = TLSSettings(ca=cluster.ca.cert_path, cert=old.cert, key=old.key).client_context()
+        for context in (no_certificate, other_ca, expired):
             async with ConnectionPool(tls=context, connect_attempts=1) as pool:
                 with pytest.raises((ConnectionClosed, OSError)):
                     await PMClient(cluster.pm.address, pool=pool, timeout=5).describe_cluster()
+        # /metrics over HTTPS: a scraper that trusts the CA reads it; plain HTTP does not
+        metrics = cluster.nodes[0].metrics_address
+        assert metrics is not None
+        scraper = ssl.create_default_context(cafile=str(cluster.ca.cert_path))
+        with urllib.request.urlopen(
+            f"https://{metrics}/metrics", context=scraper, timeout=5
+        ) as page:
+            assert "sbp_acl_entries 3.0" in page.read().decode()
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5).read()
         # and the servers go on serving the principals they accept
         async with cluster.pm_as("alice") as alice:
             assert (await alice.create_stream(1)).stream is not None

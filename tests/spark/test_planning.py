@@ -3,6 +3,8 @@ shares and Arrow columns cut into record batches (no Spark, no cluster)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
 
@@ -95,6 +97,23 @@ def test_options_are_case_insensitive_and_take_kafkas_names() -> None:
 
 
 TRIMMED = StreamLayout(7, (wire_range(2, 25, -1, "n1:1"),), 31)
+
+
+def test_tls_options(tmp_path: Path) -> None:
+    """tlsCa, tlsCert and tlsKey name files every executor reads (SPEC §9)."""
+    for name in ("ca.pem", "me.pem", "me.key"):
+        (tmp_path / name).write_text("")
+    base = {"pm": "127.0.0.1:7400", "stream": "1"}
+    assert WriteOptions.parse(base).tls is None
+    paths = {"tlsCa": str(tmp_path / "ca.pem"), "tlsCert": str(tmp_path / "me.pem")}
+    tls = WriteOptions.parse({**base, **paths, "tlsKey": str(tmp_path / "me.key")}).tls
+    assert tls is not None and (tls.ca, tls.key) == (tmp_path / "ca.pem", tmp_path / "me.key")
+    read = {"pm": "127.0.0.1:7400", "streams": "1", "tlsca": paths["tlsCa"]}
+    assert ReadOptions.parse(read).tls is not None
+    with pytest.raises(SBPOptionError, match="'tlsCert' and 'tlsKey' go together"):
+        WriteOptions.parse({**base, **paths})
+    with pytest.raises(SBPOptionError, match="option 'tlsCa': no such file"):
+        WriteOptions.parse({**base, "tlsCa": str(tmp_path / "missing.pem")})
 
 
 def test_fail_on_data_loss_refuses_trimmed_offsets() -> None:
