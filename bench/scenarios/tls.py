@@ -68,7 +68,12 @@ ACL: Final = {
             "resource": "streams:*",
             "effect": "allow",
         },
-        {"principal": "*", "operations": ["DELETE"], "resource": "streams:1-10", "effect": "deny"},
+        {
+            "principal": "*",
+            "operations": ["DELETE"],
+            "resource": "streams:1000000-1999999",
+            "effect": "deny",
+        },
     ]
 }
 
