@@ -143,7 +143,7 @@ def test_catch_up_reads_back_all_that_was_written(results: dict[str, dict[str, A
 def test_cli_offers_every_scenario_and_an_output_option(tmp_path: Path) -> None:
     from bench.__main__ import SCENARIOS, build_parser
 
-    assert set(SCENARIOS) == {"append", "tail", "catch_up", "spark", "replication"}
+    assert set(SCENARIOS) == {"append", "tail", "catch_up", "spark", "replication", "tls"}
     args = build_parser().parse_args(["all", "--quick", "--out", str(tmp_path)])
     assert (args.scenario, args.quick, args.out) == ("all", True, tmp_path)
 
@@ -166,3 +166,23 @@ def test_replication_compares_one_replica_with_three(tmp_path: Path) -> None:
     assert len(doc["targets"]) == 3
     assert doc["lag_records"]["max"] is not None
     assert (tmp_path / "replication.png").stat().st_size > 0
+
+
+def test_tls_compares_plain_mutual_tls_and_acls(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "tls", "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=SCENARIO_TIMEOUT_S,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads((tmp_path / "tls.json").read_text())
+    systems = _by_system(doc)
+    assert set(systems) == {"plain", "mutual TLS", "mutual TLS + ACL"}
+    for measurement in doc["results"]:
+        assert set(measurement) >= MEASUREMENT_KEYS
+        assert measurement["mb_per_s"] > 0
+    assert {m["in_flight"] for m in systems["mutual TLS"]} == {1, 64}
+    assert len(doc["targets"]) == 3
+    assert 0 < doc["acl_check_us"] < 1000
+    assert (tmp_path / "tls.png").stat().st_size > 0
