@@ -24,6 +24,7 @@ from client import Consumer, Producer
 from client.datanode_client import DataNodeClient
 from client.pki import LocalCA
 from client.pm_client import PMClient
+from client.sync import SyncClient
 from net.pool import ConnectionPool
 from net.tls import TLSSettings
 from sbp import messages
@@ -162,6 +163,18 @@ async def test_replicated_streams_over_mutual_tls_with_per_item_authorization(
                 assert (await handle.offsets()).tolist() == [0, 1, 2]
             async with Consumer(cluster.pm.address, 1, 0, tls=tls) as consumer:
                 assert [r.value async for r in consumer.records()] == [b"a", b"b", b"c"]
+            # the blocking client (what the Spark source runs on) takes the settings
+            settings = TLSSettings(
+                ca=cluster.ca.cert_path,
+                cert=cluster.ca.issue("alice").cert,
+                key=cluster.ca.issue("alice").key,
+            )
+
+            def read_synchronously() -> list[bytes]:
+                with SyncClient(cluster.pm.address, timeout=10, tls=settings) as sync:
+                    return [r.value for r in sync.consumer(1, from_offset=0)]
+
+            assert await trio.to_thread.run_sync(read_synchronously) == [b"a", b"b", b"c"]
             (rng,) = await alice.list_stream_ranges(1)
             follower = next(r for r in rng.replica_nodes if not r.is_primary)
             with trio.fail_after(10):
