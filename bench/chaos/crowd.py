@@ -106,7 +106,9 @@ async def _crowd(cluster: ChaosCluster) -> dict[str, Any]:
         await trio.sleep(3)
         print(f"  {BUSY:,} busy connections and {SLOW} slow readers running", flush=True)
         cpu.percent()
+        print(f"  PROBE START {time.time():.3f}", flush=True)
         crowded = await _probe(address, stream_id)
+        print(f"  PROBE END {time.time():.3f}", flush=True)
         crowd_cpu = cpu.percent()
         print(f"  CPU % (node, crowd): quiet {quiet_cpu}, in the crowd {crowd_cpu}", flush=True)
         peak_rss = max(peak_rss, psutil.Process(pid).memory_info().rss)
@@ -187,13 +189,18 @@ async def _slow_reader(host: str, port: int, stream_id: int, index: int) -> None
 
 
 async def _busy(host: str, port: int, stream_id: int, index: int) -> None:
-    """A small FETCH about once a second, its whole answer read."""
+    """A small FETCH once a second, its whole answer read. Each connection
+    keeps its own phase in the second (index/BUSY): a send that comes late
+    waits for its next slot rather than going at once, so that the
+    connections stay spread over the second, as independent clients are,
+    instead of bunching up behind any pause of this process."""
     stream = await trio.open_tcp_stream(host, port)
     decoder = FrameDecoder()
     async with stream:
         request = 0
-        await trio.sleep(index / BUSY)  # spread over the second
+        next_send = trio.current_time() + index / BUSY
         while True:
+            await trio.sleep_until(next_send)
             request += 1
             await stream.send_all(_fetch(stream_id, request, 1024))
             answered = False
@@ -204,7 +211,9 @@ async def _busy(host: str, port: int, stream_id: int, index: int) -> None:
                 answered = any(
                     isinstance(event, Frame) and event.is_end for event in decoder.feed(data)
                 )
-            await trio.sleep(1.0)
+            now = trio.current_time()
+            while next_send <= now:
+                next_send += 1.0
 
 
 async def _probe(address: str, stream_id: int) -> dict[str, Any]:
