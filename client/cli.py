@@ -308,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="print only a count of records and bytes and the offset span",
         )
+    read.add_argument(
+        "--progress",
+        action="store_true",
+        help="show progress on stderr even when it is not a terminal (shown on a terminal "
+        "when the records go to a file or a pipe, or with --stats)",
+    )
     _command(read, cmd_read)
     _command(tail, cmd_tail)
 

@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import IO, Final
+from typing import Final
 
 import trio
 
@@ -30,38 +30,12 @@ from sbp.errors import SBPError
 from . import format as fmt
 from .cli_commands import EXIT_INTERRUPTED, EXIT_OK, Env
 from .producer import Producer, RecordsHandle, RecordTooLargeError
+from .progress import Progress
 
 #: bytes asked of the input per read; a pipe returns what it has
 READ_CHUNK_BYTES: Final = 1 << 20
 #: records wait this long for more before they are sent (the producer's linger)
 APPEND_LINGER_S: Final = 0.05
-
-
-class Progress:
-    """A one-line progress report on stderr, redrawn at most 10 times a second."""
-
-    def __init__(self, stream: IO[str], enabled: bool, total_bytes: int | None) -> None:
-        self._stream = stream
-        self._enabled = enabled
-        self._total = total_bytes
-        self._started = time.monotonic()
-        self._last_draw = 0.0
-
-    def update(self, records: int, nbytes: int, *, final: bool = False) -> None:
-        if not self._enabled:
-            return
-        now = time.monotonic()
-        if not final and now - self._last_draw < 0.1:
-            return
-        self._last_draw = now
-        rate = records / max(now - self._started, 1e-6)
-        line = f"{records:,} records stored, {fmt.size_text(nbytes)}, {rate:,.0f} records/s"
-        if self._total:
-            done = min(1.0, nbytes / self._total)
-            filled = int(done * 30)
-            line = f"[{'#' * filled}{'.' * (30 - filled)}] {done:4.0%} " + line
-        self._stream.write("\r" + line + ("\n" if final else ""))
-        self._stream.flush()
 
 
 class LineReader:
@@ -172,7 +146,7 @@ async def cmd_append(env: Env) -> int:
     """Append each input line as one record."""
     args = env.args
     fd, total, close = _open_input(args.file)
-    progress = Progress(env.err, args.progress or env.err.isatty(), total)
+    progress = Progress(env.err, args.progress or env.err.isatty(), total_bytes=total)
     tally = Tally()
     refused: UsageError | None = None
     interrupted = False

@@ -33,6 +33,7 @@ from .cluster_view import node_summary
 from .consumer import Consumer
 from .datanode_client import DataNodeClient
 from .pm_client import PMClient
+from .progress import Progress
 
 DEFAULT_PM: Final = "127.0.0.1:7400"
 #: where ``sbp-cluster --tls`` keeps the local cluster's CA and certificates
@@ -422,7 +423,9 @@ class RecordPrinter:
             )
 
 
-async def _consume(env: Env, from_offset: int, *, tail: bool) -> int:
+async def _consume(
+    env: Env, from_offset: int, *, tail: bool, progress: Progress | None = None
+) -> int:
     printer = RecordPrinter(env, env.args.count)
     async with Consumer(
         env.pm,
@@ -438,18 +441,32 @@ async def _consume(env: Env, from_offset: int, *, tail: bool) -> int:
             if batch is None:
                 break
             printer.take(batch)
+            if progress is not None:
+                progress.update(printer.records, printer.bytes)
+    if progress is not None:
+        progress.update(printer.records, printer.bytes, final=True)
     if env.args.stats:
         printer.print_stats()
     return EXIT_OK
 
 
 async def cmd_read(env: Env) -> int:
-    """Read a stream from --from up to its end as it is now."""
+    """Read a stream from --from up to its end as it is now. On a terminal,
+    while the records go to a file or a pipe (or with --stats), a progress
+    line on stderr shows how far it is and how fast it goes."""
     from_offset = env.args.from_offset
     if from_offset is None:  # the first record not trimmed away
         ranges = await env.pm.list_stream_ranges(env.args.stream_id)
         from_offset = ranges[0].start_offset if ranges else 0
-    return await _consume(env, from_offset, tail=False)
+    progress = None
+    shown = env.err.isatty() and (env.args.stats or not env.out.isatty())
+    if env.args.progress or shown:
+        end = await _end_offset(env, env.args.stream_id)
+        wanted = max(0, end - from_offset)
+        if env.args.count is not None:
+            wanted = min(wanted, env.args.count)
+        progress = Progress(env.err, True, total_records=wanted, verb="read")
+    return await _consume(env, from_offset, tail=False, progress=progress)
 
 
 async def cmd_tail(env: Env) -> int:

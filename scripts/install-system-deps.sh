@@ -9,6 +9,7 @@ declare -A packages=(
     [redis-server]=redis-server     # Redis Streams, a peer of the benchmarks
     [nats-server]=nats-server       # NATS JetStream, a peer of the benchmarks
     [prometheus]=prometheus         # scrapes a live cluster in tests/integration/test_prometheus.py
+    [etcd]=etcd-server              # the PM's metadata in high availability (docs/pm.md)
 )
 for cmd in "${!packages[@]}"; do
     command -v "$cmd" >/dev/null 2>&1 || need+=("${packages[$cmd]}")

@@ -40,6 +40,13 @@ def test_append_and_read_round_trip(cluster: LocalCluster) -> None:
     read = sbp(pm, "read", str(stream))
     assert read.returncode == 0, read.stderr
     assert read.stdout.split("\n")[:-1] == values
+    assert read.stderr == ""  # no progress line when stderr is not a terminal
+
+    exported = sbp(pm, "read", str(stream), "--progress")
+    assert exported.stdout == read.stdout
+    final = exported.stderr.split("\r")[-1]
+    assert final.startswith("[##############################] 100% 25,002 records read, ")
+    assert final.endswith("/s\n")
 
     with_offsets = sbp(pm, "read", str(stream), "--from", "24999", "--offsets")
     assert with_offsets.stdout.splitlines() == ["24999\trecord 24999 é", "25000\t", "25001\tlast"]

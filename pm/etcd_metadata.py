@@ -1,0 +1,265 @@
+"""The PM's metadata in etcd (SPEC §8): the same reads and ``commit`` as the
+LMDB store (``pm.metadata.MetadataStore``), so that ``PlacementManager``
+does not know which one it runs on.
+
+The leader loads every key under its prefix when it takes office and keeps
+them in memory; reads are answered from there (the manager reads on the
+event loop, synchronously, as it does from LMDB). A commit is one etcd
+transaction that writes the changes only if the leader key is still this
+PM's (``guard``); the copy in memory changes once etcd said yes. A PM whose
+guard fails was deposed: ``NotLeaderError``, and it steps down.
+
+Keys, under the prefix (``/sbp/`` by default); values are the LMDB store's
+encodings, so that ``sbp-pm migrate`` copies them as they are:
+
+=====================================  ====================================
+``streams/<stream_id:020>``             replica_nums, retention, epoch, acks
+``ranges/<stream_id:020>/<index:010>``  start, end, epoch, node ids
+``nodes/<node_id:010>``                 advertise address
+``meta/next_stream_id``                 the lowest id never handed out
+=====================================  ====================================
+
+etcd limits a transaction's operations (``--max-txn-ops``, 128 by default):
+a larger commit (a batch of creates) goes as several transactions, each
+guarded, each holding whole streams, the raised next stream id in the first.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final
+
+from sbp.errors import NotLeaderError, RequestTimeoutError
+
+from .etcd import Etcd, EtcdUnavailable, delete_op, delete_prefix_op, put_op
+from .metadata import (
+    _RANGE_KEY,
+    _STREAM_KEY,
+    _U64,
+    FIRST_STREAM_ID,
+    Change,
+    DeleteRange,
+    DeleteStream,
+    MetadataCounts,
+    PutNode,
+    PutRange,
+    PutStream,
+    RaiseNextStreamId,
+    _decode_range,
+    _decode_stream,
+    _encode_range,
+    _encode_stream,
+)
+from .records import NodeRecord, RangeRecord, StreamRecord
+
+#: operations per transaction, below etcd's default limit of 128
+MAX_TXN_OPS: Final = 120
+
+Guard = Callable[[], list[dict[str, Any]]]
+
+
+class EtcdMetadataStore:
+    """See the module docstring. ``guard`` gives the compares every write
+    carries (the leader key is still ours); ``load`` must run first."""
+
+    def __init__(self, etcd: Etcd, prefix: bytes, guard: Guard) -> None:
+        self._etcd = etcd
+        self._prefix = prefix
+        self._guard = guard
+        self._clear()
+
+    def _clear(self) -> None:
+        self._streams: dict[int, StreamRecord] = {}
+        self._stream_ids: list[int] = []  # sorted
+        self._ranges: dict[int, dict[int, RangeRecord]] = {}
+        self._by_node: dict[int, set[tuple[int, int]]] = {}
+        self._nodes: dict[int, NodeRecord] = {}
+        self._next_stream_id = FIRST_STREAM_ID
+
+    # -- keys ----------------------------------------------------------------------
+
+    def _stream_key(self, stream_id: int) -> bytes:
+        return self._prefix + b"streams/%020d" % stream_id
+
+    def _range_key(self, stream_id: int, range_index: int) -> bytes:
+        return self._prefix + b"ranges/%020d/%010d" % (stream_id, range_index)
+
+    def _node_key(self, node_id: int) -> bytes:
+        return self._prefix + b"nodes/%010d" % node_id
+
+    @property
+    def _next_id_key(self) -> bytes:
+        return self._prefix + b"meta/next_stream_id"
+
+    # -- loading ---------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Read every key under the prefix into memory (a new leader's first step)."""
+        try:
+            kvs, _revision = await self._etcd.get_prefix(self._prefix)
+        except EtcdUnavailable as error:
+            raise RequestTimeoutError(f"etcd cannot be read: {error}") from None
+        self._clear()
+        streams = self._prefix + b"streams/"
+        ranges = self._prefix + b"ranges/"
+        nodes = self._prefix + b"nodes/"
+        for kv in kvs:
+            if kv.key.startswith(streams):
+                stream_id = int(kv.key[len(streams) :])
+                self._remember_stream(_decode_stream(_STREAM_KEY.pack(stream_id), kv.value))
+            elif kv.key.startswith(ranges):
+                stream_id, index = (int(part) for part in kv.key[len(ranges) :].split(b"/"))
+                self._remember_range(_decode_range(_RANGE_KEY.pack(stream_id, index), kv.value))
+            elif kv.key.startswith(nodes):
+                node_id = int(kv.key[len(nodes) :])
+                self._nodes[node_id] = NodeRecord(node_id, kv.value.decode())
+            elif kv.key == self._next_id_key:
+                self._next_stream_id = int(_U64.unpack(kv.value)[0])
+
+    def close(self) -> None:
+        """Nothing to close: the etcd client belongs to the caller."""
+
+    # -- reads (the LMDB store's, from memory) -------------------------------------------
+
+    def stream(self, stream_id: int) -> StreamRecord | None:
+        return self._streams.get(stream_id)
+
+    def streams(self, *, start_after: int = 0, limit: int) -> list[StreamRecord]:
+        if limit <= 0:
+            return []
+        start = bisect.bisect_right(self._stream_ids, start_after)
+        return [self._streams[i] for i in self._stream_ids[start : start + limit]]
+
+    def ranges(self, stream_id: int) -> list[RangeRecord]:
+        held = self._ranges.get(stream_id, {})
+        return [held[index] for index in sorted(held)]
+
+    def range(self, stream_id: int, range_index: int) -> RangeRecord | None:
+        return self._ranges.get(stream_id, {}).get(range_index)
+
+    def last_range(self, stream_id: int) -> RangeRecord | None:
+        held = self._ranges.get(stream_id)
+        return held[max(held)] if held else None
+
+    def ranges_on_node(self, node_id: int) -> list[RangeRecord]:
+        return [
+            self._ranges[stream_id][index]
+            for stream_id, index in sorted(self._by_node.get(node_id, ()))
+        ]
+
+    def nodes(self) -> list[NodeRecord]:
+        return [self._nodes[i] for i in sorted(self._nodes)]
+
+    def next_stream_id(self) -> int:
+        return self._next_stream_id
+
+    def counts(self) -> MetadataCounts:
+        return MetadataCounts(
+            streams=len(self._streams),
+            ranges=sum(len(held) for held in self._ranges.values()),
+            nodes=len(self._nodes),
+        )
+
+    def range_counts_by_node(self) -> dict[int, int]:
+        return {node_id: len(keys) for node_id, keys in self._by_node.items() if keys}
+
+    # -- writes --------------------------------------------------------------------------
+
+    async def commit(self, changes: Sequence[Change]) -> None:
+        """Write ``changes`` in guarded transactions, then to memory. Raises
+        ``NotLeaderError`` when this PM is no longer the leader, and
+        ``RequestTimeoutError`` (retriable) when etcd does not answer."""
+        for group in _groups(changes):
+            ops = [op for change in group for op in self._ops(change)]
+            try:
+                result = await self._etcd.txn(self._guard(), ops)
+            except EtcdUnavailable as error:
+                raise RequestTimeoutError(f"etcd did not take the write: {error}") from None
+            if not result.succeeded:
+                raise NotLeaderError("this PM is no longer the leader")
+            for change in group:
+                self._apply(change)
+
+    def _ops(self, change: Change) -> list[dict[str, Any]]:
+        match change:
+            case PutStream(stream):
+                return [put_op(self._stream_key(stream.stream_id), _encode_stream(stream))]
+            case DeleteStream(stream_id):
+                return [
+                    delete_op(self._stream_key(stream_id)),
+                    delete_prefix_op(self._prefix + b"ranges/%020d/" % stream_id),
+                ]
+            case PutRange(rng):
+                return [put_op(self._range_key(rng.stream_id, rng.range_index), _encode_range(rng))]
+            case DeleteRange(stream_id, range_index):
+                return [delete_op(self._range_key(stream_id, range_index))]
+            case PutNode(node):
+                return [put_op(self._node_key(node.node_id), node.address.encode())]
+            case RaiseNextStreamId(value):
+                if value <= self._next_stream_id:
+                    return []
+                return [put_op(self._next_id_key, _U64.pack(value))]
+        raise TypeError(f"unknown change {change!r}")
+
+    def _apply(self, change: Change) -> None:
+        match change:
+            case PutStream(stream):
+                self._remember_stream(stream)
+            case DeleteStream(stream_id):
+                for rng in self.ranges(stream_id):
+                    self._forget_range(rng.stream_id, rng.range_index)
+                if self._streams.pop(stream_id, None) is not None:
+                    self._stream_ids.remove(stream_id)
+            case PutRange(rng):
+                self._remember_range(rng)
+            case DeleteRange(stream_id, range_index):
+                self._forget_range(stream_id, range_index)
+            case PutNode(node):
+                self._nodes[node.node_id] = node
+            case RaiseNextStreamId(value):
+                self._next_stream_id = max(self._next_stream_id, value)
+
+    def _remember_stream(self, stream: StreamRecord) -> None:
+        if stream.stream_id not in self._streams:
+            bisect.insort(self._stream_ids, stream.stream_id)
+        self._streams[stream.stream_id] = stream
+
+    def _remember_range(self, rng: RangeRecord) -> None:
+        self._forget_range(rng.stream_id, rng.range_index)
+        self._ranges.setdefault(rng.stream_id, {})[rng.range_index] = rng
+        for node_id in rng.nodes:
+            self._by_node.setdefault(node_id, set()).add((rng.stream_id, rng.range_index))
+
+    def _forget_range(self, stream_id: int, range_index: int) -> None:
+        held = self._ranges.get(stream_id)
+        old = held.pop(range_index, None) if held is not None else None
+        if old is None:
+            return
+        if not held:
+            del self._ranges[stream_id]
+        for node_id in old.nodes:
+            self._by_node.get(node_id, set()).discard((stream_id, range_index))
+
+
+def _groups(changes: Sequence[Change]) -> Iterable[list[Change]]:
+    """The changes cut into transactions of at most ``MAX_TXN_OPS`` operations
+    (two per change at most), a stream's changes never apart, the raised next
+    stream id in the first."""
+    first = [c for c in changes if isinstance(c, RaiseNextStreamId | PutNode)]
+    by_stream: dict[int, list[Change]] = {}
+    for change in changes:
+        if isinstance(change, PutStream):
+            by_stream.setdefault(change.stream.stream_id, []).append(change)
+        elif isinstance(change, PutRange):
+            by_stream.setdefault(change.range.stream_id, []).append(change)
+        elif isinstance(change, DeleteStream | DeleteRange):
+            by_stream.setdefault(change.stream_id, []).append(change)
+    group: list[Change] = list(first)
+    for stream_changes in by_stream.values():
+        if group and 2 * (len(group) + len(stream_changes)) > MAX_TXN_OPS:
+            yield group
+            group = []
+        group.extend(stream_changes)
+    if group:
+        yield group
