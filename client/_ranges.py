@@ -46,11 +46,16 @@ class RangeCalls(SBPClient):
         return result.ranges
 
     async def seal_ranges(
-        self, range_ids: Sequence[messages.RangeId], *, timeout: float | None = None
+        self,
+        range_ids: Sequence[messages.RangeId],
+        *,
+        timeout: float | None = None,
+        pm_term: int = 0,
     ) -> tuple[messages.SealRangesResult, ...]:
-        """SEAL_RANGES: seal each open range and create the next one."""
+        """SEAL_RANGES: seal each open range and create the next one (a PM
+        sealing on a data node gives its term)."""
         request = messages.SealRangesRequest(
-            timeout_ms=self.timeout_ms(timeout), ranges=tuple(range_ids)
+            timeout_ms=self.timeout_ms(timeout), ranges=tuple(range_ids), pm_term=pm_term
         )
         header = await self.call_for(
             messages.SealRangesResponse, Opcode.SEAL_RANGES, request, timeout=timeout
@@ -58,11 +63,12 @@ class RangeCalls(SBPClient):
         return header.seal_responses
 
     async def seal_range(
-        self, stream_id: int, range_index: int, *, timeout: float | None = None
+        self, stream_id: int, range_index: int, *, timeout: float | None = None, pm_term: int = 0
     ) -> messages.SealRangesResult:
         """Seal one range; the result's ``ranges`` are the sealed one and the next."""
         range_id = messages.RangeId(stream_id=stream_id, range_index=range_index)
-        result = single(await self.seal_ranges([range_id], timeout=timeout), "SEAL_RANGES")
+        sealed = await self.seal_ranges([range_id], timeout=timeout, pm_term=pm_term)
+        result = single(sealed, "SEAL_RANGES")
         raise_for_code(result.error_code, result.error_message)
         return result
 

@@ -31,7 +31,7 @@ from typing import IO
 
 import trio
 
-from net.address import parse_address
+from net.address import parse_address_list
 from net.pool import ConnectionPool
 from net.service import UsageError
 from net.tls import TLSSettings
@@ -72,9 +72,10 @@ from .top import cmd_top
 # --------------------------------------------------------------------------- parsing
 
 
-def _address(text: str) -> str:
+def _addresses(text: str) -> str:
+    """One PM's address, or several PMs on etcd, comma-separated."""
     try:
-        parse_address(text)
+        parse_address_list(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from error
     return text
@@ -150,10 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--pm",
-        type=_address,
+        type=_addresses,
         default=os.environ.get("SBP_PM", DEFAULT_PM),
-        metavar="HOST:PORT",
-        help=f"the PM's address (default: $SBP_PM, else {DEFAULT_PM}, the local cluster's)",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help=f"the PM's address, or several PMs on etcd, comma-separated (the leader is found "
+        f"and followed; default: $SBP_PM, else {DEFAULT_PM}, the local cluster's)",
     )
     parser.add_argument(
         "--tls-ca",

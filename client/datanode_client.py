@@ -97,11 +97,18 @@ class DataNodeClient(RangeCalls):
             yield _FetchResults(responses)
 
     async def sync_ranges(
-        self, stream_ranges: Sequence[messages.StreamRanges], *, timeout: float | None = None
+        self,
+        stream_ranges: Sequence[messages.StreamRanges],
+        *,
+        timeout: float | None = None,
+        pm_term: int = 0,
     ) -> tuple[messages.SyncRangesResult, ...]:
-        """SYNC_RANGES (sent by the PM): the ranges of each stream this node hosts."""
+        """SYNC_RANGES (sent by the PM, in its term): the ranges of each
+        stream this node hosts."""
         request = messages.SyncRangesRequest(
-            timeout_ms=self.timeout_ms(timeout), stream_ranges=tuple(stream_ranges)
+            timeout_ms=self.timeout_ms(timeout),
+            stream_ranges=tuple(stream_ranges),
+            pm_term=pm_term,
         )
         header = await self.call_for(
             messages.SyncRangesResponse, Opcode.SYNC_RANGES, request, timeout=timeout

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from net.address import parse_address
+from net.address import format_address, parse_address, parse_address_list
 from net.budget import DEFAULT_ANSWER_BYTES, DEFAULT_REQUEST_BYTES
 from net.service import UsageError
 from net.settings import (
@@ -53,10 +53,10 @@ OPTIONS: Final = (
     Option("data-dir", "directory of the node's LMDB environment (required)", Path, metavar="DIR"),
     Option(
         "pm",
-        "the placement manager to register with; without it the node serves the ranges "
-        "SYNC_RANGES gives it",
-        parse_address,
-        metavar="HOST:PORT",
+        "the placement manager to register with, or several PMs on etcd, comma-separated "
+        "(the leader is followed); without it the node serves the ranges SYNC_RANGES gives it",
+        parse_address_list,
+        metavar="HOST:PORT[,HOST:PORT...]",
     ),
     Option(
         "sync",
@@ -131,7 +131,7 @@ class DataNodeConfig:
     data_dir: Path
     listen: tuple[str, int] = ("127.0.0.1", 0)
     advertise: tuple[str, int] | None = None
-    pm: tuple[str, int] | None = None
+    pm: tuple[tuple[str, int], ...] | None = None
     metrics_listen: tuple[str, int] | None = None
     sync: bool = True
     map_size: int = DEFAULT_MAP_SIZE
@@ -153,7 +153,8 @@ class DataNodeConfig:
 
     @property
     def pm_address(self) -> str | None:
-        return None if self.pm is None else f"{self.pm[0]}:{self.pm[1]}"
+        """The PM (or PMs, comma-separated) as the client library takes them."""
+        return None if self.pm is None else ",".join(format_address(*a) for a in self.pm)
 
 
 def parse_config(argv: Sequence[str] | None = None) -> DataNodeConfig:

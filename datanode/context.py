@@ -12,7 +12,7 @@ import trio
 
 from net.authz import AccessControl
 from sbp import messages
-from sbp.errors import InvalidRequestError
+from sbp.errors import EpochFencedError, InvalidRequestError
 from storage import writes
 from storage.engine import StorageEngine
 from storage.layout import MAX_STREAM_ID
@@ -59,9 +59,21 @@ class NodeContext:
     on_ranges_changed: Callable[[int], None] = lambda _id: None
     #: who may do what (SPEC §9); allows everything without an ACL file
     access: AccessControl = field(default_factory=AccessControl)
+    #: the highest PM term seen in a SYNC_RANGES or SEAL_RANGES (SPEC §8):
+    #: one from an older term comes from a deposed PM and is refused
+    pm_term: int = 0
 
     def __post_init__(self) -> None:
         self.commits = CommitOffsets(self.waiters)
+
+    def check_pm_term(self, term: int) -> EpochFencedError | None:
+        """None, and the term remembered, unless ``term`` is older than one seen."""
+        if term < self.pm_term:
+            return EpochFencedError(
+                f"PM term {term} is older than term {self.pm_term}: sent by a deposed PM"
+            )
+        self.pm_term = term
+        return None
 
     def identity(self) -> messages.DataNode:
         return messages.DataNode(node_id=self.node_id, advertise_addr=self.advertise_addr)

@@ -192,7 +192,7 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
                     lambda: replicator.lagging_ranges() + len(catch_up.missing),
                 )
                 node.pm = PMLink(
-                    format_address(*config.pm),
+                    config.pm_address or "",
                     pool,
                     node.identity,
                     reporter.build,

@@ -20,6 +20,14 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, port
 
 
+def parse_address_list(text: str) -> tuple[tuple[str, int], ...]:
+    """``HOST:PORT[,HOST:PORT...]``: several PMs on etcd (SPEC §8), in order."""
+    addresses = tuple(parse_address(part.strip()) for part in text.split(",") if part.strip())
+    if not addresses:
+        raise ValueError("no address given")
+    return addresses
+
+
 def format_address(host: str, port: int) -> str:
     """The inverse of ``parse_address``."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -414,7 +414,9 @@ class Connection:
         try:
             work = self._handler.start(request, responder)
         except ProtocolError as exc:
-            responder.send_error_nowait(wire_code(exc.code), exc.message)
+            responder.send_error_nowait(
+                wire_code(exc.code), exc.message, leader_addr=getattr(exc, "leader_addr", "")
+            )
             return
         except Exception:
             logger.exception("%s handler failed (peer %s)", event.opcode.name, self.peer)

@@ -255,7 +255,9 @@ async def serve_in_task(work: Awaitable[None], request: Request, responder: Resp
         if responder.done:
             logger.warning("%s handler raised after responding: %s", name, exc)
         else:
-            responder.send_error_nowait(wire_code(exc.code), exc.message)
+            responder.send_error_nowait(
+                wire_code(exc.code), exc.message, leader_addr=getattr(exc, "leader_addr", "")
+            )
         return
     except Exception:
         if request.connection.closed:

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from net.address import parse_address
 from net.budget import DEFAULT_ANSWER_BYTES, DEFAULT_REQUEST_BYTES
+from net.service import UsageError
 from net.settings import (
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
@@ -33,11 +35,64 @@ PROG: Final = "sbp-pm"
 DEFAULT_NODE_TIMEOUT_MS: Final = 5000
 #: ten minutes: a node restarted after a crash or an upgrade is back well within it
 DEFAULT_REPAIR_AFTER_MS: Final = 600_000
+DEFAULT_LEASE_TTL_MS: Final = 3000
+
+
+def parse_etcd_endpoints(text: str) -> tuple[str, ...]:
+    """``http://host:port[,http://host:port...]`` (a bare host:port gets http://)."""
+    endpoints = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        url = part if "://" in part else f"http://{part}"
+        scheme, _, rest = url.partition("://")
+        if scheme not in ("http", "https"):
+            raise ValueError(f"{part!r}: etcd URLs are http:// or https://")
+        parse_address(rest.rstrip("/"))
+        endpoints.append(url.rstrip("/"))
+    if not endpoints:
+        raise ValueError("no etcd URL given")
+    return tuple(endpoints)
+
 
 OPTIONS: Final = (
     *listen_options(),
     *security_options(),
-    Option("data-dir", "directory of the PM's metadata (LMDB; required)", Path, metavar="DIR"),
+    Option(
+        "data-dir",
+        "directory of the PM's metadata (LMDB; required without --etcd)",
+        Path,
+        metavar="DIR",
+    ),
+    Option(
+        "etcd",
+        "keep the metadata in etcd instead, at these client URLs (comma-separated); several "
+        "PMs on the same etcd and prefix form one cluster, one of them leading (SPEC §8)",
+        parse_etcd_endpoints,
+        metavar="URL[,URL...]",
+    ),
+    Option(
+        "advertise",
+        "with --etcd: the address other PMs give clients to find this one when it leads "
+        "(default: the bound listen address)",
+        parse_address,
+        metavar="HOST:PORT",
+    ),
+    Option(
+        "etcd-prefix",
+        "with --etcd: the key prefix of this cluster's metadata",
+        str,
+        default="/sbp/",
+        metavar="PREFIX",
+    ),
+    Option(
+        "lease-ttl-ms",
+        "with --etcd: the leader's lease; a leader that cannot renew it for two thirds of "
+        "this steps down, and another PM takes over within about this long",
+        positive_int,
+        default=str(DEFAULT_LEASE_TTL_MS),
+        metavar="MS",
+    ),
     Option(
         "node-timeout-ms",
         "a data node that sends no HEARTBEAT for this long is dead and gets no new ranges",
@@ -91,8 +146,13 @@ directory), 2 bad flags or config file."""
 class PMConfig:
     """Checked settings of one PM."""
 
-    data_dir: Path
+    data_dir: Path | None
     listen: tuple[str, int] = ("127.0.0.1", 0)
+    #: the metadata in etcd (SPEC §8) rather than in ``data_dir``
+    etcd: tuple[str, ...] = ()
+    advertise: tuple[str, int] | None = None
+    etcd_prefix: str = "/sbp/"
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_MS / 1000
     metrics_listen: tuple[str, int] | None = None
     node_timeout_s: float = DEFAULT_NODE_TIMEOUT_MS / 1000
     repair_after_s: float = DEFAULT_REPAIR_AFTER_MS / 1000
@@ -115,9 +175,22 @@ def parse_config(argv: Sequence[str] | None = None) -> PMConfig:
     raises ``UsageError`` with a one-line message on anything wrong."""
     parser = build_parser(PROG, DESCRIPTION, OPTIONS)
     values = load_settings(parser, OPTIONS, argv)
-    check_storage_settings(values)
+    if values["etcd"]:
+        if values["data_dir"] is not None:
+            raise UsageError("give --data-dir (LMDB) or --etcd, not both")
+        if not values["etcd_prefix"].startswith("/"):
+            raise UsageError("--etcd-prefix must start with /")
+        values["data_dir"] = Path(".")  # only so that the shared checks pass
+        check_storage_settings(values)
+        values["data_dir"] = None
+    else:
+        check_storage_settings(values)
     return PMConfig(
         data_dir=values["data_dir"],
+        etcd=values["etcd"] or (),
+        advertise=values["advertise"],
+        etcd_prefix=values["etcd_prefix"],
+        lease_ttl_s=values["lease_ttl_ms"] / 1000,
         listen=values["listen"],
         metrics_listen=values["metrics_listen"],
         node_timeout_s=values["node_timeout_ms"] / 1000,

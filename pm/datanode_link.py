@@ -56,9 +56,13 @@ class DataNodeLink:
     """Calls to data nodes by node id; implements ``pm.manager.DataNodeCalls``
     over the client library's ``DataNodeClient`` and retry policy."""
 
-    def __init__(self, pool: ConnectionPool, address_of: Callable[[int], str]) -> None:
+    def __init__(
+        self, pool: ConnectionPool, address_of: Callable[[int], str], *, term: int = 0
+    ) -> None:
         self._pool = pool
         self._address_of = address_of
+        #: the PM term sent with SYNC_RANGES and SEAL_RANGES (SPEC §8; 0 without etcd)
+        self.term = term
         self._data_node = DataNodeCache(address_of)
 
     @classmethod
@@ -83,7 +87,11 @@ class DataNodeLink:
             results = await self._call(
                 node_id,
                 "SYNC_RANGES",
-                lambda node, timeout: node.sync_ranges(entries, timeout=timeout),  # noqa: B023
+                lambda node, timeout: node.sync_ranges(
+                    entries,  # noqa: B023
+                    timeout=timeout,
+                    pm_term=self.term,
+                ),
             )
             for result in results:
                 if result.error_code not in (ErrorCode.NONE, *_NOTHING_THERE):
@@ -98,7 +106,9 @@ class DataNodeLink:
         result = await self._call(
             node_id,
             "SEAL_RANGES",
-            lambda node, timeout: node.seal_range(rng.stream_id, rng.range_index, timeout=timeout),
+            lambda node, timeout: node.seal_range(
+                rng.stream_id, rng.range_index, timeout=timeout, pm_term=self.term
+            ),
         )
         for sealed in result.ranges:
             if sealed.range_index == rng.range_index:

@@ -250,7 +250,8 @@ class Etcd:
                 with trio.fail_after(self.timeout):
                     response = await http.post(url, json=body)
             except (httpx.TransportError, trio.TooSlowError) as error:
-                failures.append(f"{self.endpoints[index]}: {error or type(error).__name__}")
+                why = str(error) or f"no answer in {self.timeout:g} s"
+                failures.append(f"{self.endpoints[index]}: {why}")
                 continue
             answer: dict[str, Any] = response.json() if response.content else {}
             if response.status_code == 200:

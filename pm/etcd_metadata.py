@@ -30,9 +30,11 @@ import bisect
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
+import trio
+
 from sbp.errors import NotLeaderError, RequestTimeoutError
 
-from .etcd import Etcd, EtcdUnavailable, delete_op, delete_prefix_op, put_op
+from .etcd import Etcd, EtcdUnavailable, TxnResult, delete_op, delete_prefix_op, put_op
 from .metadata import (
     _RANGE_KEY,
     _STREAM_KEY,
@@ -55,6 +57,10 @@ from .records import NodeRecord, RangeRecord, StreamRecord
 
 #: operations per transaction, below etcd's default limit of 128
 MAX_TXN_OPS: Final = 120
+#: how long a write is tried again while etcd has no leader (a member lost:
+#: its election takes about a second) before the PM answers TIMEOUT
+COMMIT_RETRY_S: Final = 3.0
+COMMIT_RETRY_PAUSE_S: Final = 0.1
 
 Guard = Callable[[], list[dict[str, Any]]]
 
@@ -63,10 +69,18 @@ class EtcdMetadataStore:
     """See the module docstring. ``guard`` gives the compares every write
     carries (the leader key is still ours); ``load`` must run first."""
 
-    def __init__(self, etcd: Etcd, prefix: bytes, guard: Guard) -> None:
+    def __init__(
+        self,
+        etcd: Etcd,
+        prefix: bytes,
+        guard: Guard,
+        on_deposed: Callable[[str], None] = lambda _why: None,
+    ) -> None:
         self._etcd = etcd
         self._prefix = prefix
         self._guard = guard
+        #: told when a guarded write was refused: this PM must step down
+        self._on_deposed = on_deposed
         self._clear()
 
     def _clear(self) -> None:
@@ -95,11 +109,9 @@ class EtcdMetadataStore:
     # -- loading ---------------------------------------------------------------------
 
     async def load(self) -> None:
-        """Read every key under the prefix into memory (a new leader's first step)."""
-        try:
-            kvs, _revision = await self._etcd.get_prefix(self._prefix)
-        except EtcdUnavailable as error:
-            raise RequestTimeoutError(f"etcd cannot be read: {error}") from None
+        """Read every key under the prefix into memory (a new leader's first
+        step; ``EtcdUnavailable`` when etcd cannot be read)."""
+        kvs, _revision = await self._etcd.get_prefix(self._prefix)
         self._clear()
         streams = self._prefix + b"streams/"
         ranges = self._prefix + b"ranges/"
@@ -172,14 +184,26 @@ class EtcdMetadataStore:
         ``RequestTimeoutError`` (retriable) when etcd does not answer."""
         for group in _groups(changes):
             ops = [op for change in group for op in self._ops(change)]
-            try:
-                result = await self._etcd.txn(self._guard(), ops)
-            except EtcdUnavailable as error:
-                raise RequestTimeoutError(f"etcd did not take the write: {error}") from None
+            result = await self._txn(ops)
             if not result.succeeded:
+                self._on_deposed("a metadata write was refused: the leader key is not ours")
                 raise NotLeaderError("this PM is no longer the leader")
             for change in group:
                 self._apply(change)
+
+    async def _txn(self, ops: list[dict[str, Any]]) -> TxnResult:
+        """One guarded transaction, tried again for ``COMMIT_RETRY_S`` while
+        etcd does not answer (a transaction that did go through before its
+        answer was lost is harmless again: puts and deletes of the same keys,
+        under the same guard)."""
+        give_up = trio.current_time() + COMMIT_RETRY_S
+        while True:
+            try:
+                return await self._etcd.txn(self._guard(), ops)
+            except EtcdUnavailable as error:
+                if trio.current_time() >= give_up:
+                    raise RequestTimeoutError(f"etcd did not take the write: {error}") from None
+            await trio.sleep(COMMIT_RETRY_PAUSE_S)
 
     def _ops(self, change: Change) -> list[dict[str, Any]]:
         match change:

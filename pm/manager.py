@@ -56,8 +56,8 @@ from .metadata import (
     Change,
     DeleteRange,
     DeleteStream,
+    Metadata,
     MetadataCounts,
-    MetadataStore,
     PutNode,
     PutRange,
     PutStream,
@@ -137,7 +137,7 @@ class PlacementManager:
 
     def __init__(
         self,
-        store: MetadataStore,
+        store: Metadata,
         registry: NodeRegistry,
         link: DataNodeCalls,
         *,

@@ -15,7 +15,7 @@ To add a metric: a cluster gauge is one more ``yield`` in
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -57,20 +57,28 @@ REPORTED: Final = (
 class PMMetrics:
     """Every metric of one PM, in its own registry."""
 
-    def __init__(self, manager: PlacementManager) -> None:
+    def __init__(self, manager: PlacementManager | Callable[[], PlacementManager | None]) -> None:
         self.registry = new_registry()
-        self.registry.register(ClusterCollector(manager))
+        current = manager if callable(manager) else (lambda: manager)
+        self.registry.register(ClusterCollector(current))
         self.connections = ServerMetrics(self.registry)
 
 
 class ClusterCollector(Collector):
-    """Streams, ranges and data nodes, computed at scrape time."""
+    """Streams, ranges and data nodes, computed at scrape time; nothing from a
+    PM on etcd that does not lead (its metadata is the leader's to report)."""
 
-    def __init__(self, manager: PlacementManager) -> None:
-        self._manager = manager
+    def __init__(self, current: Callable[[], PlacementManager | None]) -> None:
+        self._current = current
 
     def collect(self) -> Iterator[Metric]:
-        counts = self._manager.counts()
+        manager = self._current()
+        if manager is None:
+            return
+        yield from self._cluster(manager)
+
+    def _cluster(self, manager: PlacementManager) -> Iterator[Metric]:
+        counts = manager.counts()
         yield GaugeMetricFamily(f"{NAMESPACE}_streams", "streams", value=counts.streams)
         # Every stream has exactly one open range, its last one.
         ranges = GaugeMetricFamily(f"{NAMESPACE}_ranges", "ranges by state", labels=["state"])
@@ -80,21 +88,21 @@ class ClusterCollector(Collector):
         yield GaugeMetricFamily(
             f"{NAMESPACE}_under_replicated_ranges",
             "replicated ranges with a replica on a dead data node",
-            value=self._manager.under_replicated(),
+            value=manager.under_replicated(),
         )
         seals = CounterMetricFamily(
             f"{NAMESPACE}_seals", "ranges sealed, by cause", labels=["cause"]
         )
         for cause in ("request", "dead_primary", "repair"):
-            seals.add_metric([cause], self._manager.seals[cause])
+            seals.add_metric([cause], manager.seals[cause])
         yield seals
         yield CounterMetricFamily(
             f"{NAMESPACE}_repairs",
             "ranges whose dead replica was replaced by a live node",
-            value=self._manager.repairs,
+            value=manager.repairs,
         )
 
-        registry = self._manager.registry
+        registry = manager.registry
         states = list(registry.states())
         by_state = GaugeMetricFamily(
             f"{NAMESPACE}_data_nodes", "data nodes by liveness", labels=["state"]

@@ -15,7 +15,7 @@ from net.budget import ServerBudgets
 from net.dirlock import locked_dir
 from net.limits import KEEPALIVE_INTERVAL_S, ConnectionLimits
 from net.metrics_http import MetricsHTTPServer, bound_metrics
-from net.server import Server
+from net.server import RequestHandler, Server
 from net.service import (
     EXIT_OK,
     LISTENING_PREFIX,
@@ -44,6 +44,10 @@ LIVENESS_CHECK_S: Final = 1.0
 
 async def run_pm(config: PMConfig) -> int:
     """Serve until SIGTERM/SIGINT, then drain and close; the exit code."""
+    if config.etcd:
+        from .ha import run_pm_on_etcd  # the etcd client is only loaded when used
+
+        return await run_pm_on_etcd(config)
     with ShutdownSignals() as signals, _open_store(config) as store:
         # Links to the data nodes speak TLS with this PM's certificate.
         async with DataNodeLink.new_pool(config.security.client_context()) as pool:
@@ -58,20 +62,8 @@ async def run_pm(config: PMConfig) -> int:
             metrics = PMMetrics(manager)
             access = access_control(config.security)
             metrics.registry.register(AccessCollector(access))
-            server = Server(
-                PMHandlers(manager, access).dispatcher(),
-                limits=ConnectionLimits(
-                    max_frame_length=config.max_frame_bytes,
-                    max_concurrent_requests=config.max_in_flight,
-                    keepalive_interval=KEEPALIVE_INTERVAL_S,
-                    drain_timeout=config.drain_timeout_s,
-                ),
-                observer=metrics.connections,
-                max_connections=config.max_connections,
-                budgets=ServerBudgets.of(config.max_request_bytes, config.max_answer_bytes),
-                tls=config.security.server_context(),
-            )
-            with _metrics_endpoint(config, metrics) as endpoint:
+            server = build_server(config, PMHandlers(manager, access).dispatcher(), metrics)
+            with metrics_endpoint(config, metrics) as endpoint:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(signals.watch)
                     nursery.start_soon(access.reload_on_sighup)
@@ -87,20 +79,52 @@ async def run_pm(config: PMConfig) -> int:
                         counts.nodes,
                     )
                     announce(LISTENING_PREFIX, host, port)
-                    nursery.start_soon(_watch_liveness, registry)
-                    nursery.start_soon(manager.watch_dead_nodes)
-                    nursery.start_soon(manager.reconcile_returning_nodes)
+                    nursery.start_soon(run_manager, manager)
                     await signals.requested.wait()
-                    async with trio.open_nursery() as stopping:
-                        stopping.start_soon(
-                            _stop_outgoing_after, manager, config.drain_timeout_s, signals.forced
-                        )
-                        await drain_on_signals(server, signals, config.drain_timeout_s)
-                        manager.stop_outgoing()
-                        stopping.cancel_scope.cancel()
+                    await drain(server, signals, config, [manager])
                     nursery.cancel_scope.cancel()
     log.info("stopped")
     return EXIT_OK
+
+
+def build_server(config: PMConfig, handler: RequestHandler, metrics: PMMetrics) -> Server:
+    return Server(
+        handler,
+        limits=ConnectionLimits(
+            max_frame_length=config.max_frame_bytes,
+            max_concurrent_requests=config.max_in_flight,
+            keepalive_interval=KEEPALIVE_INTERVAL_S,
+            drain_timeout=config.drain_timeout_s,
+        ),
+        observer=metrics.connections,
+        max_connections=config.max_connections,
+        budgets=ServerBudgets.of(config.max_request_bytes, config.max_answer_bytes),
+        tls=config.security.server_context(),
+    )
+
+
+async def run_manager(manager: PlacementManager) -> None:
+    """The manager's own work, for as long as it runs: liveness, the seals
+    of dead primaries and repairs, nodes that come back."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_liveness, manager.registry)
+        nursery.start_soon(manager.watch_dead_nodes)
+        nursery.start_soon(manager.reconcile_returning_nodes)
+
+
+async def drain(
+    server: Server, signals: ShutdownSignals, config: PMConfig, managers: list[PlacementManager]
+) -> None:
+    """GOAWAY and the drain; calls to data nodes get the drain's time."""
+    async with trio.open_nursery() as stopping:
+        for manager in managers:
+            stopping.start_soon(
+                _stop_outgoing_after, manager, config.drain_timeout_s, signals.forced
+            )
+        await drain_on_signals(server, signals, config.drain_timeout_s)
+        for manager in managers:
+            manager.stop_outgoing()
+        stopping.cancel_scope.cancel()
 
 
 async def _stop_outgoing_after(
@@ -115,6 +139,7 @@ async def _stop_outgoing_after(
 
 @contextlib.contextmanager
 def _open_store(config: PMConfig) -> Iterator[MetadataStore]:
+    assert config.data_dir is not None
     # Two PMs on one directory would hand out the same stream ids.
     with locked_dir(config.data_dir, LOCK_FILE, "PM"):
         try:
@@ -128,7 +153,7 @@ def _open_store(config: PMConfig) -> Iterator[MetadataStore]:
 
 
 @contextlib.contextmanager
-def _metrics_endpoint(config: PMConfig, metrics: PMMetrics) -> Iterator[MetricsHTTPServer | None]:
+def metrics_endpoint(config: PMConfig, metrics: PMMetrics) -> Iterator[MetricsHTTPServer | None]:
     if config.metrics_listen is None:
         yield None
         return

@@ -1,0 +1,157 @@
+"""A PM on etcd (SPEC §8): ``sbp-pm --etcd URL,...``.
+
+Every PM on the same etcd and prefix serves SBP; one of them leads
+(``pm.leadership``). While this PM leads, requests reach a
+``PlacementManager`` built for the term:
+
+1. the metadata is read from etcd (``pm.etcd_metadata``), and every write of
+   the term is guarded by the leader key;
+2. every data node the metadata names counts as alive until a full node
+   timeout has passed without its heartbeat (``NodeRegistry.restore``), so
+   the failover itself seals nothing;
+3. the manager's own work starts (liveness, seals of dead primaries,
+   repairs, returning nodes): a seal or a repair the last leader left half
+   done is taken up from the metadata as it stands;
+4. SYNC_RANGES and SEAL_RANGES carry the term; data nodes refuse older terms.
+
+A PM that does not lead answers every request but PING with SYSTEM_ERROR
+NOT_LEADER naming the leader (``LeaderGate``); clients and data nodes given
+several PM addresses follow it. When the term ends (a renewal failed, a
+guarded write was refused, etcd lost its majority) the manager is dropped
+at once and the PM campaigns again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Iterator
+
+import trio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from net.address import format_address
+from net.authz import AccessCollector, access_control
+from net.request import Request, Responder
+from net.server import Dispatcher
+from net.service import EXIT_OK, LISTENING_PREFIX, METRICS_PREFIX, ShutdownSignals, announce
+from sbp.errors import NotLeaderError
+
+from .config import PMConfig
+from .datanode_link import DataNodeLink
+from .etcd import Etcd
+from .etcd_metadata import EtcdMetadataStore
+from .handlers import PMHandlers
+from .leadership import Leadership
+from .liveness import NodeRegistry
+from .manager import PlacementManager
+from .metrics import PMMetrics
+from .server import build_server, drain, metrics_endpoint, run_manager
+
+log = logging.getLogger(__name__)
+
+
+class LeaderGate:
+    """The request handler of a PM on etcd: the term's dispatcher while this
+    PM leads, NOT_LEADER with the leader's address otherwise."""
+
+    def __init__(self, leadership: Leadership) -> None:
+        self._leadership = leadership
+        self.dispatcher: Dispatcher | None = None
+
+    def start(self, request: Request, responder: Responder) -> Awaitable[None] | None:
+        dispatcher = self.dispatcher
+        if dispatcher is None or not self._leadership.is_leader:
+            leader = self._leadership.leader_addr
+            error = NotLeaderError(
+                f"this PM does not lead; the leader is {leader}"
+                if leader
+                else "this PM does not lead, and no leader is known yet"
+            )
+            error.leader_addr = leader
+            raise error
+        return dispatcher.start(request, responder)
+
+
+class LeadershipCollector(Collector):
+    def __init__(self, leadership: Leadership) -> None:
+        self._leadership = leadership
+
+    def collect(self) -> Iterator[Metric]:
+        leadership = self._leadership
+        yield GaugeMetricFamily(
+            "sbp_pm_leader", "1 while this PM leads (SPEC §8)", value=int(leadership.is_leader)
+        )
+        yield GaugeMetricFamily(
+            "sbp_pm_term", "the PM term this PM leads in (0 when it does not)", leadership.term or 0
+        )
+        yield CounterMetricFamily(
+            "sbp_pm_terms_won", "terms this PM won: failovers to it", leadership.terms_won
+        )
+
+
+async def run_pm_on_etcd(config: PMConfig) -> int:
+    prefix = config.etcd_prefix.encode()
+    with ShutdownSignals() as signals:
+        async with (
+            Etcd(config.etcd) as etcd,
+            DataNodeLink.new_pool(config.security.client_context()) as pool,
+        ):
+            leadership = Leadership(etcd, prefix, "", config.lease_ttl_s)
+            gate = LeaderGate(leadership)
+            current: list[PlacementManager] = []
+            metrics = PMMetrics(lambda: current[0] if current else None)
+            access = access_control(config.security)
+            metrics.registry.register(AccessCollector(access))
+            metrics.registry.register(LeadershipCollector(leadership))
+            server = build_server(config, gate, metrics)
+
+            async def lead(term: int) -> None:
+                store = EtcdMetadataStore(etcd, prefix, leadership.guard, leadership.step_down)
+                await store.load()
+                registry = NodeRegistry(config.node_timeout_s)
+                manager = PlacementManager(
+                    store,
+                    registry,
+                    DataNodeLink(pool, registry.address, term=term),
+                    min_free_space=config.min_free_space,
+                    repair_after=config.repair_after_s,
+                )
+                counts = manager.counts()
+                log.info(
+                    "term %d: %d streams, %d ranges, %d data nodes in etcd",
+                    term,
+                    counts.streams,
+                    counts.ranges,
+                    counts.nodes,
+                )
+                current[:] = [manager]
+                gate.dispatcher = PMHandlers(manager, access).dispatcher()
+                try:
+                    await run_manager(manager)
+                finally:
+                    gate.dispatcher = None
+                    current.clear()
+                    manager.stop_outgoing()
+
+            with metrics_endpoint(config, metrics) as endpoint:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(signals.watch)
+                    nursery.start_soon(access.reload_on_sighup)
+                    host, port = await nursery.start(server.serve, *config.listen)
+                    leadership.advertise = format_address(*(config.advertise or (host, port)))
+                    if endpoint is not None:
+                        announce(METRICS_PREFIX, *endpoint.address)
+                    announce(LISTENING_PREFIX, host, port)
+                    log.info(
+                        "PM %s on etcd %s, prefix %s",
+                        leadership.advertise,
+                        ",".join(config.etcd),
+                        config.etcd_prefix,
+                    )
+                    nursery.start_soon(leadership.run, lead)
+                    await signals.requested.wait()
+                    await drain(server, signals, config, list(current))
+                    nursery.cancel_scope.cancel()
+    log.info("stopped")
+    return EXIT_OK

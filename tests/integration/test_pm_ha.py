@@ -1,0 +1,181 @@
+"""PMs on etcd as real processes (SPEC §8): three etcd members, two PMs,
+two data nodes. One PM leads and the other names it; SIGKILL of the leader
+hands the cluster to the other without losing a stream, a record or a data
+node; data nodes refuse a deposed term."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import trio
+
+from client.datanode_client import DataNodeClient
+from client.pm_client import PMClient
+from client.retry import is_transient
+from net.pool import ConnectionPool
+from sbp.batches import build_batch
+from sbp.enums import ErrorCode
+from sbp.errors import ConnectionClosed, EpochFencedError, NotLeaderError, ProtocolError
+
+from .etcd_cluster import etcd_cluster
+from .pm_cluster import primary_address
+from .procs import ServerProcess, start_server
+
+pytestmark = pytest.mark.deadline(120)
+
+NODE_TIMEOUT_MS = "1500"
+LEASE_TTL_MS = "3000"
+
+
+async def start_pm(root: Path, name: str, endpoints: list[str]) -> ServerProcess:
+    return await start_server(
+        "pm",
+        [
+            *("--listen", "127.0.0.1:0", "--etcd", ",".join(endpoints)),
+            *("--lease-ttl-ms", LEASE_TTL_MS, "--node-timeout-ms", NODE_TIMEOUT_MS),
+        ],
+        root / "logs",
+        name=name,
+    )
+
+
+async def only(pm: ServerProcess, pool: ConnectionPool) -> PMClient:
+    """A client of this PM alone (NOT_LEADER is raised, not followed)."""
+    return PMClient(await pool.get(pm.address), timeout=2)
+
+
+async def leader_of(pms: list[ServerProcess], pool: ConnectionPool) -> ServerProcess:
+    """The PM that answers DESCRIBE_CLUSTER itself (the others say NOT_LEADER)."""
+    with trio.fail_after(20):
+        while True:
+            for pm in pms:
+                if not pm.running:
+                    continue
+                try:
+                    await (await only(pm, pool)).describe_cluster()
+                    return pm
+                except (NotLeaderError, OSError, ConnectionClosed):
+                    pass
+            await trio.sleep(0.1)
+
+
+async def test_the_leader_pm_fails_over_and_nothing_is_lost(tmp_path: Path) -> None:
+    async with etcd_cluster(tmp_path) as etcd, ConnectionPool() as pool:
+        pms = [await start_pm(tmp_path, f"pm-{i}", etcd.endpoints) for i in (1, 2)]
+        addresses = ",".join(pm.address for pm in pms)
+        nodes = []
+        try:
+            for node_id in (1, 2):
+                nodes.append(
+                    await start_server(
+                        "datanode",
+                        [
+                            *("--listen", "127.0.0.1:0", "--node-id", str(node_id)),
+                            *("--data-dir", str(tmp_path / f"node-{node_id}"), "--pm", addresses),
+                            *("--heartbeat-interval-ms", "200"),
+                        ],
+                        tmp_path / "logs",
+                        name=f"node-{node_id}",
+                    )
+                )
+            leader = await leader_of(pms, pool)
+            follower = next(pm for pm in pms if pm is not leader)
+            # The follower names the leader.
+            with pytest.raises(NotLeaderError) as named:
+                await (await only(follower, pool)).create_stream(1)
+            assert named.value.leader_addr == leader.address
+
+            # A client given both PMs finds the leader itself.
+            pm = PMClient(addresses, pool=pool, timeout=5)
+            with trio.fail_after(20):
+                while sum(s.alive for s in await pm.describe_cluster()) < 2:
+                    await trio.sleep(0.1)
+            created = await pm.create_stream(2)
+            assert created.range is not None and created.stream is not None
+            stream_id = created.stream.stream_id
+            node = DataNodeClient(primary_address(created.range), pool=pool, timeout=5)
+            await node.append_batch(stream_id, bytes(build_batch([b"a", b"b"], 1)))
+
+            leader.process.send_signal(signal.SIGKILL)
+            await leader.process.wait()
+            new_leader = await leader_of(pms, pool)
+            assert new_leader is follower
+            # The stream, its range and both data nodes are there; nothing was
+            # sealed because of the failover.
+            (rng,) = await pm.list_stream_ranges(stream_id)
+            assert rng.is_open
+            statuses = await pm.describe_cluster()
+            assert sorted(s.data_node.node_id for s in statuses if s.alive) == [1, 2]
+            second = await pm.create_stream(1)
+            assert second.stream is not None and second.stream.stream_id == stream_id + 1
+            # A seal in the new term reaches the data nodes (it carries the term).
+            sealed = await pm.seal_range(stream_id, 0)
+            assert [r.end_offset for r in sealed.ranges][:1] == [2]
+            # The old term is fenced on the data nodes.
+            with pytest.raises(EpochFencedError):
+                await node.seal_range(stream_id, 1, pm_term=1)
+
+            # The old leader comes back and follows.
+            pms[pms.index(leader)] = restarted = await start_pm(
+                tmp_path, "pm-restarted", etcd.endpoints
+            )
+            with trio.fail_after(10):
+                while True:
+                    try:
+                        await (await only(restarted, pool)).describe_cluster()
+                    except NotLeaderError as error:
+                        if error.leader_addr == new_leader.address:
+                            break
+                    await trio.sleep(0.1)
+        finally:
+            with trio.CancelScope(shield=True):
+                for server in (*nodes, *pms):
+                    await server.kill()
+
+
+async def test_pms_answer_promptly_without_an_etcd_majority_and_recover(tmp_path: Path) -> None:
+    async with etcd_cluster(tmp_path) as etcd, ConnectionPool() as pool:
+        pm_process = await start_pm(tmp_path, "pm", etcd.endpoints)
+        node = await start_server(
+            "datanode",
+            [
+                *("--listen", "127.0.0.1:0", "--node-id", "1"),
+                *("--data-dir", str(tmp_path / "node-1"), "--pm", pm_process.address),
+                *("--heartbeat-interval-ms", "200"),
+            ],
+            tmp_path / "logs",
+            name="node-1",
+        )
+        try:
+            pm = PMClient(pm_process.address, pool=pool, timeout=5)
+            await leader_of([pm_process], pool)
+            with trio.fail_after(20):
+                while not any(s.alive for s in await pm.describe_cluster()):
+                    await trio.sleep(0.1)
+            assert (await pm.create_stream(1)).stream is not None
+            first, second, _third = etcd.members
+            await etcd.kill(first)
+            assert (await pm.create_stream(1)).stream is not None  # one member lost: nothing seen
+            await etcd.kill(second)
+            started = trio.current_time()
+            # a retriable answer, promptly: the write timed out in etcd, or the
+            # PM stepped down (its lease could not be renewed)
+            with pytest.raises(ProtocolError) as refused:
+                await pm.create_stream(1)
+            assert refused.value.code in (ErrorCode.TIMEOUT, ErrorCode.NOT_LEADER), refused.value
+            assert is_transient(refused.value)
+            assert trio.current_time() - started < 6.0
+            assert pm_process.running
+            await etcd.start(first, state="existing")
+            await etcd.start(second, state="existing")
+            await leader_of([pm_process], pool)
+            created = await pm.create_stream(1)
+            # ids are never handed out twice (a write whose answer was lost may
+            # have taken one)
+            assert created.stream is not None and created.stream.stream_id >= 3
+        finally:
+            with trio.CancelScope(shield=True):
+                await node.kill()
+                await pm_process.kill()
