@@ -10,6 +10,8 @@ from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
+import trio
+
 from net.calls import Response
 from net.connection import Connection
 from net.pool import ConnectionPool
@@ -27,6 +29,8 @@ DEFAULT_TIMEOUT = 30.0
 #: the client waits this much longer than the deadline it sends (timeout_ms),
 #: so that the server's own TIMEOUT answer arrives before the client gives up
 DEADLINE_GRACE = 1.0
+#: between two rounds of PM addresses that found no leader (an election is on)
+LEADERLESS_PAUSE_S = 0.25
 
 M = TypeVar("M", bound=messages.Message)
 R = TypeVar("R", bound=messages.Message)
@@ -100,7 +104,8 @@ class SBPClient:
         if self._fixed is not None:
             return self._fixed
         assert self._pool is not None
-        return await self._pool.get(self.address)
+        # With several addresses (PMs on etcd) a dead one is left at once for the next.
+        return await self._pool.get(self.address, one_attempt=len(self.addresses) > 1)
 
     def timeout_ms(self, timeout: float | None) -> int:
         """The ``timeout_ms`` a request header carries for a call's timeout."""
@@ -119,23 +124,33 @@ class SBPClient:
     ) -> Response[Any]:
         """One unary request, at the leader (see the class). A connection
         that received GOAWAY refuses it before it is sent, and a draining
-        server refuses it unapplied, so it is tried again on a fresh one."""
+        server refuses it unapplied, so it is tried again on a fresh one.
+
+        While no PM leads (one died and its lease has not run out yet, SPEC
+        §8), a whole round of the addresses finds none: the call pauses and
+        goes round again, until its timeout."""
+        give_up = trio.current_time() + (self.timeout if timeout is None else timeout)
         hops = 0
         while True:
             try:
                 return await self._call_once(opcode, header, payload, self._deadline(timeout))
             except NotLeaderError as error:
-                hops += 1
-                if self._fixed is not None or hops > len(self.addresses) + 1:
+                if self._fixed is not None:
                     raise
-                self._follow(error.leader_addr)
-            except (ConnectionClosed, OSError):
                 hops += 1
+                self._follow(error.leader_addr)
+                failure: Exception = error
+            except (ConnectionClosed, OSError) as error:
                 if self._fixed is not None or len(self.addresses) == 1:
                     raise
-                if hops >= len(self.addresses):
-                    raise
+                hops += 1
                 self._follow("")
+                failure = error
+            if hops > len(self.addresses):
+                if trio.current_time() + LEADERLESS_PAUSE_S >= give_up:
+                    raise failure
+                await trio.sleep(LEADERLESS_PAUSE_S)
+                hops = 0
 
     async def call_for(
         self,

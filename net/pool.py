@@ -100,8 +100,11 @@ class ConnectionPool:
         await manager.__aexit__(None, None, None)
         return None
 
-    async def get(self, address: str) -> Connection:
-        """The live connection to ``address`` ("host:port")."""
+    async def get(self, address: str, *, one_attempt: bool = False) -> Connection:
+        """The live connection to ``address`` ("host:port"). ``one_attempt``:
+        connect once, at once, without the backoff of earlier failures (a
+        caller with other addresses to try, such as a client of several PMs,
+        goes on to the next one rather than wait for this one)."""
         if self._nursery is None or self._closed:
             raise RuntimeError("the pool is not open; use `async with ConnectionPool()`")
         endpoint = self._endpoints.get(address)
@@ -114,14 +117,18 @@ class ConnectionPool:
             connection = endpoint.connection
             if connection is not None and _usable(connection):
                 return connection
-            endpoint.connection = connection = await self._connect(address, endpoint)
+            endpoint.connection = connection = await self._connect(
+                address, endpoint, one_attempt
+            )
             return connection
 
-    async def _connect(self, address: str, endpoint: _Endpoint) -> Connection:
+    async def _connect(self, address: str, endpoint: _Endpoint, one_attempt: bool) -> Connection:
         host, port = parse_address(address)
         last_error: BaseException | None = None
-        for _ in range(self.connect_attempts):
-            await trio.sleep(backoff_delay(endpoint.failures))
+        attempts = 1 if one_attempt else self.connect_attempts
+        for _ in range(attempts):
+            if not one_attempt:
+                await trio.sleep(backoff_delay(endpoint.failures))
             try:
                 with trio.fail_after(self.connect_timeout):
                     stream = await self._open_stream(host, port)
@@ -141,7 +148,7 @@ class ConnectionPool:
         else:
             reason = describe_link_error(last_error) if last_error else "no attempt"
         raise ConnectionClosed(
-            f"cannot connect to {address} after {self.connect_attempts} attempts: {reason}"
+            f"cannot connect to {address} after {attempts} attempts: {reason}"
         ) from last_error
 
     async def _open_stream(self, host: str, port: int) -> trio.abc.Stream:

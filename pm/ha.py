@@ -91,6 +91,8 @@ class LeadershipCollector(Collector):
 
 
 async def run_pm_on_etcd(config: PMConfig) -> int:
+    # httpx logs every request at INFO: one per etcd call, several a second.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     prefix = config.etcd_prefix.encode()
     with ShutdownSignals() as signals:
         async with (

@@ -29,12 +29,14 @@ NODE_TIMEOUT_MS = "1500"
 LEASE_TTL_MS = "3000"
 
 
-async def start_pm(root: Path, name: str, endpoints: list[str]) -> ServerProcess:
+async def start_pm(
+    root: Path, name: str, endpoints: list[str], node_timeout_ms: str = NODE_TIMEOUT_MS
+) -> ServerProcess:
     return await start_server(
         "pm",
         [
             *("--listen", "127.0.0.1:0", "--etcd", ",".join(endpoints)),
-            *("--lease-ttl-ms", LEASE_TTL_MS, "--node-timeout-ms", NODE_TIMEOUT_MS),
+            *("--lease-ttl-ms", LEASE_TTL_MS, "--node-timeout-ms", node_timeout_ms),
         ],
         root / "logs",
         name=name,
@@ -99,17 +101,25 @@ async def test_the_leader_pm_fails_over_and_nothing_is_lost(tmp_path: Path) -> N
             await node.append_batch(stream_id, bytes(build_batch([b"a", b"b"], 1)))
 
             leader.process.send_signal(signal.SIGKILL)
+            killed_at = trio.current_time()
             await leader.process.wait()
+            # The client goes on by itself: its next call waits out the
+            # election and lands on the new leader.
+            after = await pm.create_stream(1, timeout=10)
+            failover_s = trio.current_time() - killed_at
+            assert after.stream is not None
+            assert failover_s < 2 * int(LEASE_TTL_MS) / 1000, failover_s
             new_leader = await leader_of(pms, pool)
             assert new_leader is follower
             # The stream, its range and both data nodes are there; nothing was
             # sealed because of the failover.
             (rng,) = await pm.list_stream_ranges(stream_id)
             assert rng.is_open
+            # the data nodes heartbeat to the new leader: alive past a node timeout
+            await trio.sleep(2 * int(NODE_TIMEOUT_MS) / 1000)
             statuses = await pm.describe_cluster()
             assert sorted(s.data_node.node_id for s in statuses if s.alive) == [1, 2]
-            second = await pm.create_stream(1)
-            assert second.stream is not None and second.stream.stream_id == stream_id + 1
+            assert after.stream.stream_id == stream_id + 1
             # A seal in the new term reaches the data nodes (it carries the term).
             sealed = await pm.seal_range(stream_id, 0)
             assert [r.end_offset for r in sealed.ranges][:1] == [2]
@@ -179,3 +189,64 @@ async def test_pms_answer_promptly_without_an_etcd_majority_and_recover(tmp_path
             with trio.CancelScope(shield=True):
                 await node.kill()
                 await pm_process.kill()
+
+
+async def test_a_leader_stopped_past_its_lease_writes_nothing_when_it_resumes(
+    tmp_path: Path,
+) -> None:
+    async with etcd_cluster(tmp_path) as etcd, ConnectionPool() as pool:
+        # A long node timeout: the stopped PM still holds the data node alive
+        # when it resumes, and so goes as far as writing the new stream.
+        pms = [await start_pm(tmp_path, f"pm-{i}", etcd.endpoints, "60000") for i in (1, 2)]
+        node = await start_server(
+            "datanode",
+            [
+                *("--listen", "127.0.0.1:0", "--node-id", "1"),
+                *("--data-dir", str(tmp_path / "node-1")),
+                *("--pm", ",".join(pm.address for pm in pms), "--heartbeat-interval-ms", "200"),
+            ],
+            tmp_path / "logs",
+            name="node-1",
+        )
+        try:
+            leader = await leader_of(pms, pool)
+            follower = next(pm for pm in pms if pm is not leader)
+            stale = await only(leader, pool)  # connected while it leads
+            with trio.fail_after(20):
+                while not any(s.alive for s in await stale.describe_cluster()):
+                    await trio.sleep(0.1)
+            leader.process.send_signal(signal.SIGSTOP)
+            outcome: list[BaseException | None] = []
+            try:
+                assert await leader_of([follower], pool) is follower
+                # A request reaches the stopped PM; it resumes still believing
+                # it leads, for a moment.
+                async with trio.open_nursery() as nursery:
+
+                    async def create_on_stale() -> None:
+                        try:
+                            await stale.create_stream(1, timeout=10)
+                            outcome.append(None)
+                        except ProtocolError as error:
+                            outcome.append(error)
+
+                    nursery.start_soon(create_on_stale)
+                    await trio.sleep(0.3)
+                    leader.process.send_signal(signal.SIGCONT)
+            finally:
+                leader.process.send_signal(signal.SIGCONT)
+            assert len(outcome) == 1 and isinstance(outcome[0], NotLeaderError), outcome
+            # nothing it tried to write landed
+            assert await (await only(follower, pool)).get_streams_page() == ()
+            # and it comes to name the leader
+            with trio.fail_after(10):
+                while True:
+                    with pytest.raises(NotLeaderError) as named:
+                        await stale.describe_cluster()
+                    if named.value.leader_addr == follower.address:
+                        break
+                    await trio.sleep(0.1)
+        finally:
+            with trio.CancelScope(shield=True):
+                for server in (node, *pms):
+                    await server.kill()
