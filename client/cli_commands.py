@@ -496,13 +496,17 @@ async def _end_offset(env: Env, stream_id: int) -> int:
 async def cmd_cluster_status(env: Env) -> int:
     """The data nodes the PM knows: liveness, ranges and latest load report."""
     statuses = await env.pm.describe_cluster()
+    # the PM that answered: with several (on etcd), the leader, found by the client
+    leader = env.pm.address
     now = time.time()
     rows = [node_summary(status, now) for status in statuses]
     if env.json:
-        env.emit_json({"pm": env.args.pm, "data_nodes": rows})
+        env.emit_json({"pm": env.args.pm, "pm_leader": leader, "data_nodes": rows})
         return EXIT_OK
     alive = sum(1 for row in rows if row["alive"])
-    env.emit(f"PM {env.args.pm}: {alive} of {len(rows)} data nodes alive")
+    if len(env.pm.addresses) > 1:
+        env.emit(f"PM leader {leader} (of {env.args.pm})")
+    env.emit(f"PM {leader}: {alive} of {len(rows)} data nodes alive")
     missing = sum(row["under_replicated"] for row in rows if row["alive"])
     dead_ranges = sum(row["ranges"] for row in rows if not row["alive"])
     env.emit(

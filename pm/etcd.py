@@ -30,8 +30,14 @@ from typing import Any, Final
 import httpx
 import trio
 
+from sbp.stats import Buckets
+
 #: how long one call waits for a member before trying the next
 DEFAULT_TIMEOUT_S: Final = 2.0
+#: upper bounds of the call latency buckets, seconds
+CALL_SECONDS_BOUNDS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
 
 
 class EtcdError(Exception):
@@ -123,6 +129,8 @@ class Etcd:
         self.timeout = timeout
         #: the member that answered last: asked first
         self._current = 0
+        #: seconds per call that a member answered (watches aside), for /metrics
+        self.latency = Buckets(CALL_SECONDS_BOUNDS)
         self._http: httpx.AsyncClient | None = None
 
     async def __aenter__(self) -> Etcd:
@@ -246,6 +254,7 @@ class Etcd:
         for attempt in range(len(self.endpoints)):
             index = (self._current + attempt) % len(self.endpoints)
             url = self.endpoints[index] + path
+            started = trio.current_time()
             try:
                 with trio.fail_after(self.timeout):
                     response = await http.post(url, json=body)
@@ -253,6 +262,7 @@ class Etcd:
                 why = str(error) or f"no answer in {self.timeout:g} s"
                 failures.append(f"{self.endpoints[index]}: {why}")
                 continue
+            self.latency.observe(trio.current_time() - started)
             answer: dict[str, Any] = response.json() if response.content else {}
             if response.status_code == 200:
                 self._current = index

@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 
 from net.address import format_address
 from net.authz import AccessCollector, access_control
+from net.metrics import histogram_family
 from net.request import Request, Responder
 from net.server import Dispatcher
 from net.service import EXIT_OK, LISTENING_PREFIX, METRICS_PREFIX, ShutdownSignals, announce
@@ -74,11 +75,17 @@ class LeaderGate:
 
 
 class LeadershipCollector(Collector):
-    def __init__(self, leadership: Leadership) -> None:
+    def __init__(self, leadership: Leadership, etcd: Etcd) -> None:
         self._leadership = leadership
+        self._etcd = etcd
 
     def collect(self) -> Iterator[Metric]:
         leadership = self._leadership
+        yield histogram_family(
+            "sbp_pm_etcd_request_seconds",
+            "etcd calls answered by a member (range, txn, lease …), seconds",
+            self._etcd.latency.snapshot(),
+        )
         yield GaugeMetricFamily(
             "sbp_pm_leader", "1 while this PM leads (SPEC §8)", value=int(leadership.is_leader)
         )
@@ -105,7 +112,7 @@ async def run_pm_on_etcd(config: PMConfig) -> int:
             metrics = PMMetrics(lambda: current[0] if current else None)
             access = access_control(config.security)
             metrics.registry.register(AccessCollector(access))
-            metrics.registry.register(LeadershipCollector(leadership))
+            metrics.registry.register(LeadershipCollector(leadership, etcd))
             server = build_server(config, gate, metrics)
 
             async def lead(term: int) -> None:

@@ -6,6 +6,8 @@ node; data nodes refuse a deposed term."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,6 +122,16 @@ async def test_the_leader_pm_fails_over_and_nothing_is_lost(tmp_path: Path) -> N
             statuses = await pm.describe_cluster()
             assert sorted(s.data_node.node_id for s in statuses if s.alive) == [1, 2]
             assert after.stream.stream_id == stream_id + 1
+            # the CLI, given both PMs, finds the leader and says which it is
+            status = subprocess.run(
+                [sys.executable, "-m", "client.cli", "--pm", addresses, "cluster", "status"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert status.returncode == 0, status.stderr
+            assert f"PM leader {follower.address} (of {addresses})" in status.stdout
             # A seal in the new term reaches the data nodes (it carries the term).
             sealed = await pm.seal_range(stream_id, 0)
             assert [r.end_offset for r in sealed.ranges][:1] == [2]
