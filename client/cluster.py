@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import trio
 
@@ -66,6 +69,9 @@ class Child:
     #: the arguments it was last started with beyond ``argv`` (kept for restarts)
     extra_args: tuple[str, ...] = ()
     started_at: float = 0.0
+    #: prints "listening on HOST:PORT" once ready (the SBP servers); else
+    #: (etcd) ready once ``address`` takes connections
+    announces: bool = True
 
     @property
     def running(self) -> bool:
@@ -122,6 +128,100 @@ def plan_children(
     return pm, data_nodes
 
 
+@dataclass
+class Plan:
+    """The children of a local cluster: etcd members (``--ha``), PMs, data nodes."""
+
+    etcd: list[Child]
+    pms: list[Child]
+    data_nodes: list[Child]
+
+    @property
+    def pm_addresses(self) -> str:
+        return ",".join(pm.address for pm in self.pms)
+
+    @property
+    def children(self) -> list[Child]:
+        return [*self.etcd, *self.pms, *self.data_nodes]
+
+
+#: --ha: etcd members and PMs, and their port offsets from --port-base
+HA_MEMBERS = 3
+HA_PM_PORTS = (0, 90, 91)
+HA_ETCD_CLIENT_PORTS = (80, 81, 82)
+HA_ETCD_PEER_PORTS = (85, 86, 87)
+
+
+def plan_ha(data_dir: Path, nodes: int, host: str, port_base: int, sync: str, python: str) -> Plan:
+    """Three etcd members, three PMs on them and the data nodes (``--ha``)."""
+    _, data_nodes = plan_children(data_dir, nodes, host, port_base, sync, python)
+    logs = data_dir / "logs"
+    clients = [_fixed_or_free(port_base, offset) for offset in HA_ETCD_CLIENT_PORTS]
+    peers = [_fixed_or_free(port_base, offset) for offset in HA_ETCD_PEER_PORTS]
+    names = [f"etcd-{i}" for i in range(1, HA_MEMBERS + 1)]
+    initial = ",".join(
+        f"{name}=http://{host}:{peer}" for name, peer in zip(names, peers, strict=True)
+    )
+    members = [
+        Child(
+            name,
+            [
+                "etcd",
+                *("--name", name, "--data-dir", str(data_dir / name)),
+                *("--listen-client-urls", f"http://{host}:{client}"),
+                *("--advertise-client-urls", f"http://{host}:{client}"),
+                *("--listen-peer-urls", f"http://{host}:{peer}"),
+                *("--initial-advertise-peer-urls", f"http://{host}:{peer}"),
+                *("--initial-cluster", initial, "--initial-cluster-state", "new"),
+                *("--initial-cluster-token", f"sbp-{data_dir.name}"),
+            ],
+            logs / f"{name}.log",
+            address=f"{host}:{client}",
+            announces=False,
+        )
+        for name, client, peer in zip(names, clients, peers, strict=True)
+    ]
+    endpoints = ",".join(f"http://{m.address}" for m in members)
+    pms = [
+        Child(
+            f"pm-{i}",
+            [
+                python,
+                *("-m", "pm", "--listen", f"{host}:{_port(port_base, offset)}"),
+                *("--etcd", endpoints),
+                *("--metrics-listen", f"{host}:{_port(port_base, 100 + offset)}"),
+            ],
+            logs / f"pm-{i}.log",
+        )
+        for i, offset in enumerate(HA_PM_PORTS, start=1)
+    ]
+    return Plan(members, pms, data_nodes)
+
+
+def _fixed_or_free(base: int, offset: int) -> int:
+    """``_port``, but a real free port for base 0: etcd cannot take port 0."""
+    if base:
+        return base + offset
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def _wait_listening(child: Child) -> bool:
+    """Until ``child.address`` takes a connection (or the child exits)."""
+    host, _, port = child.address.rpartition(":")
+    with trio.move_on_after(READY_TIMEOUT_S):
+        while child.process is not None and child.process.returncode is None:
+            try:
+                stream = await trio.open_tcp_stream(host, int(port))
+            except OSError:
+                await trio.sleep(0.1)
+                continue
+            await stream.aclose()
+            return True
+    return False
+
+
 async def start_child(child: Child, nursery: trio.Nursery, extra_args: Sequence[str] = ()) -> None:
     """Start a child and wait for the line that gives its bound address.
 
@@ -142,6 +242,13 @@ async def start_child(child: Child, nursery: trio.Nursery, extra_args: Sequence[
     )
     child.started_at = trio.current_time()
     assert child.process.stdout is not None
+    if not child.announces:
+        nursery.start_soon(_copy_output, child, log)
+        if await _wait_listening(child):
+            return
+        code = child.process.poll()
+        why = f"exited with status {code}" if code is not None else "did not open its port"
+        raise ClusterError(f"{child.name} {why} (log: {child.log_path})")
     ready = trio.Event()
 
     async def pump_output() -> None:
@@ -176,6 +283,13 @@ async def start_child(child: Child, nursery: trio.Nursery, extra_args: Sequence[
         )
 
 
+async def _copy_output(child: Child, log: IO[bytes]) -> None:
+    assert child.process is not None and child.process.stdout is not None
+    async for chunk in child.process.stdout:
+        log.write(chunk)
+    log.close()
+
+
 def _last_log_line(path: Path) -> str:
     """The last non-empty line a child wrote (its one-line error, usually)."""
     try:
@@ -202,13 +316,13 @@ async def stop_child(child: Child) -> int | None:
 
 
 def secure_children(
-    pm: Child, data_nodes: list[Child], pki: Path, acl_file: Path | None
+    pms: list[Child], data_nodes: list[Child], pki: Path, acl_file: Path | None
 ) -> ssl.SSLContext:
     """Mutual TLS for every child (``--tls``): the local CA and certificates
     under ``pki`` (made once, kept), the PM's and the data nodes' names
     being their roles (SPEC §9); returns the launcher's own client context."""
     ca, issued = local_cluster_pki(pki)
-    for child, role in ((pm, "pm"), *((node, "datanode") for node in data_nodes)):
+    for child, role in (*((pm, "pm") for pm in pms), *((node, "datanode") for node in data_nodes)):
         own = issued[role]
         child.argv += ["--tls-cert", str(own.cert), "--tls-key", str(own.key), "--tls-ca", str(ca)]
         if acl_file is not None:
@@ -238,13 +352,18 @@ async def wait_for_nodes(
     return alive
 
 
-def _banner(pm: Child, data_nodes: list[Child], data_dir: Path, tls: bool) -> str:
+def _banner(plan: Plan, data_dir: Path, tls: bool) -> str:
     lines = [
         "",
         f"SBP local cluster is up (data under {data_dir}, logs in {data_dir / 'logs'}):",
-        f"  PM          {pm.address}",
     ]
-    lines += [f"  {node.name:<11} {node.address}" for node in data_nodes]
+    lines += [f"  {member.name:<11} http://{member.address}" for member in plan.etcd]
+    if len(plan.pms) == 1:
+        lines.append(f"  PM          {plan.pms[0].address}")
+    else:
+        lines += [f"  {pm.name:<11} {pm.address}" for pm in plan.pms]
+    lines += [f"  {node.name:<11} {node.address}" for node in plan.data_nodes]
+    pm_arg = plan.pm_addresses
     if tls:
         pki = data_dir / "pki"
         lines += [
@@ -257,10 +376,10 @@ def _banner(pm: Child, data_nodes: list[Child], data_dir: Path, tls: bool) -> st
     lines += [
         "",
         "Try:",
-        f"  sbp --pm {pm.address} cluster status",
-        f"  sbp --pm {pm.address} streams create",
-        f"  seq 1 1000 | sbp --pm {pm.address} append 1",
-        f"  sbp --pm {pm.address} read 1 --from 0",
+        f"  sbp --pm {pm_arg} cluster status",
+        f"  sbp --pm {pm_arg} streams create",
+        f"  seq 1 1000 | sbp --pm {pm_arg} append 1",
+        f"  sbp --pm {pm_arg} read 1 --from 0",
         "",
         "Ctrl-C stops the cluster.",
     ]
@@ -278,9 +397,19 @@ async def run_cluster(args: argparse.Namespace) -> int:
 
 
 async def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
-    pm, data_nodes = plan_children(
-        data_dir, args.nodes, args.host, args.port_base, args.sync, sys.executable
-    )
+    planned = (args.nodes, args.host, args.port_base, args.sync, sys.executable)
+    if args.ha:
+        if shutil.which("etcd") is None:
+            print(
+                "sbp-cluster: --ha needs etcd (Debian's etcd-server: "
+                "scripts/install-system-deps.sh installs it)",
+                file=sys.stderr,
+            )
+            return 2
+        plan = plan_ha(data_dir, *planned)
+    else:
+        pm, nodes = plan_children(data_dir, *planned)
+        plan = Plan([], [pm], nodes)
     pki = data_dir / "pki"
     if not args.tls and (pki / "ca.pem").exists():
         # `sbp` would speak TLS to it (it finds var/pki): a directory's
@@ -291,17 +420,17 @@ async def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
             file=sys.stderr,
         )
         return 2
-    tls = secure_children(pm, data_nodes, pki, args.acl_file) if args.tls else None
-    children = [pm, *data_nodes]
+    tls = secure_children(plan.pms, plan.data_nodes, pki, args.acl_file) if args.tls else None
+    children = plan.children
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             try:
                 with trio.CancelScope() as running:
                     nursery.start_soon(_cancel_on_signal, signals, running)
-                    await _start_all(pm, data_nodes, nursery, data_dir, tls)
-                    print(_banner(pm, data_nodes, data_dir, tls is not None), flush=True)
+                    await _start_all(plan, nursery, data_dir, tls)
+                    print(_banner(plan, data_dir, tls is not None), flush=True)
                     if args.ready_file:
-                        Path(args.ready_file).write_text(pm.address + "\n")
+                        Path(args.ready_file).write_text(plan.pm_addresses + "\n")
                     await _supervise(children, nursery, restart=not args.no_restart)
             except ClusterError as error:
                 print(f"sbp-cluster: {error}", file=sys.stderr, flush=True)
@@ -310,9 +439,11 @@ async def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
                 # Every way out stops the children, an unexpected error too.
                 with trio.CancelScope(shield=True):
                     print("stopping the cluster …", flush=True)
-                    await _stop_all(pm, data_nodes)
+                    await _stop_all(plan)
                 nursery.cancel_scope.cancel()
-    failed = [c.name for c in children if c.process and c.process.returncode not in (0, None)]
+    # etcd ends on SIGTERM by the signal itself: a clean stop too
+    clean = {0, None, -signal.SIGTERM}
+    failed = [c.name for c in children if c.process and c.process.returncode not in clean]
     if failed:
         print(f"sbp-cluster: {', '.join(failed)} did not stop cleanly", file=sys.stderr)
         return 1
@@ -327,18 +458,21 @@ async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope
 
 
 async def _start_all(
-    pm: Child,
-    data_nodes: list[Child],
-    nursery: trio.Nursery,
-    data_dir: Path,
-    tls: ssl.SSLContext | None,
+    plan: Plan, nursery: trio.Nursery, data_dir: Path, tls: ssl.SSLContext | None
 ) -> None:
-    print(f"starting PM and {len(data_nodes)} data nodes under {data_dir} …", flush=True)
-    await start_child(pm, nursery)
+    data_nodes = plan.data_nodes
+    what = f"{len(plan.pms)} PMs on {len(plan.etcd)} etcd members" if plan.etcd else "PM"
+    print(f"starting {what} and {len(data_nodes)} data nodes under {data_dir} …", flush=True)
+    async with trio.open_nursery() as starting:
+        for member in plan.etcd:
+            starting.start_soon(start_child, member, nursery)
+    async with trio.open_nursery() as starting:
+        for pm in plan.pms:
+            starting.start_soon(start_child, pm, nursery)
     async with trio.open_nursery() as starting:
         for node in data_nodes:
-            starting.start_soon(start_child, node, nursery, ("--pm", pm.address))
-    alive = await wait_for_nodes(pm.address, len(data_nodes), READY_TIMEOUT_S, tls)
+            starting.start_soon(start_child, node, nursery, ("--pm", plan.pm_addresses))
+    alive = await wait_for_nodes(plan.pm_addresses, len(data_nodes), READY_TIMEOUT_S, tls)
     if alive < len(data_nodes):
         raise ClusterError(
             f"the PM sees {alive} of {len(data_nodes)} data nodes alive; "
@@ -391,12 +525,12 @@ def _keep_address(child: Child) -> None:
         child.argv[child.argv.index("--listen") + 1] = child.address
 
 
-async def _stop_all(pm: Child, data_nodes: list[Child]) -> None:
-    # Data nodes first, so they can still reach the PM while they drain.
-    async with trio.open_nursery() as nursery:
-        for node in data_nodes:
-            nursery.start_soon(stop_child, node)
-    await stop_child(pm)
+async def _stop_all(plan: Plan) -> None:
+    # Data nodes first, so they can still reach the PM while they drain; etcd last.
+    for group in (plan.data_nodes, plan.pms, plan.etcd):
+        async with trio.open_nursery() as nursery:
+            for child in group:
+                nursery.start_soon(stop_child, child)
 
 
 def _positive(text: str) -> int:
@@ -450,6 +584,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-restart",
         action="store_true",
         help="stop the whole cluster when one server dies (default: start it again)",
+    )
+    parser.add_argument(
+        "--ha",
+        action="store_true",
+        help="three etcd members and three PMs on them instead of one PM (SPEC §8): PMs on "
+        "port-base, +90 and +91, etcd clients on +80..+82; the data nodes and `sbp` follow the "
+        "leader",
     )
     parser.add_argument(
         "--tls",

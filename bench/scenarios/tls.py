@@ -96,7 +96,7 @@ async def one_node_cluster(parent: Path, config: str) -> AsyncIterator[OneNode]:
         if config.endswith("ACL"):
             acl_file = data_dir / "acl.json"
             acl_file.write_text(json.dumps(ACL))
-        secure_children(pm, nodes, data_dir / "pki", acl_file)
+        secure_children([pm], nodes, data_dir / "pki", acl_file)
         pki = data_dir / "pki"
         tls = TLSSettings(
             ca=pki / "ca.pem", cert=pki / f"{CLIENT_NAME}.pem", key=pki / f"{CLIENT_NAME}.key"
