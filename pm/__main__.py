@@ -14,10 +14,16 @@ from .server import run_pm
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse flags, run the PM until SIGTERM/SIGINT; the process exit code."""
+    """Parse flags, run the PM until SIGTERM/SIGINT; the process exit code.
+    ``sbp-pm migrate ...`` copies an LMDB PM's metadata into etcd instead."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["migrate"]:
+        from .migrate import main as migrate
+
+        return migrate(args[1:])
 
     def body() -> int:
-        config = parse_config(argv)
+        config = parse_config(args)
         configure_logging(config.log_level)
         return trio.run(run_pm, config)
 

@@ -138,6 +138,10 @@ at any moment restarts with everything it acknowledged.
 Signals: SIGTERM or SIGINT drains (GOAWAY on every connection, requests in
 flight finish within --drain-timeout-s), closes the metadata and exits 0; a
 second signal stops without waiting.
+With --etcd, several PMs share the metadata in etcd and one of them leads
+(docs/pm.md). `sbp-pm migrate --from-data-dir DIR --etcd URL,...` copies an
+LMDB PM's metadata into etcd.
+
 Exit codes: 0 clean stop, 1 runtime failure (busy port, unusable data
 directory), 2 bad flags or config file."""
 

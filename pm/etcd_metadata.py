@@ -268,9 +268,12 @@ class EtcdMetadataStore:
 
 def _groups(changes: Sequence[Change]) -> Iterable[list[Change]]:
     """The changes cut into transactions of at most ``MAX_TXN_OPS`` operations
-    (two per change at most), a stream's changes never apart, the raised next
-    stream id in the first."""
-    first = [c for c in changes if isinstance(c, RaiseNextStreamId | PutNode)]
+    (two per change at most): a stream's changes stay together (only a
+    migration's stream with very many ranges is cut), and the raised next
+    stream id goes in the first."""
+    cap = MAX_TXN_OPS // 2
+    units: list[list[Change]] = [[c] for c in changes if isinstance(c, RaiseNextStreamId)]
+    units += [[c] for c in changes if isinstance(c, PutNode)]
     by_stream: dict[int, list[Change]] = {}
     for change in changes:
         if isinstance(change, PutStream):
@@ -279,11 +282,13 @@ def _groups(changes: Sequence[Change]) -> Iterable[list[Change]]:
             by_stream.setdefault(change.range.stream_id, []).append(change)
         elif isinstance(change, DeleteStream | DeleteRange):
             by_stream.setdefault(change.stream_id, []).append(change)
-    group: list[Change] = list(first)
     for stream_changes in by_stream.values():
-        if group and 2 * (len(group) + len(stream_changes)) > MAX_TXN_OPS:
+        units += [stream_changes[i : i + cap] for i in range(0, len(stream_changes), cap)]
+    group: list[Change] = []
+    for unit in units:
+        if group and len(group) + len(unit) > cap:
             yield group
             group = []
-        group.extend(stream_changes)
+        group.extend(unit)
     if group:
         yield group

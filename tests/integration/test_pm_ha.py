@@ -24,7 +24,7 @@ from sbp.errors import ConnectionClosed, EpochFencedError, NotLeaderError, Proto
 
 from .etcd_cluster import etcd_cluster
 from .local_cluster import lines, new_stream, sbp, sbp_json, start_cluster, wait_until
-from .pm_cluster import primary_address
+from .pm_cluster import pm_cluster, primary_address
 from .procs import ServerProcess, start_server
 
 pytestmark = pytest.mark.deadline(120)
@@ -292,3 +292,45 @@ def test_sbp_cluster_ha_survives_the_loss_of_its_leader_pm(tmp_path: Path) -> No
         wait_until(lambda: "pm-" in cluster.output() and "is back on" in cluster.output())
     finally:
         assert cluster.stop() == 0, cluster.output()
+
+
+async def test_an_lmdb_pms_metadata_moves_to_etcd(tmp_path: Path) -> None:
+    """``sbp-pm migrate``: the streams, ranges, nodes and next id of an LMDB
+    PM, copied into etcd; a PM there goes on where the old one stopped."""
+    async with pm_cluster(tmp_path / "lmdb", (1,)) as old:
+        pm = old.pm_client()
+        for _ in range(3):
+            await pm.create_stream(1)
+        await pm.seal_range(2, 0)
+        before = {s: await pm.list_stream_ranges(s) for s in (1, 2, 3)}
+        assert old.pm is not None and await old.pm.terminate() == 0
+    lmdb_dir = tmp_path / "lmdb" / "pm"
+    async with etcd_cluster(tmp_path) as etcd, ConnectionPool() as pool:
+        endpoints = ",".join(etcd.endpoints)
+
+        def migrate() -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "pm", "migrate", "--from-data-dir", str(lmdb_dir),
+                 "--etcd", endpoints],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+
+        moved = await trio.to_thread.run_sync(migrate)
+        assert moved.returncode == 0, moved.stderr
+        assert "copied 3 streams, 4 ranges and 1 data nodes" in moved.stdout
+        again = await trio.to_thread.run_sync(migrate)
+        assert again.returncode == 2 and "already holds" in again.stderr
+        assert len(again.stderr.strip().splitlines()) == 1
+
+        new = await start_pm(tmp_path, "pm-etcd", etcd.endpoints)
+        try:
+            await leader_of([new], pool)
+            pm = PMClient(new.address, pool=pool, timeout=5)
+            for stream_id, ranges in before.items():
+                assert await pm.list_stream_ranges(stream_id) == ranges
+            assert [s.stream_id for s in await pm.get_streams_page()] == [1, 2, 3]
+            statuses = await pm.describe_cluster()
+            assert [s.data_node.node_id for s in statuses] == [1]
+        finally:
+            with trio.CancelScope(shield=True):
+                await new.kill()
