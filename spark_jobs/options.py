@@ -96,14 +96,17 @@ def _required(options: Mapping[str, str], name: str) -> str:
 
 
 def parse_pm(options: Mapping[str, str]) -> str:
-    """The PM's ``host:port`` (option ``pm``)."""
-    from net.address import parse_address  # here: the net package brings trio along
+    """The PM's ``host:port`` (option ``pm``), or several PMs on etcd,
+    comma-separated."""
+    from net.address import parse_address_list  # here: the net package brings trio along
 
     address = _required(options, "pm")
     try:
-        parse_address(address)
+        parse_address_list(address)
     except ValueError as error:
-        raise SBPOptionError(f"option 'pm' must be host:port, got {address!r}") from error
+        raise SBPOptionError(
+            f"option 'pm' must be host:port (or several, comma-separated), got {address!r}"
+        ) from error
     return address
 
 
