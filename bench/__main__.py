@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench import report
-from bench.scenarios import append, catch_up, replication, spark, tail, tls
+from bench.scenarios import append, catch_up, pm_ha, replication, spark, tail, tls
 from bench.scenarios.options import Options
 
 SCENARIOS: dict[str, Callable[[Options], report.ScenarioResult]] = {
@@ -29,6 +29,7 @@ SCENARIOS: dict[str, Callable[[Options], report.ScenarioResult]] = {
     spark.NAME: spark.run,
     replication.NAME: replication.run,
     tls.NAME: tls.run,
+    pm_ha.NAME: pm_ha.run,
 }
 
 

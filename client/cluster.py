@@ -427,7 +427,7 @@ async def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
             try:
                 with trio.CancelScope() as running:
                     nursery.start_soon(_cancel_on_signal, signals, running)
-                    await _start_all(plan, nursery, data_dir, tls)
+                    await start_plan(plan, nursery, data_dir, tls)
                     print(_banner(plan, data_dir, tls is not None), flush=True)
                     if args.ready_file:
                         Path(args.ready_file).write_text(plan.pm_addresses + "\n")
@@ -439,7 +439,7 @@ async def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
                 # Every way out stops the children, an unexpected error too.
                 with trio.CancelScope(shield=True):
                     print("stopping the cluster …", flush=True)
-                    await _stop_all(plan)
+                    await stop_plan(plan)
                 nursery.cancel_scope.cancel()
     # etcd ends on SIGTERM by the signal itself: a clean stop too
     clean = {0, None, -signal.SIGTERM}
@@ -457,7 +457,7 @@ async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope
         return
 
 
-async def _start_all(
+async def start_plan(
     plan: Plan, nursery: trio.Nursery, data_dir: Path, tls: ssl.SSLContext | None
 ) -> None:
     data_nodes = plan.data_nodes
@@ -525,7 +525,7 @@ def _keep_address(child: Child) -> None:
         child.argv[child.argv.index("--listen") + 1] = child.address
 
 
-async def _stop_all(plan: Plan) -> None:
+async def stop_plan(plan: Plan) -> None:
     # Data nodes first, so they can still reach the PM while they drain; etcd last.
     for group in (plan.data_nodes, plan.pms, plan.etcd):
         async with trio.open_nursery() as nursery:

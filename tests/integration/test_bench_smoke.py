@@ -143,7 +143,15 @@ def test_catch_up_reads_back_all_that_was_written(results: dict[str, dict[str, A
 def test_cli_offers_every_scenario_and_an_output_option(tmp_path: Path) -> None:
     from bench.__main__ import SCENARIOS, build_parser
 
-    assert set(SCENARIOS) == {"append", "tail", "catch_up", "spark", "replication", "tls"}
+    assert set(SCENARIOS) == {
+        "append",
+        "tail",
+        "catch_up",
+        "spark",
+        "replication",
+        "tls",
+        "pm_ha",
+    }
     args = build_parser().parse_args(["all", "--quick", "--out", str(tmp_path)])
     assert (args.scenario, args.quick, args.out) == ("all", True, tmp_path)
 
@@ -186,3 +194,19 @@ def test_tls_compares_plain_mutual_tls_and_acls(tmp_path: Path) -> None:
     assert len(doc["targets"]) == 3
     assert 0 < doc["acl_check_us"] < 1000
     assert (tmp_path / "tls.png").stat().st_size > 0
+
+
+def test_pm_ha_compares_etcd_with_lmdb_and_times_a_failover(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "pm_ha", "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=SCENARIO_TIMEOUT_S,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads((tmp_path / "pm_ha.json").read_text())
+    assert set(doc["creates_per_s"]) == {"LMDB", "etcd"}
+    assert all(rate > 0 for rate in doc["creates_per_s"].values())
+    assert all(rate > 0 for rate in doc["seals_per_s"].values())
+    assert 0 < doc["failover_s"] < 30
+    assert len(doc["targets"]) == 2
