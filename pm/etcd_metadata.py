@@ -267,11 +267,10 @@ class EtcdMetadataStore:
 
 
 def _groups(changes: Sequence[Change]) -> Iterable[list[Change]]:
-    """The changes cut into transactions of at most ``MAX_TXN_OPS`` operations
-    (two per change at most): a stream's changes stay together (only a
-    migration's stream with very many ranges is cut), and the raised next
-    stream id goes in the first."""
-    cap = MAX_TXN_OPS // 2
+    """The changes cut into transactions of at most ``MAX_TXN_OPS``
+    operations: a stream's changes stay together (only a migration's stream
+    with very many ranges is cut), and the raised next stream id goes in
+    the first."""
     units: list[list[Change]] = [[c] for c in changes if isinstance(c, RaiseNextStreamId)]
     units += [[c] for c in changes if isinstance(c, PutNode)]
     by_stream: dict[int, list[Change]] = {}
@@ -282,13 +281,22 @@ def _groups(changes: Sequence[Change]) -> Iterable[list[Change]]:
             by_stream.setdefault(change.range.stream_id, []).append(change)
         elif isinstance(change, DeleteStream | DeleteRange):
             by_stream.setdefault(change.stream_id, []).append(change)
+    cap = MAX_TXN_OPS // 2  # changes, when each may take two operations
     for stream_changes in by_stream.values():
         units += [stream_changes[i : i + cap] for i in range(0, len(stream_changes), cap)]
     group: list[Change] = []
+    ops = 0
     for unit in units:
-        if group and len(group) + len(unit) > cap:
+        unit_ops = sum(_op_count(change) for change in unit)
+        if group and ops + unit_ops > MAX_TXN_OPS:
             yield group
-            group = []
+            group, ops = [], 0
         group.extend(unit)
+        ops += unit_ops
     if group:
         yield group
+
+
+def _op_count(change: Change) -> int:
+    """Operations a change takes in a transaction (``EtcdMetadataStore._ops``)."""
+    return 2 if isinstance(change, DeleteStream) else 1
