@@ -28,9 +28,13 @@ from typing import Any, Final
 
 import trio
 
+from net.ratelog import RateLimitedLog
+
 from .etcd import Etcd, EtcdError, create_revision_is, get_op, put_op, version_is
 
 log = logging.getLogger(__name__)
+#: etcd unreachable is retried every RETRY_S: said once in a while
+_etcd_trouble = RateLimitedLog(log, interval=30.0)
 
 #: pause after etcd failed before campaigning again
 RETRY_S: Final = 0.5
@@ -75,7 +79,7 @@ class Leadership:
                 await self._campaign_once(lead)
             except EtcdError as error:
                 self.step_down(f"etcd: {error}")
-                log.info("leadership: %s", error)
+                _etcd_trouble.warning("etcd", "cannot campaign or lead: %s", error)
                 await trio.sleep(RETRY_S)
 
     async def _campaign_once(self, lead: Callable[[int], Awaitable[None]]) -> None:

@@ -42,7 +42,12 @@ PAGE = 1000
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Copy an LMDB PM's metadata (streams, ranges, data nodes, the next "
+        "stream id) into etcd, for PMs on etcd (SPEC §8). Changes nothing when the "
+        "directory is in use, the prefix already holds keys, or a PM leads there.",
+    )
     parser.add_argument(
         "--from-data-dir", type=Path, required=True, metavar="DIR", help="the LMDB PM's directory"
     )
