@@ -66,13 +66,16 @@ class NodeContext:
     def __post_init__(self) -> None:
         self.commits = CommitOffsets(self.waiters)
 
-    def check_pm_term(self, term: int) -> EpochFencedError | None:
-        """None, and the term remembered, unless ``term`` is older than one seen."""
+    async def admit_pm_term(self, term: int) -> EpochFencedError | None:
+        """None unless ``term`` is older than one seen here; a newer one is
+        recorded durably before the request it came with does anything, so a
+        restart does not forget it."""
         if term < self.pm_term:
             return EpochFencedError(
                 f"PM term {term} is older than term {self.pm_term}: sent by a deposed PM"
             )
-        self.pm_term = term
+        if term > self.pm_term:
+            self.pm_term = await self.command(lambda ctx: writes.raise_pm_term(ctx, term))
         return None
 
     def identity(self) -> messages.DataNode:

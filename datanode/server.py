@@ -135,6 +135,7 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
         metrics=metrics,
         waiters=waiters,
         access=access_control(config.security),
+        pm_term=engine.pm_term(),
     )
     metrics.registry.register(AccessCollector(node.access))
     server = Server(

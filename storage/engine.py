@@ -511,6 +511,11 @@ class StorageEngine:
             states = [self._store.streams[k] for k in sorted(list(self._store.streams))]
         return [s.live(r) for s in states for r in s.ranges if hosts(r, node_id) and not r.deleted]
 
+    def pm_term(self) -> int:
+        """The highest PM term recorded here (``writes.raise_pm_term``), 0 if none."""
+        with self._store.env.begin() as txn:
+            return _counter(txn, self._store, layout.PM_TERM_KEY)
+
     def stream_ids(self) -> list[int]:
         """Every stream this node has a record of, deleted ones included."""
         return sorted(list(self._store.streams))

@@ -48,6 +48,9 @@ READABLE_FORMATS: Final = (1, 2)
 FORMAT_KEY: Final = b"format"
 STORED_BYTES_KEY: Final = b"stored_bytes"
 STORED_BATCHES_KEY: Final = b"stored_batches"
+#: the highest PM term this node has seen (SPEC §8): older ones are fenced,
+#: across restarts too
+PM_TERM_KEY: Final = b"pm_term"
 
 BATCH_KEY: Final = struct.Struct(">QQ")
 RANGE_KEY: Final = struct.Struct(">QI")

@@ -382,6 +382,16 @@ def _live_stream(ctx: WriteContext, stream_id: int) -> StreamState:
     return state
 
 
+def raise_pm_term(ctx: WriteContext, term: int) -> int:
+    """Record ``term`` as the highest PM term seen, unless a higher one is
+    recorded; the highest, after."""
+    meta = ctx.store.dbs[layout.META_DB]
+    stored = ctx.txn.get(layout.PM_TERM_KEY, db=meta)
+    highest = max(term, layout.COUNTER.unpack(stored)[0] if stored else 0)
+    ctx.txn.put(layout.PM_TERM_KEY, layout.COUNTER.pack(highest), db=meta)
+    return highest
+
+
 def seal_range(ctx: WriteContext, stream_id: int, range_index: int) -> RangeInfo:
     """Seal a range at the stream's next offset; a sealed range is returned as is."""
     state = _live_stream(ctx, stream_id)

@@ -69,9 +69,11 @@ class RangeHandlers:
         header = request.header_as(messages.SealRangesRequest)
         deadline = request.deadline(header.timeout_ms)
         engine = self._node.engine
-        denied = self._node.access.check_internal(
+        denied: ProtocolError | None = self._node.access.check_internal(
             request.principal, "SEAL_RANGES"
-        ) or self._node.check_pm_term(header.pm_term)
+        )
+        if denied is None:
+            denied = await self._node.admit_pm_term(header.pm_term)
         if denied is not None:
             refused = tuple(_seal_error(r.stream_id, denied) for r in header.ranges)
             await responder.send(messages.SealRangesResponse(seal_responses=refused))
@@ -113,9 +115,11 @@ class RangeHandlers:
         header = request.header_as(messages.SyncRangesRequest)
         deadline = request.deadline(header.timeout_ms)
         engine = self._node.engine
-        denied = self._node.access.check_internal(
+        denied: ProtocolError | None = self._node.access.check_internal(
             request.principal, "SYNC_RANGES"
-        ) or self._node.check_pm_term(header.pm_term)
+        )
+        if denied is None:
+            denied = await self._node.admit_pm_term(header.pm_term)
         if denied is not None:
             refused = tuple(_sync_error(item.stream_id, denied) for item in header.stream_ranges)
             await responder.send(messages.SyncRangesResponse(sync_responses=refused))

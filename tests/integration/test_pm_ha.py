@@ -18,6 +18,7 @@ from client.datanode_client import DataNodeClient
 from client.pm_client import PMClient
 from client.retry import is_transient
 from net.pool import ConnectionPool
+from sbp import messages
 from sbp.batches import build_batch
 from sbp.enums import ErrorCode
 from sbp.errors import ConnectionClosed, EpochFencedError, NotLeaderError, ProtocolError
@@ -334,3 +335,27 @@ async def test_an_lmdb_pms_metadata_moves_to_etcd(tmp_path: Path) -> None:
         finally:
             with trio.CancelScope(shield=True):
                 await new.kill()
+
+
+async def test_a_data_node_remembers_the_pm_term_through_sigkill(tmp_path: Path) -> None:
+    args = [
+        *("--listen", "127.0.0.1:0", "--node-id", "1", "--data-dir", str(tmp_path / "node")),
+    ]
+    node = await start_server("datanode", args, tmp_path / "logs", name="node")
+    try:
+        async with DataNodeClient(node.address, timeout=5) as client:
+            (synced,) = await client.sync_ranges([messages.StreamRanges(stream_id=1)], pm_term=7)
+            assert synced.error_code == ErrorCode.NONE
+        await node.kill()  # SIGKILL: the term was recorded before the answer
+        node = await start_server("datanode", args, tmp_path / "logs", name="node-again")
+        async with DataNodeClient(node.address, timeout=5) as client:
+            (stale,) = await client.seal_ranges(
+                [messages.RangeId(stream_id=1, range_index=0)], pm_term=3
+            )
+            assert stale.error_code == ErrorCode.EPOCH_FENCED
+            assert "older than term 7" in stale.error_message
+            (current,) = await client.sync_ranges([messages.StreamRanges(stream_id=1)], pm_term=7)
+            assert current.error_code == ErrorCode.NONE
+    finally:
+        with trio.CancelScope(shield=True):
+            await node.kill()

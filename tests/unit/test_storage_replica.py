@@ -177,3 +177,13 @@ def test_a_range_sealed_here_is_unsettled_until_the_pm_says_where_it_ends(
     unsettled = follower.unsettled_range(STREAM)
     assert unsettled is not None and unsettled.range_index == 1
     assert values(follower) == [b"a", b"b"]
+
+
+def test_the_highest_pm_term_is_recorded_and_survives_a_restart(tmp_path: Path) -> None:
+    with StorageEngine(tmp_path / "node", node_id=FOLLOWER, map_size=64 << 20) as engine:
+        assert engine.pm_term() == 0
+        assert engine.submit_command(lambda ctx: writes.raise_pm_term(ctx, 7)).result() == 7
+        # an older term never lowers it
+        assert engine.submit_command(lambda ctx: writes.raise_pm_term(ctx, 3)).result() == 7
+    with StorageEngine(tmp_path / "node", node_id=FOLLOWER, map_size=64 << 20) as engine:
+        assert engine.pm_term() == 7
