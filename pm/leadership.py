@@ -75,11 +75,16 @@ class Leadership:
     async def run(self, lead: Callable[[int], Awaitable[None]]) -> None:
         """Campaign, lead, wait, forever (until cancelled)."""
         while True:
+            failure: EtcdError | None = None
             try:
                 await self._campaign_once(lead)
-            except EtcdError as error:
-                self.step_down(f"etcd: {error}")
-                _etcd_trouble.warning("etcd", "cannot campaign or lead: %s", error)
+            # (grouped when it comes out of the term's nursery: a new leader
+            # that cannot read the metadata, say)
+            except* EtcdError as group:
+                failure = _first(group)
+            if failure is not None:
+                self.step_down(f"etcd: {failure}")
+                _etcd_trouble.warning("etcd", "cannot campaign or lead: %s", failure)
                 await trio.sleep(RETRY_S)
 
     async def _campaign_once(self, lead: Callable[[int], Awaitable[None]]) -> None:
@@ -141,3 +146,9 @@ class Leadership:
                 return
             self.leader_addr = held.value.decode()
             await trio.sleep(self.ttl_s / 3)
+
+
+def _first(group: BaseExceptionGroup[EtcdError]) -> EtcdError:
+    """The first etcd error of a (possibly nested) group."""
+    error = group.exceptions[0]
+    return _first(error) if isinstance(error, BaseExceptionGroup) else error
