@@ -11,7 +11,7 @@ database       key                         value
                                            size i32, batch count i32 (of the chunk)
 ``ranges``     stream_id u64, index u32    JSON range record (``RangeInfo``)
 ``streams``    stream_id u64               JSON stream record (first offset, deleted, retention)
-``meta``       name                        engine-wide counters, the format version, the highest PM term
+``meta``       name                        engine-wide counters, format version, PM term
 =============  ==========================  ==========================================
 
 A group commit writes each stream's appends as one value (a chunk) keyed by
