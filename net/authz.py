@@ -119,10 +119,7 @@ class AccessControl:
         self, principal: str, operation: str, stream_id: int | None = None
     ) -> AuthorizationFailedError | None:
         """None when allowed, else the error to answer the item with."""
-        acl = self._acl
-        if acl is None or principal in CLUSTER_PRINCIPALS:
-            return None
-        if acl.allows(principal, operation, stream_id):
+        if self.allows(principal, operation, stream_id):
             return None
         return self._deny(principal, operation, resource_of(operation, stream_id))
 

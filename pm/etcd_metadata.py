@@ -36,10 +36,8 @@ from sbp.errors import NotLeaderError, RequestTimeoutError
 
 from .etcd import Etcd, EtcdUnavailable, TxnResult, delete_op, delete_prefix_op, put_op
 from .metadata import (
-    _RANGE_KEY,
-    _STREAM_KEY,
-    _U64,
     FIRST_STREAM_ID,
+    U64,
     Change,
     DeleteRange,
     DeleteStream,
@@ -48,10 +46,10 @@ from .metadata import (
     PutRange,
     PutStream,
     RaiseNextStreamId,
-    _decode_range,
-    _decode_stream,
-    _encode_range,
-    _encode_stream,
+    encode_range,
+    encode_stream,
+    range_from_value,
+    stream_from_value,
 )
 from .records import NodeRecord, RangeRecord, StreamRecord
 
@@ -119,15 +117,15 @@ class EtcdMetadataStore:
         for kv in kvs:
             if kv.key.startswith(streams):
                 stream_id = int(kv.key[len(streams) :])
-                self._remember_stream(_decode_stream(_STREAM_KEY.pack(stream_id), kv.value))
+                self._remember_stream(stream_from_value(stream_id, kv.value))
             elif kv.key.startswith(ranges):
                 stream_id, index = (int(part) for part in kv.key[len(ranges) :].split(b"/"))
-                self._remember_range(_decode_range(_RANGE_KEY.pack(stream_id, index), kv.value))
+                self._remember_range(range_from_value(stream_id, index, kv.value))
             elif kv.key.startswith(nodes):
                 node_id = int(kv.key[len(nodes) :])
                 self._nodes[node_id] = NodeRecord(node_id, kv.value.decode())
             elif kv.key == self._next_id_key:
-                self._next_stream_id = int(_U64.unpack(kv.value)[0])
+                self._next_stream_id = int(U64.unpack(kv.value)[0])
 
     def close(self) -> None:
         """Nothing to close: the etcd client belongs to the caller."""
@@ -208,14 +206,14 @@ class EtcdMetadataStore:
     def _ops(self, change: Change) -> list[dict[str, Any]]:
         match change:
             case PutStream(stream):
-                return [put_op(self._stream_key(stream.stream_id), _encode_stream(stream))]
+                return [put_op(self._stream_key(stream.stream_id), encode_stream(stream))]
             case DeleteStream(stream_id):
                 return [
                     delete_op(self._stream_key(stream_id)),
                     delete_prefix_op(self._prefix + b"ranges/%020d/" % stream_id),
                 ]
             case PutRange(rng):
-                return [put_op(self._range_key(rng.stream_id, rng.range_index), _encode_range(rng))]
+                return [put_op(self._range_key(rng.stream_id, rng.range_index), encode_range(rng))]
             case DeleteRange(stream_id, range_index):
                 return [delete_op(self._range_key(stream_id, range_index))]
             case PutNode(node):
@@ -223,7 +221,7 @@ class EtcdMetadataStore:
             case RaiseNextStreamId(value):
                 if value <= self._next_stream_id:
                     return []
-                return [put_op(self._next_id_key, _U64.pack(value))]
+                return [put_op(self._next_id_key, U64.pack(value))]
         raise TypeError(f"unknown change {change!r}")
 
     def _apply(self, change: Change) -> None:

@@ -51,7 +51,7 @@ _STREAM_VALUE_ACKS: Final = struct.Struct(">bqqb")
 _RANGE_KEY: Final = struct.Struct(">qi")
 _RANGE_HEAD: Final = struct.Struct(">qqqB")
 _NODE_KEY: Final = struct.Struct(">i")
-_U64: Final = struct.Struct(">Q")
+U64: Final = struct.Struct(">Q")
 
 _META_SCHEMA: Final = b"schema_version"
 _META_NEXT_STREAM_ID: Final = b"next_stream_id"
@@ -132,7 +132,7 @@ class Metadata(Protocol):
 # -- encoding -----------------------------------------------------------------
 
 
-def _encode_stream(stream: StreamRecord) -> bytes:
+def encode_stream(stream: StreamRecord) -> bytes:
     return _STREAM_VALUE_ACKS.pack(
         stream.replica_nums, stream.retention_period_ms, stream.epoch, stream.ack_nums
     )
@@ -140,6 +140,11 @@ def _encode_stream(stream: StreamRecord) -> bytes:
 
 def _decode_stream(key: bytes, value: bytes) -> StreamRecord:
     (stream_id,) = _STREAM_KEY.unpack(key)
+    return stream_from_value(stream_id, value)
+
+
+def stream_from_value(stream_id: int, value: bytes) -> StreamRecord:
+    """A stream from its stored value (both stores keep the same one)."""
     if len(value) == _STREAM_VALUE.size:
         replica_nums, retention, epoch = _STREAM_VALUE.unpack(value)
         return StreamRecord(stream_id, replica_nums, retention, epoch)
@@ -147,13 +152,18 @@ def _decode_stream(key: bytes, value: bytes) -> StreamRecord:
     return StreamRecord(stream_id, replica_nums, retention, epoch, acks)
 
 
-def _encode_range(rng: RangeRecord) -> bytes:
+def encode_range(rng: RangeRecord) -> bytes:
     head = _RANGE_HEAD.pack(rng.start_offset, rng.end_offset, rng.epoch, len(rng.nodes))
     return head + struct.pack(f">{len(rng.nodes)}i", *rng.nodes)
 
 
 def _decode_range(key: bytes, value: bytes) -> RangeRecord:
     stream_id, range_index = _RANGE_KEY.unpack(key)
+    return range_from_value(stream_id, range_index, value)
+
+
+def range_from_value(stream_id: int, range_index: int, value: bytes) -> RangeRecord:
+    """A range from its stored value (both stores keep the same one)."""
     start, end, epoch, count = _RANGE_HEAD.unpack_from(value)
     nodes = struct.unpack_from(f">{count}i", value, _RANGE_HEAD.size)
     return RangeRecord(stream_id, range_index, start, tuple(nodes), end, epoch)
@@ -188,9 +198,9 @@ class MetadataStore:
         with self._env.begin(write=True) as txn:
             stored = txn.get(_META_SCHEMA, db=self._meta)
             if stored is None:
-                txn.put(_META_SCHEMA, _U64.pack(SCHEMA_VERSION), db=self._meta)
+                txn.put(_META_SCHEMA, U64.pack(SCHEMA_VERSION), db=self._meta)
                 return
-            (version,) = _U64.unpack(stored)
+            (version,) = U64.unpack(stored)
         if version != SCHEMA_VERSION:
             self._env.close()
             raise MetadataError(
@@ -291,7 +301,7 @@ class MetadataStore:
         """The lowest stream id never handed out."""
         with self._read() as txn:
             value = txn.get(_META_NEXT_STREAM_ID, db=self._meta)
-        return FIRST_STREAM_ID if value is None else int(_U64.unpack(value)[0])
+        return FIRST_STREAM_ID if value is None else int(U64.unpack(value)[0])
 
     def counts(self) -> MetadataCounts:
         """Entry counts, read from LMDB's page statistics (no scan)."""
@@ -331,9 +341,7 @@ class MetadataStore:
     def _apply_one(self, txn: Any, change: Change) -> None:
         match change:
             case PutStream(stream):
-                txn.put(
-                    _STREAM_KEY.pack(stream.stream_id), _encode_stream(stream), db=self._streams
-                )
+                txn.put(_STREAM_KEY.pack(stream.stream_id), encode_stream(stream), db=self._streams)
             case DeleteStream(stream_id):
                 for rng in list(self._scan_ranges(txn, stream_id)):
                     self._delete_range(txn, rng.stream_id, rng.range_index)
@@ -346,8 +354,8 @@ class MetadataStore:
                 txn.put(_NODE_KEY.pack(node.node_id), node.address.encode(), db=self._nodes)
             case RaiseNextStreamId(value):
                 stored = txn.get(_META_NEXT_STREAM_ID, db=self._meta)
-                if stored is None or _U64.unpack(stored)[0] < value:
-                    txn.put(_META_NEXT_STREAM_ID, _U64.pack(value), db=self._meta)
+                if stored is None or U64.unpack(stored)[0] < value:
+                    txn.put(_META_NEXT_STREAM_ID, U64.pack(value), db=self._meta)
 
     def _put_range(self, txn: Any, rng: RangeRecord) -> None:
         key = _RANGE_KEY.pack(rng.stream_id, rng.range_index)
@@ -355,7 +363,7 @@ class MetadataStore:
         old_nodes = () if old is None else _decode_range(key, old).nodes
         for node_id in set(old_nodes) - set(rng.nodes):
             txn.delete(_NODE_KEY.pack(node_id) + key, db=self._by_node)
-        txn.put(key, _encode_range(rng), db=self._ranges)
+        txn.put(key, encode_range(rng), db=self._ranges)
         for node_id in set(rng.nodes) - set(old_nodes):
             txn.put(_NODE_KEY.pack(node_id) + key, b"", db=self._by_node)
 

@@ -33,14 +33,7 @@ from matplotlib.figure import Figure
 from bench.harness import CPUMeter, Load, Measurement, Workload, batch_64k, drive_trio
 from bench.report import ScenarioResult, Target, number, percent, table
 from bench.scenarios.options import DEFAULT_IN_FLIGHT, Options
-from client.cluster import (
-    Child,
-    plan_children,
-    secure_children,
-    start_child,
-    stop_child,
-    wait_for_nodes,
-)
+from client.cluster import Plan, plan_children, secure_children, start_plan, stop_plan
 from client.datanode_client import DataNodeClient
 from client.pki import CLIENT_NAME
 from client.pm_client import PMClient
@@ -90,38 +83,28 @@ class OneNode:
 async def one_node_cluster(parent: Path, config: str) -> AsyncIterator[OneNode]:
     data_dir = Path(tempfile.mkdtemp(prefix="tls-", dir=parent))
     pm, nodes = plan_children(data_dir, 1, "127.0.0.1", 0, "always", sys.executable)
-    tls = None
+    plan = Plan([], [pm], nodes)
+    launcher = tls = None
     if config != "plain":
         acl_file = None
         if config.endswith("ACL"):
             acl_file = data_dir / "acl.json"
             acl_file.write_text(json.dumps(ACL))
-        secure_children([pm], nodes, data_dir / "pki", acl_file)
         pki = data_dir / "pki"
-        tls = TLSSettings(
+        launcher = secure_children([pm], nodes, pki, acl_file)
+        client = TLSSettings(
             ca=pki / "ca.pem", cert=pki / f"{CLIENT_NAME}.pem", key=pki / f"{CLIENT_NAME}.key"
-        ).client_context()
-    children: list[Child] = [pm, *nodes]
+        )
+        tls = client.client_context()
     async with trio.open_nursery() as nursery:
         try:
-            await start_child(pm, nursery)
-            await start_child(nodes[0], nursery, ("--pm", pm.address))
-            launcher = None
-            if tls is not None:
-                launcher = TLSSettings(
-                    ca=data_dir / "pki" / "ca.pem",
-                    cert=data_dir / "pki" / "pm.pem",
-                    key=data_dir / "pki" / "pm.key",
-                ).client_context()
-            if await wait_for_nodes(pm.address, 1, 30, launcher) < 1:
-                raise RuntimeError(f"the data node did not join the PM; logs in {data_dir}")
+            await start_plan(plan, nursery, data_dir, launcher)
             process = nodes[0].process
             assert process is not None
             yield OneNode(config, pm.address, process.pid, tls)
         finally:
             with trio.CancelScope(shield=True):
-                for child in reversed(children):
-                    await stop_child(child)
+                await stop_plan(plan)
             nursery.cancel_scope.cancel()
 
 

@@ -65,15 +65,17 @@ class RangeHandlers:
             range_owner=owner, ranges=tuple(self._node.wire_range(info) for info in infos)
         )
 
+    async def _from_pm(self, request: Request, what: str, pm_term: int) -> ProtocolError | None:
+        """Why a PM's request must be refused whole: not from the cluster
+        (SPEC §9), or from an older PM term (SPEC §8); None to serve it."""
+        denied = self._node.access.check_internal(request.principal, what)
+        return denied if denied is not None else await self._node.admit_pm_term(pm_term)
+
     async def seal_ranges(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.SealRangesRequest)
         deadline = request.deadline(header.timeout_ms)
         engine = self._node.engine
-        denied: ProtocolError | None = self._node.access.check_internal(
-            request.principal, "SEAL_RANGES"
-        )
-        if denied is None:
-            denied = await self._node.admit_pm_term(header.pm_term)
+        denied = await self._from_pm(request, "SEAL_RANGES", header.pm_term)
         if denied is not None:
             refused = tuple(_seal_error(r.stream_id, denied) for r in header.ranges)
             await responder.send(messages.SealRangesResponse(seal_responses=refused))
@@ -115,11 +117,7 @@ class RangeHandlers:
         header = request.header_as(messages.SyncRangesRequest)
         deadline = request.deadline(header.timeout_ms)
         engine = self._node.engine
-        denied: ProtocolError | None = self._node.access.check_internal(
-            request.principal, "SYNC_RANGES"
-        )
-        if denied is None:
-            denied = await self._node.admit_pm_term(header.pm_term)
+        denied = await self._from_pm(request, "SYNC_RANGES", header.pm_term)
         if denied is not None:
             refused = tuple(_sync_error(item.stream_id, denied) for item in header.stream_ranges)
             await responder.send(messages.SyncRangesResponse(sync_responses=refused))
