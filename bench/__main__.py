@@ -19,12 +19,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench import report
-from bench.scenarios import append, catch_up, pm_ha, replication, spark, tail, tls
+from bench.scenarios import append, catch_up, latency, pm_ha, replication, spark, tail, tls
 from bench.scenarios.options import Options
 
 SCENARIOS: dict[str, Callable[[Options], report.ScenarioResult]] = {
     append.NAME: append.run,
     tail.NAME: tail.run,
+    latency.NAME: latency.run,
     catch_up.NAME: catch_up.run,
     spark.NAME: spark.run,
     replication.NAME: replication.run,

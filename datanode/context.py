@@ -15,7 +15,7 @@ from sbp import messages
 from sbp.errors import EpochFencedError, InvalidRequestError
 from storage import writes
 from storage.engine import StorageEngine
-from storage.layout import MAX_STREAM_ID
+from storage.layout import MAX_STREAM_ID, IndexEntry
 from storage.model import RangeInfo
 from storage.writes import WriteContext
 
@@ -117,6 +117,7 @@ class NodeContext:
     async def install_ranges(self, stream_id: int, ranges: Sequence[messages.Range]) -> None:
         """Apply ranges learned from the PM, as SYNC_RANGES would."""
         infos = [range_to_info(r) for r in ranges]
+        await prefetch_dropped(self.engine, [(stream_id, infos)])
         await self.command(lambda ctx: _sync(ctx, stream_id, infos))
         self.ranges_changed(stream_id)
 
@@ -134,6 +135,32 @@ class NodeContext:
         """Run a change in the storage writer's transaction and wait for its
         commit without blocking the event loop (or a worker thread)."""
         return await wait_future(self.engine.submit_command(fn))
+
+
+async def prefetch_dropped(
+    engine: StorageEngine, views: Sequence[tuple[int, Sequence[RangeInfo]]]
+) -> None:
+    """Before the PM's views of streams' ranges are applied: read, on a worker
+    thread, the chunks they free (those below a stream's first range, or all
+    of them with no range), so that the writer does not wait for the disk
+    (``StorageEngine.prefetch_chunks``)."""
+
+    def prefetch() -> None:
+        for stream_id, infos in views:
+            stop = _below(min(info.start_offset for info in infos)) if infos else None
+            engine.prefetch_chunks(stream_id, stop)
+
+    if views:
+        await trio.to_thread.run_sync(prefetch)
+
+
+def _below(offset: int) -> Callable[[int, IndexEntry], bool]:
+    """A ``prefetch_chunks`` stop: at the first chunk that ends past ``offset``."""
+
+    def stop(end_offset: int, _entry: IndexEntry) -> bool:
+        return end_offset > offset
+
+    return stop
 
 
 def _sync(ctx: WriteContext, stream_id: int, infos: list[RangeInfo]) -> list[RangeInfo]:

@@ -28,6 +28,7 @@ from typing import Final
 import trio
 
 from storage import writes
+from storage.writer import wall_clock_ms
 
 from .context import NodeContext
 
@@ -73,6 +74,18 @@ class RetentionKeeper:
                 nudged, self._nudged = self._nudged, set()
                 await self.apply(nudged)
 
+    def _prefetch_expired(self, periods: dict[int, int]) -> None:
+        """Read the chunks retention is about to free, off the writer's path
+        (``StorageEngine.prefetch_chunks``)."""
+        now_ms = wall_clock_ms()
+        for stream_id, period_ms in periods.items():
+            if period_ms > 0:
+                cutoff = now_ms - period_ms
+                self._node.engine.prefetch_chunks(
+                    stream_id,
+                    lambda _end, entry: entry.append_time_ms >= cutoff,  # noqa: B023
+                )
+
     async def apply(self, stream_ids: set[int] | None) -> list[writes.Expired]:
         """One pass over these streams (all hosted ones for None); what it freed."""
         engine = self._node.engine
@@ -84,6 +97,8 @@ class RetentionKeeper:
         changed = {sid: period for sid, period in fresh.items() if known.get(sid) != period}
         if changed:
             await self._node.command(lambda ctx: writes.set_retentions(ctx, changed))
+        periods = known | changed
+        await trio.to_thread.run_sync(self._prefetch_expired, {sid: periods[sid] for sid in ids})
         expired = await self._node.command(lambda ctx: writes.expire_streams(ctx, ids))
         counters = self._node.metrics.counters
         counters.retention_runs += 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -33,7 +34,7 @@ from sbp.errors import (
 )
 
 from . import layout, writes
-from .layout import BATCH_KEY, seek_floor
+from .layout import BATCH_KEY, IndexEntry, seek_floor
 from .model import (
     AppendItem,
     AppendOutcome,
@@ -67,6 +68,9 @@ MAX_RESERVE_BYTES: Final = 64 * 1024 * 1024
 RESERVE_FRACTION: Final = 0.05
 #: the newest written bytes kept in the OS page cache (see storage/page_cache.py)
 DEFAULT_PAGE_CACHE_WINDOW: Final = 256 * 1024**2
+
+#: how long ``prefetch_chunks`` may read before it leaves the rest to the writer
+PREFETCH_BUDGET_S: Final = 5.0
 
 SyncMode = Literal["always", "never"]
 
@@ -278,6 +282,47 @@ class StorageEngine:
     def _check_not_writer(self) -> None:
         if self._writer.on_writer_thread:
             raise RuntimeError("blocking storage calls cannot run on the writer thread")
+
+    def prefetch_chunks(
+        self,
+        stream_id: int,
+        stop: Callable[[int, IndexEntry], bool] | None = None,
+        *,
+        budget_s: float = PREFETCH_BUDGET_S,
+    ) -> int:
+        """Read the first page of each of the stream's chunks, oldest first,
+        until ``stop(end_offset, entry)`` is true; returns how many were read.
+
+        Freeing a chunk makes LMDB read its first page, where the length of
+        its page run is kept. For chunks written long ago that page has left
+        the page cache (see ``storage/page_cache.py``), and the writer, the
+        path of every append, would wait for one disk read per chunk:
+        deleting a stream of 6,000 chunks held appends up for 1.8 s. Call
+        this on a worker thread before the command that frees the chunks.
+        It is an optimisation only: it stops after ``budget_s`` seconds.
+        """
+        deadline = time.monotonic() + budget_s
+        touched = 0
+        with self._store.env.begin(buffers=True) as txn:
+            index = txn.cursor(db=self._store.dbs[layout.INDEX_DB])
+            if not index.set_range(layout.batch_key(stream_id, 0)):
+                return 0
+            batches = self._store.dbs[layout.BATCHES_DB]
+            for key, value in index:
+                key_stream, base_offset = BATCH_KEY.unpack(key)
+                if key_stream != stream_id:
+                    break
+                entry = layout.decode_index(bytes(value))
+                if stop is not None and stop(base_offset + entry.record_count, entry):
+                    break
+                chunk = txn.get(key, db=batches)
+                if chunk is not None and len(chunk):
+                    # one byte read faults in the page LMDB reads to free the chunk
+                    _ = chunk[0]
+                    touched += 1
+                if time.monotonic() > deadline:
+                    break
+        return touched
 
     def submit_replicas(
         self, items: Sequence[writes.ReplicaBatch]

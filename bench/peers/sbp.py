@@ -19,11 +19,13 @@ from bench.harness import (
     Measurement,
     Workload,
     drive_trio,
+    pace_trio,
+    paced_measurement,
     percentiles_ms,
 )
+from bench.tail_consumer import TailConsumer
 from client.consumer import Consumer
 from client.datanode_client import DataNodeClient
-from net.pool import ConnectionPool
 from sbp.errors import raise_for_code
 
 SYSTEM = "sbp"
@@ -68,54 +70,58 @@ async def measure_appends(
     return measurement
 
 
+async def measure_paced(
+    cluster: LocalCluster, workload: Workload, rate_per_s: float, load: Load
+) -> Measurement:
+    """Appends to one stream offered at ``rate_per_s`` (``pace_trio``)."""
+    (stream_id,) = await cluster.create_streams(1)
+    server, client = CPUMeter(cluster.node_pid), CPUMeter()
+    async with DataNodeClient(cluster.node_address) as node:
+
+        async def send() -> None:
+            await node.append_batch(stream_id, workload.batch)
+
+        server.start()
+        client.start()
+        window = await pace_trio(send, workload, rate_per_s, load)
+    durability = durability_label("always")
+    measurement = paced_measurement(
+        window, SYSTEM, workload, durability, rate_per_s, server.stop(), client.stop()
+    )
+    await cluster.delete_streams([stream_id])
+    return measurement
+
+
 async def measure_tail(
-    cluster: LocalCluster, workload: Workload, rate_per_s: float, seconds: float
+    cluster: LocalCluster, workload: Workload, rate_per_s: float, load: Load
 ) -> tuple[list[float], int]:
     """Latency of each batch from its APPEND acknowledgement to a long-polling
-    ``Consumer`` of the stream holding it, with one append sent every
-    1/``rate_per_s`` s (each on its own task, so a slow answer does not delay
-    the next send). Returns the latencies and how many appends were sent."""
+    ``Consumer`` of the stream, in a process of its own, holding it. Appends
+    are offered at ``rate_per_s`` (``pace_trio``); those sent in the warm-up
+    are not counted. Returns the latencies and how many appends were counted."""
     (stream_id,) = await cluster.create_streams(1)
-    acked: dict[int, float] = {}
-    received: dict[int, float] = {}
-    step = workload.records_per_batch
-    interval = 1.0 / rate_per_s
-    async with ConnectionPool() as pool:
-        node = DataNodeClient(cluster.node_address, pool=pool)
-        consumer_pool = ConnectionPool()  # its own connection, as a separate reader would have
-        async with (
-            consumer_pool,
-            Consumer(cluster.pm_address, stream_id, 0, pool=consumer_pool, tail=True) as consumer,
-            trio.open_nursery() as nursery,
-        ):
-
-            async def consume() -> None:
-                async for records in consumer:
-                    now = time.perf_counter()
-                    first, last = int(records.offsets[0]), int(records.offsets[-1])
-                    for base in range(first - first % step, last + 1, step):
-                        received.setdefault(base, now)
+    acked: dict[str, float] = {}
+    consumer = await trio.to_thread.run_sync(
+        TailConsumer, "sbp", cluster.pm_address, str(stream_id), str(workload.records_per_batch)
+    )
+    try:
+        async with DataNodeClient(cluster.node_address) as node:
+            counted_from = time.perf_counter() + load.warmup
+            sent_counted = 0
 
             async def append_one() -> None:
+                nonlocal sent_counted
+                counted = time.perf_counter() >= counted_from
+                sent_counted += counted
                 result = await node.append_batch(stream_id, workload.batch)
-                acked[result.base_offset] = time.perf_counter()
+                if counted:
+                    acked[str(result.base_offset)] = time.monotonic()
 
-            nursery.start_soon(consume)
-            sent = 0
-            next_send = trio.current_time()
-            stop_at = next_send + seconds
-            async with trio.open_nursery() as senders:
-                while next_send < stop_at:
-                    await trio.sleep_until(next_send)
-                    senders.start_soon(append_one)
-                    sent += 1
-                    next_send += interval
-            with trio.move_on_after(2.0):
-                while any(base not in received for base in acked):
-                    await trio.sleep(0.01)
-            nursery.cancel_scope.cancel()
-    latencies = [received[base] - acked[base] for base in acked if base in received]
-    return latencies, sent
+            await pace_trio(append_one, workload, rate_per_s, load)
+        received = await trio.to_thread.run_sync(consumer.finish, len(acked))
+    finally:
+        consumer.kill()
+    return [received[key] - acked[key] for key in acked if key in received], sent_counted
 
 
 async def measure_catch_up(

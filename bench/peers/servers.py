@@ -1,4 +1,4 @@
-"""Starting and stopping the peer servers (Debian's ``redis-server`` and
+"""Starting and stopping the peer servers (``redis-server`` and
 ``nats-server``) as child processes on loopback, with their data in a
 temporary directory."""
 
@@ -45,11 +45,13 @@ class ServerProcess:
         if shutil.which(binary) is None:
             raise ServerNotInstalled(f"{binary} is not installed")
         self.binary = binary
-        self.directory = Path(tempfile.mkdtemp(prefix=f"{binary}-", dir=parent))
+        self.directory = Path(tempfile.mkdtemp(prefix=f"{Path(binary).name}-", dir=parent))
         self.port = free_port()
         self._argv = make_argv(self.port, self.directory)
         self._ready = ready
         self.process: subprocess.Popen[bytes] | None = None
+        #: how the results of this server are labelled (its durability)
+        self.label = ""
 
     @property
     def pid(self) -> int:

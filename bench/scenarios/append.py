@@ -1,6 +1,7 @@
 """Append throughput and latency: SBP (sync always / never), Redis Streams
-(AOF always / everysec) and NATS JetStream on the same batches at the same
-concurrency, against the raw limits of the machine.
+(AOF always / everysec) and NATS JetStream (2.15 syncing every message, 2.15
+and 2.9 syncing on a timer) on the same batches at the same concurrency,
+against the raw limits of the machine.
 
 Workloads: 64 KiB batches to 1, 100 and 2,000 streams, and 100-byte records
 in batches of 1,000 to one stream, each at ``DEFAULT_IN_FLIGHT`` requests in
@@ -110,12 +111,17 @@ def _peer_runs(options: Options, workloads: list[Workload]) -> list[Measurement]
                             server, workload, fsync, options.load(in_flight)
                         )
                     )
-    with nats_jetstream.nats_server(options.scratch) as server:
-        for workload in workloads:
-            for in_flight in _sweep(workload):
-                out.append(
-                    nats_jetstream.measure_appends(server, workload, options.load(in_flight))
-                )
+    for flavour in nats_jetstream.FLAVOURS:
+        with nats_jetstream.nats_server(options.scratch, flavour) as server:
+            for workload in workloads:
+                # the durable server at every concurrency, the others at 1 and the default
+                sweep = _sweep(workload)
+                if not flavour.durable and len(sweep) > 1:
+                    sweep = [1, DEFAULT_IN_FLIGHT]
+                for in_flight in sweep:
+                    out.append(
+                        nats_jetstream.measure_appends(server, workload, options.load(in_flight))
+                    )
     return out
 
 
@@ -154,13 +160,13 @@ def find(
 
 def _targets(ms: list[Measurement]) -> list[Target]:
     ours = find(ms, "sbp", "sync always", SWEPT)
-    nats = find(ms, "nats-jetstream", "file store", SWEPT)
+    nats = find(ms, "nats-jetstream", nats_jetstream.SYNC_ALWAYS.durability, SWEPT)
     redis = find(ms, "redis-streams", "aof always", SWEPT)
     raw = find(ms, "raw-lmdb", "sync always", SWEPT)
     records = find(ms, "sbp", "sync always", "100b-1")
     return [
         Target(
-            "64 KiB, durable: SBP / NATS JetStream",
+            "64 KiB, durable: SBP / NATS JetStream 2.15 (sync always)",
             ours.mb_per_s / nats.mb_per_s,
             1.5,
             "x",

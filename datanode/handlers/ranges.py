@@ -19,7 +19,7 @@ from sbp.errors import DataNodeNotFoundError, ProtocolError, RequestTimeoutError
 from storage import writes
 from storage.model import RangeInfo
 
-from ..context import NodeContext, check_stream_id, wait_future
+from ..context import NodeContext, check_stream_id, prefetch_dropped, wait_future
 from ..convert import range_to_info
 
 
@@ -122,19 +122,29 @@ class RangeHandlers:
             refused = tuple(_sync_error(item.stream_id, denied) for item in header.stream_ranges)
             await responder.send(messages.SyncRangesResponse(sync_responses=refused))
             return
-        futures: list[Future[list[RangeInfo]] | ProtocolError] = []
+        views: list[list[RangeInfo] | ProtocolError] = []
         for item in header.stream_ranges:
             try:
                 check_stream_id(item.stream_id)
-                infos = [range_to_info(wire) for wire in item.ranges]
+                views.append([range_to_info(wire) for wire in item.ranges])
             except ProtocolError as error:
-                futures.append(error)
-                continue
-            futures.append(
-                engine.submit_command(
-                    partial(writes.sync_ranges, stream_id=item.stream_id, ranges=infos)
-                )
+                views.append(error)
+        await prefetch_dropped(
+            engine,
+            [
+                (item.stream_id, infos)
+                for item, infos in zip(header.stream_ranges, views, strict=True)
+                if not isinstance(infos, ProtocolError)
+            ],
+        )
+        futures: list[Future[list[RangeInfo]] | ProtocolError] = [
+            infos
+            if isinstance(infos, ProtocolError)
+            else engine.submit_command(
+                partial(writes.sync_ranges, stream_id=item.stream_id, ranges=infos)
             )
+            for item, infos in zip(header.stream_ranges, views, strict=True)
+        ]
         results: list[messages.SyncRangesResult] = []
         for item, future in zip(header.stream_ranges, futures, strict=True):
             stream_id = item.stream_id

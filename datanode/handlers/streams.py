@@ -12,7 +12,7 @@ from sbp import messages
 from sbp.errors import ProtocolError
 from storage import writes
 
-from ..context import NodeContext, check_stream_id, wait_future
+from ..context import NodeContext, check_stream_id, prefetch_dropped, wait_future
 from .ranges import error_code, timed_out
 
 
@@ -24,19 +24,30 @@ class StreamHandlers:
         header = request.header_as(messages.DeleteStreamsRequest)
         deadline = request.deadline(header.timeout_ms)
         engine = self._node.engine
-        futures: list[Future[None] | ProtocolError] = []
+        refusals: list[ProtocolError | None] = []
         for stream in header.streams:
             try:
                 check_stream_id(stream.stream_id)
-                denied = self._node.access.check(request.principal, "DELETE", stream.stream_id)
-                if denied is not None:
-                    raise denied
+                refusals.append(
+                    self._node.access.check(request.principal, "DELETE", stream.stream_id)
+                )
             except ProtocolError as refused:
-                futures.append(refused)
-                continue
-            futures.append(
-                engine.submit_command(partial(writes.delete_stream, stream_id=stream.stream_id))
-            )
+                refusals.append(refused)
+        # every chunk of a deleted stream is freed: read them off the writer's path
+        await prefetch_dropped(
+            engine,
+            [
+                (stream.stream_id, [])
+                for stream, refused in zip(header.streams, refusals, strict=True)
+                if refused is None
+            ],
+        )
+        futures: list[Future[None] | ProtocolError] = [
+            refused
+            if refused is not None
+            else engine.submit_command(partial(writes.delete_stream, stream_id=stream.stream_id))
+            for stream, refused in zip(header.streams, refusals, strict=True)
+        ]
         results: list[messages.DeleteStreamResult] = []
         for stream, future in zip(header.streams, futures, strict=True):
             deleted = messages.Stream(stream_id=stream.stream_id)

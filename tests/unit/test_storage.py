@@ -676,3 +676,22 @@ def test_a_transaction_failure_is_isolated_to_its_operation(engine: StorageEngin
     assert engine.append(1, batch(b"last")).base_offset == 2
     assert [o.base_offset for o in outcomes if isinstance(o, AppendResult)] == [0, 1]
     assert values_at(engine, 1, 0) == [(0, b"before"), (1, b"after"), (2, b"last")]
+
+
+def test_prefetch_chunks_reads_the_chunks_a_drop_frees(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(2, [open_range(2)])
+    for value in (b"a", b"b", b"c", b"d"):
+        engine.append(1, batch(value))  # one transaction, so one chunk, each
+    engine.append(2, batch(b"other"))
+    # every chunk of the stream, and none of the next stream's
+    assert engine.prefetch_chunks(1) == 4
+    # as a trim to offset 2 would free them: the chunks ending at or below it
+    assert engine.prefetch_chunks(1, lambda end, _entry: end > 2) == 2
+    assert engine.prefetch_chunks(1, lambda _end, entry: entry.append_time_ms >= 0) == 0
+    assert engine.prefetch_chunks(3) == 0
+    assert engine.prefetch_chunks(1, budget_s=0.0) == 1  # stops once over its budget
+    # reading changes nothing
+    engine.delete_stream(1)
+    assert engine.stats().stored_batches == 1
+    assert engine.prefetch_chunks(1) == 0
