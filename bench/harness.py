@@ -138,6 +138,18 @@ def percentiles_ms(latencies_s: list[float]) -> dict[str, float]:
     return out
 
 
+#: how many times a catch-up read is repeated over the same data (the median counts)
+READ_REPEATS = 3
+
+
+def median_run(runs: list[Measurement]) -> Measurement:
+    """The run with the median time, with every run's MB/s in its ``extra``."""
+    ordered = sorted(runs, key=lambda m: m.seconds)
+    chosen = ordered[len(ordered) // 2]
+    chosen.extra["runs_mb_per_s"] = [round(m.mb_per_s, 1) for m in runs]
+    return chosen
+
+
 class CPUMeter:
     """User + system CPU seconds of processes over a window, as a fraction
     of one core (``None`` when the process is gone)."""

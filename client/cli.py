@@ -35,6 +35,7 @@ from net.address import parse_address_list
 from net.pool import ConnectionPool
 from net.service import UsageError
 from net.tls import TLSSettings
+from sbp.allocator import keep_freed_memory
 from sbp.enums import ErrorCode
 from sbp.errors import ConnectionClosed, ProtocolError, SBPError
 
@@ -421,6 +422,7 @@ def main(argv: Sequence[str] | None = None, *, out: IO[str] | None = None) -> in
     out = out or sys.stdout
     err = sys.stderr
     args = build_parser().parse_args(argv)
+    keep_freed_memory()  # `sbp read` receives a megabyte per FETCH (sbp/allocator.py)
     try:
         return trio.run(run_command, args, out, err)
     except BaseException as error:  # one line for the user, never a traceback

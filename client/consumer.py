@@ -4,7 +4,17 @@ A fetcher task walks the stream: it finds the range holding the next offset
 (the PM's LIST_RANGES, cached), FETCHes from that range's primary, reads the
 next offset from the last batch header of the answer and asks for the next
 chunk at once, so up to ``prefetch`` answers wait, already received, while the
-caller decodes the one before. Decoding verifies the CRC-32C of every batch:
+caller decodes the one before.
+
+Reading history, the fetcher also keeps up to ``read_ahead`` FETCHes in
+flight: once an answer comes back full, it asks for the chunk after it at
+the next offset, and for the chunks after that at the offsets they would
+start at if each answer held as many records as the last one (streams are
+mostly written in batches of one size). An answer asked for ahead is used
+only if it starts exactly where the walk got to; otherwise it is dropped and
+the walk asks again. So the node reads and sends the next chunks while this
+process receives and decodes the last one, instead of each waiting for the
+other. Decoding verifies the CRC-32C of every batch:
 a corrupt batch raises ``InvalidRecordBatchError``, it is never skipped.
 
 At a sealed range's end the fetcher moves to the next range. A data node's
@@ -59,6 +69,8 @@ from .retry import is_transient, retry_delay
 #: (less to buffer per frame, warmer caches; see docs/benchmarks.md)
 DEFAULT_FETCH_BYTES: Final = 1 << 20
 DEFAULT_PREFETCH: Final = 4
+#: FETCHes in flight while reading history (see the module docstring)
+DEFAULT_READ_AHEAD: Final = 3
 DEFAULT_MAX_WAIT_MS: Final = 500
 DEFAULT_RETRY_TIMEOUT: Final = 60.0
 DEFAULT_REQUEST_TIMEOUT: Final = 10.0
@@ -78,6 +90,17 @@ class _End:
 
 
 _END: Final = _End()
+
+
+@dataclass(slots=True)
+class _Ahead:
+    """A FETCH sent before the answer ahead of it came back."""
+
+    offset: int
+    cancel: trio.CancelScope
+    done: trio.Event
+    #: the answer, or None if the FETCH failed (the walk then asks again)
+    answer: tuple[messages.FetchResult, memoryview] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +136,7 @@ class Consumer:
         max_wait_ms: int = DEFAULT_MAX_WAIT_MS,
         fetch_bytes: int = DEFAULT_FETCH_BYTES,
         prefetch: int = DEFAULT_PREFETCH,
+        read_ahead: int = DEFAULT_READ_AHEAD,
         retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     ) -> None:
@@ -120,12 +144,15 @@ class Consumer:
             raise ValueError("from_offset must be >= 0")
         if prefetch < 1 or fetch_bytes < 1:
             raise ValueError("prefetch and fetch_bytes must be at least 1")
+        if read_ahead < 0:
+            raise ValueError("read_ahead must be >= 0")
         self.stream_id = stream_id
         self.from_offset = from_offset
         self.tail = tail
         self.max_wait_ms = max_wait_ms
         self.fetch_bytes = fetch_bytes
         self.prefetch = prefetch
+        self.read_ahead = read_ahead
         self.retry_timeout = retry_timeout
         self._context = ClientContext(pm, pool, request_timeout, tls)
         self._stack = AsyncExitStack()
@@ -206,6 +233,16 @@ class Consumer:
         offset = routes.first_offset if self.from_offset is None else self.from_offset
         if self.from_offset is None:
             self.position = offset
+        #: FETCHes sent ahead, in offset order (see the module docstring)
+        ahead: list[_Ahead] = []
+        try:
+            await self._walk_from(routes, offset, ahead)
+        finally:
+            _drop(ahead)
+
+    async def _walk_from(self, routes: StreamRoutes, offset: int, ahead: list[_Ahead]) -> None:
+        """The walk from ``offset``, its answers taken from ``ahead`` when one
+        was sent there."""
         failures = 0
         failing_since: float | None = None
         while True:
@@ -215,7 +252,11 @@ class Consumer:
             sealed = not rng.is_open
             wait_ms = self.max_wait_ms if self.tail and not sealed else 0
             try:
-                result, data = await self._fetch(rng, offset, wait_ms, failures)
+                answer = await _take(ahead, offset) if failures == 0 else None
+                if answer is None:
+                    _drop(ahead)
+                    answer = await self._fetch(rng, offset, wait_ms, failures)
+                result, data = answer
                 code = ErrorCode.coerce(result.error_code)
                 if code != ErrorCode.NONE:
                     raise error_for(code, result.error_message)
@@ -246,6 +287,7 @@ class Consumer:
                         f"FETCH at {offset} of stream {self.stream_id} returned batches "
                         f"ending at {next_offset}"
                     )
+                self._fetch_ahead(ahead, rng, next_offset, data)
                 await self._send.send(_Chunk(data, offset))
                 offset = next_offset
                 continue
@@ -278,6 +320,39 @@ class Consumer:
         raise OffsetOutOfRangeError(
             f"offset {offset} of stream {self.stream_id} is past the end of its ranges"
         )
+
+    def _fetch_ahead(
+        self, ahead: list[_Ahead], rng: messages.Range, next_offset: int, data: memoryview
+    ) -> None:
+        """Keep ``read_ahead`` FETCHes in flight after a full answer: at
+        ``next_offset``, then where the chunks after it would start if each
+        held as many records as ``data``. Never past a sealed range's end,
+        and never long-polling: a FETCH ahead at the tail comes back empty."""
+        if self._nursery is None or len(data) < self.fetch_bytes // 2:
+            return  # not a full answer: the walk is near the end, or at the tail
+        first_base = int(BATCH_HEADER.unpack_from(data, 0)[0])
+        step = next_offset - first_base
+        predicted = ahead[-1].offset + step if ahead else next_offset
+        while len(ahead) < self.read_ahead:
+            if not rng.is_open and predicted >= rng.end_offset:
+                return
+            ahead.append(self._send_ahead(rng, predicted))
+            predicted += step
+
+    def _send_ahead(self, rng: messages.Range, offset: int) -> _Ahead:
+        sent = _Ahead(offset, trio.CancelScope(), trio.Event())
+
+        async def fetch() -> None:
+            with sent.cancel:
+                try:
+                    sent.answer = await self._fetch(rng, offset, 0, 0)
+                except (SBPError, OSError, trio.TooSlowError):
+                    sent.answer = None  # the walk asks again, with its retries
+            sent.done.set()
+
+        assert self._nursery is not None
+        self._nursery.start_soon(fetch)
+        return sent
 
     async def _fetch(
         self, rng: messages.Range, offset: int, wait_ms: int, attempt: int
@@ -356,6 +431,26 @@ def iter_records(records: DecodedRecords) -> Iterator[Record]:
     timestamps = records.timestamps.tolist()
     for i, offset in enumerate(records.offsets.tolist()):
         yield Record(offset, timestamps[i], values[bounds[i] : bounds[i + 1]].tobytes())
+
+
+async def _take(ahead: list[_Ahead], offset: int) -> tuple[messages.FetchResult, memoryview] | None:
+    """The answer of the FETCH sent ahead at ``offset``, if the first one
+    ahead was sent there (those after it stay); None if none was, or if it
+    failed or was refused (the walk then asks again itself)."""
+    if not ahead or ahead[0].offset != offset:
+        return None
+    sent = ahead.pop(0)
+    await sent.done.wait()
+    if sent.answer is None or sent.answer[0].error_code != ErrorCode.NONE:
+        return None
+    return sent.answer
+
+
+def _drop(ahead: list[_Ahead]) -> None:
+    """Cancel the FETCHes sent ahead: the walk went elsewhere."""
+    for sent in ahead:
+        sent.cancel.cancel()
+    ahead.clear()
 
 
 def _next_offset(data: memoryview) -> int:

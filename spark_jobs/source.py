@@ -93,9 +93,12 @@ def _check_schema(schema: StructType) -> None:
 
 def _read(partition: InputPartition, options: ReadOptions) -> Iterator[pa.RecordBatch]:
     from client.sync import SyncClient
+    from sbp.allocator import keep_freed_memory
 
     from .layout import RangeSlice
     from .reader import read_slice
+
+    keep_freed_memory()  # this worker receives a megabyte per FETCH (sbp/allocator.py)
 
     if not isinstance(partition, RangeSlice):
         return  # Spark's stand-in partition when partitions() planned none

@@ -32,11 +32,13 @@ import nats
 from nats.js import api
 
 from bench.harness import (
+    READ_REPEATS,
     CPUMeter,
     Load,
     Measurement,
     Workload,
     drive_asyncio,
+    median_run,
     pace_asyncio,
     paced_measurement,
     percentiles_ms,
@@ -172,7 +174,8 @@ async def _paced(
 def measure_catch_up(
     server: ServerProcess, workload: Workload, total_bytes: int, in_flight: int
 ) -> Measurement:
-    """Publish ``total_bytes`` to one subject, then pull it all back in order."""
+    """Publish ``total_bytes`` to one subject, then pull it all back in order,
+    ``READ_REPEATS`` times (the median counts)."""
     return asyncio.run(_catch_up(server, workload, total_bytes, in_flight))
 
 
@@ -192,6 +195,16 @@ async def _catch_up(
             await js.publish("bench.0", workload.batch, stream=STREAM)
 
     await asyncio.gather(*(writer() for _ in range(in_flight)))
+    runs = [await _read_back(server, js, workload, batches) for _ in range(READ_REPEATS)]
+    await js.delete_stream(STREAM)
+    await nc.close()
+    return median_run(runs)
+
+
+async def _read_back(
+    server: ServerProcess, js: nats.js.JetStreamContext, workload: Workload, batches: int
+) -> Measurement:
+    """Pull every message, ``READ_BATCH`` a fetch, with a new consumer."""
     server_cpu, client_cpu = CPUMeter(server.pid), CPUMeter()
     server_cpu.start()
     client_cpu.start()
@@ -221,8 +234,6 @@ async def _catch_up(
         client_cpu=client_cpu.stop(),
     )
     await subscription.unsubscribe()
-    await js.delete_stream(STREAM)
-    await nc.close()
     return result
 
 

@@ -21,10 +21,12 @@ import redis
 import redis.asyncio
 
 from bench.harness import (
+    READ_REPEATS,
     CPUMeter,
     Load,
     Measurement,
     Workload,
+    median_run,
     pace_asyncio,
     paced_measurement,
     percentiles_ms,
@@ -142,7 +144,8 @@ async def _paced(
 def measure_catch_up(
     server: ServerProcess, workload: Workload, total_bytes: int, in_flight: int
 ) -> Measurement:
-    """Write ``total_bytes`` into one stream, then XRANGE it all back in order."""
+    """Write ``total_bytes`` into one stream, then XRANGE it all back in order,
+    ``READ_REPEATS`` times (the median counts)."""
     client = redis.Redis(port=server.port, socket_timeout=60)
     client.config_set("appendfsync", "everysec")
     client.flushall()
@@ -153,6 +156,16 @@ def measure_catch_up(
         for _ in range(min(in_flight, batches - first)):
             pipe.xadd(key, {FIELD: workload.batch})
         pipe.execute()
+    runs = [_read_back(server, client, key, workload, batches) for _ in range(READ_REPEATS)]
+    client.flushall()
+    client.close()
+    return median_run(runs)
+
+
+def _read_back(
+    server: ServerProcess, client: redis.Redis, key: bytes, workload: Workload, batches: int
+) -> Measurement:
+    """XRANGE the whole stream, ``READ_COUNT`` entries a call."""
     server_cpu, client_cpu = CPUMeter(server.pid), CPUMeter()
     server_cpu.start()
     client_cpu.start()
@@ -174,7 +187,7 @@ def measure_catch_up(
     seconds = time.perf_counter() - started
     if read != batches:
         raise RuntimeError(f"read back {read} entries of {batches}")
-    result = Measurement(
+    return Measurement(
         system=SYSTEM,
         workload=workload.key,
         durability="n/a (read)",
@@ -187,9 +200,6 @@ def measure_catch_up(
         server_cpu=server_cpu.stop(),
         client_cpu=client_cpu.stop(),
     )
-    client.flushall()
-    client.close()
-    return result
 
 
 def measure_tail(

@@ -13,12 +13,14 @@ import time
 import trio
 
 from bench.harness import (
+    READ_REPEATS,
     CPUMeter,
     Load,
     LocalCluster,
     Measurement,
     Workload,
     drive_trio,
+    median_run,
     pace_trio,
     paced_measurement,
     percentiles_ms,
@@ -129,7 +131,8 @@ async def measure_catch_up(
 ) -> Measurement:
     """Write ``total_bytes`` of the workload's batch into one stream, then
     read it all back from offset 0 with a ``Consumer`` (FETCH 1 MiB chunks,
-    prefetching, CRC-32C checked)."""
+    reading ahead, CRC-32C checked), ``READ_REPEATS`` times (the median
+    counts)."""
     (stream_id,) = await cluster.create_streams(1)
     batches = max(1, total_bytes // len(workload.batch))
     async with DataNodeClient(cluster.node_address) as node:
@@ -144,6 +147,14 @@ async def measure_catch_up(
         async with trio.open_nursery() as nursery:
             for _ in range(in_flight):
                 nursery.start_soon(writer)
+    runs = [await _read_back(cluster, stream_id, workload, batches) for _ in range(READ_REPEATS)]
+    return median_run(runs)
+
+
+async def _read_back(
+    cluster: LocalCluster, stream_id: int, workload: Workload, batches: int
+) -> Measurement:
+    """Read the stream from offset 0 to its end with a new ``Consumer``."""
     records = 0
     server, client = CPUMeter(cluster.node_pid), CPUMeter()
     async with Consumer(cluster.pm_address, stream_id, 0) as consumer:

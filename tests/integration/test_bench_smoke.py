@@ -244,3 +244,27 @@ def test_pm_ha_compares_etcd_with_lmdb_and_times_a_failover(tmp_path: Path) -> N
     assert all(rate > 0 for rate in doc["seals_per_s"].values())
     assert 0 < doc["failover_s"] < 30
     assert len(doc["targets"]) == 2
+
+
+def test_spark_compares_the_source_with_parquet_and_the_api_ceiling(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "spark", "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=3 * SCENARIO_TIMEOUT_S,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads((tmp_path / "spark.json").read_text())
+    assert {m["system"] for m in doc["results"]} == {
+        "sbp-spark-source",
+        "spark-parquet",
+        "python-source-ceiling",
+        "sbp-export-parquet",
+        "parquet-to-parquet",
+    }
+    for measurement in doc["results"]:
+        assert measurement["records"] == 200_000
+        assert measurement["seconds"] > 0
+    (target,) = doc["targets"]
+    assert target["unit"] == "x" and target["value"] > 0
+    assert (tmp_path / "spark.png").stat().st_size > 0

@@ -40,6 +40,14 @@ class FakeCluster:
         self.corrupt_fetches = False
         self.list_calls = 0
         self.appended = trio.Event()
+        #: FETCHes being answered now, the most at once, and every offset asked
+        self.fetching = 0
+        self.most_fetching = 0
+        self.fetched_at: list[int] = []
+        #: offsets whose first FETCH is refused (a node that failed over)
+        self.refuse_once: set[int] = set()
+        #: seconds each FETCH takes to answer (a node at work)
+        self.fetch_delay = 0.0
 
     def dispatcher(self) -> Dispatcher:
         dispatcher = Dispatcher("fake")
@@ -107,8 +115,25 @@ class FakeCluster:
         await responder.send(m.AppendResponse(append_responses=tuple(results)))
 
     async def fetch(self, request: Request, responder: Responder) -> None:
+        self.fetching += 1
+        self.most_fetching = max(self.most_fetching, self.fetching)
+        try:
+            await self._fetch(request, responder)
+        finally:
+            self.fetching -= 1
+
+    async def _fetch(self, request: Request, responder: Responder) -> None:
         header = request.header_as(m.FetchRequest)
         info = header.fetch_requests[0]
+        self.fetched_at.append(info.fetch_offset)
+        await trio.sleep(self.fetch_delay)
+        if info.fetch_offset in self.refuse_once:
+            self.refuse_once.discard(info.fetch_offset)
+            refused = m.FetchResult(
+                request_index=info.request_index, error_code=ErrorCode.NOT_PRIMARY
+            )
+            await responder.send(m.FetchResponse(fetch_responses=(refused,)))
+            return
         if info.fetch_offset >= self.next_offset and header.max_wait_ms > 0:
             with trio.move_on_after(header.max_wait_ms / 1000):
                 await self.appended.wait()
@@ -267,6 +292,66 @@ async def test_consumer_batches_are_numpy_columns(fake: FakeCluster) -> None:
     assert batches[1].value_offsets[0] == 0
     np.testing.assert_array_equal(batches[1].offsets, np.arange(7, 14))
     assert batches[2].to_list() == values(20)[14:]
+
+
+async def test_consumer_reads_ahead_with_several_fetches_in_flight(fake: FakeCluster) -> None:
+    async with Producer(fake.address, STREAM, batch_records=10) as producer:
+        await producer.send_many(values(400))
+    fake.fetch_delay = 0.005
+    batch_bytes = len(fake.batches[0])
+    async with Consumer(fake.address, STREAM, fetch_bytes=2 * batch_bytes) as consumer:
+        records = [record async for record in consumer.records()]
+    assert [record.offset for record in records] == list(range(400))
+    assert [record.value for record in records] == values(400)
+    assert fake.most_fetching == 3  # DEFAULT_READ_AHEAD
+    # every prediction landed: each offset asked for once, two batches apart
+    # (and those past the end, which come back empty)
+    assert len(fake.fetched_at) == len(set(fake.fetched_at))
+    assert set(fake.fetched_at) >= set(range(0, 420, 20))
+    assert all(offset % 20 == 0 for offset in fake.fetched_at)
+
+
+async def test_consumer_read_ahead_off_fetches_one_at_a_time(fake: FakeCluster) -> None:
+    async with Producer(fake.address, STREAM, batch_records=10) as producer:
+        await producer.send_many(values(100))
+    fake.fetch_delay = 0.005
+    batch_bytes = len(fake.batches[0])
+    async with Consumer(
+        fake.address, STREAM, fetch_bytes=2 * batch_bytes, read_ahead=0
+    ) as consumer:
+        records = [record async for record in consumer.records()]
+    assert [record.offset for record in records] == list(range(100))
+    assert fake.most_fetching == 1
+
+
+async def test_consumer_reads_every_record_once_when_predictions_miss(
+    fake: FakeCluster,
+) -> None:
+    # batches of 3, 11, 5, 17 ... records: an answer rarely holds as many as the last
+    sizes = [3, 11, 5, 17, 1, 8, 13, 2, 21, 4] * 4
+    async with Producer(fake.address, STREAM) as producer:
+        for size in sizes:
+            await producer.send_batch(build_batch(values(size), 0))
+    total = sum(sizes)
+    fake.fetch_delay = 0.002
+    async with Consumer(fake.address, STREAM, fetch_bytes=200) as consumer:
+        records = [record async for record in consumer.records()]
+    assert [record.offset for record in records] == list(range(total))
+    assert [record.value for record in records] == [v for n in sizes for v in values(n)]
+    assert fake.most_fetching > 1  # it did read ahead, and dropped what missed
+
+
+async def test_a_refused_fetch_sent_ahead_is_asked_again(fake: FakeCluster) -> None:
+    async with Producer(fake.address, STREAM, batch_records=10) as producer:
+        await producer.send_many(values(200))
+    fake.fetch_delay = 0.002
+    batch_bytes = len(fake.batches[0])
+    fake.refuse_once = {40, 80, 100}  # offsets the walk asks for ahead
+    async with Consumer(fake.address, STREAM, fetch_bytes=2 * batch_bytes) as consumer:
+        records = [record async for record in consumer.records()]
+    assert [record.offset for record in records] == list(range(200))
+    assert not fake.refuse_once
+    assert fake.fetched_at.count(40) == 2  # refused ahead, then asked again
 
 
 async def test_a_corrupt_batch_raises_and_is_never_skipped(fake: FakeCluster) -> None:
