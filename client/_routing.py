@@ -44,8 +44,11 @@ def primary_of(rng: messages.Range) -> messages.DataNode:
     )
 
 
-def replica_for_read(rng: messages.Range, attempt: int) -> messages.DataNode:
-    """The replica to read a range from: the primary, then after each failed
+def replica_for_read(
+    rng: messages.Range, attempt: int, *, prefer_followers: bool = False
+) -> messages.DataNode:
+    """The replica to read a range from: the primary (with ``prefer_followers``,
+    its first follower, and the primary last), then after each failed
     attempt the next replica in turn (SPEC §7: every replica serves what is
     committed), so a reader falls over from a dead or lagging node."""
     replicas = rng.nodes_primary_first()
@@ -53,6 +56,8 @@ def replica_for_read(rng: messages.Range, attempt: int) -> messages.DataNode:
         raise RangeNotFoundError(
             f"range {rng.range_index} of stream {rng.stream_id} has no data node"
         )
+    if prefer_followers:
+        replicas = (*replicas[1:], replicas[0])
     return replicas[attempt % len(replicas)]
 
 

@@ -122,6 +122,9 @@ class Consumer:
 
     ``records()`` yields one ``Record`` at a time instead. ``pm`` is the
     PM's address or a ``PMClient``; ``pool`` the connection pool to share.
+    ``prefer_followers`` reads a replicated range from a follower first,
+    taking the reads off the node that takes its appends; the primary is
+    then the last replica tried.
     """
 
     def __init__(
@@ -137,6 +140,7 @@ class Consumer:
         fetch_bytes: int = DEFAULT_FETCH_BYTES,
         prefetch: int = DEFAULT_PREFETCH,
         read_ahead: int = DEFAULT_READ_AHEAD,
+        prefer_followers: bool = False,
         retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     ) -> None:
@@ -153,6 +157,7 @@ class Consumer:
         self.fetch_bytes = fetch_bytes
         self.prefetch = prefetch
         self.read_ahead = read_ahead
+        self.prefer_followers = prefer_followers
         self.retry_timeout = retry_timeout
         self._context = ClientContext(pm, pool, request_timeout, tls)
         self._stack = AsyncExitStack()
@@ -357,7 +362,8 @@ class Consumer:
     async def _fetch(
         self, rng: messages.Range, offset: int, wait_ms: int, attempt: int
     ) -> tuple[messages.FetchResult, memoryview]:
-        node = self._context.node(replica_for_read(rng, attempt))
+        replica = replica_for_read(rng, attempt, prefer_followers=self.prefer_followers)
+        node = self._context.node(replica)
         info = messages.FetchInfo(
             stream_id=self.stream_id, fetch_offset=offset, batch_max_bytes=self.fetch_bytes
         )

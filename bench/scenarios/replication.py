@@ -6,7 +6,8 @@ Each pair is measured at 1 and at 64 requests in flight, in alternating
 order over several rounds (whichever runs second on a shared machine tends
 to lose). While the replicated stream takes its load, its followers are
 asked their next offset every 50 ms: how far behind the primary they are
-is the replication lag.
+is the replication lag. Last, an R=3 stream is read back from the start by
+a ``Consumer``, from its primary and from a follower, alternating.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from bench.harness import (
     Workload,
     batch_64k,
     drive_trio,
+    percentiles_ms,
 )
 from bench.report import ScenarioResult, Target, number, percent, table
 from bench.scenarios.options import DEFAULT_IN_FLIGHT, Options
 from client.cluster import Child, plan_children, start_child, stop_child, wait_for_nodes
+from client.consumer import Consumer
 from client.datanode_client import DataNodeClient
 from client.pm_client import PMClient
 from net.pool import ConnectionPool
@@ -45,6 +48,8 @@ NODES: Final = 3
 #: (replica_nums, ack_nums) of the two streams compared
 SETTINGS: Final = ((1, 1), (3, 2))
 LAG_SAMPLE_S: Final = 0.05
+#: catch-up reads from the primary and from a follower, each
+READ_ROUNDS: Final = 3
 
 
 @dataclass
@@ -182,6 +187,87 @@ async def _measure_ceiling(cluster: Cluster, pool: ConnectionPool, options: Opti
     return measurement
 
 
+async def _measure_reads(
+    cluster: Cluster, pool: ConnectionPool, options: Options
+) -> list[Measurement]:
+    """Catch-up reads of one R=3 A=2 stream from its primary and from a
+    follower (``Consumer(prefer_followers=True)``), alternating, each
+    ``READ_ROUNDS`` times. A read counts only once it got every record: a
+    follower serves what the primary has told it is committed."""
+    batch, records = batch_64k()
+    workload = Workload("64k-1", "64 KiB batches, 1 stream", batch, records, 1)
+    pm = PMClient(cluster.pm_address, pool=pool)
+    created = await pm.create_stream(3, ack_nums=2)
+    assert created.range is not None and created.stream is not None
+    primary = created.range.primary_node()
+    assert primary is not None
+    node = DataNodeClient(primary.advertise_addr, pool=pool)
+    stream_id = created.stream.stream_id
+    batches = (16 if options.quick else 256) * 1024 * 1024 // len(batch)
+    remaining = batches
+
+    async def writer() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            await node.append_batch(stream_id, batch)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(DEFAULT_IN_FLIGHT):
+            nursery.start_soon(writer)
+    expected = batches * records
+    out = []
+    for round_number in range(1 if options.quick else READ_ROUNDS):
+        order = (False, True) if round_number % 2 == 0 else (True, False)
+        for from_followers in order:
+            with trio.fail_after(30):
+                while True:
+                    read = await _read_all(cluster, pool, stream_id, from_followers, expected)
+                    if read is not None:
+                        break
+                    await trio.sleep(0.1)  # the follower's commit offset is on its way
+            read.extra |= {"replicas": -1, "acks": 0}
+            read.system = "read from a follower" if from_followers else "read from the primary"
+            read.workload = workload.key
+            out.append(read)
+    await pm.delete_stream(stream_id)
+    return out
+
+
+async def _read_all(
+    cluster: Cluster, pool: ConnectionPool, stream_id: int, from_followers: bool, expected: int
+) -> Measurement | None:
+    """One read of the stream from offset 0; None if it ended short."""
+    got = nbytes = 0
+    servers = [CPUMeter(pid) for pid in cluster.node_pids]
+    client = CPUMeter()
+    for meter in (*servers, client):
+        meter.start()
+    started = time.perf_counter()
+    async with Consumer(
+        cluster.pm_address, stream_id, 0, pool=pool, prefer_followers=from_followers
+    ) as consumer:
+        async for records in consumer:
+            got += len(records)
+            nbytes += len(records.values)
+    seconds = time.perf_counter() - started
+    if got != expected:
+        return None
+    return Measurement(
+        system="",
+        workload="",
+        durability="n/a (read)",
+        in_flight=1,
+        seconds=round(seconds, 4),
+        requests=0,
+        bytes=nbytes,
+        records=got,
+        latency_ms=percentiles_ms([]),
+        server_cpu=sum(meter.stop() or 0.0 for meter in servers),
+        client_cpu=client.stop(),
+    )
+
+
 async def _run(options: Options) -> tuple[list[Measurement], list[int]]:
     rounds = 1 if options.quick else 3
     measurements: list[Measurement] = []
@@ -198,6 +284,7 @@ async def _run(options: Options) -> tuple[list[Measurement], list[int]]:
                         )
                     )  # fmt: skip
             measurements.append(await _measure_ceiling(cluster, pool, options))
+        measurements += await _measure_reads(cluster, pool, options)
     return measurements, lags
 
 
@@ -239,6 +326,10 @@ def run(options: Options) -> ScenarioResult:
     p50_1 = _median(measurements, 1, 1, lambda m: m.latency_ms["p50"])
     p50_3 = _median(measurements, 3, 1, lambda m: m.latency_ms["p50"])
     ceiling = _median(measurements, 0, DEFAULT_IN_FLIGHT, lambda m: m.mb_per_s)
+    reads = {
+        name: statistics.median(m.mb_per_s for m in measurements if m.system == name)
+        for name in ("read from the primary", "read from a follower")
+    }
     rows = [
         (
             m.system,
@@ -278,6 +369,15 @@ def run(options: Options) -> ScenarioResult:
                 rate_3 / (ceiling / NODES),
                 0.8,
                 "x",
+            ),
+            Target(
+                "catch-up read of an R=3 stream: from a follower / from the primary "
+                "(median MB/s)",
+                reads["read from a follower"] / reads["read from the primary"],
+                1.0,
+                "x",
+                note=f"{reads['read from a follower']:,.0f} vs "
+                f"{reads['read from the primary']:,.0f} MB/s",
             ),
             Target(
                 "R=3 p50 minus R=1 p50 at 1 in flight",

@@ -200,12 +200,21 @@ def test_replication_compares_one_replica_with_three(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads((tmp_path / "replication.json").read_text())
     systems = _by_system(doc)
-    assert set(systems) == {"R=1 A=1", "R=3 A=2", "3 x R=1"}
+    assert set(systems) == {
+        "R=1 A=1",
+        "R=3 A=2",
+        "3 x R=1",
+        "read from the primary",
+        "read from a follower",
+    }
     for measurement in doc["results"]:
         assert set(measurement) >= MEASUREMENT_KEYS
         assert measurement["mb_per_s"] > 0
     assert {m["in_flight"] for m in systems["R=3 A=2"]} == {1, 64}
-    assert len(doc["targets"]) == 3
+    primary, follower = systems["read from the primary"], systems["read from a follower"]
+    assert len(primary) == len(follower) == 1
+    assert primary[0]["records"] == follower[0]["records"] > 0  # every record, both ways
+    assert len(doc["targets"]) == 4
     assert doc["lag_records"]["max"] is not None
     assert (tmp_path / "replication.png").stat().st_size > 0
 

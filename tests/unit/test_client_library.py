@@ -443,3 +443,28 @@ async def test_sync_client_submit_runs_on_the_loop_with_its_pool(fake: FakeClust
     assert shared  # the PM call went through the client's own pool
     assert isinstance(error, StreamDeletedError)
     assert str(error) == "STREAM_DELETED: gone"
+
+
+def test_reads_go_to_the_primary_first_or_to_the_followers_first() -> None:
+    from client._routing import replica_for_read
+
+    def node(node_id: int) -> m.DataNode:
+        return m.DataNode(node_id=node_id, advertise_addr=f"127.0.0.1:{7500 + node_id}")
+
+    rng = m.Range(
+        stream_id=STREAM,
+        range_index=0,
+        start_offset=0,
+        end_offset=-1,
+        replica_nodes=(
+            m.ReplicaNode(data_node=node(1)),
+            m.ReplicaNode(data_node=node(2), is_primary=True),
+            m.ReplicaNode(data_node=node(3)),
+        ),
+    )
+    primary_first = [replica_for_read(rng, attempt).node_id for attempt in range(4)]
+    assert primary_first == [2, 1, 3, 2]
+    followers_first = [
+        replica_for_read(rng, attempt, prefer_followers=True).node_id for attempt in range(4)
+    ]
+    assert followers_first == [1, 3, 2, 1]
