@@ -318,6 +318,19 @@ def paced_measurement(
     return measurement
 
 
+async def _answered(send: SendOne, window: Window, counted: bool) -> None:
+    """One request of an open loop, its latency noted if ``counted``. Plain
+    awaits only, so it runs under trio and asyncio alike."""
+    sent = time.perf_counter()
+    try:
+        await send()
+    except Exception:  # refused (a server shedding load): not answered
+        window.refused += counted
+        return
+    if counted:
+        window.latencies.append(time.perf_counter() - sent)
+
+
 async def pace_trio(send: SendOne, workload: Workload, rate_per_s: float, load: Load) -> Window:
     """An open loop: one request every 1/``rate_per_s`` s, each on its own
     task, whether or not the earlier ones were answered (the way independent
@@ -325,16 +338,6 @@ async def pace_trio(send: SendOne, workload: Workload, rate_per_s: float, load: 
     the window, each awaited (up to ``PACED_DRAIN_S`` after the window)."""
     window = load.window()
     interval = 1.0 / rate_per_s
-
-    async def one(counted: bool) -> None:
-        sent = time.perf_counter()
-        try:
-            await send()
-        except Exception:  # refused (a server shedding load): not answered
-            window.refused += counted
-            return
-        if counted:
-            window.latencies.append(time.perf_counter() - sent)
 
     sent = 0
     with trio.move_on_after(load.warmup + load.seconds + PACED_DRAIN_S):
@@ -344,7 +347,7 @@ async def pace_trio(send: SendOne, workload: Workload, rate_per_s: float, load: 
                 await trio.sleep(max(0.0, next_send - time.perf_counter()))
                 counted = next_send >= window.opens
                 sent += counted
-                nursery.start_soon(one, counted)
+                nursery.start_soon(_answered, send, window, counted)
                 next_send += interval
     return _paced(window, workload, sent)
 
@@ -354,16 +357,6 @@ async def pace_asyncio(send: SendOne, workload: Workload, rate_per_s: float, loa
     window = load.window()
     interval = 1.0 / rate_per_s
 
-    async def one(counted: bool) -> None:
-        sent = time.perf_counter()
-        try:
-            await send()
-        except Exception:  # refused (a server shedding load): not answered
-            window.refused += counted
-            return
-        if counted:
-            window.latencies.append(time.perf_counter() - sent)
-
     tasks = []
     sent = 0
     next_send = time.perf_counter()
@@ -371,7 +364,7 @@ async def pace_asyncio(send: SendOne, workload: Workload, rate_per_s: float, loa
         await asyncio.sleep(max(0.0, next_send - time.perf_counter()))
         counted = next_send >= window.opens
         sent += counted
-        tasks.append(asyncio.create_task(one(counted)))
+        tasks.append(asyncio.create_task(_answered(send, window, counted)))
         next_send += interval
     _done, pending = await asyncio.wait(tasks, timeout=PACED_DRAIN_S) if tasks else (set(), set())
     for task in pending:

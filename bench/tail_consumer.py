@@ -24,13 +24,41 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 #: how long the consumer waits for the last messages once told how many
 GRACE_S = 2.0
 READY_TIMEOUT_S = 30.0
 ROOT = Path(__file__).resolve().parent.parent
+
+
+class TailAcks:
+    """The producer's side of a tail run: when each counted append was
+    acknowledged, by message key. Appends started in the first ``warmup_s``
+    are sent but not counted."""
+
+    def __init__(self, warmup_s: float) -> None:
+        self.counted_from = time.perf_counter() + warmup_s
+        self.sent = 0
+        self.acked: dict[str, float] = {}
+
+    def counting(self, append: Callable[[], Awaitable[str]]) -> Callable[[], Awaitable[None]]:
+        """``append`` (which returns the message's key) as an open loop's request."""
+
+        async def send() -> None:
+            counted = time.perf_counter() >= self.counted_from
+            self.sent += counted
+            key = await append()
+            if counted:
+                self.acked[key] = time.monotonic()
+
+        return send
+
+    def latencies(self, received: dict[str, float]) -> tuple[list[float], int]:
+        """Acknowledgement to arrival of each counted message the consumer
+        got, and how many were counted."""
+        return [received[key] - at for key, at in self.acked.items() if key in received], self.sent
 
 
 class TailConsumer:

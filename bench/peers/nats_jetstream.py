@@ -25,11 +25,13 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import nats
 from nats.js import api
+from nats.js.client import JetStreamContext
 
 from bench.harness import (
     READ_REPEATS,
@@ -44,7 +46,7 @@ from bench.harness import (
     percentiles_ms,
 )
 from bench.peers.servers import ServerProcess, accepts_connections
-from bench.tail_consumer import TailConsumer
+from bench.tail_consumer import TailAcks, TailConsumer
 
 SYSTEM = "nats-jetstream"
 STREAM = "BENCH"
@@ -59,8 +61,8 @@ class Flavour:
 
     durability: str
     version: str
+    #: fsyncs every message before its ack: the durable peer
     sync_always: bool
-    durable: bool
 
     @property
     def binary(self) -> str:
@@ -76,9 +78,9 @@ class Flavour:
         return found or "nats-server"
 
 
-SYNC_ALWAYS = Flavour("sync always (2.15)", "2.15", sync_always=True, durable=True)
-TIMER_2_15 = Flavour("fsync on a timer (2.15)", "2.15", sync_always=False, durable=False)
-TIMER_2_9 = Flavour("fsync on a timer (2.9)", "2.9", sync_always=False, durable=False)
+SYNC_ALWAYS = Flavour("sync always (2.15)", "2.15", sync_always=True)
+TIMER_2_15 = Flavour("fsync on a timer (2.15)", "2.15", sync_always=False)
+TIMER_2_9 = Flavour("fsync on a timer (2.9)", "2.9", sync_always=False)
 FLAVOURS = (SYNC_ALWAYS, TIMER_2_15, TIMER_2_9)
 
 
@@ -115,31 +117,38 @@ async def _fresh_stream(js: nats.js.JetStreamContext) -> None:
     )
 
 
+@contextlib.asynccontextmanager
+async def _fresh_stream_on(server: ServerProcess) -> AsyncIterator[JetStreamContext]:
+    """A connection to ``server`` and a new, empty benchmark stream, deleted after."""
+    nc = await nats.connect(url(server), max_reconnect_attempts=0)
+    js = nc.jetstream(timeout=30)
+    await _fresh_stream(js)
+    try:
+        yield js
+    finally:
+        await js.delete_stream(STREAM)
+        await nc.close()
+
+
 def measure_appends(server: ServerProcess, workload: Workload, load: Load) -> Measurement:
     """Publishes with acks, ``load.in_flight`` outstanding, for the load's window."""
     return asyncio.run(_appends(server, workload, load))
 
 
 async def _appends(server: ServerProcess, workload: Workload, load: Load) -> Measurement:
-    nc = await nats.connect(url(server), max_reconnect_attempts=0)
-    js = nc.jetstream(timeout=30)
-    await _fresh_stream(js)
     subjects = [f"bench.{i}" for i in range(workload.streams)]
-    batch = workload.batch
+    async with _fresh_stream_on(server) as js:
 
-    async def send(index: int) -> None:
-        await js.publish(subjects[index], batch, stream=STREAM)
+        async def send(index: int) -> None:
+            await js.publish(subjects[index], workload.batch, stream=STREAM)
 
-    server_cpu, client_cpu = CPUMeter(server.pid), CPUMeter()
-    server_cpu.start()
-    client_cpu.start()
-    window = await drive_asyncio(send, workload, load)
-    measurement = window.measurement(
-        SYSTEM, workload, server.label, load.in_flight, server_cpu.stop(), client_cpu.stop()
-    )
-    await js.delete_stream(STREAM)
-    await nc.close()
-    return measurement
+        server_cpu, client_cpu = CPUMeter(server.pid), CPUMeter()
+        server_cpu.start()
+        client_cpu.start()
+        window = await drive_asyncio(send, workload, load)
+        return window.measurement(
+            SYSTEM, workload, server.label, load.in_flight, server_cpu.stop(), client_cpu.stop()
+        )
 
 
 def measure_paced(
@@ -152,23 +161,18 @@ def measure_paced(
 async def _paced(
     server: ServerProcess, workload: Workload, rate_per_s: float, load: Load
 ) -> Measurement:
-    nc = await nats.connect(url(server), max_reconnect_attempts=0)
-    js = nc.jetstream(timeout=30)
-    await _fresh_stream(js)
+    async with _fresh_stream_on(server) as js:
 
-    async def send() -> None:
-        await js.publish("bench.0", workload.batch, stream=STREAM)
+        async def send() -> None:
+            await js.publish("bench.0", workload.batch, stream=STREAM)
 
-    server_cpu, client_cpu = CPUMeter(server.pid), CPUMeter()
-    server_cpu.start()
-    client_cpu.start()
-    window = await pace_asyncio(send, workload, rate_per_s, load)
-    measurement = paced_measurement(
-        window, SYSTEM, workload, server.label, rate_per_s, server_cpu.stop(), client_cpu.stop()
-    )
-    await js.delete_stream(STREAM)
-    await nc.close()
-    return measurement
+        server_cpu, client_cpu = CPUMeter(server.pid), CPUMeter()
+        server_cpu.start()
+        client_cpu.start()
+        window = await pace_asyncio(send, workload, rate_per_s, load)
+        return paced_measurement(
+            window, SYSTEM, workload, server.label, rate_per_s, server_cpu.stop(), client_cpu.stop()
+        )
 
 
 def measure_catch_up(
@@ -182,22 +186,18 @@ def measure_catch_up(
 async def _catch_up(
     server: ServerProcess, workload: Workload, total_bytes: int, in_flight: int
 ) -> Measurement:
-    nc = await nats.connect(url(server), max_reconnect_attempts=0)
-    js = nc.jetstream(timeout=30)
-    await _fresh_stream(js)
     batches = max(1, total_bytes // len(workload.batch))
     remaining = batches
+    async with _fresh_stream_on(server) as js:
 
-    async def writer() -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
-            await js.publish("bench.0", workload.batch, stream=STREAM)
+        async def writer() -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                await js.publish("bench.0", workload.batch, stream=STREAM)
 
-    await asyncio.gather(*(writer() for _ in range(in_flight)))
-    runs = [await _read_back(server, js, workload, batches) for _ in range(READ_REPEATS)]
-    await js.delete_stream(STREAM)
-    await nc.close()
+        await asyncio.gather(*(writer() for _ in range(in_flight)))
+        runs = [await _read_back(server, js, workload, batches) for _ in range(READ_REPEATS)]
     return median_run(runs)
 
 
@@ -249,28 +249,18 @@ def measure_tail(
 async def _tail(
     server: ServerProcess, workload: Workload, rate_per_s: float, load: Load
 ) -> tuple[list[float], int]:
-    nc = await nats.connect(url(server), max_reconnect_attempts=0)
-    js = nc.jetstream(timeout=30)
-    await _fresh_stream(js)
-    acked: dict[str, float] = {}
-    consumer = TailConsumer("nats", url(server), "bench.0", STREAM)
-    try:
-        counted_from = time.perf_counter() + load.warmup
-        sent_counted = 0
+    async with _fresh_stream_on(server) as js:
+        consumer = TailConsumer("nats", url(server), "bench.0", STREAM)
+        acks = TailAcks(load.warmup)
+        try:
 
-        async def publish_one() -> None:
-            nonlocal sent_counted
-            counted = time.perf_counter() >= counted_from
-            sent_counted += counted
-            ack = await js.publish("bench.0", workload.batch, stream=STREAM)
-            if counted:
-                acked[str(ack.seq)] = time.monotonic()
+            async def publish_one() -> str:
+                ack = await js.publish("bench.0", workload.batch, stream=STREAM)
+                return str(ack.seq)
 
-        await pace_asyncio(publish_one, workload, rate_per_s, load)
-        loop = asyncio.get_running_loop()
-        received = await loop.run_in_executor(None, consumer.finish, len(acked))
-    finally:
-        consumer.kill()
-    await js.delete_stream(STREAM)
-    await nc.close()
-    return [received[s] - acked[s] for s in acked if s in received], sent_counted
+            await pace_asyncio(acks.counting(publish_one), workload, rate_per_s, load)
+            loop = asyncio.get_running_loop()
+            received = await loop.run_in_executor(None, consumer.finish, len(acks.acked))
+        finally:
+            consumer.kill()
+    return acks.latencies(received)

@@ -32,7 +32,7 @@ from bench.harness import (
     percentiles_ms,
 )
 from bench.peers.servers import ServerProcess, accepts_connections
-from bench.tail_consumer import TailConsumer
+from bench.tail_consumer import TailAcks, TailConsumer
 
 SYSTEM = "redis-streams"
 FIELD = b"b"
@@ -219,7 +219,6 @@ async def _tail(
     admin.flushall()
     admin.close()
     key = stream_key(0)
-    acked: dict[str, float] = {}
     # a pool: each XADD in flight takes its own connection, as pipelining
     # would not let the answers come back one by one
     pool = redis.asyncio.BlockingConnectionPool(
@@ -227,23 +226,18 @@ async def _tail(
     )
     producer = redis.asyncio.Redis(connection_pool=pool)
     consumer = TailConsumer("redis", str(port), key.decode())
+    acks = TailAcks(load.warmup)
     try:
-        counted_from = time.perf_counter() + load.warmup
-        sent_counted = 0
 
-        async def append_one() -> None:
-            nonlocal sent_counted
-            counted = time.perf_counter() >= counted_from
-            sent_counted += counted
-            entry_id = await producer.xadd(key, {FIELD: workload.batch})
-            if counted:
-                acked[entry_id.decode()] = time.monotonic()
+        async def append_one() -> str:
+            entry_id: bytes = await producer.xadd(key, {FIELD: workload.batch})
+            return entry_id.decode()
 
-        await pace_asyncio(append_one, workload, rate_per_s, load)
+        await pace_asyncio(acks.counting(append_one), workload, rate_per_s, load)
         loop = asyncio.get_running_loop()
-        received = await loop.run_in_executor(None, consumer.finish, len(acked))
+        received = await loop.run_in_executor(None, consumer.finish, len(acks.acked))
     finally:
         consumer.kill()
     await producer.aclose()
     await pool.aclose()
-    return [received[e] - acked[e] for e in acked if e in received], sent_counted
+    return acks.latencies(received)

@@ -25,7 +25,7 @@ from bench.harness import (
     paced_measurement,
     percentiles_ms,
 )
-from bench.tail_consumer import TailConsumer
+from bench.tail_consumer import TailAcks, TailConsumer
 from client.consumer import Consumer
 from client.datanode_client import DataNodeClient
 from sbp.errors import raise_for_code
@@ -102,28 +102,21 @@ async def measure_tail(
     are offered at ``rate_per_s`` (``pace_trio``); those sent in the warm-up
     are not counted. Returns the latencies and how many appends were counted."""
     (stream_id,) = await cluster.create_streams(1)
-    acked: dict[str, float] = {}
     consumer = await trio.to_thread.run_sync(
         TailConsumer, "sbp", cluster.pm_address, str(stream_id), str(workload.records_per_batch)
     )
+    acks = TailAcks(load.warmup)
     try:
         async with DataNodeClient(cluster.node_address) as node:
-            counted_from = time.perf_counter() + load.warmup
-            sent_counted = 0
 
-            async def append_one() -> None:
-                nonlocal sent_counted
-                counted = time.perf_counter() >= counted_from
-                sent_counted += counted
-                result = await node.append_batch(stream_id, workload.batch)
-                if counted:
-                    acked[str(result.base_offset)] = time.monotonic()
+            async def append_one() -> str:
+                return str((await node.append_batch(stream_id, workload.batch)).base_offset)
 
-            await pace_trio(append_one, workload, rate_per_s, load)
-        received = await trio.to_thread.run_sync(consumer.finish, len(acked))
+            await pace_trio(acks.counting(append_one), workload, rate_per_s, load)
+        received = await trio.to_thread.run_sync(consumer.finish, len(acks.acked))
     finally:
         consumer.kill()
-    return [received[key] - acked[key] for key in acked if key in received], sent_counted
+    return acks.latencies(received)
 
 
 async def measure_catch_up(

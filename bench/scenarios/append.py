@@ -116,7 +116,7 @@ def _peer_runs(options: Options, workloads: list[Workload]) -> list[Measurement]
             for workload in workloads:
                 # the durable server at every concurrency, the others at 1 and the default
                 sweep = _sweep(workload)
-                if not flavour.durable and len(sweep) > 1:
+                if not flavour.sync_always and len(sweep) > 1:
                     sweep = [1, DEFAULT_IN_FLIGHT]
                 for in_flight in sweep:
                     out.append(

@@ -31,21 +31,27 @@ MEASUREMENT_KEYS = {
 }
 
 
+def run_quick(scenario: str, out: Path, timeout: float = SCENARIO_TIMEOUT_S) -> dict[str, Any]:
+    """``python -m bench SCENARIO --quick --out OUT``; its JSON result."""
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", scenario, "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result: dict[str, Any] = json.loads((out / f"{scenario}.json").read_text())
+    return result
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     out = tmp_path_factory.mktemp("bench")
     documents = {}
     for scenario in ("append", "tail", "catch_up", "latency"):
-        run = subprocess.run(
-            [sys.executable, "-m", "bench", scenario, "--quick", "--out", str(out)],
-            capture_output=True,
-            text=True,
-            timeout=SCENARIO_TIMEOUT_S,
-        )
-        assert run.returncode == 0, run.stderr[-3000:]
+        documents[scenario] = run_quick(scenario, out)
         for suffix in (".md", ".png"):
             assert (out / f"{scenario}{suffix}").stat().st_size > 0
-        documents[scenario] = json.loads((out / f"{scenario}.json").read_text())
     return documents
 
 
@@ -191,14 +197,7 @@ def test_cli_offers_every_scenario_and_an_output_option(tmp_path: Path) -> None:
 
 
 def test_replication_compares_one_replica_with_three(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "bench", "replication", "--quick", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=SCENARIO_TIMEOUT_S,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    doc = json.loads((tmp_path / "replication.json").read_text())
+    doc = run_quick("replication", tmp_path)
     systems = _by_system(doc)
     assert set(systems) == {
         "R=1 A=1",
@@ -220,14 +219,7 @@ def test_replication_compares_one_replica_with_three(tmp_path: Path) -> None:
 
 
 def test_tls_compares_plain_mutual_tls_and_acls(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "bench", "tls", "--quick", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=SCENARIO_TIMEOUT_S,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    doc = json.loads((tmp_path / "tls.json").read_text())
+    doc = run_quick("tls", tmp_path)
     systems = _by_system(doc)
     assert set(systems) == {"plain", "mutual TLS", "mutual TLS + ACL"}
     for measurement in doc["results"]:
@@ -240,14 +232,7 @@ def test_tls_compares_plain_mutual_tls_and_acls(tmp_path: Path) -> None:
 
 
 def test_pm_ha_compares_etcd_with_lmdb_and_times_a_failover(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "bench", "pm_ha", "--quick", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=SCENARIO_TIMEOUT_S,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    doc = json.loads((tmp_path / "pm_ha.json").read_text())
+    doc = run_quick("pm_ha", tmp_path)
     assert set(doc["creates_per_s"]) == {"LMDB", "etcd"}
     assert all(rate > 0 for rate in doc["creates_per_s"].values())
     assert all(rate > 0 for rate in doc["seals_per_s"].values())
@@ -256,14 +241,7 @@ def test_pm_ha_compares_etcd_with_lmdb_and_times_a_failover(tmp_path: Path) -> N
 
 
 def test_spark_compares_the_source_with_parquet_and_the_api_ceiling(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "bench", "spark", "--quick", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=3 * SCENARIO_TIMEOUT_S,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    doc = json.loads((tmp_path / "spark.json").read_text())
+    doc = run_quick("spark", tmp_path, timeout=3 * SCENARIO_TIMEOUT_S)
     assert {m["system"] for m in doc["results"]} == {
         "sbp-spark-source",
         "spark-parquet",
