@@ -143,15 +143,27 @@ async def prefetch_dropped(
     """Before the PM's views of streams' ranges are applied: read, on a worker
     thread, the chunks they free (those below a stream's first range, or all
     of them with no range), so that the writer does not wait for the disk
-    (``StorageEngine.prefetch_chunks``)."""
+    (``StorageEngine.prefetch_chunks``). Views that free nothing (the usual
+    SYNC_RANGES, after a seal) are applied without the trip to a thread, so
+    a new range is known here as soon as before."""
+    freeing = [(stream_id, infos) for stream_id, infos in views if _frees(engine, stream_id, infos)]
 
     def prefetch() -> None:
-        for stream_id, infos in views:
+        for stream_id, infos in freeing:
             stop = _below(min(info.start_offset for info in infos)) if infos else None
             engine.prefetch_chunks(stream_id, stop)
 
-    if views:
+    if freeing:
         await trio.to_thread.run_sync(prefetch)
+
+
+def _frees(engine: StorageEngine, stream_id: int, infos: Sequence[RangeInfo]) -> bool:
+    """Whether applying ``infos`` drops stored chunks of the stream: all of
+    them with no range, those below the first range's start otherwise."""
+    first = engine.first_offset(stream_id)
+    if first is None:
+        return False  # nothing stored here
+    return not infos or min(info.start_offset for info in infos) > first
 
 
 def _below(offset: int) -> Callable[[int, IndexEntry], bool]:
