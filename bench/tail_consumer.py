@@ -36,11 +36,13 @@ ROOT = Path(__file__).resolve().parent.parent
 class TailAcks:
     """The producer's side of a tail run: when each counted append was
     acknowledged, by message key. Appends started in the first ``warmup_s``
-    are sent but not counted."""
+    are sent but not counted; the consumer still receives them, so it is
+    told to wait for ``answered``, every acknowledged append."""
 
     def __init__(self, warmup_s: float) -> None:
         self.counted_from = time.perf_counter() + warmup_s
         self.sent = 0
+        self.answered = 0
         self.acked: dict[str, float] = {}
 
     def counting(self, append: Callable[[], Awaitable[str]]) -> Callable[[], Awaitable[None]]:
@@ -50,6 +52,7 @@ class TailAcks:
             counted = time.perf_counter() >= self.counted_from
             self.sent += counted
             key = await append()
+            self.answered += 1
             if counted:
                 self.acked[key] = time.monotonic()
 

@@ -260,7 +260,7 @@ async def _tail(
 
             await pace_asyncio(acks.counting(publish_one), workload, rate_per_s, load)
             loop = asyncio.get_running_loop()
-            received = await loop.run_in_executor(None, consumer.finish, len(acks.acked))
+            received = await loop.run_in_executor(None, consumer.finish, acks.answered)
         finally:
             consumer.kill()
     return acks.latencies(received)

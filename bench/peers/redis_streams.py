@@ -235,7 +235,7 @@ async def _tail(
 
         await pace_asyncio(acks.counting(append_one), workload, rate_per_s, load)
         loop = asyncio.get_running_loop()
-        received = await loop.run_in_executor(None, consumer.finish, len(acks.acked))
+        received = await loop.run_in_executor(None, consumer.finish, acks.answered)
     finally:
         consumer.kill()
     await producer.aclose()

@@ -113,7 +113,7 @@ async def measure_tail(
                 return str((await node.append_batch(stream_id, workload.batch)).base_offset)
 
             await pace_trio(acks.counting(append_one), workload, rate_per_s, load)
-        received = await trio.to_thread.run_sync(consumer.finish, len(acks.acked))
+        received = await trio.to_thread.run_sync(consumer.finish, acks.answered)
     finally:
         consumer.kill()
     return acks.latencies(received)
