@@ -23,7 +23,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from typing import IO
 
 import trio
 
+from net.address import free_ports
 from net.dirlock import locked_dir
 from net.service import PARENT_ENV, ServiceError
 from net.tls import TLSSettings
@@ -156,8 +156,12 @@ def plan_ha(data_dir: Path, nodes: int, host: str, port_base: int, sync: str, py
     """Three etcd members, three PMs on them and the data nodes (``--ha``)."""
     _, data_nodes = plan_children(data_dir, nodes, host, port_base, sync, python)
     logs = data_dir / "logs"
-    clients = [_fixed_or_free(port_base, offset) for offset in HA_ETCD_CLIENT_PORTS]
-    peers = [_fixed_or_free(port_base, offset) for offset in HA_ETCD_PEER_PORTS]
+    if port_base:
+        clients = [port_base + offset for offset in HA_ETCD_CLIENT_PORTS]
+        peers = [port_base + offset for offset in HA_ETCD_PEER_PORTS]
+    else:  # etcd cannot take port 0
+        ports = free_ports(len(HA_ETCD_CLIENT_PORTS) + len(HA_ETCD_PEER_PORTS), host)
+        clients, peers = ports[: len(HA_ETCD_CLIENT_PORTS)], ports[len(HA_ETCD_CLIENT_PORTS) :]
     names = [f"etcd-{i}" for i in range(1, HA_MEMBERS + 1)]
     initial = ",".join(
         f"{name}=http://{host}:{peer}" for name, peer in zip(names, peers, strict=True)
@@ -196,15 +200,6 @@ def plan_ha(data_dir: Path, nodes: int, host: str, port_base: int, sync: str, py
         for i, offset in enumerate(HA_PM_PORTS, start=1)
     ]
     return Plan(members, pms, data_nodes)
-
-
-def _fixed_or_free(base: int, offset: int) -> int:
-    """``_port``, but a real free port for base 0: etcd cannot take port 0."""
-    if base:
-        return base + offset
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def _wait_listening(child: Child) -> bool:

@@ -419,7 +419,12 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
                 "Memory",
                 "Resident memory of each server process.",
                 "bytes",
-                (('process_resident_memory_bytes{job=~"$datanode_job|$pm_job"}', "{{job}} {{instance}}"),),
+                (
+                    (
+                        'process_resident_memory_bytes{job=~"$datanode_job|$pm_job"}',
+                        "{{job}} {{instance}}",
+                    ),
+                ),
             ),
         ),
     ),

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+import socket
+from pathlib import Path
+
 
 def parse_address(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6addr]:PORT`` for IPv6) as ``(host, port)``; port 0
@@ -43,3 +47,34 @@ def peer_name(stream: object) -> str:
             return "unknown peer"
         return f"{host}:{port}"
     return type(stream).__name__
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports free on ``host`` now, for a server that cannot
+    be told port 0 (etcd, Prometheus), picked below the kernel's ephemeral
+    range: a port probed with bind(0) and released is the kernel's to give
+    again, to the next server told port 0 or the next outgoing connection,
+    before the server it was meant for binds it. Outside that range only
+    another caller of this function could pick the same port."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    ports: list[int] = []
+    while len(ports) < count:
+        port = rng.randrange(max(1024, low - 16384), low)
+        if port in ports:
+            continue
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands to bind(0) and connect."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default

@@ -117,9 +117,7 @@ class ConnectionPool:
             connection = endpoint.connection
             if connection is not None and _usable(connection):
                 return connection
-            endpoint.connection = connection = await self._connect(
-                address, endpoint, one_attempt
-            )
+            endpoint.connection = connection = await self._connect(address, endpoint, one_attempt)
             return connection
 
     async def _connect(self, address: str, endpoint: _Endpoint, one_attempt: bool) -> Connection:

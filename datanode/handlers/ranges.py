@@ -15,7 +15,12 @@ import trio
 from net.request import Request, Responder
 from sbp import messages
 from sbp.enums import ErrorCode
-from sbp.errors import DataNodeNotFoundError, ProtocolError, RequestTimeoutError
+from sbp.errors import (
+    DataNodeNotFoundError,
+    ProtocolError,
+    RangeNotFoundError,
+    RequestTimeoutError,
+)
 from storage import writes
 from storage.model import RangeInfo
 
@@ -179,7 +184,7 @@ class RangeHandlers:
                 denied = self._node.access.check(request.principal, "DESCRIBE", range_id.stream_id)
                 if denied is not None:
                     raise denied
-                info = self._node.engine.describe_range(range_id.stream_id, range_id.range_index)
+                info = await self._describe(range_id.stream_id, range_id.range_index)
             except ProtocolError as error:
                 results.append(
                     messages.DescribeRangeResult(
@@ -195,6 +200,18 @@ class RangeHandlers:
                 )
             )
         await responder.send(messages.DescribeRangesResponse(describe_responses=tuple(results)))
+
+    async def _describe(self, stream_id: int, range_index: int) -> RangeInfo:
+        engine = self._node.engine
+        try:
+            return engine.describe_range(stream_id, range_index)
+        except RangeNotFoundError:
+            # A range (or stream) placed here that this node has not been
+            # told of yet, its SYNC_RANGES still on the way: ask the PM, as
+            # FETCH does, rather than have the reader give up on this replica.
+            if not await self._node.learn_stream(stream_id):
+                raise
+            return engine.describe_range(stream_id, range_index)
 
 
 def _seal_error(stream_id: int, error: ProtocolError) -> messages.SealRangesResult:

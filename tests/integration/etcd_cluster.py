@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -13,15 +12,10 @@ from pathlib import Path
 
 import trio
 
+from net.address import free_ports
 from pm.etcd import Etcd, EtcdError
 
 READY_TIMEOUT_S = 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -97,9 +91,14 @@ class EtcdCluster:
 async def etcd_cluster(root: Path, size: int = 3) -> AsyncIterator[EtcdCluster]:
     if shutil.which("etcd") is None:
         raise AssertionError("etcd is not installed: run scripts/install-system-deps.sh")
+    ports = free_ports(2 * size)
     members = [
         Member(
-            f"m{i}", free_port(), free_port(), root / f"etcd-m{i}", root / "logs" / f"etcd-m{i}.log"
+            f"m{i}",
+            ports[2 * i - 2],
+            ports[2 * i - 1],
+            root / f"etcd-m{i}",
+            root / "logs" / f"etcd-m{i}.log",
         )
         for i in range(1, size + 1)
     ]

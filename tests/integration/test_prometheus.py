@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -23,6 +22,7 @@ import trio
 
 from client import DataNodeClient, SyncClient
 from dashboards.build import expressions, render
+from net.address import free_ports
 from net.service import METRICS_PREFIX
 from sbp.batches import build_batch
 from sbp.errors import UnsupportedOperationError
@@ -38,12 +38,6 @@ RECORDS_PER_TICK = 1000
 TICK_S = 0.05  # 1,000 records of 100 bytes every 50 ms: ~2 MB/s, steady
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def metrics_addresses(cluster: LocalCluster) -> dict[str, str]:
     """Each server's /metrics address, from the line it printed into its log."""
     found = {}
@@ -56,7 +50,7 @@ def metrics_addresses(cluster: LocalCluster) -> dict[str, str]:
 
 class Prometheus:
     def __init__(self, root: Path, jobs: dict[str, list[str]]) -> None:
-        self.port = free_port()
+        [self.port] = free_ports(1)
         config = root / "prometheus.yml"
         scrape_configs = [
             {"job_name": job, "static_configs": [{"targets": targets}]}

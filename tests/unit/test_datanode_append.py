@@ -26,7 +26,7 @@ from sbp.connection import Side
 from sbp.constants import MAX_RECORD_OFFSET
 from sbp.enums import ErrorCode, Opcode
 from sbp.errors import InvalidRequestError, ProtocolError
-from storage import RangeInfo, ReplicaInfo, StorageEngine
+from storage import RangeInfo, ReplicaInfo, StorageEngine, writes
 
 NODE = 1
 KNOWN, UNKNOWN = 1, 2
@@ -244,3 +244,42 @@ async def test_an_answer_that_cannot_be_built_is_unknown_not_a_crash(
             monkeypatch.undo()
             (ok,) = await append(client, [(KNOWN, batch(1))])
             assert (ok.error_code, ok.base_offset) == (ErrorCode.NONE, 1)
+
+
+async def test_describe_of_a_range_not_synced_here_yet_asks_the_pm(tmp_path: Path) -> None:
+    """A reader describes the range the PM just placed here before its
+    SYNC_RANGES arrived: the node asks the PM, as FETCH does, and answers
+    with the range instead of RANGE_NOT_FOUND. A range the PM does not
+    place here either stays RANGE_NOT_FOUND."""
+    replica = ReplicaInfo(NODE, "127.0.0.1:9001", True)
+
+    class PM:
+        def __init__(self) -> None:
+            self.asked: list[int] = []
+
+        async def refresh_stream(self, stream_id: int) -> bool:
+            self.asked.append(stream_id)
+            sealed = RangeInfo(KNOWN, 0, 0, 3, replicas=(replica,), epoch=1)
+            opened = RangeInfo(KNOWN, 1, 3, replicas=(replica,), epoch=1)
+            await node.command(lambda ctx: writes.sync_ranges(ctx, KNOWN, [sealed, opened]))
+            return True
+
+    pm = PM()
+
+    async def describe(range_index: int) -> messages.DescribeRangeResult:
+        request = messages.DescribeRangesRequest(
+            ranges=(messages.RangeId(stream_id=KNOWN, range_index=range_index),)
+        )
+        answer = (await client.request(Opcode.DESCRIBE_RANGES, request, timeout=5)).header
+        result: messages.DescribeRangeResult = answer.describe_responses[0]
+        return result
+
+    with engine_at(tmp_path) as engine:
+        async with node_connection(engine, pm) as (node, client, _server):
+            (ok,) = await append(client, [(KNOWN, batch(3))])
+            assert ok.error_code == ErrorCode.NONE
+            result = await describe(1)
+            assert result.error_code == ErrorCode.NONE
+            assert result.range is not None and result.range.start_offset == 3
+            assert pm.asked == [KNOWN]
+            assert (await describe(7)).error_code == ErrorCode.RANGE_NOT_FOUND
