@@ -781,16 +781,22 @@ class PlacementManager:
         self, deadline: float, calls: Sequence[tuple[int, str, Callable[[], Awaitable[None]]]]
     ) -> None:
         """Best effort, after a commit: run the calls concurrently until the
-        deadline, shielded from the request being cancelled, and log failures."""
+        deadline, shielded from the request being cancelled, and log failures.
+        A live node that did not take its call (cut off from the PM, say,
+        while its heartbeats still come) is reconciled as a returning node is:
+        until then it would hold a range open that the PM sealed, short of
+        its end, with nobody to tell it."""
 
-        async def attempt(what: str, call: Callable[[], Awaitable[None]]) -> None:
+        async def attempt(node_id: int, what: str, call: Callable[[], Awaitable[None]]) -> None:
             try:
                 await call()
             except trio.Cancelled:
                 log.warning("%s: no answer before the request's deadline", what)
+                self._returning.send_nowait(node_id)
                 raise
             except (SBPError, OSError) as exc:
                 log.warning("%s failed: %s", what, exc)
+                self._returning.send_nowait(node_id)
 
         with trio.CancelScope(deadline=deadline, shield=True) as scope:
             # Shielded from the request, not from shutdown (``stop_outgoing``).
@@ -803,7 +809,7 @@ class PlacementManager:
                         # A dead node would only be waited for until the deadline;
                         # it is reconciled when it is back (reconcile_node).
                         if self.registry.is_alive(node_id):
-                            nursery.start_soon(attempt, what, call)
+                            nursery.start_soon(attempt, node_id, what, call)
                         else:
                             log.info("%s skipped: the node is dead", what)
             finally:

@@ -3,7 +3,7 @@ trimmed or sealed, and nothing of streams this PM never created."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -118,3 +118,51 @@ async def test_a_failed_reconcile_is_tried_again_later_and_later(
     first, second, third = nodes.listed_at
     assert 10 <= second - first <= 11
     assert 20 <= third - second <= 21
+
+
+class _SyncsLost(FakeDataNodes):
+    """The next ``lost`` SYNC_RANGES go unanswered."""
+
+    lost = 0
+
+    async def sync_ranges(
+        self, node_id: int, streams: Sequence[tuple[int, Sequence[RangeRecord]]]
+    ) -> None:
+        if self.lost:
+            self.lost -= 1
+            await trio.sleep_forever()
+        await super().sync_ranges(node_id, streams)
+
+
+async def test_a_live_node_that_missed_a_sync_ranges_is_reconciled(
+    store: MetadataStore, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The node's heartbeats come, but the PM cannot reach it when it seals
+    one of its ranges: the node would keep the range open, short of its end,
+    with nobody to tell it. It is reconciled instead, again until it answers."""
+    nodes = _SyncsLost()
+    registry = NodeRegistry(5.0)
+    manager = PlacementManager(store, registry, nodes)
+    node = NodeRecord(1, "127.0.0.1:9001")
+    await manager.heartbeat(node)
+    [created] = await manager.create_streams([StreamRecord(0, 1)], timeout=5)
+    assert created.value is not None
+    opened = created.value[1]
+    nodes.hosted[1] = [opened]  # what the node holds: the range still open
+    nodes.next_offsets[opened.stream_id] = 5
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(manager.reconcile_returning_nodes)
+        nodes.lost = 1  # the seal's own SYNC_RANGES
+        nodes.listings_failing = 1  # and the first reconcile's listing
+        nodes.synced.clear()
+        await manager.seal_ranges([(opened.stream_id, 0)], 2.0)
+        assert nodes.synced == []
+        for _ in range(30):  # a heartbeat a second
+            await manager.heartbeat(node)
+            await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    sent = [ranges for n, sid, ranges in nodes.synced if (n, sid) == (1, opened.stream_id)]
+    assert sent, "the node was never told that its range was sealed"
+    assert sent[-1] == tuple(store.ranges(opened.stream_id))
+    assert sent[-1][0].end_offset == 5
+    assert len(nodes.listed_at) == 2  # the failed reconcile, then the one that worked
