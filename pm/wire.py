@@ -38,15 +38,19 @@ class DataNodeCache:
 def range_message(
     rng: RangeRecord, data_node: Callable[[int], messages.DataNode]
 ) -> messages.Range:
-    """The wire form of a range. ``next_offset`` is the PM's snapshot: the end
-    of a sealed range, the start of an open one (the primary knows the live
-    value; DESCRIBE_RANGES on the data node returns it)."""
+    """The wire form of a range. ``next_offset`` and ``commit_offset`` are
+    the PM's snapshot: the end of a sealed range (everything below it is
+    final, as its replicas report it too), the start of an open one (the
+    replicas know the live values; DESCRIBE_RANGES on a data node returns
+    them)."""
+    snapshot = rng.start_offset if rng.is_open else rng.end_offset
     return messages.Range(
         stream_id=rng.stream_id,
         range_index=rng.range_index,
         start_offset=rng.start_offset,
         end_offset=rng.end_offset,
-        next_offset=rng.start_offset if rng.is_open else rng.end_offset,
+        next_offset=snapshot,
+        commit_offset=snapshot,
         replica_nodes=tuple(
             messages.ReplicaNode(data_node=data_node(node_id), is_primary=position == 0)
             for position, node_id in enumerate(rng.nodes)
