@@ -788,15 +788,18 @@ class PlacementManager:
         its end, with nobody to tell it."""
 
         async def attempt(node_id: int, what: str, call: Callable[[], Awaitable[None]]) -> None:
+            taken = False
             try:
                 await call()
+                taken = True
             except trio.Cancelled:
                 log.warning("%s: no answer before the request's deadline", what)
-                self._returning.send_nowait(node_id)
                 raise
             except (SBPError, OSError) as exc:
                 log.warning("%s failed: %s", what, exc)
-                self._returning.send_nowait(node_id)
+            finally:
+                if not taken:
+                    self._returning.send_nowait(node_id)
 
         with trio.CancelScope(deadline=deadline, shield=True) as scope:
             # Shielded from the request, not from shutdown (``stop_outgoing``).
