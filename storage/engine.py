@@ -240,7 +240,12 @@ class StorageEngine:
 
     # -- appends ------------------------------------------------------------
 
-    def submit(self, items: Sequence[AppendItem], callback: AppendCallback) -> None:
+    def submit(
+        self,
+        items: Sequence[AppendItem],
+        callback: AppendCallback,
+        on_applied: AppendCallback | None = None,
+    ) -> None:
         """Queue one request's appends; never blocks.
 
         ``items`` are ``AppendItem(stream_id, batch)``, each batch one whole
@@ -256,8 +261,20 @@ class StorageEngine:
         StreamDeletedError, NotPrimaryError, StorageFullError). Items of one
         stream are applied in submission order. Raises ShuttingDownError after
         ``close``.
+
+        ``on_applied``, if given, is called the same way with the same
+        outcomes earlier: once the transaction is written and before it is
+        durable (a primary sends the batches to its followers meanwhile). If
+        that commit then fails, the ranges of those batches are fenced: they
+        take no more appends here (RangeSealedError) until the PM seals them.
         """
-        self._writer.submit(AppendOp(items, callback))
+        self._writer.submit(AppendOp(items, callback, on_applied))
+
+    def fence(self, stream_id: int, range_index: int) -> None:
+        """Refuse appends to this open range from now on (RangeSealedError),
+        until it is sealed: its followers may hold batches past this node's
+        next offset (see ``submit``). Thread-safe."""
+        self._store.fenced.add((stream_id, range_index))
 
     def append(self, stream_id: int, batch: Buffer) -> AppendResult:
         """Append one batch and wait until it is durable (for tests and tools)."""

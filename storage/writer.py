@@ -75,6 +75,12 @@ class WriteOp(ABC):
     def apply(self, ctx: WriteContext) -> None:
         """Write into the transaction. Raising aborts the whole group."""
 
+    def applied(self) -> bool:
+        """Called on the writer thread once the group is applied, before its
+        commit; True when the operation handed its outcomes on already (they
+        are not durable yet: see ``AppendOp``)."""
+        return False
+
     @abstractmethod
     def complete(self) -> None:
         """Deliver the outcome; called on the writer thread after the commit."""
@@ -92,9 +98,19 @@ class AppendOp(WriteOp):
     through, and the checks (the CRC-32C above all) need nothing it owns.
     """
 
-    def __init__(self, items: Sequence[AppendItem], callback: AppendCallback) -> None:
+    def __init__(
+        self,
+        items: Sequence[AppendItem],
+        callback: AppendCallback,
+        on_applied: AppendCallback | None = None,
+    ) -> None:
         self.items = items
         self.callback = callback
+        #: called with the outcomes before the commit makes them durable, so
+        #: that a primary can send the batches to its followers while this
+        #: node's fsync runs (SPEC §7); a failed commit then fences the
+        #: ranges they went to (``GroupCommitWriter._commit``)
+        self.on_applied = on_applied
         self.appends = len(items)
         self.size = sum(len(item.batch) for item in items)
         #: per item, its record count, or the error that refuses the batch
@@ -113,6 +129,12 @@ class AppendOp(WriteOp):
             except ProtocolError as error:
                 outcome = error
             outcomes.append(outcome)
+
+    def applied(self) -> bool:
+        if self.on_applied is None:
+            return False
+        self.on_applied(list(self.outcomes))
+        return True
 
     def complete(self) -> None:
         self.callback(self.outcomes)
@@ -316,9 +338,15 @@ class GroupCommitWriter:
         # its callers wake up and take the GIL while this commit syncs (LMDB
         # releases the GIL), instead of contending with the apply's puts.
         self._complete_committed()
+        handed_on = [op for op in group if op.applied()]
         # the durability point: after this returns, the group survives a crash
         syncing = time.perf_counter()
-        txn.commit()
+        try:
+            txn.commit()
+        except BaseException:
+            if handed_on:
+                self._fence(ctx, handed_on)
+            raise
         committed = time.perf_counter()
         ctx.publish()
         if self.page_cache is not None:
@@ -334,6 +362,21 @@ class GroupCommitWriter:
         self.commit_seconds.observe(elapsed)
         self.sync_seconds.observe(committed - syncing)
         self.group_sizes.observe(appends)
+
+    def _fence(self, ctx: WriteContext, handed_on: list[WriteOp]) -> None:
+        """The commit failed after ``handed_on`` gave out their offsets: those
+        may be on followers already, and this node would give them again to
+        other batches. Their ranges take no more appends here until sealed."""
+        streams = {
+            item.stream_id for op in handed_on if isinstance(op, AppendOp) for item in op.items
+        }
+        fenced = {key for key in ctx.appended_ranges if key[0] in streams}
+        log.error(
+            "storage writer: a commit failed after its batches went to followers; "
+            "ranges %s take no more appends here until the PM seals them",
+            sorted(fenced),
+        )
+        self.store.fenced.update(fenced)
 
     @staticmethod
     def _deliver(action: Callable[..., None], *args: ProtocolError) -> None:

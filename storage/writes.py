@@ -63,6 +63,11 @@ class Store:
     #: an append would pass the limit, and otherwise grown by the appends'
     #: generous estimates. None: count before the next append.
     used_pages_bound: int | None = None
+    #: (stream id, range index) of open ranges that take no more appends here
+    #: until the PM seals them: their batches may have reached the followers
+    #: ahead of this node's commit (a commit that then failed, or a restart),
+    #: so offsets from this node's next offset on may hold other batches there
+    fenced: set[tuple[int, int]] = field(default_factory=set)
 
     def pages_in_use(self, txn: Any) -> int:
         """Pages the databases occupy as ``txn`` sees them (free pages excluded)."""
@@ -118,6 +123,8 @@ class WriteContext:
         #: and transaction, and again after any command (see after_command)
         self._append_targets: dict[int, RangeInfo] = {}
         self._chunks: dict[int, _Chunk] = {}
+        #: (stream id, range index) of every append of this transaction
+        self.appended_ranges: set[tuple[int, int]] = set()
 
     # -- stream states ----------------------------------------------------
 
@@ -172,7 +179,17 @@ class WriteContext:
             state = self.current(stream_id)
             if state is None:
                 raise RangeNotFoundError(f"stream {stream_id} is unknown here")
-            target = self._append_targets[stream_id] = state.append_range(self.store.node_id)
+            target = state.append_range(self.store.node_id)
+            # checked before the target is remembered: every later append of
+            # the stream in this transaction takes the remembered target
+            # unchecked, so a fenced range must never be remembered
+            if (stream_id, target.range_index) in self.store.fenced:
+                raise RangeSealedError(
+                    f"range {target.range_index} of stream {stream_id} takes no more appends "
+                    "here: its followers may hold batches this node does not; the PM must seal it"
+                )
+            self._append_targets[stream_id] = target
+        self.appended_ranges.add((stream_id, target.range_index))
         state = self.for_update(stream_id)
         base_offset = max(state.next_offset, target.start_offset)
         self.add_batch(state, base_offset, batch, record_count)

@@ -78,7 +78,7 @@ class AppendHandler:
             node.append_timeouts.add(deadline, append)
         lane = self._slow_lanes.get(request.connection)
         if lane is None and all(node.knows(item.stream_id) for item in append.to_store):
-            node.engine.submit(append.to_store, append.on_durable)
+            append.submit()
             return None
         if lane is not None:
             lane.append(append)
@@ -97,7 +97,7 @@ class AppendHandler:
                         if not node.knows(stream_id):
                             await node.learn_stream(stream_id)
                     if not append.finished:
-                        node.engine.submit(append.to_store, append.on_durable)
+                        append.submit()
                 lane.popleft()
         finally:
             del self._slow_lanes[connection]
@@ -145,12 +145,15 @@ class _Completions:
 
     def __init__(self, token: trio.lowlevel.TrioToken) -> None:
         self._token = token
-        self._ready: collections.deque[tuple[_Append, list[AppendOutcome]]] = collections.deque()
+        self._ready: collections.deque[tuple[_Append, list[AppendOutcome], bool]] = (
+            collections.deque()
+        )
         self._scheduled = False
 
-    def put(self, pending: _Append, outcomes: list[AppendOutcome]) -> None:
-        """On the writer thread: queue, and wake trio unless a drain is due."""
-        self._ready.append((pending, outcomes))
+    def put(self, pending: _Append, outcomes: list[AppendOutcome], *, durable: bool = True) -> None:
+        """On the writer thread: queue, and wake trio unless a drain is due.
+        ``durable`` False: the outcomes of a group written, not yet committed."""
+        self._ready.append((pending, outcomes, durable))
         if not self._scheduled:
             self._scheduled = True
             with contextlib.suppress(trio.RunFinishedError):
@@ -162,7 +165,13 @@ class _Completions:
         self._scheduled = False
         ready = self._ready
         while ready:
-            pending, outcomes = ready.popleft()
+            pending, outcomes, durable = ready.popleft()
+            if not durable:
+                try:
+                    pending.applied(outcomes)
+                except Exception:
+                    logger.exception("replicating an APPEND ahead of its commit failed")
+                continue
             try:
                 pending.deliver(outcomes)
             except Exception:
@@ -236,9 +245,34 @@ class _Append:
         stored = iter(outcomes)
         return [self.denied.get(n) or next(stored) for n in range(len(self.items))]
 
+    def submit(self) -> None:
+        """To the storage writer; batches of ranges replicated from here go
+        to the followers as soon as they are written (``on_applied``)."""
+        node = self.handler._node
+        replicator = node.replicator
+        replicated = replicator is not None and any(
+            replicator.replicates(item.stream_id) for item in self.to_store
+        )
+        node.engine.submit(self.to_store, self.on_durable, self.on_applied if replicated else None)
+
+    def on_applied(self, outcomes: list[AppendOutcome]) -> None:
+        """Runs on the storage writer thread, before the commit: hand over."""
+        self.completions.put(self, outcomes, durable=False)
+
     def on_durable(self, outcomes: list[AppendOutcome]) -> None:
         """Runs on the storage writer thread: hand over, never block."""
         self.completions.put(self, self.with_denials(outcomes))
+
+    def applied(self, outcomes: list[AppendOutcome]) -> None:
+        """On the trio thread: the stored items' batches are written, their
+        commit syncing; the pipelines of replicated ranges take them now."""
+        replicator = self.handler._node.replicator
+        assert replicator is not None
+        for item, outcome in zip(self.to_store, outcomes, strict=True):
+            if isinstance(outcome, AppendResult) and replicator.replicates(item.stream_id):
+                pipeline = replicator.pipeline_for(item.stream_id, outcome.base_offset)
+                if pipeline is not None:
+                    pipeline.applied(outcome.base_offset, outcome.record_count, item.batch)
 
     def deliver(self, outcomes: list[AppendOutcome]) -> None:
         """On the trio thread: count, wake the FETCHes waiting on these streams

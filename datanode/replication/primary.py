@@ -6,6 +6,14 @@ sends every follower the range's batches with REPLICATE, in offset order:
 - what it sends it reads back from its own storage, from the follower's next
   offset up to its own durable next offset, so a resend after a gap, a
   reconnect or a restart of either side is the same code as the first send;
+- except for the newest batches: the storage writer hands them over
+  (``applied``) as soon as their group is written, before its commit syncs,
+  and they go to the followers from memory while this node's fsync runs, so
+  the primary's and the followers' syncs overlap. A follower may thus hold
+  batches this node has not made durable; the commit offset never passes
+  this node's durable next offset, and a range whose commit failed (or led
+  here before a restart) is fenced until the PM seals it, so an offset
+  handed out once is never handed to another batch;
 - up to ``WINDOW`` frames are in flight per follower, each up to
   ``FRAME_BYTES`` of batches, and they leave in the order they were made;
 - a follower's answer carries its durable next offset: the match offset.
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
@@ -41,7 +50,7 @@ from net.connection import Connection
 from net.pool import ConnectionPool
 from net.ratelog import RateLimitedLog
 from sbp import messages
-from sbp.batches import batch_spans, peek_header
+from sbp.batches import Buffer, batch_spans, peek_header, stamp_base_offset
 from sbp.enums import ErrorCode, Opcode
 from sbp.errors import ProtocolError, SBPError, error_for
 from sbp.replication import commit_offset, effective_acks
@@ -56,6 +65,10 @@ _unreachable = RateLimitedLog(logger, interval=30.0)
 #: REPLICATE frames in flight per follower, and the batch bytes of one
 WINDOW: Final = 8
 FRAME_BYTES: Final = 1 << 20
+#: how long a moved commit offset waits for a frame of batches to carry it
+#: before it is sent alone: followers serve FETCH up to it, so this is how
+#: much later an idle follower's readers may see the last records
+COMMIT_LINGER_S: Final = 0.002
 #: how long a follower has to answer one REPLICATE
 REPLICATE_TIMEOUT_S: Final = 10.0
 #: a range sealed here that the PM has not ended after this long is sealed
@@ -72,6 +85,8 @@ REPLICATE_SECONDS_BOUNDS: Final = (
 
 #: called with True once the commit offset passes the item, False when it never will
 CommitCallback = Callable[[bool], None]
+#: one REPLICATE's items, its payload, and the offset after its batches
+Frame = tuple[list[messages.ReplicateInfo], memoryview, int]
 
 
 @dataclass(eq=False)
@@ -120,6 +135,9 @@ class RangePipeline:
         self.commit = info.start_offset
         #: (end offset, callback) of the items waiting, in offset order
         self._waiting: collections.deque[tuple[int, CommitCallback]] = collections.deque()
+        #: batches written here whose commit is still syncing, in offset
+        #: order: (base offset, end offset, the batch with its offset stamped)
+        self._ahead: collections.deque[tuple[int, int, bytearray]] = collections.deque()
         self._stopped = trio.Event()
 
     # -- what the APPEND path uses ---------------------------------------------
@@ -135,14 +153,45 @@ class RangePipeline:
             self.new_data()
 
     def new_data(self) -> None:
-        """Batches were made durable here: the followers have more to take."""
+        """Batches were made durable here: the followers have more to take,
+        and the commit offset may move (followers that took them from memory
+        may have answered already)."""
+        self._drop_durable()
         for follower in self.followers:
             follower.wake.set()
+        self._recompute()
+
+    def applied(self, base_offset: int, record_count: int, batch: Buffer) -> None:
+        """A batch is written here and its commit is syncing: the followers
+        may take it now, from memory. Only a batch that continues what is
+        durable or already held here is kept (one that comes after its own
+        commit is read from storage, as any durable batch)."""
+        durable = self._drop_durable()
+        ahead = self._ahead
+        if base_offset != (ahead[-1][1] if ahead else durable):
+            return
+        stamped = bytearray(batch)
+        stamp_base_offset(stamped, base_offset)
+        ahead.append((base_offset, base_offset + record_count, stamped))
+        self.new_data()
+
+    def _durable(self) -> int:
+        return self.node.engine.next_offset(self.stream_id) or self.start_offset
+
+    def _drop_durable(self) -> int:
+        """Forget the batches in memory that are durable now (read from
+        storage from now on); the durable next offset."""
+        durable = self._durable()
+        ahead = self._ahead
+        while ahead and ahead[0][1] <= durable:
+            ahead.popleft()
+        return durable
 
     def stop(self) -> None:
         """The range is sealed or no longer led here: nothing more commits."""
         if not self._stopped.is_set():
             self._stopped.set()
+            self._ahead.clear()
             waiting, self._waiting = self._waiting, collections.deque()
             for _end, callback in waiting:
                 callback(False)
@@ -201,9 +250,10 @@ class RangePipeline:
 
     async def _stream_to(self, follower: Follower, connection: Connection) -> None:
         """Send the follower what it lacks, for as long as the connection lasts."""
-        engine = self.node.engine
         last_sent = trio.Event()
         last_sent.set()
+        #: when the commit offset goes alone if no batch carries it first
+        commit_due = math.inf
         async with trio.open_nursery() as frames:
             while True:
                 follower.wake = trio.Event()
@@ -212,12 +262,14 @@ class RangePipeline:
                     # its next offset.
                     await self._frame(follower, connection, [], b"", last_sent, trio.Event())
                     continue
-                durable = engine.next_offset(self.stream_id) or self.start_offset
-                if follower.send_offset < durable and follower.in_flight < WINDOW:
-                    items, payload, next_offset = self._read_frame(follower.send_offset)
-                    if not items:
+                frame = None
+                if follower.in_flight < WINDOW:
+                    frame = self._next_frame(follower.send_offset)
+                    if self.stopped:
                         return
-                    follower.send_offset = next_offset
+                if frame:
+                    commit_due = math.inf
+                    items, payload, follower.send_offset = frame
                     previous, last_sent = last_sent, trio.Event()
                     follower.in_flight += 1
                     frames.start_soon(
@@ -225,6 +277,15 @@ class RangePipeline:
                     )
                     continue
                 if self.commit > follower.sent_commit and follower.in_flight == 0:
+                    # The next frame of batches carries the commit offset: one
+                    # alone goes only once none came for COMMIT_LINGER_S (a
+                    # frame more per append for each follower otherwise).
+                    commit_due = min(commit_due, trio.current_time() + COMMIT_LINGER_S)
+                    if trio.current_time() < commit_due:
+                        with trio.move_on_at(commit_due):
+                            await follower.wake.wait()
+                        continue
+                    commit_due = math.inf
                     previous, last_sent = last_sent, trio.Event()
                     follower.in_flight += 1
                     frames.start_soon(
@@ -233,7 +294,28 @@ class RangePipeline:
                     continue
                 await follower.wake.wait()
 
-    def _read_frame(self, offset: int) -> tuple[list[messages.ReplicateInfo], memoryview, int]:
+    def _next_frame(self, offset: int) -> Frame | None:
+        """The next frame from ``offset``: durable batches from storage, the
+        newer ones from memory; None when there is nothing to send yet."""
+        if offset < self._durable():
+            return self._read_frame(offset)
+        items: list[messages.ReplicateInfo] = []
+        pieces: list[bytearray] = []
+        size = 0
+        for base_offset, end_offset, batch in self._ahead:
+            if end_offset <= offset:
+                continue
+            if base_offset != offset or (items and size + len(batch) > FRAME_BYTES):
+                break
+            items.append(self._item(base_offset, len(batch)))
+            pieces.append(batch)
+            size += len(batch)
+            offset = end_offset
+        if not items:
+            return None
+        return items, memoryview(pieces[0] if len(pieces) == 1 else b"".join(pieces)), offset
+
+    def _read_frame(self, offset: int) -> Frame:
         """The batches from ``offset`` on, up to one frame's worth: as items,
         the payload (the read's own buffer, not copied again), and the
         offset after them."""
@@ -345,10 +427,11 @@ class RangePipeline:
     def _recompute(self) -> None:
         if self.ack_nums is None or self.stopped:
             return
-        durable = self.node.engine.next_offset(self.stream_id) or self.start_offset
+        durable = self._durable()
         offsets = [durable, *(f.match for f in self.followers)]
-        # Never past what this primary holds: a follower ahead of it (a node
-        # run with --sync never that lost its tail) holds nothing it acknowledged.
+        # Never past what this primary holds durably: a follower ahead of it
+        # (batches sent while this node's commit synced, or a node run with
+        # --sync never that lost its tail) holds nothing it acknowledged.
         committed = min(commit_offset(offsets, self.ack_nums), durable)
         if committed < self.commit:
             return
@@ -369,6 +452,8 @@ class Replicator:
         self._node = node
         self._pool = pool
         self._pipelines: dict[tuple[int, int], RangePipeline] = {}
+        #: the streams of ``_pipelines``
+        self._streams: set[int] = set()
         self._nursery: trio.Nursery | None = None
         #: streams that may have ranges sealed here whose end the PM has not fixed
         self._unsettled: dict[int, float] = {}
@@ -380,8 +465,15 @@ class Replicator:
             self._nursery = nursery
             # Ranges led here since before a restart: their followers may lack
             # batches, and their commit offset must be learned again before
-            # FETCH serves them.
-            for stream_id in self._node.engine.stream_ids():
+            # FETCH serves them. They may also hold batches this node never
+            # made durable (sent while its last commit synced), at offsets it
+            # would hand out again: such a range takes no more appends here
+            # (RANGE_SEALED, upon which a writer has the PM seal it).
+            engine = self._node.engine
+            for stream_id in engine.stream_ids():
+                info = engine.open_range(stream_id)
+                if info is not None and self._leads_replicated(info):
+                    engine.fence(stream_id, info.range_index)
                 self.lead(stream_id)
             task_status.started()
             await self._settle()
@@ -436,8 +528,11 @@ class Replicator:
         """Start the pipeline of the stream's open range if it is led here
         and has followers."""
         info = self._node.engine.open_range(stream_id)
-        if info is not None and info.primary_node_id == self._node.node_id:
+        if info is not None and self._leads_replicated(info):
             self.pipeline_for(stream_id, info.start_offset)
+
+    def _leads_replicated(self, info: RangeInfo) -> bool:
+        return info.primary_node_id == self._node.node_id and len(info.replicas) > 1
 
     def pipeline_for(self, stream_id: int, offset: int) -> RangePipeline | None:
         """The pipeline of the replicated open range led here that holds
@@ -454,6 +549,7 @@ class Replicator:
                 pipeline.stop()  # sealed under the append: it cannot commit here
                 return pipeline
             self._pipelines[key] = pipeline
+            self._streams.add(stream_id)
             assert self._nursery is not None, "the replicator is not running"
             self._nursery.start_soon(self._run_pipeline, key, pipeline)
         return pipeline
@@ -473,6 +569,12 @@ class Replicator:
         finally:
             if self._pipelines.get(key) is pipeline:
                 del self._pipelines[key]
+                if all(sid != key[0] for sid, _ in self._pipelines):
+                    self._streams.discard(key[0])
+
+    def replicates(self, stream_id: int) -> bool:
+        """Whether a range of the stream led here is being replicated."""
+        return stream_id in self._streams
 
     def ranges_changed(self, stream_id: int) -> None:
         """A seal or SYNC_RANGES touched the stream: pipelines of ranges no

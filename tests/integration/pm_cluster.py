@@ -108,10 +108,12 @@ class PMCluster:
 
 
 @contextlib.asynccontextmanager
-async def pm_cluster(root: Path, node_ids: Sequence[int] = (1, 2, 3)) -> AsyncIterator[PMCluster]:
+async def pm_cluster(
+    root: Path, node_ids: Sequence[int] = (1, 2, 3), node_timeout_ms: int = NODE_TIMEOUT_MS
+) -> AsyncIterator[PMCluster]:
     """A running PM with ``node_ids`` registered and alive."""
     async with ConnectionPool() as pool:
-        cluster = PMCluster(root, pool)
+        cluster = PMCluster(root, pool, node_timeout_ms=node_timeout_ms)
         try:
             await cluster.start_pm()
             await cluster.start_nodes(node_ids)

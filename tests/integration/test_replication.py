@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NODES = (1, 2, 3, 4)
 
 
-def node_of(cluster: PMCluster, data_node: messages.DataNode) -> int:
+def node_of(cluster: PMCluster, data_node: messages.DataNode | None) -> int:
+    assert data_node is not None
     return next(n for n, p in cluster.nodes.items() if p.address == data_node.advertise_addr)
 
 
@@ -162,6 +163,51 @@ async def test_killing_the_primary_loses_no_acknowledged_record(tmp_path: Path) 
         lost = {value: offset for value, offset in acked.items() if stored.get(offset) != value}
         assert not lost
         assert end.is_open
+
+
+@pytest.mark.deadline(120)
+async def test_a_primary_restarted_before_the_pm_noticed_has_its_range_sealed(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL of the primary under appends, and a restart at once: its
+    followers may hold batches its last commit never made durable, so it
+    takes no more appends in that range. The producer has the PM seal it and
+    goes on; every replica of the sealed range serves the same records, the
+    acknowledged ones at their offsets."""
+    async with pm_cluster(tmp_path, NODES, node_timeout_ms=60_000) as cluster:
+        pm = cluster.pm_client()
+        created = await pm.create_stream(3, ack_nums=2)
+        assert created.stream is not None and created.range is not None
+        stream_id = created.stream.stream_id
+        victim = node_of(cluster, created.range.primary_node())
+        acked: dict[bytes, int] = {}
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(produce, cluster, stream_id, acked, stop)
+            with trio.fail_after(10):
+                while len(acked) < 200:
+                    await trio.sleep(0.01)
+            await cluster.nodes[victim].kill()
+            await cluster.start_node(victim)
+            before = len(acked)
+            with trio.fail_after(30):
+                while len(acked) < before + 200:
+                    await trio.sleep(0.05)
+            stop.set()
+        first = (await pm.list_stream_ranges(stream_id))[0]
+        assert not first.is_open
+        length = first.end_offset - first.start_offset
+        served = []
+        for replica in first.replica_nodes:
+            address = replica.data_node.advertise_addr
+            with trio.fail_after(20):
+                while len(values := await replica_values(cluster, first, address, 0)) < length:
+                    await trio.sleep(0.05)
+            served.append(values[:length])
+        assert served[0] == served[1] == served[2]
+        for value, offset in acked.items():
+            if offset < first.end_offset:
+                assert served[0][offset] == value
 
 
 async def wait_sealed(cluster: PMCluster, stream_id: int, range_index: int) -> messages.Range:
