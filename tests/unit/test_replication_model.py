@@ -187,31 +187,31 @@ def test_batches_sent_before_the_primary_synced_them_never_give_one_offset_two_v
             pending: dict[int, bytes] = {}
             #: written on the primary, not durable: (base offset, values, stamped batch)
             unsynced: list[tuple[int, list[bytes], bytearray]] = []
-            #: the range refuses appends on the primary (its restart fenced it)
+            #: the primary's restart fenced the range: appends go to its engine,
+            #: whose fence must refuse them
             fenced = False
             number = 0
             for op, arg in ops:
                 durable = primary.next_offset(STREAM) or 0
-                if op == "append" and fenced:
-                    # the engine's fence decides, for every batch of one
-                    # transaction: none may take an offset a follower holds
+                if op == "append":
                     values = [f"v{number + i}".encode() for i in range(arg)]
                     number += arg
-                    outcomes: Future[list[AppendOutcome]] = Future()
-                    primary.submit(
-                        [AppendItem(STREAM, build_batch([value], 1)) for value in values],
-                        outcomes.set_result,
-                    )
-                    for outcome, value in zip(outcomes.result(), values, strict=True):
-                        if isinstance(outcome, AppendResult):
-                            pending[outcome.base_offset] = value
-                elif op == "append":
-                    values = [f"v{number + i}".encode() for i in range(arg)]
-                    number += arg
-                    base = unsynced[-1][0] + len(unsynced[-1][1]) if unsynced else durable
-                    batch = build_batch(values, 1)
-                    stamp_base_offset(batch, base)
-                    unsynced.append((base, values, batch))
+                    if fenced:
+                        # the engine's fence decides, for every batch of one
+                        # transaction: none may take an offset a follower holds
+                        outcomes: Future[list[AppendOutcome]] = Future()
+                        primary.submit(
+                            [AppendItem(STREAM, build_batch([value], 1)) for value in values],
+                            outcomes.set_result,
+                        )
+                        for outcome, value in zip(outcomes.result(), values, strict=True):
+                            if isinstance(outcome, AppendResult):
+                                pending[outcome.base_offset] = value
+                    else:
+                        base = unsynced[-1][0] + len(unsynced[-1][1]) if unsynced else durable
+                        batch = build_batch(values, 1)
+                        stamp_base_offset(batch, base)
+                        unsynced.append((base, values, batch))
                 elif op == "sync" and unsynced:
                     base, values, _ = unsynced.pop(0)
                     result = primary.append(STREAM, build_batch(values, 1))
