@@ -255,3 +255,33 @@ def test_spark_compares_the_source_with_parquet_and_the_api_ceiling(tmp_path: Pa
     (target,) = doc["targets"]
     assert target["unit"] == "x" and target["value"] > 0
     assert (tmp_path / "spark.png").stat().st_size > 0
+
+
+def test_reuse_times_appends_on_a_fresh_store_and_after_each_deletion() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.reuse", "--quick", "--rate", "500"],
+        capture_output=True,
+        text=True,
+        timeout=SCENARIO_TIMEOUT_S,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| ")]
+    labels = [row.split("|")[1].strip() for row in rows[1:]]
+    assert labels == ["fresh store", "after deletion 1", "after deletion 2"]
+    for row in rows[1:]:
+        appends = int(row.split("|")[2].replace(",", ""))
+        assert 400 <= appends <= 600  # one second at 500 a second
+        p50, p99, max_ms = (float(row.split("|")[i]) for i in (3, 4, 6))
+        assert 0 < p50 <= p99 <= max_ms
+
+
+def test_reuse_refuses_a_rate_of_zero() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.reuse", "--rate", "0"],
+        capture_output=True,
+        text=True,
+        timeout=SCENARIO_TIMEOUT_S,
+    )
+    assert run.returncode == 2
+    assert "--rate and --seconds must be positive" in run.stderr
+    assert "Traceback" not in run.stderr
