@@ -95,6 +95,8 @@ def run(rate: float, seconds: float, cycles: int) -> list[Phase]:
                 latencies = offer(engine, stream_id, batch, rate, seconds)
                 phases.append(Phase(label, latencies, written_bytes() - before))
                 print(f"  {label}: {len(latencies):,} appends", flush=True)
+                # as the data node deletes: the chunks' first pages read first
+                engine.prefetch_chunks(stream_id)
                 engine.delete_stream(stream_id)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -211,6 +211,8 @@ class StorageEngine:
                         entry = layout.decode_index(index.value())
                         last_batch_end = base_offset + entry.record_count
                 state.next_offset = max(floor, last_batch_end)
+                if state.deleted and last_batch_end:
+                    store.unfreed.add(stream_id)  # deleted, chunks left to free
             store.streams = streams
             batches = txn.cursor(db=store.dbs[layout.BATCHES_DB])
             store.last_batch_key = batches.key() if batches.last() else b""

@@ -68,6 +68,9 @@ class Store:
     #: ahead of this node's commit (a commit that then failed, or a restart),
     #: so offsets from this node's next offset on may hold other batches there
     fenced: set[tuple[int, int]] = field(default_factory=set)
+    #: deleted streams whose chunks are not all freed yet: a deletion frees
+    #: them a little with each later write transaction (``free_deleted``)
+    unfreed: set[int] = field(default_factory=set)
 
     def pages_in_use(self, txn: Any) -> int:
         """Pages the databases occupy as ``txn`` sees them (free pages excluded)."""
@@ -125,6 +128,10 @@ class WriteContext:
         self._chunks: dict[int, _Chunk] = {}
         #: (stream id, range index) of every append of this transaction
         self.appended_ranges: set[tuple[int, int]] = set()
+        #: the store's set until this transaction changes it, then a copy
+        self.unfreed = store.unfreed
+        #: bytes of batches this transaction stores
+        self._stored_here = 0
 
     # -- stream states ----------------------------------------------------
 
@@ -325,6 +332,10 @@ class WriteContext:
         if self.used_pages is None or (self.used_pages + needed > limit and not self._counted):
             self.used_pages = self.store.pages_in_use(self.txn) + self._unwritten_pages
             self._counted = True
+        if self.used_pages + needed > limit and self.unfreed:
+            # room is short: free every deleted stream now, not a little at a time
+            self.free_deleted(None)
+            self.used_pages = self.store.pages_in_use(self.txn) + self._unwritten_pages
         if self.used_pages + needed > limit:
             raise StorageFullError(
                 f"storage full: {self.used_pages * self.store.page_size} bytes in use of "
@@ -332,6 +343,7 @@ class WriteContext:
             )
         self.used_pages += needed
         self._unwritten_pages += needed
+        self._stored_here += batch_size
 
     def index_entries(self, stream_id: int) -> Iterable[tuple[int, IndexEntry]]:
         """(base_offset, index entry) of the stream's chunks, in order."""
@@ -343,6 +355,19 @@ class WriteContext:
             if key_stream != stream_id:
                 return
             yield base_offset, layout.decode_index(value)
+
+    def forget_batches(self, stream_id: int) -> None:
+        """Stop counting the stream's chunks as stored and queue them for
+        ``free_deleted``."""
+        queued = False
+        for _base_offset, entry in self.index_entries(stream_id):
+            self.stored_bytes -= entry.size
+            self.stored_batches -= entry.batches
+            queued = True
+        if queued:
+            if self.unfreed is self.store.unfreed:
+                self.unfreed = set(self.unfreed)
+            self.unfreed.add(stream_id)
 
     def drop_batches(self, stream_id: int, keep: Callable[[int, int], bool]) -> int:
         """Delete the stream's chunks up to the first one ``keep(base, end)`` accepts.
@@ -364,6 +389,39 @@ class WriteContext:
             self.stored_batches -= entry.batches
         return sum(entry.batches for _base, entry in doomed)
 
+    def free_deleted(self, budget_bytes: int | None) -> None:
+        """Free chunks of deleted streams, oldest first, until about
+        ``budget_bytes`` of them are gone (all of them with None).
+
+        A deletion does not free its chunks at once. LMDB reuses freed pages
+        through an in-memory list that it searches for a run of contiguous
+        pages on every large allocation; a gigabyte freed in one transaction
+        made that search, once appends had used up the big runs, take the
+        writer's core for 40-90 ms stalls and then 2-3 ms per commit
+        (docs/benchmarks.md, Write latency). Freeing about as much as each
+        transaction stores keeps that list short.
+        """
+        for stream_id in sorted(self.unfreed):
+            if budget_bytes is not None and budget_bytes <= 0:
+                return
+            doomed: list[int] = []
+            freed_all = True
+            for base_offset, entry in self.index_entries(stream_id):
+                if budget_bytes is not None:
+                    if budget_bytes <= 0:
+                        freed_all = False
+                        break
+                    budget_bytes -= entry.size
+                doomed.append(base_offset)
+            for base_offset in doomed:  # not while the cursor walks the index
+                key = batch_key(stream_id, base_offset)
+                self.txn.delete(key, db=self._batches)
+                self.txn.delete(key, db=self._index)
+            if freed_all:
+                if self.unfreed is self.store.unfreed:
+                    self.unfreed = set(self.unfreed)
+                self.unfreed.discard(stream_id)
+
     def publish(self) -> None:
         """Make this (committed) transaction's changes visible to readers."""
         store = self.store
@@ -376,10 +434,13 @@ class WriteContext:
         store.stored_bytes = self.stored_bytes
         store.stored_batches = self.stored_batches
         store.used_pages_bound = self.used_pages
+        store.unfreed = self.unfreed
 
     def finish(self) -> None:
         """Write what the transaction still holds: the appends and the counters."""
         self.write_appends()
+        if self.unfreed and self._stored_here:
+            self.free_deleted(self._stored_here)
         meta = self.store.dbs[layout.META_DB]
         if self.stored_bytes != self.store.stored_bytes:
             self.txn.put(layout.STORED_BYTES_KEY, layout.COUNTER.pack(self.stored_bytes), db=meta)
@@ -599,14 +660,18 @@ def set_retention(ctx: WriteContext, stream_id: int, retention_period_ms: int) -
 
 
 def delete_stream(ctx: WriteContext, stream_id: int) -> None:
-    """Mark the stream deleted (appends and reads refused from now on) and free its data.
+    """Mark the stream deleted (appends and reads refused from now on); its
+    data no longer counts as stored, and later transactions free its chunks
+    (``WriteContext.free_deleted``).
 
     Idempotent; a stream never seen here is recorded as deleted too.
     """
     state = ctx.current(stream_id)
+    if state is not None and state.deleted:
+        return
     state = StreamState(stream_id) if state is None else state.copy()
     ctx.pending[stream_id] = state
-    ctx.drop_batches(stream_id, lambda _base, _end: False)
+    ctx.forget_batches(stream_id)
     state.ranges = tuple(dataclasses.replace(r, deleted=True) for r in state.ranges)
     for info in state.ranges:
         ctx.save_range(info)

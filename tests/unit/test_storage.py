@@ -694,4 +694,81 @@ def test_prefetch_chunks_reads_the_chunks_a_drop_frees(engine: StorageEngine) ->
     # reading changes nothing
     engine.delete_stream(1)
     assert engine.stats().stored_batches == 1
-    assert engine.prefetch_chunks(1) == 0
+    # the deletion leaves its chunks to later transactions (see below)
+    assert engine.prefetch_chunks(1) == 4
+
+
+def chunks_of(engine: StorageEngine, stream_id: int) -> int:
+    return engine.prefetch_chunks(stream_id)
+
+
+def test_a_deletion_frees_about_as_much_as_each_later_transaction_stores(
+    engine: StorageEngine,
+) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(2, [open_range(2)])
+    small = batch(b"x" * 1000)
+    for _ in range(6):
+        engine.append(1, small)  # one chunk each
+    engine.append(2, batch(b"kept"))
+    engine.delete_stream(1)
+    # gone for readers, writers and the counters at once; the chunks stay
+    with pytest.raises(StreamDeletedError):
+        engine.read(1, 0, 100)
+    assert engine.stats().stored_batches == 1
+    assert engine.stats().stored_bytes == len(batch(b"kept"))
+    assert chunks_of(engine, 1) == 6
+    engine.delete_stream(1)  # idempotent: nothing counted twice
+    assert engine.stats().stored_bytes == len(batch(b"kept"))
+    # a command stores nothing, so it frees nothing
+    engine.set_retention(2, 0)
+    assert chunks_of(engine, 1) == 6
+    # each transaction frees about the bytes it stores, oldest chunks first
+    engine.append(2, small)
+    assert chunks_of(engine, 1) == 5
+    engine.append(2, batch(b"y" * 2500))
+    assert chunks_of(engine, 1) == 2
+    engine.append(2, batch(b"z" * 5000))
+    assert chunks_of(engine, 1) == 0
+    assert engine.stats().stored_batches == 4
+    assert values_at(engine, 2, 0)[0] == (0, b"kept")
+
+
+def test_chunks_left_by_a_deletion_are_freed_after_a_restart(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(2, [open_range(2)])
+    for _ in range(3):
+        engine.append(1, batch(b"x" * 1000))
+    engine.delete_stream(1)
+    engine = reopen(engine)
+    try:
+        assert chunks_of(engine, 1) == 3
+        with pytest.raises(StreamDeletedError):
+            engine.append(1, batch(b"b"))
+        assert engine.stats().stored_batches == 0
+        engine.append(2, batch(b"y" * 5000))
+        assert chunks_of(engine, 1) == 0
+        assert engine.stats().stored_batches == 1
+    finally:
+        engine.close()
+
+
+def test_a_full_store_frees_every_deleted_stream_before_refusing(tmp_path: Path) -> None:
+    engine = StorageEngine(tmp_path, map_size=MAP_SIZE, node_id=NODE)
+    try:
+        engine.sync_ranges(1, [open_range(1)])
+        engine.sync_ranges(2, [open_range(2)])
+        big = batch(b"x" * (1 << 20))
+        with pytest.raises(StorageFullError):
+            while True:
+                engine.append(1, big)
+        engine.delete_stream(1)
+        filled = chunks_of(engine, 1)
+        assert filled > 10
+        # the first append finds no room, frees all of stream 1, and is stored
+        assert engine.append(2, big).base_offset == 0
+        assert chunks_of(engine, 1) == 0
+        for _ in range(filled - 10):
+            engine.append(2, big)
+    finally:
+        engine.close()

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sbp.batches import batch_spans, decode_batches, peek_header
+from sbp.batches import batch_spans, build_batch, decode_batches, peek_header
+from sbp.errors import StreamDeletedError
 from storage import StorageEngine
 
 STREAM = 1
@@ -80,6 +81,18 @@ def run_child_and_kill(
 
 
 @pytest.mark.slow
+def acknowledgements_of(payload: bytearray) -> dict[int, tuple[int, str]]:
+    """base offset -> (record count, digest) of each stored batch, as the
+    child prints them when acknowledged."""
+    return {
+        peek_header(payload, start).base_offset: (
+            peek_header(payload, start).record_count,
+            hashlib.sha256(payload[start + 8 : end]).hexdigest(),
+        )
+        for start, end in batch_spans(payload)
+    }
+
+
 def test_acknowledged_appends_survive_sigkill(tmp_path: Path) -> None:
     rng = random.Random(20240611)
     path = tmp_path / "data"
@@ -157,15 +170,63 @@ def test_retention_under_appends_survives_sigkill(tmp_path: Path) -> None:
             offsets = decoded.offsets.tolist()
             # whole batches, the first holding ``first``, dense to the end
             assert offsets[0] <= first and offsets == list(range(offsets[0], next_offset))
-            seen = {
-                peek_header(payload, start).base_offset: (
-                    peek_header(payload, start).record_count,
-                    hashlib.sha256(payload[start + 8 : end]).hexdigest(),
-                )
-                for start, end in batch_spans(payload)
-            }
+            seen = acknowledgements_of(payload)
             for offset, expected in acknowledged.items():
                 if offset >= offsets[0]:
                     assert seen.get(offset) == expected
             acknowledged = seen
     assert first_before > 0  # retention did drop batches along the way
+
+
+# The same child appending to stream 2, after it first filled stream 1 and
+# deleted it: each of its transactions frees some of stream 1's chunks.
+DELETED_STREAM_CHILD = CHILD.replace(
+    "if engine.next_offset(1) is None:\n"
+    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, "
+    'replicas=(ReplicaInfo(1, "127.0.0.1:1", True),))])',
+    'replica = ReplicaInfo(1, "127.0.0.1:1", True)\n'
+    "if engine.next_offset(2) is None:\n"
+    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(replica,))])\n"
+    "    for i in range(1000):\n"
+    '        engine.append(1, build_batch([b"gone" * 5000], i))\n'
+    "    engine.prefetch_chunks(1)\n"
+    "    engine.delete_stream(1)\n"
+    "    engine.sync_ranges(2, [RangeInfo(2, 0, 0, replicas=(replica,))])",
+).replace("[AppendItem(1, batch)]", "[AppendItem(2, batch)]")
+
+
+@pytest.mark.slow
+def test_freeing_a_deleted_stream_under_appends_survives_sigkill(tmp_path: Path) -> None:
+    """Killed while appends to one stream free a deleted stream's chunks: after
+    each restart the deleted stream stays deleted and its chunks only go, every
+    acknowledged append of the other stream is intact, and the stored counters
+    count that stream alone."""
+    assert "engine.delete_stream(1)" in DELETED_STREAM_CHILD
+    assert "AppendItem(2, batch)" in DELETED_STREAM_CHILD
+    rng = random.Random(20261125)
+    path = tmp_path / "data"
+    acknowledged: dict[int, tuple[int, str]] = {}
+    chunks_left = []
+    for _round in range(10):
+        acks = run_child_and_kill(path, rng, DELETED_STREAM_CHILD)
+        acknowledged.update((offset, (count, digest)) for offset, count, digest in acks)
+        with StorageEngine(path, map_size=MAP_SIZE, node_id=1) as engine:
+            with pytest.raises(StreamDeletedError):
+                engine.read(1, 0, 100)
+            chunks_left.append(engine.prefetch_chunks(1))
+            next_offset = engine.next_offset(2)
+            assert next_offset is not None
+            payload = engine.read(2, 0, 1 << 40) if next_offset else bytearray()
+            assert decode_batches(payload).offsets.tolist() == list(range(next_offset))
+            seen = acknowledgements_of(payload)
+            for offset, expected in acknowledged.items():
+                assert seen.get(offset) == expected
+            acknowledged = seen
+            stats = engine.stats()
+            assert stats.stored_batches == len(seen)
+            assert stats.stored_bytes == len(payload)
+    assert chunks_left == sorted(chunks_left, reverse=True)  # freed, never back
+    assert chunks_left[-1] < 1000  # the killed appends freed some
+    with StorageEngine(path, map_size=MAP_SIZE, node_id=1) as engine:
+        engine.append(2, build_batch([b"x" * 500_000], 0))
+        assert engine.prefetch_chunks(1) == 0
