@@ -612,6 +612,7 @@ class StorageEngine:
             appends_in_commit=writer.appends_in_commit,
             streams=len(streams),
             ranges=sum(len(s.ranges) for s in streams),
+            deleted_streams_unfreed=len(store.unfreed),
             commit_seconds=writer.commit_seconds.snapshot(),
             sync_seconds=writer.sync_seconds.snapshot(),
             group_sizes=writer.group_sizes.snapshot(),

@@ -718,6 +718,7 @@ def test_a_deletion_frees_about_as_much_as_each_later_transaction_stores(
     assert engine.stats().stored_batches == 1
     assert engine.stats().stored_bytes == len(batch(b"kept"))
     assert chunks_of(engine, 1) == 6
+    assert engine.stats().deleted_streams_unfreed == 1
     engine.delete_stream(1)  # idempotent: nothing counted twice
     assert engine.stats().stored_bytes == len(batch(b"kept"))
     # a command stores nothing, so it frees nothing
@@ -730,6 +731,7 @@ def test_a_deletion_frees_about_as_much_as_each_later_transaction_stores(
     assert chunks_of(engine, 1) == 2
     engine.append(2, batch(b"z" * 5000))
     assert chunks_of(engine, 1) == 0
+    assert engine.stats().deleted_streams_unfreed == 0
     assert engine.stats().stored_batches == 4
     assert values_at(engine, 2, 0)[0] == (0, b"kept")
 
