@@ -6,7 +6,8 @@ The storage engine alone, no network: 64 KiB batches offered at a fixed
 rate (one stream per phase), submitted in bursts of 1 to 8 so that group
 commits of varying size form, as they do in a busy data node. The first
 phase runs on a fresh store; each later one starts right after the stream
-of the phase before it was deleted, so its appends reuse the freed pages.
+of the phase before it was deleted (its chunks' first pages read first, as
+the data node does), so its appends reuse the freed pages.
 Reported per phase: latency from submission to durable (p50, p99, p99.9,
 max) and the bytes this process wrote to disk per append.
 """
