@@ -141,9 +141,9 @@ class _CountersCollector(Collector):
             ("storage_pending_appends", "appends waiting for the next group commit",
              storage.appends_waiting),
             ("storage_streams", "streams known to the storage engine", storage.streams),
-            ("storage_deleted_streams_unfreed",
-             "deleted streams whose chunks later appends have not all freed yet",
-             storage.deleted_streams_unfreed),
+            ("storage_streams_freeing",
+             "streams with deleted or trimmed chunks that later appends have not all freed",
+             storage.streams_freeing),
         ):  # fmt: skip
             yield GaugeMetricFamily(f"{NAMESPACE}_{name}", text, value=gauge)
         ranges = GaugeMetricFamily(

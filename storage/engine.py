@@ -211,8 +211,8 @@ class StorageEngine:
                         entry = layout.decode_index(index.value())
                         last_batch_end = base_offset + entry.record_count
                 state.next_offset = max(floor, last_batch_end)
-                if state.deleted and last_batch_end:
-                    store.unfreed.add(stream_id)  # deleted, chunks left to free
+                if last_batch_end and _holds_dropped_chunks(index, state):
+                    store.unfreed.add(stream_id)
             store.streams = streams
             batches = txn.cursor(db=store.dbs[layout.BATCHES_DB])
             store.last_batch_key = batches.key() if batches.last() else b""
@@ -402,10 +402,11 @@ class StorageEngine:
         return self._run(lambda ctx: writes.seal_range(ctx, stream_id, range_index))
 
     def trim(self, stream_id: int, trim_offset: int) -> int:
-        """Free the batches wholly below ``trim_offset``; returns the new first offset.
+        """Drop the batches wholly below ``trim_offset``; returns the new first offset.
 
         The first offset never passes the next offset. A batch that straddles
-        the trim offset is kept whole (readers skip its early records).
+        the trim offset is kept whole (readers skip its early records). The
+        dropped chunks are freed by later appends (``WriteContext.free_dropped``).
         """
         return self._run(lambda ctx: writes.trim_stream(ctx, stream_id, trim_offset))
 
@@ -612,11 +613,25 @@ class StorageEngine:
             appends_in_commit=writer.appends_in_commit,
             streams=len(streams),
             ranges=sum(len(s.ranges) for s in streams),
-            deleted_streams_unfreed=len(store.unfreed),
+            streams_freeing=len(store.unfreed),
             commit_seconds=writer.commit_seconds.snapshot(),
             sync_seconds=writer.sync_seconds.snapshot(),
             group_sizes=writer.group_sizes.snapshot(),
         )
+
+
+def _holds_dropped_chunks(index: Any, state: StreamState) -> bool:
+    """Whether the index still holds chunks the stream dropped: any, for a
+    deleted stream; one wholly below the first offset, for a live one."""
+    if state.deleted:
+        return True
+    if not index.set_range(layout.batch_key(state.stream_id, 0)):
+        return False
+    key_stream, base_offset = BATCH_KEY.unpack(index.key())
+    if key_stream != state.stream_id:
+        return False
+    entry = layout.decode_index(index.value())
+    return bool(base_offset + entry.record_count <= state.first_offset)
 
 
 def _stream_batches(cursor: Any, stream_id: int) -> Iterator[tuple[int, int, Any, int, int]]:

@@ -230,8 +230,9 @@ class StorageStats:
     appends_in_commit: int
     streams: int
     ranges: int
-    #: deleted streams whose chunks later appends have not all freed yet
-    deleted_streams_unfreed: int
+    #: streams with dropped chunks (deleted, or trimmed away) that later
+    #: appends have not all freed yet
+    streams_freeing: int
     #: whole group commits: writing the group and committing it
     commit_seconds: BucketCounts
     #: the commit call alone: with sync ``always`` the fsyncs, the durability point

@@ -68,8 +68,10 @@ class Store:
     #: ahead of this node's commit (a commit that then failed, or a restart),
     #: so offsets from this node's next offset on may hold other batches there
     fenced: set[tuple[int, int]] = field(default_factory=set)
-    #: deleted streams whose chunks are not all freed yet: a deletion frees
-    #: them a little with each later write transaction (``free_deleted``)
+    #: streams with chunks that no longer count as stored but are not freed
+    #: yet: every chunk of a deleted stream, those wholly below a trimmed
+    #: stream's first offset. Later write transactions free them a little at
+    #: a time (``WriteContext.free_dropped``).
     unfreed: set[int] = field(default_factory=set)
 
     def pages_in_use(self, txn: Any) -> int:
@@ -333,8 +335,8 @@ class WriteContext:
             self.used_pages = self.store.pages_in_use(self.txn) + self._unwritten_pages
             self._counted = True
         if self.used_pages + needed > limit and self.unfreed:
-            # room is short: free every deleted stream now, not a little at a time
-            self.free_deleted(None)
+            # room is short: free every dropped chunk now, not a little at a time
+            self.free_dropped(None)
             self.used_pages = self.store.pages_in_use(self.txn) + self._unwritten_pages
         if self.used_pages + needed > limit:
             raise StorageFullError(
@@ -356,14 +358,22 @@ class WriteContext:
                 return
             yield base_offset, layout.decode_index(value)
 
-    def forget_batches(self, stream_id: int) -> None:
-        """Stop counting the stream's chunks as stored and queue them for
-        ``free_deleted``."""
+    def forget_chunks(self, stream_id: int, below: int | None = None) -> None:
+        """Stop counting as stored the stream's chunks wholly below ``below``
+        (all of them with None), and leave them to ``free_dropped``. Call it
+        before the stream's first offset moves: the chunks wholly below that
+        offset were forgotten when it moved there."""
+        state = self.current(stream_id)
+        forgotten_below = 0 if state is None else state.first_offset
         queued = False
-        for _base_offset, entry in self.index_entries(stream_id):
-            self.stored_bytes -= entry.size
-            self.stored_batches -= entry.batches
+        for base_offset, entry in self.index_entries(stream_id):
+            end = base_offset + entry.record_count
+            if below is not None and end > below:
+                break
             queued = True
+            if end > forgotten_below:
+                self.stored_bytes -= entry.size
+                self.stored_batches -= entry.batches
         if queued:
             if self.unfreed is self.store.unfreed:
                 self.unfreed = set(self.unfreed)
@@ -376,6 +386,8 @@ class WriteContext:
         dropped. Deleted pages return to LMDB's free list and are reused by
         later transactions.
         """
+        state = self.current(stream_id)
+        forgotten_below = 0 if state is None else state.first_offset
         doomed: list[tuple[int, IndexEntry]] = []
         for base_offset, entry in self.index_entries(stream_id):
             if keep(base_offset, base_offset + entry.record_count):
@@ -385,15 +397,17 @@ class WriteContext:
             key = batch_key(stream_id, base_offset)
             self.txn.delete(key, db=self._batches)
             self.txn.delete(key, db=self._index)
-            self.stored_bytes -= entry.size
-            self.stored_batches -= entry.batches
+            if base_offset + entry.record_count > forgotten_below:  # else not counted
+                self.stored_bytes -= entry.size
+                self.stored_batches -= entry.batches
         return sum(entry.batches for _base, entry in doomed)
 
-    def free_deleted(self, budget_bytes: int | None) -> None:
-        """Free chunks of deleted streams, oldest first, until about
-        ``budget_bytes`` of them are gone (all of them with None).
+    def free_dropped(self, budget_bytes: int | None) -> None:
+        """Free chunks that no longer count as stored (``forget_chunks``),
+        oldest first, until about ``budget_bytes`` of them are gone (all of
+        them with None).
 
-        A deletion does not free its chunks at once. LMDB reuses freed pages
+        A deletion or a trim does not free its chunks at once. LMDB reuses freed pages
         through an in-memory list that it searches for a run of contiguous
         pages on every large allocation; a gigabyte freed in one transaction
         made that search, once appends had used up the big runs, take the
@@ -404,9 +418,14 @@ class WriteContext:
         for stream_id in sorted(self.unfreed):
             if budget_bytes is not None and budget_bytes <= 0:
                 return
+            state = self.current(stream_id)
+            # a live stream's chunks from its first offset on are still stored
+            kept_from = None if state is None or state.deleted else state.first_offset
             doomed: list[int] = []
             freed_all = True
             for base_offset, entry in self.index_entries(stream_id):
+                if kept_from is not None and base_offset + entry.record_count > kept_from:
+                    break
                 if budget_bytes is not None:
                     if budget_bytes <= 0:
                         freed_all = False
@@ -440,7 +459,7 @@ class WriteContext:
         """Write what the transaction still holds: the appends and the counters."""
         self.write_appends()
         if self.unfreed and self._stored_here:
-            self.free_deleted(self._stored_here)
+            self.free_dropped(self._stored_here)
         meta = self.store.dbs[layout.META_DB]
         if self.stored_bytes != self.store.stored_bytes:
             self.txn.put(layout.STORED_BYTES_KEY, layout.COUNTER.pack(self.stored_bytes), db=meta)
@@ -585,13 +604,14 @@ def _replica_range(
 
 
 def trim_stream(ctx: WriteContext, stream_id: int, trim_offset: int) -> int:
-    """Drop the batches wholly below ``trim_offset`` (capped at the next offset)
-    and the sealed ranges that end at or below it; returns the new first offset."""
+    """Drop the batches wholly below ``trim_offset`` (capped at the next offset;
+    later transactions free their chunks) and the sealed ranges that end at or
+    below it; returns the new first offset."""
     state = _live_stream(ctx, stream_id)
     trim_offset = min(trim_offset, state.next_offset)
     if trim_offset <= state.first_offset:
         return state.first_offset
-    ctx.drop_batches(stream_id, lambda _base, end: end > trim_offset)
+    ctx.forget_chunks(stream_id, trim_offset)
     kept = tuple(r for r in state.ranges if not (not r.is_open and r.end_offset <= trim_offset))
     for info in state.ranges:
         if info not in kept:
@@ -662,7 +682,7 @@ def set_retention(ctx: WriteContext, stream_id: int, retention_period_ms: int) -
 def delete_stream(ctx: WriteContext, stream_id: int) -> None:
     """Mark the stream deleted (appends and reads refused from now on); its
     data no longer counts as stored, and later transactions free its chunks
-    (``WriteContext.free_deleted``).
+    (``WriteContext.free_dropped``).
 
     Idempotent; a stream never seen here is recorded as deleted too.
     """
@@ -671,7 +691,7 @@ def delete_stream(ctx: WriteContext, stream_id: int) -> None:
         return
     state = StreamState(stream_id) if state is None else state.copy()
     ctx.pending[stream_id] = state
-    ctx.forget_batches(stream_id)
+    ctx.forget_chunks(stream_id)
     state.ranges = tuple(dataclasses.replace(r, deleted=True) for r in state.ranges)
     for info in state.ranges:
         ctx.save_range(info)
@@ -734,7 +754,7 @@ def sync_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> l
     if existing is None:
         state.first_offset = first_start
     elif first_start > state.first_offset:
-        ctx.drop_batches(stream_id, lambda _base, end: end > first_start)
+        ctx.forget_chunks(stream_id, first_start)
         state.first_offset = first_start
     if excess_from is not None and state.next_offset > excess_from:
         # SPEC §7: records past a sealed end were never acknowledged and are

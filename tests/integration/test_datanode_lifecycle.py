@@ -198,7 +198,7 @@ async def test_metrics_endpoint(datanodes: DataNodes) -> None:
     assert samples["sbp_datanode_group_commit_duration_seconds_count"] >= 2  # sync and append
     assert samples["sbp_datanode_storage_map_size_bytes"] == 8 << 30
     assert samples["sbp_datanode_storage_used_bytes"] > 0
-    assert samples["sbp_datanode_storage_deleted_streams_unfreed"] == 0
+    assert samples["sbp_datanode_storage_streams_freeing"] == 0
     assert samples["sbp_datanode_waiting_fetches"] == 0
 
 

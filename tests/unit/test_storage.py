@@ -718,7 +718,7 @@ def test_a_deletion_frees_about_as_much_as_each_later_transaction_stores(
     assert engine.stats().stored_batches == 1
     assert engine.stats().stored_bytes == len(batch(b"kept"))
     assert chunks_of(engine, 1) == 6
-    assert engine.stats().deleted_streams_unfreed == 1
+    assert engine.stats().streams_freeing == 1
     engine.delete_stream(1)  # idempotent: nothing counted twice
     assert engine.stats().stored_bytes == len(batch(b"kept"))
     # a command stores nothing, so it frees nothing
@@ -731,7 +731,7 @@ def test_a_deletion_frees_about_as_much_as_each_later_transaction_stores(
     assert chunks_of(engine, 1) == 2
     engine.append(2, batch(b"z" * 5000))
     assert chunks_of(engine, 1) == 0
-    assert engine.stats().deleted_streams_unfreed == 0
+    assert engine.stats().streams_freeing == 0
     assert engine.stats().stored_batches == 4
     assert values_at(engine, 2, 0)[0] == (0, b"kept")
 
@@ -751,6 +751,74 @@ def test_chunks_left_by_a_deletion_are_freed_after_a_restart(engine: StorageEngi
         engine.append(2, batch(b"y" * 5000))
         assert chunks_of(engine, 1) == 0
         assert engine.stats().stored_batches == 1
+    finally:
+        engine.close()
+
+
+def test_a_trim_leaves_its_chunks_to_later_transactions(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(2, [open_range(2)])
+    small = batch(b"x" * 1000)
+    for _ in range(6):
+        engine.append(1, small)  # one chunk each, offsets 0..5
+    assert engine.trim(1, 4) == 4
+    # below the first offset: gone for readers and the counters at once
+    with pytest.raises(OffsetOutOfRangeError):
+        engine.read(1, 3, 100)
+    assert engine.stats().stored_batches == 2
+    assert engine.stats().streams_freeing == 1
+    assert chunks_of(engine, 1) == 6
+    engine.append(2, batch(b"y" * 2500))
+    assert chunks_of(engine, 1) == 3
+    # trimming further forgets only what the last trim had not
+    assert engine.trim(1, 5) == 5
+    assert engine.stats().stored_batches == 2  # stream 1's last chunk and stream 2's
+    engine.append(2, batch(b"z" * 5000))
+    assert chunks_of(engine, 1) == 1  # the kept chunk, offset 5, and no more
+    assert engine.stats().streams_freeing == 0
+    assert values_at(engine, 1, 5) == [(5, b"x" * 1000)]
+    # a deletion after a trim counts nothing twice
+    engine.trim(1, 6)
+    engine.delete_stream(1)
+    assert engine.stats().stored_bytes == len(batch(b"y" * 2500)) + len(batch(b"z" * 5000))
+
+
+def test_a_sync_that_moves_the_first_range_up_leaves_its_chunks_too(
+    engine: StorageEngine,
+) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(2, [open_range(2)])
+    for _ in range(4):
+        engine.append(1, batch(b"x" * 1000))
+    sealed = engine.seal_range(1, 0)
+    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=4)])
+    engine.append(1, batch(b"kept"))
+    engine.sync_ranges(1, [open_range(1, index=1, start=4)])  # the PM trimmed range 0
+    assert engine.first_offset(1) == 4
+    assert engine.stats().stored_batches == 1
+    assert chunks_of(engine, 1) == 5
+    # forgetting the stream altogether frees at once, and counts nothing twice
+    engine.sync_ranges(1, [])
+    assert chunks_of(engine, 1) == 0
+    assert engine.stats().stored_batches == 0
+    assert engine.stats().stored_bytes == 0
+    engine.append(2, batch(b"y"))
+    assert engine.stats().streams_freeing == 0
+
+
+def test_chunks_left_by_a_trim_are_freed_after_a_restart(engine: StorageEngine) -> None:
+    engine.sync_ranges(1, [open_range(1)])
+    for _ in range(3):
+        engine.append(1, batch(b"x" * 1000))
+    engine.trim(1, 2)
+    engine = reopen(engine)
+    try:
+        assert engine.stats().streams_freeing == 1
+        assert engine.stats().stored_batches == 1
+        engine.append(1, batch(b"y" * 5000))
+        assert chunks_of(engine, 1) == 2  # offset 2's chunk and the new one
+        assert engine.stats().streams_freeing == 0
+        assert values_at(engine, 1, 2) == [(2, b"x" * 1000), (3, b"y" * 5000)]
     finally:
         engine.close()
 

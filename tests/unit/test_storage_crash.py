@@ -164,8 +164,13 @@ def test_retention_under_appends_survives_sigkill(tmp_path: Path) -> None:
             assert first_before <= first <= next_offset
             first_before = first
             if first == next_offset:
+                assert engine.stats().stored_batches == 0
                 continue
             payload = engine.read(STREAM, first, 1 << 40)
+            # what lies below the first offset no longer counts, freed or not
+            # (retention trims at chunk ends: no chunk straddles the first offset)
+            assert engine.stats().stored_batches == len(batch_spans(payload))
+            assert engine.stats().stored_bytes == len(payload)
             decoded = decode_batches(payload)
             offsets = decoded.offsets.tolist()
             # whole batches, the first holding ``first``, dense to the end
