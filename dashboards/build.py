@@ -267,6 +267,13 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
                 ((f"sbp_datanode_storage_stored_bytes{{{NODE}}}", "{{instance}}"),),
             ),
             Panel(
+                "Streams with chunks to free",
+                "Streams whose deleted or trimmed chunks later appends have not all freed; "
+                "their pages count as in use until then.",
+                "none",
+                ((f"sbp_datanode_storage_streams_freeing{{{NODE}}}", "{{instance}}"),),
+            ),
+            Panel(
                 "Ranges per node",
                 "Ranges hosted by each node, open and sealed.",
                 "none",
