@@ -412,8 +412,8 @@ class WriteContext:
         pages on every large allocation; a gigabyte freed in one transaction
         made that search, once appends had used up the big runs, take the
         writer's core for 40-90 ms stalls and then 2-3 ms per commit
-        (docs/benchmarks.md, Write latency). Freeing about as much as each
-        transaction stores keeps that list short.
+        (docs/benchmarks.md, Write latency). Freed no faster than appends
+        reuse the pages, about as much as each transaction stores, it did not.
         """
         for stream_id in sorted(self.unfreed):
             if budget_bytes is not None and budget_bytes <= 0:
