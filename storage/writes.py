@@ -407,11 +407,11 @@ class WriteContext:
         oldest first, until about ``budget_bytes`` of them are gone (all of
         them with None).
 
-        A deletion or a trim does not free its chunks at once. LMDB reuses freed pages
-        through an in-memory list that it searches for a run of contiguous
-        pages on every large allocation; a gigabyte freed in one transaction
-        made that search, once appends had used up the big runs, take the
-        writer's core for 40-90 ms stalls and then 2-3 ms per commit
+        A deletion or a trim does not free its chunks at once. LMDB reuses
+        freed pages through an in-memory list that it searches for a run of
+        contiguous pages on every large allocation; a gigabyte freed in one
+        transaction made that search, once appends had used up the big runs,
+        take the writer's core for 40-90 ms stalls and then 2-3 ms per commit
         (docs/benchmarks.md, Write latency). Freed no faster than appends
         reuse the pages, about as much as each transaction stores, it did not.
         """
