@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.harness import percentiles_ms
 from bench.storage import MAP_SIZE, make_batch
 from storage import AppendItem, AppendOutcome, RangeInfo, ReplicaInfo, StorageEngine
 
@@ -35,10 +36,6 @@ class Phase:
     label: str
     latencies_s: list[float]
     written_bytes: int
-
-    def percentile_ms(self, fraction: float) -> float:
-        ordered = self.latencies_s
-        return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] * 1e3
 
 
 def written_bytes() -> int:
@@ -55,7 +52,7 @@ def offer(
     engine: StorageEngine, stream_id: int, batch: bytes, rate: float, seconds: float
 ) -> list[float]:
     """Appends offered at ``rate`` a second for ``seconds``, each burst
-    submitted at once; returns their latencies once all are durable, sorted."""
+    submitted at once; returns their latencies once all are durable."""
     latencies: list[float] = []
     answered = threading.Condition()
     items = [AppendItem(stream_id, batch)]
@@ -78,7 +75,7 @@ def offer(
         time.sleep(max(0.0, next_burst - time.perf_counter()))
     with answered:
         answered.wait_for(lambda: len(latencies) == sent)
-    return sorted(latencies)
+    return latencies
 
 
 def run(rate: float, seconds: float, cycles: int) -> list[Phase]:
@@ -112,10 +109,10 @@ def table(phases: list[Phase], rate: float) -> list[str]:
     ]
     for phase in phases:
         count = len(phase.latencies_s)
+        ms = percentiles_ms(phase.latencies_s)
         rows.append(
-            f"| {phase.label} | {count:,} | {phase.percentile_ms(0.5):.2f} "
-            f"| {phase.percentile_ms(0.99):.1f} | {phase.percentile_ms(0.999):.1f} "
-            f"| {phase.latencies_s[-1] * 1e3:.1f} | {phase.written_bytes / count / 1024:.0f} |"
+            f"| {phase.label} | {count:,} | {ms['p50']:.2f} | {ms['p99']:.1f} "
+            f"| {ms['p99.9']:.1f} | {ms['max']:.1f} | {phase.written_bytes / count / 1024:.0f} |"
         )
     return rows
 

@@ -17,7 +17,7 @@ or drop batches, so it must find them in LMDB); see ``storage.layout``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -358,13 +358,39 @@ class WriteContext:
                 return
             yield base_offset, layout.decode_index(value)
 
+    def _forgotten_below(self, stream_id: int) -> int:
+        """The stream's chunks that end at or below this offset no longer
+        count as stored: a trim forgot them (``forget_chunks``)."""
+        state = self.current(stream_id)
+        return 0 if state is None else state.first_offset
+
+    def _uncount(self, entry: IndexEntry) -> None:
+        self.stored_bytes -= entry.size
+        self.stored_batches -= entry.batches
+
+    def _delete_chunk(self, stream_id: int, base_offset: int) -> None:
+        key = batch_key(stream_id, base_offset)
+        self.txn.delete(key, db=self._batches)
+        self.txn.delete(key, db=self._index)
+
+    def _mark_unfreed(self, stream_id: int, unfreed: bool) -> None:
+        """Add the stream to, or take it from, the streams with chunks to free
+        (copied first: the store's set changes only when this one commits)."""
+        if (stream_id in self.unfreed) == unfreed:
+            return
+        if self.unfreed is self.store.unfreed:
+            self.unfreed = set(self.unfreed)
+        if unfreed:
+            self.unfreed.add(stream_id)
+        else:
+            self.unfreed.discard(stream_id)
+
     def forget_chunks(self, stream_id: int, below: int | None = None) -> None:
         """Stop counting as stored the stream's chunks wholly below ``below``
         (all of them with None), and leave them to ``free_dropped``. Call it
         before the stream's first offset moves: the chunks wholly below that
         offset were forgotten when it moved there."""
-        state = self.current(stream_id)
-        forgotten_below = 0 if state is None else state.first_offset
+        forgotten_below = self._forgotten_below(stream_id)
         queued = False
         for base_offset, entry in self.index_entries(stream_id):
             end = base_offset + entry.record_count
@@ -372,35 +398,18 @@ class WriteContext:
                 break
             queued = True
             if end > forgotten_below:
-                self.stored_bytes -= entry.size
-                self.stored_batches -= entry.batches
+                self._uncount(entry)
         if queued:
-            if self.unfreed is self.store.unfreed:
-                self.unfreed = set(self.unfreed)
-            self.unfreed.add(stream_id)
+            self._mark_unfreed(stream_id, True)
 
-    def drop_batches(self, stream_id: int, keep: Callable[[int, int], bool]) -> int:
-        """Delete the stream's chunks up to the first one ``keep(base, end)`` accepts.
-
-        A chunk goes whole or not at all. Returns the number of batches
-        dropped. Deleted pages return to LMDB's free list and are reused by
-        later transactions.
-        """
-        state = self.current(stream_id)
-        forgotten_below = 0 if state is None else state.first_offset
-        doomed: list[tuple[int, IndexEntry]] = []
-        for base_offset, entry in self.index_entries(stream_id):
-            if keep(base_offset, base_offset + entry.record_count):
-                break
-            doomed.append((base_offset, entry))
-        for base_offset, entry in doomed:
-            key = batch_key(stream_id, base_offset)
-            self.txn.delete(key, db=self._batches)
-            self.txn.delete(key, db=self._index)
-            if base_offset + entry.record_count > forgotten_below:  # else not counted
-                self.stored_bytes -= entry.size
-                self.stored_batches -= entry.batches
-        return sum(entry.batches for _base, entry in doomed)
+    def drop_chunks(self, stream_id: int) -> None:
+        """Delete every chunk of the stream now (the PM forgot it here)."""
+        forgotten_below = self._forgotten_below(stream_id)
+        doomed = list(self.index_entries(stream_id))
+        for base_offset, entry in doomed:  # not while the cursor walks the index
+            self._delete_chunk(stream_id, base_offset)
+            if base_offset + entry.record_count > forgotten_below:
+                self._uncount(entry)
 
     def free_dropped(self, budget_bytes: int | None) -> None:
         """Free chunks that no longer count as stored (``forget_chunks``),
@@ -426,20 +435,16 @@ class WriteContext:
             for base_offset, entry in self.index_entries(stream_id):
                 if kept_from is not None and base_offset + entry.record_count > kept_from:
                     break
+                if budget_bytes is not None and budget_bytes <= 0:
+                    freed_all = False
+                    break
                 if budget_bytes is not None:
-                    if budget_bytes <= 0:
-                        freed_all = False
-                        break
                     budget_bytes -= entry.size
                 doomed.append(base_offset)
             for base_offset in doomed:  # not while the cursor walks the index
-                key = batch_key(stream_id, base_offset)
-                self.txn.delete(key, db=self._batches)
-                self.txn.delete(key, db=self._index)
+                self._delete_chunk(stream_id, base_offset)
             if freed_all:
-                if self.unfreed is self.store.unfreed:
-                    self.unfreed = set(self.unfreed)
-                self.unfreed.discard(stream_id)
+                self._mark_unfreed(stream_id, False)
 
     def publish(self) -> None:
         """Make this (committed) transaction's changes visible to readers."""
@@ -721,7 +726,7 @@ def sync_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> l
     known = {r.range_index: r for r in state.ranges}
 
     if not incoming:
-        ctx.drop_batches(stream_id, lambda _base, _end: False)
+        ctx.drop_chunks(stream_id)
         for info in state.ranges:
             ctx.delete_range(info)
         ctx.txn.delete(stream_key(stream_id), db=ctx.store.dbs[layout.STREAMS_DB])
