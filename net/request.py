@@ -63,7 +63,7 @@ class Answering(Protocol):
         self,
         responder: Responder,
         header: bytes,
-        payload: bytes | memoryview,
+        payload: bytes | bytearray | memoryview,
         *,
         end: bool,
         system_error: bool = False,
@@ -161,14 +161,22 @@ class Responder:
         self.charge = 0
 
     def send_nowait(
-        self, header: messages.Message, payload: bytes | memoryview = b"", *, end: bool = True
+        self,
+        header: messages.Message,
+        payload: bytes | bytearray | memoryview = b"",
+        *,
+        end: bool = True,
     ) -> bool:
         """Queue one response frame and return at once; False when the
         connection is gone (nobody is left to answer)."""
         return self._queue(header.encode(), payload, end=end)
 
     async def send(
-        self, header: messages.Message, payload: bytes | memoryview = b"", *, end: bool = True
+        self,
+        header: messages.Message,
+        payload: bytes | bytearray | memoryview = b"",
+        *,
+        end: bool = True,
     ) -> None:
         """Wait while the connection has more than its high-water mark of
         bytes unsent (the request keeps its slot meanwhile, so a peer that
@@ -221,7 +229,12 @@ class Responder:
         self.send_error_nowait(code, message, leader_addr=leader_addr)
 
     def _queue(
-        self, header: bytes, payload: bytes | memoryview, *, end: bool, system_error: bool = False
+        self,
+        header: bytes,
+        payload: bytes | bytearray | memoryview,
+        *,
+        end: bool,
+        system_error: bool = False,
     ) -> bool:
         if self.done:
             raise RuntimeError(f"response to stream {self.stream_id} already ended")

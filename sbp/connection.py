@@ -30,7 +30,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeAlias
 
 from . import messages
 from .constants import (
@@ -56,8 +56,17 @@ from .frames import (
     FrameEvent,
     RejectedFrame,
     encode_frame,
+    frame_pieces,
 )
 from .observer import NULL_OBSERVER, ConnectionObserver
+
+#: what the engine hands the driver to write
+OutgoingBytes: TypeAlias = bytes | bytearray | memoryview
+#: an answer's payload at least this large is queued as it is, not copied
+#: into its frame: the driver writes the frame's pieces with one ``sendmsg``
+#: (a FETCH answer of a megabyte was copied twice more before it reached
+#: the socket)
+GATHERED_PAYLOAD_BYTES: Final = 64 * 1024
 
 #: bytes waiting to be sent above which the engine stops asking for input
 DEFAULT_HIGH_WATER: Final = 1 << 20
@@ -187,7 +196,8 @@ class ConnectionEngine:
         self._arrivals = 0
         #: decoded frames not yet turned into events (a request waiting for a slot)
         self._backlog: deque[FrameEvent] = deque()
-        self._outgoing: deque[bytes] = deque()
+        #: frames to send, each as (its size, its pieces)
+        self._outgoing: deque[tuple[int, tuple[OutgoingBytes, ...]]] = deque()
         self.outgoing_bytes = 0
         #: frames other than PING sent or received so far (the idle timer's clock)
         self.activity = 0
@@ -451,24 +461,31 @@ class ConnectionEngine:
         self,
         stream_id: int,
         header: bytes,
-        payload: bytes | memoryview = b"",
+        payload: OutgoingBytes = b"",
         *,
         end: bool = True,
         system_error: bool = False,
     ) -> Opcode:
         """Queue a response frame of a request being served; with ``end`` the
-        request's slot is free again. Returns the request's opcode."""
+        request's slot is free again. Returns the request's opcode.
+
+        A payload of ``GATHERED_PAYLOAD_BYTES`` or more is queued, not copied:
+        it must not change until ``data_to_send`` has handed it over and it
+        is written."""
         opcode = self._serving.get(stream_id)
         if opcode is None:
             raise RuntimeError(f"stream {stream_id} has no request being served")
         flags = _RESPONSE_END if end else Flags.RESPONSE
         if system_error:
             flags |= Flags.SYSTEM_ERROR
-        data = encode_frame(opcode, flags, stream_id, header, payload)
+        pieces = frame_pieces(opcode, flags, stream_id, header, payload)
         if end:
             # Before the frame can reach the peer, which may then reuse the id.
             del self._serving[stream_id]
-        self._queue(opcode, data)
+        if len(payload) >= GATHERED_PAYLOAD_BYTES:
+            self._queue_pieces(opcode, pieces)
+        else:
+            self._queue(opcode, b"".join(pieces))
         return opcode
 
     def send_goaway(self, code: ErrorCode = ErrorCode.NONE, message: str = "") -> None:
@@ -483,22 +500,28 @@ class ConnectionEngine:
     # -- bytes out ------------------------------------------------------------------
 
     def _queue(self, opcode: int, data: bytes) -> None:
-        self._outgoing.append(data)
-        self.outgoing_bytes += len(data)
+        self._queue_pieces(opcode, (data,))
+
+    def _queue_pieces(self, opcode: int, pieces: tuple[OutgoingBytes, ...]) -> None:
+        size = sum(len(piece) for piece in pieces)
+        self._outgoing.append((size, pieces))
+        self.outgoing_bytes += size
         if opcode != Opcode.PING:
             self.activity += 1
-        self._observer.frame_sent(opcode, len(data))
+        self._observer.frame_sent(opcode, size)
 
-    def data_to_send(self, limit: int = 0) -> list[bytes]:
+    def data_to_send(self, limit: int = 0) -> list[OutgoingBytes]:
         """Take queued frames, oldest first: all of them, or (``limit``) frames
-        up to about that many bytes (at least one)."""
-        taken: list[bytes] = []
+        up to about that many bytes (at least one). What is returned is to be
+        written in order; a frame with a large payload comes in three pieces
+        (see ``send_response``), any other in one."""
+        taken: list[OutgoingBytes] = []
         size = 0
         outgoing = self._outgoing
-        while outgoing and (not limit or not taken or size + len(outgoing[0]) <= limit):
-            data = outgoing.popleft()
-            taken.append(data)
-            size += len(data)
+        while outgoing and (not limit or not taken or size + outgoing[0][0] <= limit):
+            frame_size, pieces = outgoing.popleft()
+            taken.extend(pieces)
+            size += frame_size
         self.outgoing_bytes -= size
         return taken
 

@@ -145,6 +145,19 @@ def encode_frame(
     payload: bytes | bytearray | memoryview = b"",
 ) -> bytes:
     """The wire bytes of one frame (header_format FlatBuffers)."""
+    return b"".join(frame_pieces(opcode, flags, stream_id, header, payload))
+
+
+def frame_pieces(
+    opcode: int,
+    flags: int,
+    stream_id: int,
+    header: bytes | bytearray | memoryview = b"",
+    payload: bytes | bytearray | memoryview = b"",
+) -> tuple[bytes, bytes | bytearray | memoryview, bytes]:
+    """One frame as (fixed header and extended header, payload, checksum),
+    whose concatenation is ``encode_frame``'s answer: a large payload can
+    then be written with the rest (``sendmsg``) without being copied."""
     header_length = len(header)
     payload_length = len(payload)
     if header_length > MAX_HEADER_LENGTH:
@@ -153,15 +166,14 @@ def encode_frame(
         raise ValueError(f"stream id {stream_id} out of range")
     frame_length = MIN_FRAME_LENGTH + header_length + payload_length
     checksum = crc32(payload) if payload_length else 0
-    return b"".join(
+    head = b"".join(
         (
             FIXED_HEADER.pack(frame_length, MAGIC, opcode, flags, stream_id),
             HEADER_PRELUDE.pack((HEADER_FORMAT_FLATBUFFERS << 24) | header_length),
             header,
-            payload,
-            CHECKSUM.pack(checksum),
         )
     )
+    return head, payload, CHECKSUM.pack(checksum)
 
 
 #: bytes a receive buffer offers a read when no large frame is under way

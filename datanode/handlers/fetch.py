@@ -170,9 +170,12 @@ class FetchHandler:
             answered.extend((_empty(info), b"") for info in waiting)
             waiting = []
         if answered:
+            # one item's batches go out as read (no copy: see
+            # GATHERED_PAYLOAD_BYTES); several items' are joined
+            payloads = [data for _, data in answered if data]
             await responder.send(
                 messages.FetchResponse(fetch_responses=tuple(result for result, _ in answered)),
-                b"".join(data for _, data in answered),
+                payloads[0] if len(payloads) == 1 else b"".join(payloads),
                 end=not waiting,
             )
         # keep the request order among the items still pending

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from sbp import messages
 from sbp.connection import (
     BAD_FRAME_ACTIONS,
+    GATHERED_PAYLOAD_BYTES,
     BadFrameAction,
     CallFailed,
     ConnectionEngine,
@@ -214,6 +215,24 @@ def test_data_to_send_takes_up_to_a_limit_but_at_least_one_frame() -> None:
     big = engine.data_to_send(limit=130)
     assert len(big) == 2 and engine.outgoing_bytes == 60
     assert len(engine.data_to_send(limit=1)) == 1
+
+
+def test_a_large_answer_payload_is_handed_over_as_it_is_not_copied() -> None:
+    engine = server()
+    engine.feed(encode_frame(Opcode.HEARTBEAT, Flags.NONE, 1, HEARTBEAT))
+    engine.feed(encode_frame(Opcode.HEARTBEAT, Flags.NONE, 2, HEARTBEAT))
+    engine.send_response(1, b"small", b"s" * 100)
+    large = bytearray(b"L" * GATHERED_PAYLOAD_BYTES)
+    engine.send_response(2, b"hdr", large)
+    # the small frame goes alone: the large one is never split from its pieces
+    small = engine.data_to_send(limit=1000)
+    assert small == [encode_frame(Opcode.HEARTBEAT, END, 1, b"small", b"s" * 100)]
+    head, payload, checksum = engine.data_to_send(limit=1000)
+    assert payload is large
+    wire = b"".join((head, payload, checksum))
+    assert wire == encode_frame(Opcode.HEARTBEAT, END, 2, b"hdr", large)
+    assert engine.outgoing_bytes == 0
+    assert FrameDecoder().feed(wire)[0].payload == large
 
 
 def test_client_ids_count_up_from_zero_and_server_ids_set_the_top_bit() -> None:
