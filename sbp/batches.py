@@ -22,7 +22,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, NamedTuple, TypeAlias
+from typing import Final, NamedTuple, NoReturn, TypeAlias
 
 import google_crc32c
 import numpy as np
@@ -265,6 +265,14 @@ class DecodedRecords:
         return [self.value(i) for i in range(len(self))]
 
 
+def _raise_first_bad(payload: Buffer, spans: list[tuple[int, int]], verify_crc: bool) -> NoReturn:
+    """Raise the error of the first batch that fails its checks, naming
+    what is wrong with it (``decode_batches`` found that one does)."""
+    for start, end in spans:
+        _check(payload, start, end, verify_crc)
+    raise InvalidRecordBatchError("record batch failed its checks")
+
+
 def decode_batches(payload: Buffer, *, verify_crc: bool = True) -> DecodedRecords:
     """Decode a payload of concatenated batches into columns.
 
@@ -274,26 +282,35 @@ def decode_batches(payload: Buffer, *, verify_crc: bool = True) -> DecodedRecord
     of several batches are gathered into one new buffer.
     """
     spans = batch_spans(payload)
-    base_offsets = np.empty(len(spans), dtype=np.int64)
-    base_timestamps = np.empty(len(spans), dtype=np.int64)
-    counts = np.empty(len(spans), dtype=np.int64)
+    data = np.frombuffer(payload, dtype=np.uint8)
+    unpack = BATCH_HEADER.unpack_from
+    # (base_offset, batch_length, magic, crc, flags, record_count, base_timestamp);
+    # batch_spans made each batch_length match its span
+    headers = [unpack(payload, start) for start, _ in spans]
+    for header in headers:
+        if header[2] != BATCH_MAGIC or not 1 <= header[5] <= (header[1] - BATCH_LENGTH_FIXED) // 4:
+            _raise_first_bad(payload, spans, verify_crc)
+    base_offsets = np.array([header[0] for header in headers], dtype=np.int64)
+    base_timestamps = np.array([header[6] for header in headers], dtype=np.int64)
+    counts = np.array([header[5] for header in headers], dtype=np.int64)
+    first_index = np.cumsum(counts) - counts  # each batch's first record
     lengths_parts: list[npt.NDArray[np.uint32]] = []
     value_parts: list[npt.NDArray[np.uint8]] = []
-    for i, (start, end) in enumerate(spans):
-        header = _check(payload, start, end, verify_crc)
-        n = header.record_count
-        base_offsets[i] = header.base_offset
-        base_timestamps[i] = header.base_timestamp
-        counts[i] = n
-        values_start = start + BATCH_HEADER_SIZE + 4 * n
-        lengths_parts.append(
-            np.frombuffer(payload, dtype=_LENGTHS_DTYPE, count=n, offset=start + BATCH_HEADER_SIZE)
-        )
-        value_parts.append(_u8(payload, values_start, end))
+    for (start, end), header in zip(spans, headers, strict=True):
+        values_start = start + BATCH_HEADER_SIZE + 4 * header[5]
+        lengths_parts.append(data[start + BATCH_HEADER_SIZE : values_start].view(_LENGTHS_DTYPE))
+        value_parts.append(data[values_start:end])
+        if verify_crc and google_crc32c.value(data[start + CRC_START : end]) != header[3]:
+            _raise_first_bad(payload, spans, verify_crc)
+    if lengths_parts:
+        lengths = lengths_parts[0] if len(lengths_parts) == 1 else np.concatenate(lengths_parts)
+        # each batch's lengths must add up to the values it holds
+        held = [header[1] - BATCH_LENGTH_FIXED - 4 * header[5] for header in headers]
+        if not np.array_equal(np.add.reduceat(lengths, first_index, dtype=np.uint64), held):
+            _raise_first_bad(payload, spans, verify_crc)
 
     total = int(counts.sum())
     # record j of batch b has offset base_offsets[b] + (j - first index of batch b)
-    first_index = np.cumsum(counts) - counts
     offsets = np.arange(total, dtype=np.int64) + np.repeat(base_offsets - first_index, counts)
     timestamps = np.repeat(base_timestamps, counts)
 
@@ -309,6 +326,5 @@ def decode_batches(payload: Buffer, *, verify_crc: bool = True) -> DecodedRecord
     else:
         value_offsets = np.zeros(total + 1, dtype=np.int64)
     if lengths_parts:
-        lengths = lengths_parts[0] if len(lengths_parts) == 1 else np.concatenate(lengths_parts)
         np.cumsum(lengths, out=value_offsets[1:], dtype=value_offsets.dtype)
     return DecodedRecords(offsets, timestamps, values, value_offsets)

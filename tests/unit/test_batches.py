@@ -200,6 +200,22 @@ def test_a_bad_batch_in_the_middle_fails_the_decode() -> None:
         decode_batches(good + bad + good)
 
 
+@pytest.mark.parametrize("vector", INVALID, ids=[v["name"] for v in INVALID])
+def test_a_decode_names_what_is_wrong_with_the_first_bad_batch(vector: dict[str, Any]) -> None:
+    # Between good batches, and before a later bad one: decode_batches checks
+    # every batch at once and names the first failure as validate_batch does.
+    good = build_batch([b"ok"] * 3, 0)
+    later_bad = build_batch([b"no"], 0)
+    later_bad[12] = 9  # magic
+    raw = bytes.fromhex(vector["hex"])
+    try:
+        batch_spans(good + raw + good)
+    except InvalidRecordBatchError:
+        return  # a length that breaks the framing: the spans name it
+    with pytest.raises(InvalidRecordBatchError, match=vector["error_contains"]):
+        decode_batches(good + raw + good + later_bad)
+
+
 def test_validate_accepts_memoryview_and_bytes() -> None:
     batch = build_batch([b"v" * 100] * 100, 7)
     assert validate_batch(memoryview(batch)).record_count == 100
