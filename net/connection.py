@@ -7,7 +7,9 @@ makes every protocol decision.
   answers at once or returns work for a task of its own; a response goes to
   the request of ours waiting for it.
 - One writer task sends what the engine queued, small frames joined into one
-  ``send_all`` (a system call per frame saved when many are in flight).
+  ``send_all`` (a system call per frame saved when many are in flight), a
+  large answer's payload written as it is with its frame's head and
+  checksum in one ``sendmsg`` (no copy of it; joined under TLS).
 - Backpressure: the reader reads only while the engine ``wants_data``, that
   is while a request slot is free and no more than its high-water mark of
   bytes waits to be sent; ``Responder.send`` and our own requests wait for
