@@ -136,17 +136,39 @@ async def test_many_concurrent_requests_answered_out_of_order(tcp: bool) -> None
         assert results[index] == (str(index), str(index).encode() * 1000, 2)
 
 
+#: answers large enough to be queued in pieces (GATHERED_PAYLOAD_BYTES), by client id
+LARGE_ANSWERS = {
+    i: random.Random(i).randbytes(GATHERED_PAYLOAD_BYTES * (i + 1) + i) for i in range(6)
+}
+
+
+async def large(request: Request, responder: Responder) -> None:
+    index = int(client_id(request))
+    await responder.send(messages.HeartbeatResponse(client_id=str(index)), LARGE_ANSWERS[index])
+
+
+async def ask_for_every_large_answer(client: Connection) -> dict[int, bytes]:
+    received: dict[int, bytes] = {}
+
+    async def call(index: int) -> None:
+        response = await client.request(Opcode.HEARTBEAT, heartbeat(str(index)))
+        received[index] = bytes(response.payload)
+
+    async with trio.open_nursery() as calls:
+        for index in LARGE_ANSWERS:
+            calls.start_soon(call, index)
+    return received
+
+
+async def test_large_answers_arrive_whole_over_a_stream_without_a_socket() -> None:
+    # TLS, or memory streams in tests: the pieces are joined into one write
+    async with connected(serving(large)) as (client, _):
+        assert await ask_for_every_large_answer(client) == LARGE_ANSWERS
+
+
 async def test_large_answers_arrive_whole_through_partial_writes() -> None:
-    """Answers large enough to be written as pieces (sendmsg) arrive intact
-    when the socket takes a little of each at a time: small socket buffers."""
-    payloads = {
-        i: random.Random(i).randbytes(GATHERED_PAYLOAD_BYTES * (i + 1) + i) for i in range(6)
-    }
-
-    async def large(request: Request, responder: Responder) -> None:
-        index = int(client_id(request))
-        await responder.send(messages.HeartbeatResponse(client_id=str(index)), payloads[index])
-
+    """Answers written as pieces (sendmsg) arrive intact when the socket
+    takes a little of each at a time: small socket buffers."""
     listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
     port = listener.socket.getsockname()[1]
     client_stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -162,20 +184,12 @@ async def test_large_answers_arrive_whole_through_partial_writes() -> None:
     # trio's 16 KiB low mark of unsent bytes is lifted on both ends
     for stream in (client_stream, server_stream):
         assert stream.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == 0
-    received: dict[int, bytes] = {}
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run)
         await nursery.start(client.run)
-
-        async def call(index: int) -> None:
-            response = await client.request(Opcode.HEARTBEAT, heartbeat(str(index)))
-            received[index] = bytes(response.payload)
-
-        async with trio.open_nursery() as calls:
-            for index in payloads:
-                calls.start_soon(call, index)
+        received = await ask_for_every_large_answer(client)
         nursery.cancel_scope.cancel()
-    assert received == payloads
+    assert received == LARGE_ANSWERS
 
 
 async def test_gathered_pieces_are_written_in_order_whatever_each_write_takes() -> None:
