@@ -65,9 +65,10 @@ from ._routing import (
 from .pm_client import PMClient
 from .retry import is_transient, retry_delay
 
-#: bytes asked per FETCH: 1 MiB chunks read faster here than 4-16 MiB ones
-#: (less to buffer per frame, warmer caches; see docs/benchmarks.md)
-DEFAULT_FETCH_BYTES: Final = 1 << 20
+#: bytes asked per FETCH: 2 MiB chunks read faster here than 1 MiB ones (half
+#: the requests, each costing both ends the same Python) and than 4 MiB ones
+#: (see docs/benchmarks.md, "Catch-up reads")
+DEFAULT_FETCH_BYTES: Final = 2 << 20
 DEFAULT_PREFETCH: Final = 4
 #: FETCHes in flight while reading history (see the module docstring)
 DEFAULT_READ_AHEAD: Final = 3
