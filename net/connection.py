@@ -70,8 +70,7 @@ _BUDGET_RECHECK_S = 1.0
 #: queued frames are joined into one write up to this many bytes; larger
 #: frames are written alone rather than copied again
 COALESCE_BYTES = 64 * 1024
-#: at most this many pieces go to one ``sendmsg`` (IOV_MAX is 1,024): more are
-#: small frames, joined
+#: at most this many pieces go to one ``sendmsg`` (IOV_MAX is 1,024)
 _MAX_GATHERED_PIECES = 64
 #: Linux's value, should the socket module not name it
 _TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
@@ -367,7 +366,11 @@ class Connection:
         if len(pieces) == 1:
             await self._stream.send_all(pieces[0])
             return
-        if self._socket is None or len(pieces) > _MAX_GATHERED_PIECES:
+        if (
+            self._socket is None
+            or len(pieces) > _MAX_GATHERED_PIECES
+            or sum(len(piece) for piece in pieces) <= COALESCE_BYTES
+        ):
             await self._stream.send_all(b"".join(pieces))
             return
         try:
