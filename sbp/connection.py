@@ -500,10 +500,13 @@ class ConnectionEngine:
     # -- bytes out ------------------------------------------------------------------
 
     def _queue(self, opcode: int, data: bytes) -> None:
-        self._queue_pieces(opcode, (data,))
+        self._queue_pieces(opcode, (data,), len(data))
 
-    def _queue_pieces(self, opcode: int, pieces: tuple[OutgoingBytes, ...]) -> None:
-        size = sum(len(piece) for piece in pieces)
+    def _queue_pieces(
+        self, opcode: int, pieces: tuple[OutgoingBytes, ...], size: int | None = None
+    ) -> None:
+        if size is None:
+            size = sum(len(piece) for piece in pieces)
         self._outgoing.append((size, pieces))
         self.outgoing_bytes += size
         if opcode != Opcode.PING:
