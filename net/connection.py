@@ -35,7 +35,6 @@ from sbp.connection import (
     ConnectionTerminated,
     Event,
     GoAwayReceived,
-    OutgoingBytes,
     RequestReceived,
     ResponseReceived,
     Side,
@@ -43,7 +42,7 @@ from sbp.connection import (
 )
 from sbp.enums import ErrorCode
 from sbp.errors import ConnectionClosed, ProtocolError, wire_code
-from sbp.frames import READ_SIZE
+from sbp.frames import READ_SIZE, Buffer
 from sbp.observer import NULL_OBSERVER, ConnectionObserver
 
 from .address import peer_name
@@ -70,8 +69,6 @@ _BUDGET_RECHECK_S = 1.0
 #: queued frames are joined into one write up to this many bytes; larger
 #: frames are written alone rather than copied again
 COALESCE_BYTES = 64 * 1024
-#: at most this many pieces go to one ``sendmsg`` (IOV_MAX is 1,024)
-_MAX_GATHERED_PIECES = 64
 #: Linux's value, should the socket module not name it
 _TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
 
@@ -85,9 +82,9 @@ def _queue_whole_answers_in_the_kernel(stream: trio.abc.Stream) -> None:
     sends; this connection sends its frames in order anyway. With the low
     mark, a megabyte FETCH answer to a reader that is a little behind went
     out in pieces of about 160 KiB, each a system call and a round of the
-    event loop: reading 64 KiB batches back took 600-630 µs of the data
-    node's CPU per MB without it against 710-815 µs with it, and ran 15-35 %
-    faster (docs/benchmarks.md, "Catch-up reads")."""
+    event loop: reading 64 KiB batches back took 587-633 µs of the data
+    node's CPU per MB without it against 742-815 µs with it
+    (docs/benchmarks.md, "Catch-up reads")."""
     tcp = getattr(stream, "transport_stream", stream)
     if isinstance(tcp, trio.SocketStream):
         # 0 means the system default; not TCP (a socketpair in tests) or not Linux: as is
@@ -95,7 +92,7 @@ def _queue_whole_answers_in_the_kernel(stream: trio.abc.Stream) -> None:
             tcp.setsockopt(socket.IPPROTO_TCP, _TCP_NOTSENT_LOWAT, 0)
 
 
-async def _send_gathered(sock: trio.socket.SocketType, pieces: list[OutgoingBytes]) -> None:
+async def _send_gathered(sock: trio.socket.SocketType, pieces: list[Buffer]) -> None:
     """Write every piece, in order, with as few ``sendmsg`` calls as the
     socket buffer allows."""
     remaining = [memoryview(piece) for piece in pieces]
@@ -359,18 +356,15 @@ class Connection:
         finally:
             self._writer_done.set()
 
-    async def _send(self, pieces: list[OutgoingBytes]) -> None:
-        """Write what ``data_to_send`` took: small frames joined, a large
-        payload with its frame's head and checksum in one ``sendmsg`` on a
-        plain socket (no copy of it), or joined under TLS."""
+    async def _send(self, pieces: list[Buffer]) -> None:
+        """Write what ``data_to_send(COALESCE_BYTES)`` took: small frames
+        joined; a frame larger than that, which it takes alone, as its head,
+        payload and checksum in one ``sendmsg`` on a plain socket (no copy of
+        the payload), or joined under TLS."""
         if len(pieces) == 1:
             await self._stream.send_all(pieces[0])
             return
-        if (
-            self._socket is None
-            or len(pieces) > _MAX_GATHERED_PIECES
-            or sum(len(piece) for piece in pieces) <= COALESCE_BYTES
-        ):
+        if self._socket is None or sum(len(piece) for piece in pieces) <= COALESCE_BYTES:
             await self._stream.send_all(b"".join(pieces))
             return
         try:

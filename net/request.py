@@ -22,6 +22,7 @@ from sbp import messages
 from sbp.connection import RequestReceived, system_error_header
 from sbp.enums import ErrorCode, Opcode
 from sbp.errors import ConnectionClosed, ProtocolError, wire_code
+from sbp.frames import Buffer
 
 from .budget import SMALL_ANSWER_BYTES, SMALL_ANSWER_RESERVE, ByteBudget, ServerBudgets
 
@@ -63,7 +64,7 @@ class Answering(Protocol):
         self,
         responder: Responder,
         header: bytes,
-        payload: bytes | bytearray | memoryview,
+        payload: Buffer,
         *,
         end: bool,
         system_error: bool = False,
@@ -163,7 +164,7 @@ class Responder:
     def send_nowait(
         self,
         header: messages.Message,
-        payload: bytes | bytearray | memoryview = b"",
+        payload: Buffer = b"",
         *,
         end: bool = True,
     ) -> bool:
@@ -174,7 +175,7 @@ class Responder:
     async def send(
         self,
         header: messages.Message,
-        payload: bytes | bytearray | memoryview = b"",
+        payload: Buffer = b"",
         *,
         end: bool = True,
     ) -> None:
@@ -231,7 +232,7 @@ class Responder:
     def _queue(
         self,
         header: bytes,
-        payload: bytes | bytearray | memoryview,
+        payload: Buffer,
         *,
         end: bool,
         system_error: bool = False,

@@ -22,13 +22,14 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, NamedTuple, NoReturn, TypeAlias
+from typing import Final, NamedTuple, NoReturn
 
 import google_crc32c
 import numpy as np
 import numpy.typing as npt
 
 from .errors import InvalidRecordBatchError
+from .frames import Buffer as Buffer
 
 #: base_offset, batch_length, magic, crc, flags, record_count, base_timestamp
 BATCH_HEADER: Final = struct.Struct(">qiBIhiq")
@@ -51,8 +52,6 @@ _CRC_COVERED_HEADER: Final = struct.Struct(">hiq")
 _LENGTHS_DTYPE: Final = np.dtype(">u4")
 #: up to this many records, struct sums the lengths faster than numpy
 _SMALL_BATCH_RECORDS: Final = 64
-
-Buffer: TypeAlias = bytes | bytearray | memoryview
 
 
 class BatchHeader(NamedTuple):

@@ -30,7 +30,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import Final
 
 from . import messages
 from .constants import (
@@ -49,6 +49,7 @@ from .errors import (
     error_for,
 )
 from .frames import (
+    Buffer,
     DiscardedFrame,
     FatalFrameError,
     Frame,
@@ -60,8 +61,6 @@ from .frames import (
 )
 from .observer import NULL_OBSERVER, ConnectionObserver
 
-#: what the engine hands the driver to write
-OutgoingBytes: TypeAlias = bytes | bytearray | memoryview
 #: an answer's payload at least this large is queued as it is, not copied
 #: into its frame: the driver writes the frame's pieces with one ``sendmsg``
 #: (a FETCH answer of a megabyte was copied twice more before it reached
@@ -197,7 +196,7 @@ class ConnectionEngine:
         #: decoded frames not yet turned into events (a request waiting for a slot)
         self._backlog: deque[FrameEvent] = deque()
         #: frames to send, each as (its size, its pieces)
-        self._outgoing: deque[tuple[int, tuple[OutgoingBytes, ...]]] = deque()
+        self._outgoing: deque[tuple[int, tuple[Buffer, ...]]] = deque()
         self.outgoing_bytes = 0
         #: frames other than PING sent or received so far (the idle timer's clock)
         self.activity = 0
@@ -461,7 +460,7 @@ class ConnectionEngine:
         self,
         stream_id: int,
         header: bytes,
-        payload: OutgoingBytes = b"",
+        payload: Buffer = b"",
         *,
         end: bool = True,
         system_error: bool = False,
@@ -483,7 +482,7 @@ class ConnectionEngine:
             # Before the frame can reach the peer, which may then reuse the id.
             del self._serving[stream_id]
         if len(payload) >= GATHERED_PAYLOAD_BYTES:
-            self._queue_pieces(opcode, pieces)
+            self._queue_pieces(opcode, pieces, sum(len(piece) for piece in pieces))
         else:
             self._queue(opcode, b"".join(pieces))
         return opcode
@@ -502,23 +501,19 @@ class ConnectionEngine:
     def _queue(self, opcode: int, data: bytes) -> None:
         self._queue_pieces(opcode, (data,), len(data))
 
-    def _queue_pieces(
-        self, opcode: int, pieces: tuple[OutgoingBytes, ...], size: int | None = None
-    ) -> None:
-        if size is None:
-            size = sum(len(piece) for piece in pieces)
+    def _queue_pieces(self, opcode: int, pieces: tuple[Buffer, ...], size: int) -> None:
         self._outgoing.append((size, pieces))
         self.outgoing_bytes += size
         if opcode != Opcode.PING:
             self.activity += 1
         self._observer.frame_sent(opcode, size)
 
-    def data_to_send(self, limit: int = 0) -> list[OutgoingBytes]:
+    def data_to_send(self, limit: int = 0) -> list[Buffer]:
         """Take queued frames, oldest first: all of them, or (``limit``) frames
         up to about that many bytes (at least one). What is returned is to be
         written in order; a frame with a large payload comes in three pieces
         (see ``send_response``), any other in one."""
-        taken: list[OutgoingBytes] = []
+        taken: list[Buffer] = []
         size = 0
         outgoing = self._outgoing
         while outgoing and (not limit or not taken or size + outgoing[0][0] <= limit):

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeAlias
 
 # The same CRC-32 as zlib.crc32 (SPEC §1), but zlib-ng's folds with carry-less
 # multiplication: about 15x faster on 64 KiB payloads than the stdlib's zlib,
@@ -55,6 +55,9 @@ from .constants import (
     MIN_FRAME_LENGTH,
 )
 from .enums import KNOWN_FLAGS, KNOWN_OPCODES, ErrorCode, Flags
+
+#: any bytes-like buffer a frame, a payload or a record batch may come in
+Buffer: TypeAlias = bytes | bytearray | memoryview
 
 #: offset of the header within a whole frame
 _HEADER_START = FIXED_HEADER_SIZE + HEADER_PRELUDE.size  # 16
@@ -141,8 +144,8 @@ def encode_frame(
     opcode: int,
     flags: int,
     stream_id: int,
-    header: bytes | bytearray | memoryview = b"",
-    payload: bytes | bytearray | memoryview = b"",
+    header: Buffer = b"",
+    payload: Buffer = b"",
 ) -> bytes:
     """The wire bytes of one frame (header_format FlatBuffers)."""
     return b"".join(frame_pieces(opcode, flags, stream_id, header, payload))
@@ -152,9 +155,9 @@ def frame_pieces(
     opcode: int,
     flags: int,
     stream_id: int,
-    header: bytes | bytearray | memoryview = b"",
-    payload: bytes | bytearray | memoryview = b"",
-) -> tuple[bytes, bytes | bytearray | memoryview, bytes]:
+    header: Buffer = b"",
+    payload: Buffer = b"",
+) -> tuple[bytes, Buffer, bytes]:
     """One frame as (fixed header and extended header, payload, checksum),
     whose concatenation is ``encode_frame``'s answer: a large payload can
     then be written with the rest (``sendmsg``) without being copied."""

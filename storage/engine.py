@@ -631,7 +631,7 @@ def _holds_dropped_chunks(index: Any, state: StreamState) -> bool:
     if key_stream != state.stream_id:
         return False
     entry = layout.decode_index(index.value())
-    return bool(base_offset + entry.record_count <= state.first_offset)
+    return writes.is_dropped(state, base_offset + entry.record_count)
 
 
 def _stream_batches(cursor: Any, stream_id: int) -> Iterator[tuple[int, int, Any, int, int]]:

@@ -428,17 +428,15 @@ class WriteContext:
             if budget_bytes is not None and budget_bytes <= 0:
                 return
             state = self.current(stream_id)
-            # a live stream's chunks from its first offset on are still stored
-            kept_from = None if state is None or state.deleted else state.first_offset
             doomed: list[int] = []
             freed_all = True
             for base_offset, entry in self.index_entries(stream_id):
-                if kept_from is not None and base_offset + entry.record_count > kept_from:
-                    break
-                if budget_bytes is not None and budget_bytes <= 0:
-                    freed_all = False
+                if not is_dropped(state, base_offset + entry.record_count):
                     break
                 if budget_bytes is not None:
+                    if budget_bytes <= 0:
+                        freed_all = False
+                        break
                     budget_bytes -= entry.size
                 doomed.append(base_offset)
             for base_offset in doomed:  # not while the cursor walks the index
@@ -606,6 +604,13 @@ def _replica_range(
             f"range {range_index} of stream {stream_id} is not hosted on this node"
         )
     return info
+
+
+def is_dropped(state: StreamState | None, chunk_end: int) -> bool:
+    """Whether a chunk of the stream that ends at ``chunk_end`` was dropped:
+    every chunk of a deleted (or forgotten) stream, and a live stream's
+    chunks wholly below its first offset."""
+    return state is None or state.deleted or chunk_end <= state.first_offset
 
 
 def trim_stream(ctx: WriteContext, stream_id: int, trim_offset: int) -> int:
