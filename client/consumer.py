@@ -68,7 +68,7 @@ from .retry import is_transient, retry_delay
 #: bytes asked per FETCH: 2 MiB chunks read faster here than 1 MiB ones (half
 #: the requests, each costing both ends the same Python) and than 4 MiB ones
 #: (see docs/benchmarks.md, "Catch-up reads")
-DEFAULT_FETCH_BYTES: Final = 2 << 20
+DEFAULT_FETCH_BYTES: Final = 4 << 20
 DEFAULT_PREFETCH: Final = 4
 #: FETCHes in flight while reading history (see the module docstring)
 DEFAULT_READ_AHEAD: Final = 3

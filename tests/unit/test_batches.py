@@ -84,6 +84,37 @@ def test_header_layout_is_31_bytes_in_spec_order() -> None:
     assert batch[39:] == b"xyz"
 
 
+def _crc32c_bitwise(data: bytes) -> int:
+    """CRC-32C (Castagnoli, reflected) one bit at a time: the definition."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def test_crc32c_is_castagnoli_for_every_length_alignment_and_buffer_type() -> None:
+    assert crc32c(b"123456789") == 0xE3069283  # the catalogue's check value
+    assert crc32c(b"") == 0
+    data = bytes((i * 131 + 7) % 256 for i in range(600))
+    # lengths across the SIMD block sizes, from unaligned starts
+    for start in (0, 1, 3, 17):
+        for length in (*range(0, 70), 127, 128, 129, 255, 256, 257, 511, 512, 583):
+            if start + length > len(data):
+                continue
+            expected = _crc32c_bitwise(data[start : start + length])
+            assert crc32c(data, start, start + length) == expected
+            assert crc32c(bytearray(data), start, start + length) == expected
+            assert crc32c(memoryview(data)[start : start + length]) == expected
+
+
+def test_crc32c_of_a_batch_sized_buffer_matches_the_definition() -> None:
+    data = np.random.default_rng(5).integers(0, 256, 65_537, dtype=np.uint8).tobytes()
+    assert crc32c(data) == _crc32c_bitwise(data)
+    assert crc32c(bytearray(data), 1, 65_536) == _crc32c_bitwise(data[1:65_536])
+
+
 def test_stamping_keeps_the_crc_valid() -> None:
     batch = build_batch([b"a" * 10], base_timestamp=5)
     crc_before = peek_header(batch).crc
