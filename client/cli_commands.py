@@ -9,6 +9,7 @@ an exit code by ``client.cli.main``.
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 import numpy as np
+import numpy.typing as npt
 import trio
 
 from net.acl import AclError, load_acl
@@ -48,6 +50,8 @@ EXIT_USAGE: Final = 2
 EXIT_CONNECT: Final = 3
 EXIT_TIMEOUT: Final = 4
 EXIT_INTERRUPTED: Final = 130
+
+_NEWLINE: Final = np.uint8(ord("\n"))
 
 
 @dataclass
@@ -383,10 +387,9 @@ class RecordPrinter:
     def _print(self, batch: DecodedRecords, count: int) -> None:
         args, out = self.env.args, self.env.out
         if not (self.env.json or args.offsets or args.hex):
-            text = _plain_lines(batch, count)
-            if text is not None:
-                out.write(text)
-                out.flush()
+            plain = _plain_lines(batch, count)
+            if plain is not None:
+                _write_utf8(out, plain)
                 return
         lines = []
         for i in range(count):
@@ -430,20 +433,47 @@ class RecordPrinter:
             )
 
 
-def _plain_lines(batch: DecodedRecords, count: int) -> str | None:
-    """The first ``count`` values as text lines, built for the whole batch at
-    once (a newline put after each value, one UTF-8 decode): 7x the rate of
-    a line at a time. None when a value is not UTF-8 (those are printed with
-    escapes, a line at a time)."""
+def _plain_lines(batch: DecodedRecords, count: int) -> npt.NDArray[np.uint8] | None:
+    """The first ``count`` values as UTF-8 text lines, built for the whole
+    batch at once (never a Python step per record), or None when a value is
+    not UTF-8 (those are printed with escapes, a line at a time)."""
     offsets = batch.value_offsets
     start, end = int(offsets[0]), int(offsets[count])
     values = batch.values[start:end]
-    ends = np.asarray(offsets[1 : count + 1], dtype=np.int64) - start
-    joined = np.insert(values, ends, np.uint8(ord("\n")))
-    try:
-        return joined.tobytes().decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+    lengths = np.diff(offsets[: count + 1])
+    lines: npt.NDArray[np.uint8]
+    if (lengths == lengths[0]).all():
+        # records of one size (a common export): a newline column after a
+        # reshape, one strided copy (~10x np.insert's rate)
+        width = int(lengths[0])
+        table = np.empty((count, width + 1), dtype=np.uint8)
+        table[:, :width] = values.reshape(count, width)
+        table[:, width] = _NEWLINE
+        lines = table.reshape(-1)
+    else:
+        ends = np.asarray(offsets[1 : count + 1], dtype=np.int64) - start
+        lines = np.insert(values, ends, _NEWLINE)
+    # ASCII is UTF-8; anything else is checked by decoding it once
+    if values.size and values.max() >= 0x80:
+        try:
+            lines.tobytes().decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return lines
+
+
+def _write_utf8(out: IO[str], data: npt.NDArray[np.uint8]) -> None:
+    """Write UTF-8 ``data`` to a text stream: to the bytes under it when it
+    encodes UTF-8 (no decode to str and encode back), else as text."""
+    binary = getattr(out, "buffer", None)
+    encoding = getattr(out, "encoding", None) or "ascii"
+    if binary is not None and codecs.lookup(encoding).name == "utf-8":
+        out.flush()  # what was written as text goes first
+        binary.write(data)
+        binary.flush()
+    else:
+        out.write(data.tobytes().decode("utf-8"))
+        out.flush()
 
 
 async def _consume(
