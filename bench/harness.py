@@ -32,6 +32,7 @@ import trio
 
 from bench.storage import make_batch
 from client.cluster import Child, plan_children, start_child, stop_child, wait_for_nodes
+from client.consumer import DEFAULT_FETCH_BYTES
 from client.pm_client import PMClient
 from sbp import messages
 from sbp.batches import build_batch, peek_header
@@ -140,6 +141,13 @@ def percentiles_ms(latencies_s: list[float]) -> dict[str, float]:
 
 #: how many times a catch-up read is repeated over the same data (the median counts)
 READ_REPEATS = 3
+
+
+def entries_per_read(workload: Workload) -> int:
+    """How many of the workload's batches a peer's reader asks for at once
+    in a catch-up read: as many bytes as the ``Consumer`` asks per FETCH,
+    so every system reads in requests of the same size."""
+    return max(1, DEFAULT_FETCH_BYTES // len(workload.batch))
 
 
 def median_run(runs: list[Measurement]) -> Measurement:

@@ -40,6 +40,7 @@ from bench.harness import (
     Measurement,
     Workload,
     drive_asyncio,
+    entries_per_read,
     median_run,
     pace_asyncio,
     paced_measurement,
@@ -50,8 +51,6 @@ from bench.tail_consumer import TailAcks, TailConsumer
 
 SYSTEM = "nats-jetstream"
 STREAM = "BENCH"
-#: messages per pull when reading back: ~1 MiB of 64 KiB messages, as FETCH asks
-READ_BATCH = 16
 MAX_PAYLOAD = 8 * 1024 * 1024
 
 
@@ -204,7 +203,9 @@ async def _catch_up(
 async def _read_back(
     server: ServerProcess, js: nats.js.JetStreamContext, workload: Workload, batches: int
 ) -> Measurement:
-    """Pull every message, ``READ_BATCH`` a fetch, with a new consumer."""
+    """Pull every message, as many bytes a fetch as a FETCH asks for, with a
+    new consumer."""
+    count = entries_per_read(workload)
     server_cpu, client_cpu = CPUMeter(server.pid), CPUMeter()
     server_cpu.start()
     client_cpu.start()
@@ -216,7 +217,7 @@ async def _read_back(
     )
     read = nbytes = 0
     while read < batches:
-        for message in await subscription.fetch(min(READ_BATCH, batches - read), timeout=10):
+        for message in await subscription.fetch(min(count, batches - read), timeout=10):
             nbytes += len(message.data)
             read += 1
     seconds = time.perf_counter() - started

@@ -26,6 +26,7 @@ from bench.harness import (
     Load,
     Measurement,
     Workload,
+    entries_per_read,
     median_run,
     pace_asyncio,
     paced_measurement,
@@ -36,8 +37,6 @@ from bench.tail_consumer import TailAcks, TailConsumer
 
 SYSTEM = "redis-streams"
 FIELD = b"b"
-#: entries per XRANGE call when reading back: ~1 MiB of 64 KiB entries, as FETCH asks
-READ_COUNT = 16
 #: connections an open loop may hold at once (one per XADD awaiting its answer)
 PACED_CONNECTIONS = 256
 
@@ -165,7 +164,8 @@ def measure_catch_up(
 def _read_back(
     server: ServerProcess, client: redis.Redis, key: bytes, workload: Workload, batches: int
 ) -> Measurement:
-    """XRANGE the whole stream, ``READ_COUNT`` entries a call."""
+    """XRANGE the whole stream, as many bytes a call as a FETCH asks for."""
+    count = entries_per_read(workload)
     server_cpu, client_cpu = CPUMeter(server.pid), CPUMeter()
     server_cpu.start()
     client_cpu.start()
@@ -174,7 +174,7 @@ def _read_back(
     last = b"-"
     while True:
         entries: list[tuple[bytes, dict[bytes, bytes]]] = client.xrange(  # type: ignore[assignment]
-            key, min=last, max="+", count=READ_COUNT
+            key, min=last, max="+", count=count
         )
         if last != b"-":
             entries = entries[1:]  # XRANGE's start is inclusive

@@ -123,7 +123,7 @@ async def measure_catch_up(
     cluster: LocalCluster, workload: Workload, total_bytes: int, in_flight: int
 ) -> Measurement:
     """Write ``total_bytes`` of the workload's batch into one stream, then
-    read it all back from offset 0 with a ``Consumer`` (FETCH 1 MiB chunks,
+    read it all back from offset 0 with a ``Consumer`` (FETCHes of its default size,
     reading ahead, CRC-32C checked), ``READ_REPEATS`` times (the median
     counts)."""
     (stream_id,) = await cluster.create_streams(1)

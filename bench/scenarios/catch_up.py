@@ -2,9 +2,10 @@
 
 Each system first takes the same bytes (64 KiB batches into one stream, or
 100-byte records in batches of 1,000), then one reader reads them all back
-in order, about 1 MiB per request: SBP's ``Consumer`` (FETCH of 1 MiB,
-reading ahead, every batch CRC-checked and decoded to columns), Redis XRANGE
-of 16 entries, a JetStream pull consumer fetching 16 messages. Each reads
+in order, every system in requests of the same size (the ``Consumer``'s
+``fetch_bytes``, 2 MiB): SBP's ``Consumer`` (reading ahead, every batch
+CRC-checked and decoded to columns), Redis XRANGE and a JetStream pull
+consumer asking for as many entries as make that many bytes. Each reads
 it ``READ_REPEATS`` times and the median counts. The data is warm in the
 page cache (just written), as for a consumer that fell behind by minutes,
 not days. The reading client is this process, for every system.
@@ -27,6 +28,7 @@ from bench.harness import (
 from bench.peers import nats_jetstream, redis_streams, sbp
 from bench.report import ScenarioResult, Target, number, percent, table
 from bench.scenarios.options import DEFAULT_IN_FLIGHT, Options
+from client.consumer import DEFAULT_FETCH_BYTES
 
 NAME = "catch_up"
 
@@ -122,7 +124,11 @@ def run(options: Options) -> ScenarioResult:
         name=NAME,
         title="Catch-up read",
         settings=options.as_settings()
-        | {"bytes_written": total, "read_request": "~1 MiB", "read_repeats": READ_REPEATS},
+        | {
+            "bytes_written": total,
+            "read_request_bytes": DEFAULT_FETCH_BYTES,
+            "read_repeats": READ_REPEATS,
+        },
         measurements=measurements,
         targets=_targets(measurements),
         tables=[
