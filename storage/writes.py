@@ -16,6 +16,7 @@ or drop batches, so it must find them in LMDB); see ``storage.layout``.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -73,6 +74,9 @@ class Store:
     #: stream's first offset. Later write transactions free them a little at
     #: a time (``WriteContext.free_dropped``).
     unfreed: set[int] = field(default_factory=set)
+    #: the stream whose chunk was freed last; the next transaction's
+    #: free_dropped starts with the stream after it
+    free_after: int = -1
 
     def pages_in_use(self, txn: Any) -> int:
         """Pages the databases occupy as ``txn`` sees them (free pages excluded)."""
@@ -132,6 +136,8 @@ class WriteContext:
         self.appended_ranges: set[tuple[int, int]] = set()
         #: the store's set until this transaction changes it, then a copy
         self.unfreed = store.unfreed
+        #: the stream freed from last (free_dropped's turns go on after it)
+        self.free_after = store.free_after
         #: bytes of batches this transaction stores
         self._stored_here = 0
 
@@ -412,9 +418,8 @@ class WriteContext:
                 self._uncount(entry)
 
     def free_dropped(self, budget_bytes: int | None) -> None:
-        """Free chunks that no longer count as stored (``forget_chunks``),
-        oldest first, until about ``budget_bytes`` of them are gone (all of
-        them with None).
+        """Free chunks that no longer count as stored (``forget_chunks``)
+        until about ``budget_bytes`` of them are gone (all of them with None).
 
         A deletion or a trim does not free its chunks at once. LMDB reuses
         freed pages through an in-memory list that it searches for a run of
@@ -423,26 +428,45 @@ class WriteContext:
         take the writer's core for 40-90 ms stalls and then 2-3 ms per commit
         (docs/benchmarks.md, Write latency). Freed no faster than appends
         reuse the pages, about as much as each transaction stores, it did not.
+
+        The streams take turns, one oldest chunk each, from the stream after
+        the one the last transaction freed from. Chunks written together
+        (the appends of many streams in one group commit) are neighbours in
+        the file and so come free together, in runs a large append can use.
+        Freed a stream at a time, 100 deleted streams left their pages
+        scattered, and LMDB searched and merged its free list on every commit
+        for want of a long run (docs/benchmarks.md, Suite).
         """
-        for stream_id in sorted(self.unfreed):
-            if budget_bytes is not None and budget_bytes <= 0:
-                return
-            state = self.current(stream_id)
-            doomed: list[int] = []
-            freed_all = True
-            for base_offset, entry in self.index_entries(stream_id):
-                if not is_dropped(state, base_offset + entry.record_count):
-                    break
+        turns = sorted(self.unfreed)
+        first = bisect.bisect_right(turns, self.free_after)
+        turns = turns[first:] + turns[:first]
+        while turns:
+            waiting: list[int] = []
+            for stream_id in turns:
+                if budget_bytes is not None and budget_bytes <= 0:
+                    return
+                freed = self._free_oldest(stream_id)
+                if freed is None:
+                    self._mark_unfreed(stream_id, False)
+                    continue
+                self.free_after = stream_id
                 if budget_bytes is not None:
-                    if budget_bytes <= 0:
-                        freed_all = False
-                        break
-                    budget_bytes -= entry.size
-                doomed.append(base_offset)
-            for base_offset in doomed:  # not while the cursor walks the index
-                self._delete_chunk(stream_id, base_offset)
-            if freed_all:
-                self._mark_unfreed(stream_id, False)
+                    budget_bytes -= freed
+                waiting.append(stream_id)
+            turns = waiting
+
+    def _free_oldest(self, stream_id: int) -> int | None:
+        """Free the stream's oldest chunk if it no longer counts as stored;
+        its size, or None when the stream has no such chunk left."""
+        # the cursor is gone once next() returns: deleting is safe
+        oldest = next(iter(self.index_entries(stream_id)), None)
+        if oldest is None:
+            return None
+        base_offset, entry = oldest
+        if not is_dropped(self.current(stream_id), base_offset + entry.record_count):
+            return None
+        self._delete_chunk(stream_id, base_offset)
+        return entry.size
 
     def publish(self) -> None:
         """Make this (committed) transaction's changes visible to readers."""
@@ -457,6 +481,7 @@ class WriteContext:
         store.stored_batches = self.stored_batches
         store.used_pages_bound = self.used_pages
         store.unfreed = self.unfreed
+        store.free_after = self.free_after
 
     def finish(self) -> None:
         """Write what the transaction still holds: the appends and the counters."""

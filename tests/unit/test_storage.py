@@ -736,6 +736,39 @@ def test_a_deletion_frees_about_as_much_as_each_later_transaction_stores(
     assert values_at(engine, 2, 0)[0] == (0, b"kept")
 
 
+def test_deleted_streams_take_turns_to_free_their_oldest_chunk(engine: StorageEngine) -> None:
+    """Chunks written together come free together: one oldest chunk per
+    stream in turn, and the next transaction goes on after the last stream
+    it freed from (docs/storage.md)."""
+    small = batch(b"x" * 1000)
+    for stream_id in (1, 2, 3, 9):
+        engine.sync_ranges(stream_id, [open_range(stream_id)])
+    for _ in range(3):
+        for stream_id in (1, 2, 3):
+            engine.append(stream_id, small)  # one chunk each
+    assert engine.trim(3, 1) == 1  # stream 3's first chunk is dropped, the rest kept
+    for stream_id in (1, 2):
+        engine.delete_stream(stream_id)
+    assert [chunks_of(engine, s) for s in (1, 2, 3)] == [3, 3, 3]
+
+    def freed_after_storing(nbytes: int) -> list[int]:
+        engine.append(9, batch(b"y" * nbytes))
+        return [chunks_of(engine, s) for s in (1, 2, 3)]
+
+    assert freed_after_storing(900) == [2, 3, 3]  # about one chunk: stream 1's
+    assert freed_after_storing(900) == [2, 2, 3]  # then stream 2's
+    assert freed_after_storing(900) == [2, 2, 2]  # then stream 3's only dropped one
+    assert freed_after_storing(900) == [1, 2, 2]  # and round again
+    assert engine.stats().streams_freeing == 3
+    # about three chunks: stream 2's, none of stream 3's (it leaves the
+    # turns), stream 1's, then stream 2's again
+    assert freed_after_storing(2500) == [0, 0, 2]
+    assert engine.stats().streams_freeing == 2
+    assert freed_after_storing(900) == [0, 0, 2]  # streams 1 and 2 found empty
+    assert engine.stats().streams_freeing == 0
+    assert values_at(engine, 3, 1) == [(1, b"x" * 1000), (2, b"x" * 1000)]
+
+
 def test_chunks_left_by_a_deletion_are_freed_after_a_restart(engine: StorageEngine) -> None:
     engine.sync_ranges(1, [open_range(1)])
     engine.sync_ranges(2, [open_range(2)])

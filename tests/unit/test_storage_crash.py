@@ -199,26 +199,51 @@ DELETED_STREAM_CHILD = CHILD.replace(
     "    engine.sync_ranges(2, [RangeInfo(2, 0, 0, replicas=(replica,))])",
 ).replace("[AppendItem(1, batch)]", "[AppendItem(2, batch)]")
 
+# The same with three deleted streams, written interleaved: the transactions
+# free them in turns (storage.writes.WriteContext.free_dropped).
+DELETED_STREAMS = (1, 3, 4)
+DELETED_STREAMS_CHILD = DELETED_STREAM_CHILD.replace(
+    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(replica,))])\n"
+    "    for i in range(1000):\n"
+    '        engine.append(1, build_batch([b"gone" * 5000], i))\n'
+    "    engine.prefetch_chunks(1)\n"
+    "    engine.delete_stream(1)\n",
+    f"    for s in {DELETED_STREAMS}:\n"
+    "        engine.sync_ranges(s, [RangeInfo(s, 0, 0, replicas=(replica,))])\n"
+    "    for i in range(999):\n"
+    f'        engine.append({DELETED_STREAMS}[i % 3], build_batch([b"gone" * 5000], i))\n'
+    f"    for s in {DELETED_STREAMS}:\n"
+    "        engine.prefetch_chunks(s)\n"
+    "        engine.delete_stream(s)\n",
+)
+
 
 @pytest.mark.slow
-def test_freeing_a_deleted_stream_under_appends_survives_sigkill(tmp_path: Path) -> None:
-    """Killed while appends to one stream free a deleted stream's chunks: after
-    each restart the deleted stream stays deleted and its chunks only go, every
-    acknowledged append of the other stream is intact, and the stored counters
-    count that stream alone."""
-    assert "engine.delete_stream(1)" in DELETED_STREAM_CHILD
-    assert "AppendItem(2, batch)" in DELETED_STREAM_CHILD
+@pytest.mark.parametrize(
+    ("child", "deleted"),
+    [(DELETED_STREAM_CHILD, (1,)), (DELETED_STREAMS_CHILD, DELETED_STREAMS)],
+    ids=["one-stream", "three-streams-in-turns"],
+)
+def test_freeing_deleted_streams_under_appends_survives_sigkill(
+    tmp_path: Path, child: str, deleted: tuple[int, ...]
+) -> None:
+    """Killed while appends to one stream free deleted streams' chunks: after
+    each restart the deleted streams stay deleted and their chunks only go,
+    every acknowledged append of the other stream is intact, and the stored
+    counters count that stream alone."""
+    assert "delete_stream" in child and "AppendItem(2, batch)" in child
     rng = random.Random(20261125)
     path = tmp_path / "data"
     acknowledged: dict[int, tuple[int, str]] = {}
-    chunks_left = []
+    chunks_left: list[list[int]] = []
     for _round in range(10):
-        acks = run_child_and_kill(path, rng, DELETED_STREAM_CHILD)
+        acks = run_child_and_kill(path, rng, child)
         acknowledged.update((offset, (count, digest)) for offset, count, digest in acks)
         with StorageEngine(path, map_size=MAP_SIZE, node_id=1) as engine:
-            with pytest.raises(StreamDeletedError):
-                engine.read(1, 0, 100)
-            chunks_left.append(engine.prefetch_chunks(1))
+            for stream_id in deleted:
+                with pytest.raises(StreamDeletedError):
+                    engine.read(stream_id, 0, 100)
+            chunks_left.append([engine.prefetch_chunks(s) for s in deleted])
             next_offset = engine.next_offset(2)
             assert next_offset is not None
             payload = engine.read(2, 0, 1 << 40) if next_offset else bytearray()
@@ -230,8 +255,10 @@ def test_freeing_a_deleted_stream_under_appends_survives_sigkill(tmp_path: Path)
             stats = engine.stats()
             assert stats.stored_batches == len(seen)
             assert stats.stored_bytes == len(payload)
-    assert chunks_left == sorted(chunks_left, reverse=True)  # freed, never back
-    assert chunks_left[-1] < 1000  # the killed appends freed some
+    for i in range(len(deleted)):  # each stream's chunks freed, never back
+        left = [counts[i] for counts in chunks_left]
+        assert left == sorted(left, reverse=True)
+    assert sum(chunks_left[-1]) < 999  # the killed appends freed some
     with StorageEngine(path, map_size=MAP_SIZE, node_id=1) as engine:
         engine.append(2, build_batch([b"x" * 500_000], 0))
-        assert engine.prefetch_chunks(1) == 0
+        assert all(engine.prefetch_chunks(s) == 0 for s in deleted)
