@@ -23,6 +23,7 @@ from sbp.batches import (
     validate_batch,
 )
 from sbp.errors import InvalidRecordBatchError
+from tests.vectors.make_frame_vectors import crc32c_bitwise
 
 VECTORS = Path(__file__).parent.parent / "vectors" / "batches"
 
@@ -84,16 +85,6 @@ def test_header_layout_is_31_bytes_in_spec_order() -> None:
     assert batch[39:] == b"xyz"
 
 
-def _crc32c_bitwise(data: bytes) -> int:
-    """CRC-32C (Castagnoli, reflected) one bit at a time: the definition."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    return crc ^ 0xFFFFFFFF
-
-
 def test_crc32c_is_castagnoli_for_every_length_alignment_and_buffer_type() -> None:
     assert crc32c(b"123456789") == 0xE3069283  # the catalogue's check value
     assert crc32c(b"") == 0
@@ -103,7 +94,7 @@ def test_crc32c_is_castagnoli_for_every_length_alignment_and_buffer_type() -> No
         for length in (*range(0, 70), 127, 128, 129, 255, 256, 257, 511, 512, 583):
             if start + length > len(data):
                 continue
-            expected = _crc32c_bitwise(data[start : start + length])
+            expected = crc32c_bitwise(data[start : start + length])
             assert crc32c(data, start, start + length) == expected
             assert crc32c(bytearray(data), start, start + length) == expected
             assert crc32c(memoryview(data)[start : start + length]) == expected
@@ -111,8 +102,8 @@ def test_crc32c_is_castagnoli_for_every_length_alignment_and_buffer_type() -> No
 
 def test_crc32c_of_a_batch_sized_buffer_matches_the_definition() -> None:
     data = np.random.default_rng(5).integers(0, 256, 65_537, dtype=np.uint8).tobytes()
-    assert crc32c(data) == _crc32c_bitwise(data)
-    assert crc32c(bytearray(data), 1, 65_536) == _crc32c_bitwise(data[1:65_536])
+    assert crc32c(data) == crc32c_bitwise(data)
+    assert crc32c(bytearray(data), 1, 65_536) == crc32c_bitwise(data[1:65_536])
 
 
 def test_stamping_keeps_the_crc_valid() -> None:

@@ -31,9 +31,10 @@ _BATCH_PREFIX = struct.Struct(">qiBI")  # base_offset, batch_length, magic, crc
 _BATCH_BODY_HEAD = struct.Struct(">hiq")  # flags, record_count, base_timestamp
 
 
-def _crc32c(data: bytes) -> int:
-    """CRC-32C (Castagnoli, reflected), bit by bit: independent of the
-    implementation under test, and fast enough for these few small bodies."""
+def crc32c_bitwise(data: bytes) -> int:
+    """CRC-32C (Castagnoli, reflected) one bit at a time, the definition:
+    independent of the implementation under test (tests/unit/test_batches.py
+    checks that one against it), fast enough for small bodies."""
     crc = 0xFFFFFFFF
     for byte in data:
         crc ^= byte
@@ -47,7 +48,7 @@ def record_batch(base_offset: int, values: list[bytes]) -> bytes:
     vectors carry realistic payloads (the frame itself treats them as opaque)."""
     body = _BATCH_BODY_HEAD.pack(0, len(values), TIMESTAMP_MS)
     body += struct.pack(f">{len(values)}I", *map(len, values)) + b"".join(values)
-    crc = _crc32c(body)
+    crc = crc32c_bitwise(body)
     batch_length = 1 + 4 + len(body)  # magic, crc, then the body
     return _BATCH_PREFIX.pack(base_offset, batch_length, 1, crc) + body
 
