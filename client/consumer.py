@@ -68,7 +68,7 @@ from .retry import is_transient, retry_delay
 #: bytes asked per FETCH: 2 MiB chunks read faster here than 1 MiB ones (half
 #: the requests, each costing both ends the same Python). 4 MiB ones made a
 #: reader that only counts records 5-12 % faster, but one that copies them on
-#: (``sbp read`` into a file) 1.5x slower: an answer and what is made of it
+#: (``sbp read`` into a file) 1.6-1.9x slower: an answer and what is made of it
 #: no longer fit a core's cache (see docs/benchmarks.md, "Catch-up reads")
 DEFAULT_FETCH_BYTES: Final = 2 << 20
 DEFAULT_PREFETCH: Final = 4

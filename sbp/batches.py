@@ -285,27 +285,30 @@ def decode_batches(payload: Buffer, *, verify_crc: bool = True) -> DecodedRecord
     base_timestamps = np.array([header[6] for header in headers], dtype=np.int64)
     counts = np.array([header[5] for header in headers], dtype=np.int64)
     first_index = np.cumsum(counts) - counts  # each batch's first record
-    # the bytes of values each batch holds
+    # the bytes of values each batch holds, at its end (batch_length matches its span)
     held = [header[1] - BATCH_LENGTH_FIXED - 4 * header[5] for header in headers]
-    # Several batches' values are gathered into one buffer, each batch right
-    # after its CRC-32C has read it, while it is still in the CPU's cache
-    # (one pass over the payload at the end cost twice as much); a single
-    # batch's values stay a view of the payload.
+    # A single batch's values stay a view of the payload. Several batches'
+    # values are gathered into one buffer, each batch right after its CRC-32C
+    # has read it, while it is still in the CPU's cache: 201 against 230 µs
+    # per MB for one pass at the end (2 MiB of 100-byte records).
     gathered = len(spans) > 1
-    values = np.empty(sum(held) if gathered else 0, dtype=np.uint8)
+    if gathered:
+        values = np.empty(sum(held), dtype=np.uint8)
+    elif spans:
+        values = data[spans[0][1] - held[0] : spans[0][1]]
+    else:
+        values = np.empty(0, dtype=np.uint8)
     lengths_parts: list[npt.NDArray[np.uint32]] = []
     octets = data.data  # the payload as bytes, as fastcrc takes it
     position = 0
     for (start, end), header, size in zip(spans, headers, held, strict=True):
-        values_start = start + BATCH_HEADER_SIZE + 4 * header[5]
+        values_start = end - size
         lengths_parts.append(data[start + BATCH_HEADER_SIZE : values_start].view(_LENGTHS_DTYPE))
         if verify_crc and _crc32c(octets[start + CRC_START : end]) != header[3]:
             _raise_first_bad(payload, spans, verify_crc)
         if gathered:
             values[position : position + size] = data[values_start:end]
             position += size
-        else:
-            values = data[values_start:end]
     if lengths_parts:
         lengths = lengths_parts[0] if len(lengths_parts) == 1 else np.concatenate(lengths_parts)
         # each batch's lengths must add up to the values it holds
