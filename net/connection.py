@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+from collections.abc import Sequence
+from typing import Final
 
 import trio
 
@@ -69,6 +71,8 @@ _BUDGET_RECHECK_S = 1.0
 #: queued frames are joined into one write up to this many bytes; larger
 #: frames are written alone rather than copied again
 COALESCE_BYTES = 64 * 1024
+#: buffers one sendmsg takes at most (Linux's UIO_MAXIOV)
+_MAX_IOV: Final = 1024
 #: Linux's value, should the socket module not name it
 _TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
 
@@ -102,6 +106,37 @@ async def _send_gathered(sock: trio.socket.SocketType, pieces: list[Buffer]) -> 
             sent -= remaining.pop(0).nbytes
         if sent:
             remaining[0] = remaining[0][sent:]
+
+
+def _send_now(sock: trio.socket.SocketType, pieces: list[Buffer]) -> int:
+    """Write as much of ``pieces`` as the socket takes without waiting, in
+    ``sendmsg`` calls of at most ``_MAX_IOV`` buffers; the bytes written. An
+    error writes nothing more and is left to the writer task to meet."""
+    # trio's sendmsg always yields to the scheduler; this must not: the
+    # buffers are valid only until the caller returns
+    raw = socket.socket(sock.family, sock.type, sock.proto, fileno=sock.fileno())
+    sent = 0
+    try:
+        for first in range(0, len(pieces), _MAX_IOV):
+            group = pieces[first : first + _MAX_IOV]
+            taken = raw.sendmsg(group, (), socket.MSG_DONTWAIT)
+            sent += taken
+            if taken < sum(len(piece) for piece in group):
+                break
+    except OSError:  # BlockingIOError: the socket buffer is full
+        pass
+    finally:
+        raw.detach()  # the descriptor stays trio's
+    return sent
+
+
+def _unsent(pieces: list[Buffer], sent: int) -> list[Buffer]:
+    """What is left of ``pieces`` once their first ``sent`` bytes are written."""
+    for index, piece in enumerate(pieces):
+        if sent < len(piece):
+            return [memoryview(piece)[sent:], *pieces[index + 1 :]]
+        sent -= len(piece)
+    return []
 
 
 def _peer_hung_up(sock: trio.socket.SocketType) -> bool:
@@ -170,6 +205,8 @@ class Connection:
         self._room = trio.lowlevel.ParkingLot()
         self._quiet = trio.lowlevel.ParkingLot()  # wait_quiet
         self._writer_done = trio.Event()
+        #: the writer task is writing frames it took from the engine
+        self._writing = False
         self._finished = trio.Event()
         self.last_received = 0.0
         self.budgets = budgets
@@ -313,6 +350,30 @@ class Connection:
             self._request_done(responder)
         return not self._closed
 
+    def queue_borrowed_response(
+        self, responder: Responder, header: bytes, payload: Sequence[Buffer], *, end: bool
+    ) -> bool:
+        """``queue_response`` for a payload in buffers valid during this call
+        only (record batches in LMDB's map): written to the socket at once
+        when nothing else waits to be, so those bytes are never copied in
+        this process; what the socket does not take, and the whole payload
+        when frames wait ahead of it or under TLS, is copied and queued."""
+        engine = self._engine
+        if self._socket is None or self._writing or engine.outgoing_bytes or self._closed:
+            return self.queue_response(responder, header, b"".join(payload), end=end)
+        pieces = engine.send_borrowed_response(responder.stream_id, header, payload, end=end)
+        unsent = _unsent(pieces, _send_now(self._socket, pieces))
+        if unsent:
+            engine.queue_unsent(b"".join(unsent))
+            self._data_queued.set()
+            if self.budgets is not None:
+                self._charge_outgoing()
+        else:
+            self.idle.note()
+        if end:
+            self._request_done(responder)
+        return not self._closed
+
     async def wait_room(self) -> None:
         """Until no more than the high-water mark of bytes waits to be sent."""
         while self._engine.outgoing_bytes > self._engine.high_water and not self._closed:
@@ -346,7 +407,11 @@ class Connection:
                     await self._data_queued.wait()
                     continue
                 self.idle.note()
-                await self._send(frames)
+                self._writing = True
+                try:
+                    await self._send(frames)
+                finally:
+                    self._writing = False
                 if self.budgets is not None:
                     self._charge_outgoing()
                 if self._room and engine.outgoing_bytes <= engine.high_water:

@@ -12,7 +12,7 @@ holding its request slot). Both end the request with the frame that has
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, Protocol, TypeVar
 
@@ -68,6 +68,10 @@ class Answering(Protocol):
         *,
         end: bool,
         system_error: bool = False,
+    ) -> bool: ...
+
+    def queue_borrowed_response(
+        self, responder: Responder, header: bytes, payload: Sequence[Buffer], *, end: bool
     ) -> bool: ...
 
     async def wait_room(self) -> None: ...
@@ -171,6 +175,17 @@ class Responder:
         """Queue one response frame and return at once; False when the
         connection is gone (nobody is left to answer)."""
         return self._queue(header.encode(), payload, end=end)
+
+    def send_borrowed_nowait(
+        self, header: messages.Message, payload: Sequence[Buffer], *, end: bool = True
+    ) -> bool:
+        """``send_nowait`` for a payload in buffers valid only until this
+        returns (record batches in a read transaction): they are written or
+        copied before it does."""
+        if self.done:
+            raise RuntimeError(f"response to stream {self.stream_id} already ended")
+        self.done = end
+        return self._connection.queue_borrowed_response(self, header.encode(), payload, end=end)
 
     async def send(
         self,

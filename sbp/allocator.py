@@ -20,8 +20,8 @@ It is process-wide, so the reading tools call it (``sbp``, the Spark
 source's readers, the benchmarks), not the client library: an application
 reading with ``Consumer`` may call it at start-up, or set
 ``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=134217728``. The
-data node calls it too: each FETCH answer is read out of LMDB into a buffer
-of its own.
+data node calls it too: a FETCH answer the socket does not take at once is
+copied out of LMDB into a buffer of its own.
 """
 
 from __future__ import annotations

@@ -44,7 +44,8 @@ BATCH_LENGTH_FIXED: Final = BATCH_HEADER_SIZE - BATCH_LOG_OVERHEAD  # 19
 #: largest batch whose batch_length fits the int32 field
 MAX_BATCH_SIZE: Final = BATCH_LOG_OVERHEAD + (1 << 31) - 1
 
-_BASE_OFFSET: Final = struct.Struct(">q")
+#: a batch's first field, outside its CRC: the node stamps it on the way out
+BASE_OFFSET: Final = struct.Struct(">q")
 _BATCH_LENGTH: Final = struct.Struct(">i")
 _CRC: Final = struct.Struct(">I")
 #: header fields from CRC_START on: flags, record_count, base_timestamp
@@ -142,7 +143,7 @@ def stamp_base_offset(buf: bytearray | memoryview, base_offset: int, start: int 
 
     base_offset lies outside the CRC, so the checksum stays valid.
     """
-    _BASE_OFFSET.pack_into(buf, start, base_offset)
+    BASE_OFFSET.pack_into(buf, start, base_offset)
 
 
 def peek_header(buf: Buffer, start: int = 0) -> BatchHeader:

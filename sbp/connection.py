@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -58,6 +59,7 @@ from .frames import (
     RejectedFrame,
     encode_frame,
     frame_pieces,
+    gathered_frame_pieces,
 )
 from .observer import NULL_OBSERVER, ConnectionObserver
 
@@ -471,21 +473,48 @@ class ConnectionEngine:
         A payload of ``GATHERED_PAYLOAD_BYTES`` or more is queued, not copied:
         it must not change until ``data_to_send`` has handed it over and it
         is written."""
+        opcode, flags = self._answering(stream_id, end=end, system_error=system_error)
+        pieces = frame_pieces(opcode, flags, stream_id, header, payload)
+        if len(payload) >= GATHERED_PAYLOAD_BYTES:
+            self._queue_pieces(opcode, pieces, sum(len(piece) for piece in pieces))
+        else:
+            self._queue(opcode, b"".join(pieces))
+        return opcode
+
+    def send_borrowed_response(
+        self, stream_id: int, header: bytes, payload: Sequence[Buffer], *, end: bool = True
+    ) -> list[Buffer]:
+        """``send_response`` for a payload in buffers that stay valid for a
+        moment only (record batches inside a read transaction): the frame is
+        returned, as pieces to be written at once, instead of queued. What
+        the caller could not write goes back, copied, through
+        ``queue_unsent`` before anything else is queued. Only while nothing
+        is queued, so that frames keep their order."""
+        if self._outgoing:
+            raise RuntimeError("frames are queued ahead of a borrowed payload")
+        opcode, flags = self._answering(stream_id, end=end, system_error=False)
+        pieces = gathered_frame_pieces(opcode, flags, stream_id, header, payload)
+        self._count_frame(opcode, sum(len(piece) for piece in pieces))
+        return pieces
+
+    def queue_unsent(self, data: bytes) -> None:
+        """Queue the end of a frame of ``send_borrowed_response`` that could
+        not be written at once."""
+        self._outgoing.append((len(data), (data,)))
+        self.outgoing_bytes += len(data)
+
+    def _answering(self, stream_id: int, *, end: bool, system_error: bool) -> tuple[Opcode, int]:
+        """The opcode and flags of a response frame of a request being served."""
         opcode = self._serving.get(stream_id)
         if opcode is None:
             raise RuntimeError(f"stream {stream_id} has no request being served")
         flags = _RESPONSE_END if end else Flags.RESPONSE
         if system_error:
             flags |= Flags.SYSTEM_ERROR
-        pieces = frame_pieces(opcode, flags, stream_id, header, payload)
         if end:
             # Before the frame can reach the peer, which may then reuse the id.
             del self._serving[stream_id]
-        if len(payload) >= GATHERED_PAYLOAD_BYTES:
-            self._queue_pieces(opcode, pieces, sum(len(piece) for piece in pieces))
-        else:
-            self._queue(opcode, b"".join(pieces))
-        return opcode
+        return opcode, flags
 
     def send_goaway(self, code: ErrorCode = ErrorCode.NONE, message: str = "") -> None:
         """Tell the peer to send no new requests; requests already being
@@ -504,6 +533,9 @@ class ConnectionEngine:
     def _queue_pieces(self, opcode: int, pieces: tuple[Buffer, ...], size: int) -> None:
         self._outgoing.append((size, pieces))
         self.outgoing_bytes += size
+        self._count_frame(opcode, size)
+
+    def _count_frame(self, opcode: int, size: int) -> None:
         if opcode != Opcode.PING:
             self.activity += 1
         self._observer.frame_sent(opcode, size)

@@ -31,6 +31,7 @@ decoder keeps one read's worth of buffer, so an idle connection holds little.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
@@ -161,22 +162,48 @@ def frame_pieces(
     """One frame as (fixed header and extended header, payload, checksum),
     whose concatenation is ``encode_frame``'s answer: a large payload can
     then be written with the rest (``sendmsg``) without being copied."""
-    header_length = len(header)
     payload_length = len(payload)
+    head = _frame_head(opcode, flags, stream_id, header, payload_length)
+    checksum = crc32(payload) if payload_length else 0
+    return head, payload, CHECKSUM.pack(checksum)
+
+
+def gathered_frame_pieces(
+    opcode: int,
+    flags: int,
+    stream_id: int,
+    header: Buffer,
+    payload: Sequence[Buffer],
+) -> list[Buffer]:
+    """``frame_pieces`` for a payload held in several buffers (whole record
+    batches where they are stored): the head, every payload buffer as it
+    is, then the checksum of them all."""
+    checksum = 0
+    payload_length = 0
+    for piece in payload:
+        checksum = crc32(piece, checksum)
+        payload_length += len(piece)
+    head = _frame_head(opcode, flags, stream_id, header, payload_length)
+    return [head, *payload, CHECKSUM.pack(checksum)]
+
+
+def _frame_head(
+    opcode: int, flags: int, stream_id: int, header: Buffer, payload_length: int
+) -> bytes:
+    """The fixed header and the extended header of a frame."""
+    header_length = len(header)
     if header_length > MAX_HEADER_LENGTH:
         raise ValueError(f"header of {header_length} bytes exceeds {MAX_HEADER_LENGTH}")
     if not 0 <= stream_id <= MAX_STREAM_ID:
         raise ValueError(f"stream id {stream_id} out of range")
     frame_length = MIN_FRAME_LENGTH + header_length + payload_length
-    checksum = crc32(payload) if payload_length else 0
-    head = b"".join(
+    return b"".join(
         (
             FIXED_HEADER.pack(frame_length, MAGIC, opcode, flags, stream_id),
             HEADER_PRELUDE.pack((HEADER_FORMAT_FLATBUFFERS << 24) | header_length),
             header,
         )
     )
-    return head, payload, CHECKSUM.pack(checksum)
 
 
 #: bytes a receive buffer offers a read when no large frame is under way

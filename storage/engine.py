@@ -13,6 +13,7 @@ a worker thread, or use ``submit`` / ``submit_command``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import threading
@@ -25,7 +26,7 @@ from typing import Any, Final, Literal, TypeVar
 
 import lmdb
 
-from sbp.batches import Buffer, batch_spans, stamp_base_offset
+from sbp.batches import BASE_OFFSET, Buffer, batch_spans, stamp_base_offset
 from sbp.errors import (
     InvalidRequestError,
     OffsetOutOfRangeError,
@@ -453,10 +454,24 @@ class StorageEngine:
         RangeSealedError (the end of a sealed range whose successor is not here),
         StreamDeletedError.
         """
+        with self.borrow(stream_id, offset, max_bytes, limit) as batches:
+            return batches.copy()
+
+    @contextlib.contextmanager
+    def borrow(
+        self, stream_id: int, offset: int, max_bytes: int, limit: int | None = None
+    ) -> Iterator[BorrowedBatches]:
+        """``read``'s batches left where they are, in LMDB's map, for a caller
+        that writes them out at once (a FETCH answer sent straight to its
+        socket): they are valid inside the ``with`` block only, which holds a
+        read transaction, so the block must not wait for anything (LMDB cannot
+        reuse pages freed after its oldest reader began). Same arguments,
+        answers and errors as ``read``."""
         state = self._state(stream_id)
         holder = state.read_range(offset, self._store.node_id)
         if holder is None:
-            return bytearray()
+            yield NO_BATCHES
+            return
         # a sealed range ends the read, so a gap to a later range hosted here is never crossed
         stop = holder.end_offset if not holder.is_open else state.next_offset
         if limit is not None:
@@ -468,51 +483,23 @@ class StorageEngine:
                         f"{holder.range_index} has committed, and the PM has not said "
                         "where that range ends yet"
                     )
-                return bytearray()
+                yield NO_BATCHES
+                return
             stop = min(stop, limit)
         store = self._store
         with store.env.begin(db=store.dbs[layout.BATCHES_DB], buffers=True) as txn:
-            cursor = txn.cursor()
-            found = seek_floor(cursor, layout.batch_key(stream_id, offset))
-            # The chunks are views into LMDB's map that die with the
-            # transaction, so the batches are copied once, into the buffer
-            # returned; nothing else is. Consecutive batches of one chunk are
-            # copied as one slice.
-            pieces: list[list[Any]] = []  # [chunk, start, end]
-            stamps: list[tuple[int, int]] = []  # (position in the result, base offset)
-            total = 0
-            expected = 0  # where the next batch must start: no gap is crossed
-            batches = _stream_batches(cursor, stream_id) if found else iter(())
-            for base_offset, count, chunk, start, end in batches:
-                if not stamps:
-                    if base_offset > offset:
-                        break  # the batch holding offset is not here (trimmed, or a gap)
-                    if base_offset + count <= offset:
-                        continue  # below the read, in the same chunk
-                elif (
-                    base_offset >= stop
-                    or base_offset != expected
-                    or total + (end - start) > max_bytes
-                ):
-                    break
-                stamps.append((total, base_offset))
-                expected = base_offset + count
-                total += end - start
-                if pieces and pieces[-1][0] is chunk and pieces[-1][2] == start:
-                    pieces[-1][2] = end
-                else:
-                    pieces.append([chunk, start, end])
-            if not stamps:
+            batches = _find_batches(txn.cursor(), stream_id, offset, stop, max_bytes)
+            if not batches.size:
                 if offset >= state.first_offset:
                     raise RangeNotFoundError(
                         f"offset {offset} of stream {stream_id} is not held on this node yet "
                         "(its replica is catching up)"
                     )
                 raise _trimmed(stream_id, offset)
-            out = bytearray().join(chunk[start:end] for chunk, start, end in pieces)
-        for position, base_offset in stamps:
-            stamp_base_offset(out, base_offset, position)
-        return out
+            try:
+                yield batches
+            finally:
+                batches.release()
 
     # -- what the node hosts --------------------------------------------------
 
@@ -632,6 +619,97 @@ def _holds_dropped_chunks(index: Any, state: StreamState) -> bool:
         return False
     entry = layout.decode_index(index.value())
     return writes.is_dropped(state, base_offset + entry.record_count)
+
+
+class BorrowedBatches:
+    """Whole batches found by ``StorageEngine.borrow``, as views into LMDB's
+    map (no copy), with the base offset each must carry, which the stored
+    batch does not (it is stamped on the way out)."""
+
+    __slots__ = ("_batches", "_owned", "record_count", "size")
+
+    def __init__(
+        self, batches: list[tuple[Any, int, int, int]], size: int, record_count: int
+    ) -> None:
+        #: (chunk, start, end, base offset) of each batch, in order
+        self._batches = batches
+        #: the batches copied out of the map (``detach``)
+        self._owned: bytearray | None = None
+        #: bytes of the whole batches
+        self.size = size
+        #: records in them
+        self.record_count = record_count
+
+    def copy(self) -> bytearray:
+        """The batches in one buffer of their own, base offsets stamped."""
+        if self._owned is not None:
+            return bytearray(self._owned)
+        slices: list[list[Any]] = []  # consecutive batches of one chunk: one slice
+        for chunk, start, end, _ in self._batches:
+            if slices and slices[-1][0] is chunk and slices[-1][2] == start:
+                slices[-1][2] = end
+            else:
+                slices.append([chunk, start, end])
+        out = bytearray().join(chunk[start:end] for chunk, start, end in slices)
+        position = 0
+        for _, start, end, base_offset in self._batches:
+            stamp_base_offset(out, base_offset, position)
+            position += end - start
+        return out
+
+    def buffers(self) -> list[Buffer]:
+        """The batches as buffers to be written in order, none of them
+        copied: each batch's base offset (8 bytes of its own), then the rest
+        of the batch, a view into the map (once detached, the one copy)."""
+        if self._owned is not None:
+            return [self._owned]
+        out: list[Buffer] = []
+        for chunk, start, end, base_offset in self._batches:
+            out.append(BASE_OFFSET.pack(base_offset))
+            out.append(chunk[start + BASE_OFFSET.size : end])
+        return out
+
+    def detach(self) -> BorrowedBatches:
+        """Copy the batches out of the map, so that they outlive the
+        transaction; returns self."""
+        if self._owned is None:
+            self._owned = self.copy()
+            self._batches = []
+        return self
+
+    def release(self) -> None:
+        """Forget the views: their transaction is ending."""
+        self._batches = []
+
+
+#: what a read at the open tail finds
+NO_BATCHES: Final = BorrowedBatches([], 0, 0)
+
+
+def _find_batches(
+    cursor: Any, stream_id: int, offset: int, stop: int, max_bytes: int
+) -> BorrowedBatches:
+    """The consecutive whole batches of the stream from the one holding
+    ``offset``, below ``stop``, up to ``max_bytes`` (at least one); none when
+    that batch is not here (trimmed, or a gap)."""
+    if not seek_floor(cursor, layout.batch_key(stream_id, offset)):
+        return NO_BATCHES
+    found: list[tuple[Any, int, int, int]] = []
+    total = records = 0
+    expected = 0  # where the next batch must start: no gap is crossed
+    for base_offset, count, chunk, start, end in _stream_batches(cursor, stream_id):
+        if not found:
+            if base_offset > offset:
+                break  # the batch holding offset is not here (trimmed, or a gap)
+            if base_offset + count <= offset:
+                continue  # below the read, in the same chunk
+        elif base_offset >= stop or base_offset != expected or total + (end - start) > max_bytes:
+            break
+        found.append((chunk, start, end, base_offset))
+        expected = base_offset + count
+        total += end - start
+        records += count
+    return BorrowedBatches(found, total, records)
 
 
 def _stream_batches(cursor: Any, stream_id: int) -> Iterator[tuple[int, int, Any, int, int]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import struct
+import contextlib
 from collections.abc import Sequence
 from typing import Final
 
@@ -10,16 +10,15 @@ import trio
 
 from net.request import Request, Responder
 from sbp import messages
-from sbp.batches import batch_spans
 from sbp.constants import FRAME_OVERHEAD
 from sbp.enums import ErrorCode
-from sbp.errors import OffsetOutOfRangeError, ProtocolError
+from sbp.errors import ConnectionClosed, OffsetOutOfRangeError, ProtocolError
+from storage.engine import NO_BATCHES, BorrowedBatches, StorageEngine
 
 from ..context import NodeContext
 
-#: record_count inside a batch header (SPEC §4)
-_RECORD_COUNT: Final = struct.Struct(">i")
-_RECORD_COUNT_AT: Final = 19
+#: read transactions one FETCH pass keeps open while it answers
+_MAX_BORROWED_READS: Final = 8
 #: room left in a response frame for its FlatBuffers header
 _HEADER_ALLOWANCE: Final = 64 * 1024
 
@@ -117,18 +116,23 @@ class FetchHandler:
         budget = self._payload_budget
         wanted = sum(min(max(info.batch_max_bytes, 1), budget) for info in pending)
         async with responder.answer_room(min(wanted, budget)):
-            return await self._read_and_answer(pending, deadline, min_bytes, responder)
+            with _Reads() as reads:
+                # nothing from here to the answer waits: the batches are
+                # borrowed from LMDB's map and written to the socket as
+                # they are (``Responder.send_borrowed_nowait``)
+                return self._read_and_answer(pending, deadline, min_bytes, responder, reads)
 
-    async def _read_and_answer(
+    def _read_and_answer(
         self,
         pending: list[messages.FetchInfo],
         deadline: float,
         min_bytes: int,
         responder: Responder,
+        reads: _Reads,
     ) -> tuple[list[messages.FetchInfo], bool]:
         expired = trio.current_time() >= deadline or self._node.draining
-        answered: list[tuple[messages.FetchResult, bytes | bytearray]] = []
-        with_data: list[tuple[messages.FetchInfo, bytearray]] = []
+        answered: list[tuple[messages.FetchResult, BorrowedBatches | None]] = []
+        with_data: list[tuple[messages.FetchInfo, BorrowedBatches]] = []
         waiting: list[messages.FetchInfo] = []
         unread: list[messages.FetchInfo] = []  # past one frame's worth: next pass
         read = 0
@@ -140,26 +144,26 @@ class FetchHandler:
                 # Never more than fits one frame, whatever batch_max_bytes says
                 # (the engine still returns at least one whole batch).
                 max_bytes = min(max(info.batch_max_bytes, 1), self._payload_budget - read)
-                data = self._read(info, max_bytes)
+                data = self._read(info, max_bytes, reads)
             except ProtocolError as error:
                 self._counters.fetch_items_failed += 1
-                answered.append((_failed(info, error), b""))
+                answered.append((_failed(info, error), None))
                 continue
-            if data:
+            if data.size:
                 with_data.append((info, data))
-                read += len(data)
+                read += data.size
             else:
                 waiting.append(info)
         full = False
         if expired or unread or read >= min_bytes:
             budget = self._payload_budget
             for info, data in with_data:
-                if answered and len(data) > budget:
+                if answered and data.size > budget:
                     waiting.append(info)  # next frame
                     full = True
                     continue
-                budget -= len(data)
-                answered.append((_found(info, data), data))
+                budget -= data.size
+                answered.append((_found(info, data.size), data))
                 self._count(data)
         else:
             waiting.extend(info for info, _ in with_data)
@@ -167,46 +171,67 @@ class FetchHandler:
             waiting.extend(unread)
             full = True
         if expired and not full:
-            answered.extend((_empty(info), b"") for info in waiting)
+            answered.extend((_empty(info), None) for info in waiting)
             waiting = []
         if answered:
-            # one item's batches go out as read (no copy: see
-            # GATHERED_PAYLOAD_BYTES); several items' are joined
-            payloads = [data for _, data in answered if data]
-            await responder.send(
-                messages.FetchResponse(fetch_responses=tuple(result for result, _ in answered)),
-                payloads[0] if len(payloads) == 1 else b"".join(payloads),
-                end=not waiting,
-            )
+            payload = [piece for _, data in answered if data for piece in data.buffers()]
+            header = messages.FetchResponse(fetch_responses=tuple(r for r, _ in answered))
+            if not responder.send_borrowed_nowait(header, payload, end=not waiting):
+                raise ConnectionClosed("the connection closed during a FETCH")
         # keep the request order among the items still pending
         order = {id(info): i for i, info in enumerate(pending)}
         waiting.sort(key=lambda info: order[id(info)])
         return waiting, full
 
-    def _read(self, info: messages.FetchInfo, max_bytes: int) -> bytearray:
-        """The item's batches; in a replicated open range only those below the
-        commit offset (SPEC §7). A follower behind the primary waits for an
-        offset the primary already has instead of refusing it."""
+    def _read(self, info: messages.FetchInfo, max_bytes: int, reads: _Reads) -> BorrowedBatches:
+        """The item's batches, borrowed until ``reads`` closes; in a
+        replicated open range only those below the commit offset (SPEC §7).
+        A follower behind the primary waits for an offset the primary already
+        has instead of refusing it."""
         node = self._node
         limit = node.read_limit(info.stream_id)
         try:
-            return node.engine.read(info.stream_id, info.fetch_offset, max_bytes, limit)
+            return reads.borrow(node.engine, info.stream_id, info.fetch_offset, max_bytes, limit)
         except OffsetOutOfRangeError:
             if limit is None or info.fetch_offset < (node.engine.first_offset(info.stream_id) or 0):
                 raise
-            return bytearray()
+            return NO_BATCHES
 
-    def _count(self, data: bytearray) -> None:
-        records = 0
-        for start, _end in batch_spans(data):
-            records += _RECORD_COUNT.unpack_from(data, start + _RECORD_COUNT_AT)[0]
-        self._counters.fetched_records += records
-        self._counters.fetched_bytes += len(data)
+    def _count(self, data: BorrowedBatches) -> None:
+        self._counters.fetched_records += data.record_count
+        self._counters.fetched_bytes += data.size
 
 
-def _found(info: messages.FetchInfo, data: bytearray) -> messages.FetchResult:
+class _Reads:
+    """The read transactions a pass holds open until its answer is written,
+    at most ``_MAX_BORROWED_READS`` (each takes one of LMDB's reader
+    slots); the batches of items read past that are copied out at once."""
+
+    def __init__(self) -> None:
+        self._open = contextlib.ExitStack()
+        self._held = 0
+
+    def __enter__(self) -> _Reads:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._open.close()
+
+    def borrow(
+        self, engine: StorageEngine, stream_id: int, offset: int, max_bytes: int, limit: int | None
+    ) -> BorrowedBatches:
+        """``StorageEngine.borrow``'s batches, valid until this closes."""
+        if self._held < _MAX_BORROWED_READS:
+            found = self._open.enter_context(engine.borrow(stream_id, offset, max_bytes, limit))
+            self._held += 1
+            return found
+        with engine.borrow(stream_id, offset, max_bytes, limit) as found:
+            return found.detach()
+
+
+def _found(info: messages.FetchInfo, size: int) -> messages.FetchResult:
     return messages.FetchResult(
-        stream_id=info.stream_id, request_index=info.request_index, batch_length=len(data)
+        stream_id=info.stream_id, request_index=info.request_index, batch_length=size
     )
 
 

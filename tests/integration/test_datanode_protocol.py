@@ -143,6 +143,43 @@ async def test_sync_append_fetch_on_the_wire(raw: RawConnection, node: ServerPro
     assert result.batch_length == len(third)
 
 
+async def test_fetch_of_many_streams_answers_each_from_its_batches(
+    raw: RawConnection, node: ServerProcess
+) -> None:
+    """More items than a pass keeps read transactions open for (8): the
+    first items' batches go out from LMDB's map, the later ones copied;
+    every item's batches arrive in order with their own base offsets."""
+    streams = list(range(20, 32))
+    await raw_sync(raw, *(hosted_range(s, node, start=1000 * s) for s in streams))
+    expected: dict[int, list[tuple[int, bytes]]] = {}
+    for round_ in range(3):
+        items = [(s, batch_of(b"%d-%d" % (s, round_), b"x" * s)) for s in streams]
+        await raw_append(raw, items, stream_id=20 + round_)
+        for s in streams:
+            expected.setdefault(s, []).extend(
+                [
+                    (1000 * s + 2 * round_, b"%d-%d" % (s, round_)),
+                    (1000 * s + 2 * round_ + 1, b"x" * s),
+                ]
+            )
+    frames = await raw.call(
+        Opcode.FETCH, fetch_request(*((s, 1000 * s) for s in streams)), stream_id=30
+    )
+    decoded: dict[int, list[tuple[int, bytes]]] = {}
+    for frame in frames:
+        position = 0
+        for result in messages.FetchResponse.decode(frame.header).fetch_responses:
+            assert result.error_code == ErrorCode.NONE
+            chunk = bytes(frame.payload[position : position + result.batch_length])
+            position += result.batch_length
+            records = decode_batches(chunk)
+            decoded[result.stream_id] = list(
+                zip(records.offsets.tolist(), records.to_list(), strict=True)
+            )
+        assert position == len(frame.payload)
+    assert decoded == expected
+
+
 async def test_append_items_fail_alone(raw: RawConnection, node: ServerProcess) -> None:
     await raw_sync(raw, hosted_range(20, node), hosted_range(21, node, node_id=1, primary=False))
     corrupt = batch_of(b"xyz")

@@ -26,6 +26,7 @@ from sbp.frames import (
     RejectedFrame,
     decode_frame,
     encode_frame,
+    gathered_frame_pieces,
 )
 
 EVENT_TYPES = (Frame, DiscardedFrame, RejectedFrame, FatalFrameError)
@@ -364,3 +365,13 @@ def test_corruption_yields_only_typed_events(
     assert all(isinstance(event, EVENT_TYPES) for event in events)
     fatal = [i for i, event in enumerate(events) if isinstance(event, FatalFrameError)]
     assert fatal in ([], [len(events) - 1])  # nothing is decoded after a fatal error
+
+
+def test_a_payload_in_pieces_frames_as_the_same_payload_whole() -> None:
+    payload = [b"batch one", bytearray(b""), memoryview(b"and the rest" * 1000)]
+    for pieces in ([], payload):
+        gathered = gathered_frame_pieces(Opcode.FETCH, Flags.RESPONSE, 7, b"head", pieces)
+        assert gathered[1:-1] == pieces  # written as they are
+        assert b"".join(gathered) == encode_frame(
+            Opcode.FETCH, Flags.RESPONSE, 7, b"head", b"".join(pieces)
+        )

@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from net.connection import Connection, _send_gathered
+from net.connection import Connection, _send_gathered, _send_now, _unsent
 from net.limits import CLIENT_LIMITS, ConnectionLimits
 from net.request import Request, RequestHandler, Responder
 from net.server import Dispatcher
@@ -218,6 +218,92 @@ async def test_gathered_pieces_are_written_in_order_whatever_each_write_takes() 
         await _send_gathered(sock, pieces)  # type: ignore[arg-type]
         assert sock.written == b"".join(pieces)
         assert sock.calls == -(-1008 // most)
+
+
+def borrowed_pieces(index: int) -> list[bytearray]:
+    """LARGE_ANSWERS[index] in pieces of up to 5,000 bytes."""
+    answer = LARGE_ANSWERS[index]
+    return [bytearray(answer[at : at + 5000]) for at in range(0, len(answer), 5000)]
+
+
+async def borrowed(request: Request, responder: Responder) -> None:
+    """Answers as FETCH does, from buffers that are overwritten once
+    ``send_borrowed_nowait`` returns (the read transaction they lived in
+    ends): the peer must get them as they were."""
+    index = int(client_id(request))
+    pieces = borrowed_pieces(index)
+    await trio.sleep(random.random() / 100)  # answers overtake each other
+    responder.send_borrowed_nowait(messages.HeartbeatResponse(client_id=str(index)), pieces)
+    for piece in pieces:
+        piece[:] = b"x" * len(piece)
+
+
+@pytest.mark.parametrize("tcp", [False, True])
+async def test_borrowed_answers_arrive_as_they_were_when_sent(tcp: bool) -> None:
+    # memory streams copy at once; over TCP what the socket takes is
+    # written at once and the rest copied, or all copied behind other frames
+    async with connected(serving(borrowed), tcp=tcp) as (client, _):
+        for _ in range(3):
+            assert await ask_for_every_large_answer(client) == LARGE_ANSWERS
+
+
+async def test_borrowed_answers_arrive_whole_through_a_full_socket() -> None:
+    """With small socket buffers most of each borrowed answer is copied and
+    written later by the writer task, behind what the socket took at once."""
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = listener.socket.getsockname()[1]
+    client_stream = await trio.open_tcp_stream("127.0.0.1", port)
+    server_stream = await listener.accept()
+    await listener.aclose()
+    assert isinstance(server_stream, trio.SocketStream)
+    server_stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32768)
+    client_stream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)
+    client = Connection(client_stream, side=Side.CLIENT, limits=CLIENT_LIMITS, peer="server")
+    server = Connection(
+        server_stream,
+        side=Side.SERVER,
+        handler=serving(borrowed),
+        limits=CLIENT_LIMITS,
+        peer="client",
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        await nursery.start(client.run)
+        for index in LARGE_ANSWERS:  # one at a time: each finds the socket idle
+            response = await client.request(Opcode.HEARTBEAT, heartbeat(str(index)))
+            assert bytes(response.payload) == LARGE_ANSWERS[index]
+        nursery.cancel_scope.cancel()
+
+
+async def test_send_now_writes_what_the_socket_takes_and_leaves_the_rest() -> None:
+    a, b = trio.socket.socketpair()
+    with a, b:
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        # more buffers than one sendmsg takes (1,024), and more bytes than fit
+        pieces: list[bytes] = [bytes([i % 251]) * (i % 97 + 1) for i in range(3000)]
+        whole = b"".join(pieces)
+        sent = _send_now(a, pieces)  # type: ignore[arg-type]
+        assert 0 < sent < len(whole)
+        rest = b"".join(_unsent(pieces, sent))  # type: ignore[arg-type]
+        assert len(rest) == len(whole) - sent
+        received = bytearray()
+        while len(received) < sent:
+            received += await b.recv(1 << 20)
+        assert bytes(received) + rest == whole
+        # a socket with room takes everything, in several calls
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        small = pieces[:2500]
+        assert _send_now(a, small) == sum(map(len, small))  # type: ignore[arg-type]
+        assert _unsent(small, sum(map(len, small))) == []  # type: ignore[arg-type]
+        # the descriptor is still the connection's
+        assert a.fileno() >= 0
+
+
+def test_unsent_cuts_inside_a_piece_and_keeps_the_rest() -> None:
+    pieces: list[bytes] = [b"head", b"", b"payload", b"crc!"]
+    whole = b"".join(pieces)
+    for sent in range(len(whole) + 1):
+        assert b"".join(_unsent(pieces, sent)) == whole[sent:]  # type: ignore[arg-type]
 
 
 async def test_handler_header_table_mismatch_is_invalid_request() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from sbp.batches import build_batch, decode_batches, peek_header
+from sbp.batches import batch_spans, build_batch, decode_batches, peek_header
 from sbp.errors import (
     InvalidRecordBatchError,
     InvalidRequestError,
@@ -121,6 +121,32 @@ def test_read_respects_the_byte_budget_but_returns_one_batch_at_least(
     assert len(engine.read(1, 0, 3 * size)) == 3 * size
     assert len(engine.read(1, 0, 3 * size + size - 1)) == 3 * size
     assert len(engine.read(1, 2, 1 << 20)) == 8 * size
+
+
+def test_borrowed_batches_are_what_read_copies(engine: StorageEngine) -> None:
+    """``borrow`` leaves the batches in the map: written out in order, its
+    buffers (each batch's stamped base offset, then the rest of it) are
+    the bytes ``read`` returns, through chunks and the byte budget."""
+    engine.sync_ranges(1, [open_range(1)])
+    items = [AppendItem(1, batch(bytes([i]) * 40, bytes([i]) * 9)) for i in range(5)]
+    append_together(engine, items)
+    engine.append(1, batch(b"own chunk"))
+    size = len(items[0].batch)
+    for offset, max_bytes in [(0, 1 << 20), (3, 1), (4, 2 * size), (10, 1 << 20)]:
+        expected = engine.read(1, offset, max_bytes)
+        with engine.borrow(1, offset, max_bytes) as found:
+            assert found.size == len(expected)
+            assert found.record_count == len(decode_batches(expected))
+            buffers = found.buffers()
+            assert len(buffers) == 2 * len(list(batch_spans(expected)))
+            assert b"".join(buffers) == expected
+            assert found.copy() == expected
+            detached = found.detach()
+        # a detached read outlives its transaction
+        assert detached.buffers() == [expected]
+        assert detached.copy() == expected
+    with engine.borrow(1, 11, 1 << 20) as found:  # the open tail
+        assert (found.size, found.buffers(), found.copy()) == (0, [], bytearray())
 
 
 def append_together(engine: StorageEngine, items: list[AppendItem]) -> list[AppendOutcome]:
