@@ -9,7 +9,11 @@ makes every protocol decision.
 - One writer task sends what the engine queued, small frames joined into one
   ``send_all`` (a system call per frame saved when many are in flight), a
   large answer's payload written as it is with its frame's head and
-  checksum in one ``sendmsg`` (no copy of it; joined under TLS).
+  checksum in one ``sendmsg`` (no copy of it; joined under TLS). A frame
+  that is the connection's only business (one request in flight, nothing
+  else queued) is written when it is queued, without waking the writer;
+  so is a FETCH answer borrowed from LMDB's map whenever nothing waits
+  ahead of it (``queue_borrowed_response``).
 - Backpressure: the reader reads only while the engine ``wants_data``, that
   is while a request slot is free and no more than its high-water mark of
   bytes waits to be sent; ``Responder.send`` and our own requests wait for
@@ -343,7 +347,7 @@ class Connection:
         self._engine.send_response(
             responder.stream_id, header, payload, end=end, system_error=system_error
         )
-        self._data_queued.set()
+        self._write_or_wake_writer()
         if self.budgets is not None:
             self._charge_outgoing()
         if end:
@@ -364,7 +368,7 @@ class Connection:
         pieces = engine.send_borrowed_response(responder.stream_id, header, payload, end=end)
         unsent = _unsent(pieces, _send_now(self._socket, pieces))
         if unsent:
-            engine.queue_unsent(b"".join(unsent))
+            engine.queue_unsent((b"".join(unsent),))
             self._data_queued.set()
             if self.budgets is not None:
                 self._charge_outgoing()
@@ -593,7 +597,33 @@ class Connection:
         return self._engine
 
     def wake_writer(self) -> None:
-        self._data_queued.set()
+        """A request of ours was queued."""
+        self._write_or_wake_writer()
+
+    def _write_or_wake_writer(self) -> None:
+        """Write the frame just queued at once when it is the connection's
+        only business (one request in flight, nothing else queued, the
+        writer task idle): no round of the event loop between it and the
+        socket, which is most of a lone request's time in Python. Otherwise
+        wake the writer task, which joins the small frames queued meanwhile
+        into one write."""
+        engine = self._engine
+        sock = self._socket
+        if (
+            sock is None
+            or self._writing
+            or self._closed
+            or engine.queued_frames != 1
+            or self.in_flight > 1
+        ):
+            self._data_queued.set()
+            return
+        pieces = engine.data_to_send()
+        unsent = _unsent(pieces, _send_now(sock, pieces))
+        self.idle.note()
+        if unsent:
+            engine.queue_unsent(unsent)
+            self._data_queued.set()
 
     def check_open(self) -> None:
         if not self._started:

@@ -497,11 +497,17 @@ class ConnectionEngine:
         self._count_frame(opcode, sum(len(piece) for piece in pieces))
         return pieces
 
-    def queue_unsent(self, data: bytes) -> None:
-        """Queue the end of a frame of ``send_borrowed_response`` that could
-        not be written at once."""
-        self._outgoing.append((len(data), (data,)))
-        self.outgoing_bytes += len(data)
+    def queue_unsent(self, pieces: Sequence[Buffer]) -> None:
+        """Queue again, first, what was taken (``data_to_send``) or handed
+        out (``send_borrowed_response``) and could not be written at once."""
+        size = sum(len(piece) for piece in pieces)
+        self._outgoing.appendleft((size, tuple(pieces)))
+        self.outgoing_bytes += size
+
+    @property
+    def queued_frames(self) -> int:
+        """Frames queued and not yet taken by ``data_to_send``."""
+        return len(self._outgoing)
 
     def _answering(self, stream_id: int, *, end: bool, system_error: bool) -> tuple[Opcode, int]:
         """The opcode and flags of a response frame of a request being served."""

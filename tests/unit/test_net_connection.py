@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio.testing
 
+from net.calls import deadline_after
 from net.connection import Connection, _send_gathered, _send_now, _unsent
 from net.limits import CLIENT_LIMITS, ConnectionLimits
 from net.request import Request, RequestHandler, Responder
@@ -92,6 +93,32 @@ async def test_unary_request_and_ping(tcp: bool) -> None:
         pong = await server.request(Opcode.PING, b"hdr", b"payload")
         assert (pong.header, bytes(pong.payload)) == (b"hdr", b"payload")
         assert client.in_flight == 0 and server.in_flight == 0
+
+
+async def test_a_lone_request_is_written_at_once_and_others_by_the_writer() -> None:
+    """Over TCP a frame that is the connection's only business leaves when
+    it is queued, with no round of the event loop; with another request in
+    flight it waits for the writer task, which joins what queued meanwhile."""
+    async with connected(serving(), tcp=True) as (client, _):
+        first = await client.caller.open_call(
+            Opcode.HEARTBEAT, heartbeat("first"), b"", deadline_after(5)
+        )
+        assert client.engine.queued_frames == 0  # already written
+        second = await client.caller.open_call(
+            Opcode.HEARTBEAT, heartbeat("second"), b"", deadline_after(5)
+        )
+        assert client.engine.queued_frames == 1  # left to the writer
+        for call, name in ((first, "first"), (second, "second")):
+            frame = await call.next_frame(deadline_after(5))
+            assert messages.HeartbeatResponse.decode(frame.header).client_id == name
+            client.caller.close_call(call)
+    async with connected(serving(), tcp=False) as (client, _):
+        call = await client.caller.open_call(
+            Opcode.HEARTBEAT, heartbeat("memory"), b"", deadline_after(5)
+        )
+        assert client.engine.queued_frames == 1  # no socket: the writer task writes
+        await call.next_frame(deadline_after(5))
+        client.caller.close_call(call)
 
 
 @pytest.mark.parametrize("tcp", [False, True], ids=["memory", "tcp"])
