@@ -118,7 +118,10 @@ def _send_now(sock: trio.socket.SocketType, pieces: list[Buffer]) -> int:
     error writes nothing more and is left to the writer task to meet."""
     # trio's sendmsg always yields to the scheduler; this must not: the
     # buffers are valid only until the caller returns
-    raw = socket.socket(sock.family, sock.type, sock.proto, fileno=sock.fileno())
+    fd = sock.fileno()
+    if fd < 0:  # closed: the writer task reports it
+        return 0
+    raw = socket.socket(sock.family, sock.type, sock.proto, fileno=fd)
     sent = 0
     try:
         for first in range(0, len(pieces), _MAX_IOV):

@@ -324,6 +324,7 @@ async def test_send_now_writes_what_the_socket_takes_and_leaves_the_rest() -> No
         assert _unsent(small, sum(map(len, small))) == []  # type: ignore[arg-type]
         # the descriptor is still the connection's
         assert a.fileno() >= 0
+    assert _send_now(a, [b"closed"]) == 0  # type: ignore[list-item]
 
 
 def test_unsent_cuts_inside_a_piece_and_keeps_the_rest() -> None:
