@@ -187,15 +187,11 @@ async def ask_for_every_large_answer(client: Connection) -> dict[int, bytes]:
     return received
 
 
-async def test_large_answers_arrive_whole_over_a_stream_without_a_socket() -> None:
-    # TLS, or memory streams in tests: the pieces are joined into one write
-    async with connected(serving(large)) as (client, _):
-        assert await ask_for_every_large_answer(client) == LARGE_ANSWERS
-
-
-async def test_large_answers_arrive_whole_through_partial_writes() -> None:
-    """Answers written as pieces (sendmsg) arrive intact when the socket
-    takes a little of each at a time: small socket buffers."""
+async def over_small_socket_buffers(
+    handler: RequestHandler,
+) -> tuple[Connection, Connection, tuple[trio.SocketStream, trio.SocketStream]]:
+    """A client and a serving connection (not running yet) over loopback TCP
+    whose sockets hold 32 KiB: a large answer is written a little at a time."""
     listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
     port = listener.socket.getsockname()[1]
     client_stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -206,10 +202,27 @@ async def test_large_answers_arrive_whole_through_partial_writes() -> None:
     client_stream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)
     client = Connection(client_stream, side=Side.CLIENT, limits=CLIENT_LIMITS, peer="server")
     server = Connection(
-        server_stream, side=Side.SERVER, handler=serving(large), limits=CLIENT_LIMITS, peer="client"
+        server_stream,
+        side=Side.SERVER,
+        handler=serving(handler),
+        limits=CLIENT_LIMITS,
+        peer="client",
     )
+    return client, server, (client_stream, server_stream)
+
+
+async def test_large_answers_arrive_whole_over_a_stream_without_a_socket() -> None:
+    # TLS, or memory streams in tests: the pieces are joined into one write
+    async with connected(serving(large)) as (client, _):
+        assert await ask_for_every_large_answer(client) == LARGE_ANSWERS
+
+
+async def test_large_answers_arrive_whole_through_partial_writes() -> None:
+    """Answers written as pieces (sendmsg) arrive intact when the socket
+    takes a little of each at a time: small socket buffers."""
+    client, server, streams = await over_small_socket_buffers(large)
     # trio's 16 KiB low mark of unsent bytes is lifted on both ends
-    for stream in (client_stream, server_stream):
+    for stream in streams:
         assert stream.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == 0
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run)
@@ -277,22 +290,7 @@ async def test_borrowed_answers_arrive_as_they_were_when_sent(tcp: bool) -> None
 async def test_borrowed_answers_arrive_whole_through_a_full_socket() -> None:
     """With small socket buffers most of each borrowed answer is copied and
     written later by the writer task, behind what the socket took at once."""
-    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
-    port = listener.socket.getsockname()[1]
-    client_stream = await trio.open_tcp_stream("127.0.0.1", port)
-    server_stream = await listener.accept()
-    await listener.aclose()
-    assert isinstance(server_stream, trio.SocketStream)
-    server_stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32768)
-    client_stream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)
-    client = Connection(client_stream, side=Side.CLIENT, limits=CLIENT_LIMITS, peer="server")
-    server = Connection(
-        server_stream,
-        side=Side.SERVER,
-        handler=serving(borrowed),
-        limits=CLIENT_LIMITS,
-        peer="client",
-    )
+    client, server, _ = await over_small_socket_buffers(borrowed)
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run)
         await nursery.start(client.run)
