@@ -40,6 +40,7 @@ from typing import Final, TypeAlias
 # which matters because every payload is summed once by each side.
 from zlib_ng.zlib_ng import crc32
 
+from .allocator import RECEIVE_BUFFERS
 from .constants import (
     CHECKSUM,
     CHECKSUM_SIZE,
@@ -325,7 +326,10 @@ class FrameDecoder:
             return
         # geometric growth: a frame read in MAX_READ_SIZE pieces is copied
         # a bounded number of times, not once per piece
-        grown = bytearray(max(needed, 2 * len(buffer)))
+        wanted = max(needed, 2 * len(buffer))
+        grown = RECEIVE_BUFFERS.take(wanted) if wanted > READ_SIZE else None
+        if grown is None:
+            grown = bytearray(wanted)
         with memoryview(buffer) as view:
             grown[:filled] = view[:filled]
         self._buffer = grown
@@ -351,6 +355,7 @@ class FrameDecoder:
                 # large payload is never copied out of the receive buffer.
                 if total > READ_SIZE:
                     self._large_frame = total
+                    RECEIVE_BUFFERS.keep(buffer)
                 raw = buffer
                 filled -= total
                 buffer = self._buffer = bytearray(max(filled, self._read_size))

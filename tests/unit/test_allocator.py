@@ -1,10 +1,13 @@
-"""sbp.allocator: glibc keeps freed blocks for the next large buffer."""
+"""sbp.allocator: glibc keeps freed blocks for the next large buffer, and a
+pool keeps buffers of large frames to receive into again."""
 
 from __future__ import annotations
 
 import platform
 
-from sbp.allocator import keep_freed_memory
+import numpy as np
+
+from sbp.allocator import BufferPool, keep_freed_memory
 
 
 def test_keep_freed_memory_applies_once_on_glibc() -> None:
@@ -15,3 +18,43 @@ def test_keep_freed_memory_applies_once_on_glibc() -> None:
     buffers = [bytearray(1 << 20) for _ in range(8)]
     del buffers[::2]
     assert all(len(b) == 1 << 20 for b in buffers)
+
+
+def test_a_kept_buffer_comes_back_only_once_nothing_refers_to_it() -> None:
+    pool = BufferPool(count=2, largest=1 << 20)
+    buffer = bytearray(b"x" * 100_000)
+    view = memoryview(buffer)[10:20]
+    pool.keep(buffer)
+    buffer_id = id(buffer)
+    del buffer
+    assert pool.take(100_000) is None  # a view is alive
+    view.release()
+    del view
+    taken = pool.take(100_000)
+    assert taken is not None and id(taken) == buffer_id  # and gone from the pool
+    assert pool.take(100_000) is None
+    array = np.frombuffer(taken, np.uint8)
+    pool.keep(taken)
+    del taken
+    assert pool.take(100_000) is None  # the array refers to it
+    del array
+    again = pool.take(99_000)  # a little smaller fits its allocation
+    assert again is not None and id(again) == buffer_id and len(again) == 99_000
+    pool.keep(again)
+    del again
+    grown = pool.take(100_000)  # back within its allocation
+    assert grown is not None and id(grown) == buffer_id and len(grown) == 100_000
+
+
+def test_a_pool_keeps_few_buffers_and_none_too_large_or_too_small_for_a_frame() -> None:
+    pool = BufferPool(count=2, largest=1 << 20)
+    pool.keep(bytearray(2 << 20))  # larger than it keeps
+    assert pool.take(2 << 20) is None
+    for _ in range(3):  # the oldest is dropped
+        pool.keep(bytearray(300_000))
+    assert pool.take(300_000) is not None
+    assert pool.take(300_000) is not None
+    assert pool.take(300_000) is None
+    pool.keep(bytearray(300_000))
+    assert pool.take(100_000) is None  # would leave most of it unused
+    assert pool.take(400_000) is None  # does not fit its allocation

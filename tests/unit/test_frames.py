@@ -7,6 +7,7 @@ import itertools
 import struct
 import zlib
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -309,6 +310,58 @@ def test_a_large_frame_is_read_into_a_buffer_of_its_own_and_handed_over() -> Non
     assert isinstance(event, Frame) and isinstance(event.payload, memoryview)
     assert event.payload.obj is buffer and event.payload == payload
     assert decoder.holding == 0
+
+
+def read_frame_in(decoder: FrameDecoder, frame: bytes) -> tuple[Frame, bytearray]:
+    """One frame through ``receive_buffer``/``received``; the event and the
+    buffer the rest of it was read into."""
+    events: list[FrameEvent] = []
+    position = 0
+    buffer = None
+    while not events:
+        target = decoder.receive_buffer()
+        buffer = target.obj
+        n = min(len(target), len(frame) - position)
+        target[:n] = frame[position : position + n]
+        position += n
+        events = decoder.received(n)
+    (event,) = events
+    assert isinstance(event, Frame) and isinstance(buffer, bytearray)
+    return event, buffer
+
+
+def test_a_large_frames_buffer_is_read_into_again_once_nothing_refers_to_it() -> None:
+    frames = [
+        encode_frame(Opcode.FETCH, Flags.RESPONSE, 9, b"h", bytes([i]) * (300_000 - i))
+        for i in range(12)
+    ]
+    decoder = FrameDecoder()
+    read_frame_in(decoder, frames[0])  # dropped at once
+    event, buffer = read_frame_in(decoder, frames[1])
+    del event
+    buffer_id = id(buffer)
+    del buffer
+    # the buffers of dropped frames come back, in place
+    reused = 0
+    for frame in frames[2:6]:
+        event, buffer = read_frame_in(decoder, frame)
+        assert event.payload == frame[17:-4]
+        reused += id(buffer) == buffer_id
+        del event, buffer
+    assert reused >= 1
+    # a frame whose payload, a view of it or an array made of it is still
+    # held keeps its buffer: later frames never write into it
+    views: list[tuple[bytes, memoryview]] = []
+    arrays: list[tuple[bytes, np.ndarray]] = []
+    for index, frame in enumerate(frames[6:]):
+        event, _ = read_frame_in(decoder, frame)
+        if index % 2:
+            views.append((frame[117:217], event.payload[100:200]))
+        else:
+            arrays.append((frame[17:-4], np.frombuffer(event.payload, np.uint8)))
+        del event, _
+    assert all(bytes(view) == expected for expected, view in views)
+    assert all(array.tobytes() == expected for expected, array in arrays)
 
 
 def test_reads_grow_while_they_fill() -> None:
