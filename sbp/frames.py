@@ -25,7 +25,10 @@ instead of handing it chunks; room is made a read at a time (at most
 ``MAX_READ_SIZE`` ahead of what has arrived), never for a whole announced
 frame at once, unless the peer already sent a frame as large (then room
 for all of it at once spares the copies of growing). Between frames the
-decoder keeps one read's worth of buffer, so an idle connection holds little.
+decoder keeps one read's worth of buffer, so an idle connection holds little;
+the buffers of large frames handed over go to a process-wide pool
+(``sbp.allocator.RECEIVE_BUFFERS``) and receive a later large frame once
+nothing refers to them.
 """
 
 from __future__ import annotations
