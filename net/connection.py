@@ -351,11 +351,7 @@ class Connection:
             responder.stream_id, header, payload, end=end, system_error=system_error
         )
         self._write_or_wake_writer()
-        if self.budgets is not None:
-            self._charge_outgoing()
-        if end:
-            self._request_done(responder)
-        return not self._closed
+        return self._answer_queued(responder, end)
 
     def queue_borrowed_response(
         self, responder: Responder, header: bytes, payload: Sequence[Buffer], *, end: bool
@@ -369,14 +365,14 @@ class Connection:
         if self._socket is None or self._writing or engine.outgoing_bytes or self._closed:
             return self.queue_response(responder, header, b"".join(payload), end=end)
         pieces = engine.send_borrowed_response(responder.stream_id, header, payload, end=end)
-        unsent = _unsent(pieces, _send_now(self._socket, pieces))
-        if unsent:
-            engine.queue_unsent((b"".join(unsent),))
-            self._data_queued.set()
-            if self.budgets is not None:
-                self._charge_outgoing()
-        else:
-            self.idle.note()
+        self._write_at_once(self._socket, pieces, copy_rest=True)
+        return self._answer_queued(responder, end)
+
+    def _answer_queued(self, responder: Responder, end: bool) -> bool:
+        """Bookkeeping once an answer frame is queued or written; False when
+        the connection is gone."""
+        if self.budgets is not None:
+            self._charge_outgoing()
         if end:
             self._request_done(responder)
         return not self._closed
@@ -621,11 +617,17 @@ class Connection:
         ):
             self._data_queued.set()
             return
-        pieces = engine.data_to_send()
+        self._write_at_once(sock, engine.data_to_send(), copy_rest=False)
+
+    def _write_at_once(
+        self, sock: trio.socket.SocketType, pieces: list[Buffer], *, copy_rest: bool
+    ) -> None:
+        """Write what the socket takes of ``pieces`` now; queue the rest first
+        for the writer task (copied when the pieces are borrowed)."""
         unsent = _unsent(pieces, _send_now(sock, pieces))
         self.idle.note()
         if unsent:
-            engine.queue_unsent(unsent)
+            self._engine.queue_unsent((b"".join(unsent),) if copy_rest else unsent)
             self._data_queued.set()
 
     def check_open(self) -> None:

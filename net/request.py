@@ -182,9 +182,7 @@ class Responder:
         """``send_nowait`` for a payload in buffers valid only until this
         returns (record batches in a read transaction): they are written or
         copied before it does."""
-        if self.done:
-            raise RuntimeError(f"response to stream {self.stream_id} already ended")
-        self.done = end
+        self._check_open(end)
         return self._connection.queue_borrowed_response(self, header.encode(), payload, end=end)
 
     async def send(
@@ -252,12 +250,16 @@ class Responder:
         end: bool,
         system_error: bool = False,
     ) -> bool:
-        if self.done:
-            raise RuntimeError(f"response to stream {self.stream_id} already ended")
-        self.done = end
+        self._check_open(end)
         return self._connection.queue_response(
             self, header, payload, end=end, system_error=system_error
         )
+
+    def _check_open(self, end: bool) -> None:
+        """Refuse a frame after the last one; note whether this one is it."""
+        if self.done:
+            raise RuntimeError(f"response to stream {self.stream_id} already ended")
+        self.done = end
 
 
 class RequestHandler(Protocol):

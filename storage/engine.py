@@ -671,8 +671,8 @@ class BorrowedBatches:
 
     def detach(self) -> BorrowedBatches:
         """Copy the batches out of the map, so that they outlive the
-        transaction; returns self."""
-        if self._owned is None:
+        transaction; returns self (``NO_BATCHES``, shared, stays as it is)."""
+        if self._owned is None and self._batches:
             self._owned = self.copy()
             self._batches = []
         return self
