@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .placement import NodeLoad
+from .placement import NodeLoad, has_room
 from .records import NodeRecord
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,10 @@ class NodeState:
     @property
     def node_id(self) -> int:
         return self.node.node_id
+
+    def is_full(self, min_free_space: int) -> bool:
+        """Whether its last report left it less free space than ``min_free_space``."""
+        return not has_room(self.metrics.get("disk_free_space"), min_free_space)
 
     def load(self) -> NodeLoad:
         free = self.metrics.get("disk_free_space")

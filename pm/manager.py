@@ -40,6 +40,7 @@ from sbp.errors import (
     DataNodeNotFoundError,
     EpochFencedError,
     InvalidRequestError,
+    NoAvailableDataNodeError,
     OffsetOutOfRangeError,
     ProtocolError,
     RangeNotFoundError,
@@ -165,6 +166,9 @@ class PlacementManager:
         # data may predate changes they were not told of; see reconcile_node.
         self._returning, self._returned = trio.open_memory_channel[int](math.inf)
         self._reconciling: set[int] = set()
+        #: ranges on fewer nodes than they want (``RangeRecord.short_handed``);
+        #: None until the first pass of ``watch_nodes`` found those of the metadata
+        self._short_handed: set[tuple[int, int]] | None = None
 
     # -- data nodes -----------------------------------------------------------
 
@@ -497,14 +501,25 @@ class PlacementManager:
         return outcomes
 
     def under_replicated(self) -> int:
-        """Replicated ranges with a replica on a dead data node."""
-        return sum(
-            1
+        """Replicated ranges with a replica on a dead data node, and ranges on
+        fewer nodes than they want (``RangeRecord.short_handed``)."""
+        on_dead = {
+            rng.key
             for state in self.registry.states()
             if not state.alive
             for rng in self.store.ranges_on_node(state.node_id)
             if len(rng.nodes) > 1
-        )
+        }
+        return len(on_dead | (self._short_handed or set()))
+
+    def _track(self, rng: RangeRecord) -> None:
+        """Keep ``_short_handed`` up to date with a range just committed."""
+        if self._short_handed is None:
+            return  # the first pass of watch_nodes finds it
+        if rng.short_handed:
+            self._short_handed.add(rng.key)
+        else:
+            self._short_handed.discard(rng.key)
 
     async def _seal_one(
         self, stream_id: int, range_index: int, deadline: float
@@ -525,37 +540,81 @@ class PlacementManager:
                 stream.replica_nums,
                 at_least=effective_acks(stream.replica_nums, stream.ack_nums),
             )
-            end = await self._seal_replicas(rng, effective_acks(len(rng.nodes), stream.ack_nums))
+            acks = effective_acks(len(rng.nodes), stream.ack_nums)
+            held = await self._seal_replicas(rng, acks)
             # A trim may have raised the start past what the replicas had seen.
-            sealed = replace(rng, end_offset=max(end, rng.start_offset))
+            end = seal_end(list(held.values()), len(rng.nodes), acks)
+            leaving = self._full_and_short(rng, held, end)
+            end = max(end, rng.start_offset)
+            sealed = replace(
+                rng,
+                end_offset=end,
+                nodes=tuple(n for n in rng.nodes if n not in leaving),
+                replicas_wanted=max(rng.replicas_wanted, len(rng.nodes))
+                if leaving
+                else rng.replicas_wanted,
+            )
             following = RangeRecord(
-                stream_id, range_index + 1, sealed.end_offset, nodes, epoch=stream.epoch
+                stream_id,
+                range_index + 1,
+                end,
+                nodes,
+                epoch=stream.epoch,
+                replicas_wanted=stream.replica_nums if len(nodes) < stream.replica_nums else 0,
             )
             await self._commit([PutRange(sealed), PutRange(following)])
             self.registry.note_hosted(nodes)
+            self.registry.note_removed(leaving)
+            self._track(sealed)
+            self._track(following)
             if len(nodes) < stream.replica_nums:
                 log.warning(
-                    "stream %d range %d placed on %d of %d replicas (too few live nodes)",
+                    "stream %d range %d placed on %d of %d replicas (too few live nodes with room)",
                     stream_id,
                     following.range_index,
                     len(nodes),
                     stream.replica_nums,
                 )
-            await self._sync_stream(stream_id, deadline)
+            await self._sync_stream(stream_id, deadline, also=leaving)
             return [sealed, following]
 
-    async def _seal_replicas(self, rng: RangeRecord, ack_nums: int) -> int:
-        """SEAL_RANGES on the range's replicas; its end offset by SPEC §7's rule.
+    def _full_and_short(self, rng: RangeRecord, held: dict[int, int], end: int) -> list[int]:
+        """The replicas of a range sealed at ``end`` that hold less of it and
+        whose node is full: they could not copy the rest (catch-up), so they
+        leave the range rather than stay short of it for good; the range is
+        then under-replicated until a node with room takes a copy
+        (``restore_replication``). Never the replica whose answer is the end."""
+        if len(rng.nodes) <= 1:
+            return []
+        leaving = []
+        for node_id, offset in held.items():
+            state = self.registry.get(node_id)
+            if offset < end and state is not None and state.is_full(self._min_free_space):
+                log.warning(
+                    "stream %d range %d: node %d is full and holds %d of its %d records; "
+                    "it leaves the range",
+                    rng.stream_id,
+                    rng.range_index,
+                    node_id,
+                    max(offset - rng.start_offset, 0),
+                    end - rng.start_offset,
+                )
+                leaving.append(node_id)
+        return leaving
+
+    async def _seal_replicas(self, rng: RangeRecord, ack_nums: int) -> dict[int, int]:
+        """SEAL_RANGES on the range's replicas: the next offset each answered,
+        by node id, from which the caller takes the end by SPEC §7's rule
+        (``sbp.replication.seal_end``).
 
         One replica: its answer, waited for until the deadline (nothing else
         holds the records). Several: every replica is asked at once; once
-        ``R - A + 1`` have answered, the others get ``SEAL_GRACE_S`` more, and
-        the end is taken from the answers (``sbp.replication.seal_end``). A
+        ``R - A + 1`` have answered, the others get ``SEAL_GRACE_S`` more. A
         replica that sealed refuses the primary's REPLICATE from then on, so
         after enough answers no more records can be acknowledged in the range.
         """
         if len(rng.nodes) == 1:
-            return await self._link.seal_replica(rng, rng.primary)
+            return {rng.primary: await self._link.seal_replica(rng, rng.primary)}
         answers: dict[int, int] = {}
         needed = len(rng.nodes) - ack_nums + 1
         settled = trio.Event()
@@ -589,22 +648,150 @@ class PlacementManager:
                 while unfinished:
                     await trio.sleep(SEAL_POLL_S)
             nursery.cancel_scope.cancel()
-        return seal_end(list(answers.values()), len(rng.nodes), ack_nums)
+        return answers
 
-    async def watch_dead_nodes(self, interval: float = DEAD_NODE_CHECK_S) -> None:
-        """Run for the PM's life: every ``interval``, seal the replicated open
-        ranges whose primary is dead (SPEC §7), so that their writers go on
-        in a next range, and repair the ranges of nodes dead longer than the
-        repair delay. What cannot be done yet (too few replicas answer, no
-        node to place on) is tried again at the next pass."""
+    async def watch_nodes(self, interval: float = DEAD_NODE_CHECK_S) -> None:
+        """Run for the PM's life: every ``interval``,
+
+        - seal the replicated open ranges whose primary is dead (SPEC §7), so
+          that their writers go on in a next range, and repair the ranges of
+          nodes dead longer than the repair delay;
+        - move writes off full nodes (``drain_full_node``);
+        - give ranges left on fewer nodes than they want the replicas they
+          lack (``restore_replication``).
+
+        What cannot be done yet (too few replicas answer, no node to place
+        on) is tried again at the next pass."""
         while True:
             await trio.sleep(interval)
+            if self._short_handed is None:
+                await self._find_short_handed()
             for state in self.registry.states():
-                if state.alive or self._stopping:
+                if self._stopping:
+                    break
+                if state.alive:
+                    if state.is_full(self._min_free_space):
+                        await self.drain_full_node(state.node_id, timeout=interval * 4)
                     continue
                 await self.seal_after_failure(state.node_id, timeout=interval * 4)
                 if self.registry.seconds_since_seen(state) > self._repair_after:
                     await self.repair_node(state.node_id, timeout=interval * 4)
+            if not self._stopping:
+                await self.restore_replication(timeout=interval * 4)
+
+    async def _find_short_handed(self) -> None:
+        """Fill ``_short_handed`` from the metadata (after a start or a change
+        of leader), one node's ranges at a time between other work; ranges
+        committed meanwhile are tracked as they are committed."""
+        found = self._short_handed = set()
+        for state in self.registry.states():
+            found.update(r.key for r in self.store.ranges_on_node(state.node_id) if r.short_handed)
+            await trio.sleep(0)
+
+    async def drain_full_node(self, node_id: int, timeout: float) -> int:
+        """A live node whose last report left it less free space than placement
+        asks for is full: its disk or its LMDB map cannot take much more. Seal
+        the open ranges it holds, so that their streams go on in ranges placed
+        on nodes with room; the seal lets a replica there that is short of the
+        end leave the range (``_full_and_short``). A range whose next one
+        cannot be placed elsewhere stays open. Returns how many were sealed."""
+        open_here = [rng.key for rng in self.store.ranges_on_node(node_id) if rng.is_open]
+        if not open_here:
+            return 0
+        outcomes = await self.seal_ranges(open_here, timeout, cause="full_node")
+        for (stream_id, range_index), outcome in zip(open_here, outcomes, strict=True):
+            if outcome.error is None:
+                log.warning(
+                    "stream %d range %d sealed: node %d is full", stream_id, range_index, node_id
+                )
+            else:
+                _seal_failures.warning(
+                    f"drain {stream_id} {range_index}",
+                    "stream %d range %d: node %d is full and the seal failed: %s",
+                    stream_id,
+                    range_index,
+                    node_id,
+                    outcome.error,
+                )
+        return sum(o.error is None for o in outcomes)
+
+    async def restore_replication(self, timeout: float) -> int:
+        """Give each short-handed range the replicas it lacks, on live nodes
+        with room: a sealed one gets them at once and they copy it from its
+        replicas (catch-up); an open one is sealed once its next range can be
+        placed on every replica its stream wants, and is then topped up as a
+        sealed one. Returns how many ranges got replicas."""
+        deadline = trio.current_time() + timeout
+        restored = 0
+        for stream_id, range_index in sorted(self._short_handed or ()):
+            if trio.current_time() >= deadline or self._stopping:
+                break
+            with trio.move_on_at(deadline):
+                try:
+                    restored += await self._top_up(stream_id, range_index, deadline)
+                except (ProtocolError, OSError) as error:
+                    _seal_failures.warning(
+                        f"top up {stream_id} {range_index}",
+                        "stream %d range %d: adding replicas failed: %s",
+                        stream_id,
+                        range_index,
+                        error,
+                    )
+        return restored
+
+    async def _top_up(self, stream_id: int, range_index: int, deadline: float) -> int:
+        current = self.store.range(stream_id, range_index)
+        stream = self.store.stream(stream_id)
+        if current is None or stream is None or not current.short_handed:
+            if self._short_handed is not None:
+                self._short_handed.discard((stream_id, range_index))
+            return 0
+        if current.is_open:
+            try:
+                place(
+                    self.registry.loads(), stream.replica_nums, min_free_space=self._min_free_space
+                )
+            except NoAvailableDataNodeError:
+                return 0  # not yet: the next range would be short-handed too
+            await self._seal_one(stream_id, range_index, deadline)
+            self.seals["under_replicated"] += 1
+            log.warning(
+                "stream %d range %d sealed: its next range can be placed on all %d replicas",
+                stream_id,
+                range_index,
+                stream.replica_nums,
+            )
+        async with self._locks.hold(stream_id):
+            current = self.store.range(stream_id, range_index)
+            if current is None or current.is_open or not current.short_handed:
+                return 0
+            candidates = [n for n in self.registry.loads() if n.node_id not in current.nodes]
+            try:
+                added = place(
+                    candidates,
+                    current.replicas_wanted - len(current.nodes),
+                    min_free_space=self._min_free_space,
+                    at_least=1,
+                )
+            except NoAvailableDataNodeError:
+                return 0
+            grown = replace(current, nodes=(*current.nodes, *added))
+            if not grown.short_handed:
+                grown = replace(grown, replicas_wanted=0)
+            await self._commit([PutRange(grown)])
+            self.registry.note_hosted(added)
+            self._track(grown)
+            await self._sync_stream(stream_id, deadline)
+            log.warning(
+                "stream %d range %d: node(s) %s added, which copy it (%d of %d replicas)",
+                stream_id,
+                range_index,
+                ", ".join(map(str, added)),
+                len(grown.nodes),
+                max(grown.replicas_wanted, len(grown.nodes)),
+            )
+            self.repairs += 1
+            return 1
 
     async def repair_node(self, node_id: int, timeout: float) -> int:
         """Replace the dead ``node_id`` in every replicated range it holds by a

@@ -8,7 +8,9 @@ database       key                              value
 =============  ===============================  ==================================
 ``streams``    stream_id (q)                    replica_nums (b), retention (q), epoch (q)
 ``ranges``     stream_id (q), range_index (i)   start (q), end (q), epoch (q), n (B),
-                                                n node ids (i), primary first
+                                                n node ids (i), primary first, and
+                                                replicas wanted (B) when the range
+                                                is on fewer nodes than that
 ``by_node``    node_id (i), stream_id (q),      empty: the index behind LIST_RANGES
                range_index (i)                  by data node
 ``nodes``      node_id (i)                      advertise address, UTF-8
@@ -50,6 +52,7 @@ _STREAM_VALUE: Final = struct.Struct(">bqq")
 _STREAM_VALUE_ACKS: Final = struct.Struct(">bqqb")
 _RANGE_KEY: Final = struct.Struct(">qi")
 _RANGE_HEAD: Final = struct.Struct(">qqqB")
+_WANTED: Final = struct.Struct(">B")
 _NODE_KEY: Final = struct.Struct(">i")
 U64: Final = struct.Struct(">Q")
 
@@ -154,7 +157,10 @@ def stream_from_value(stream_id: int, value: bytes) -> StreamRecord:
 
 def encode_range(rng: RangeRecord) -> bytes:
     head = _RANGE_HEAD.pack(rng.start_offset, rng.end_offset, rng.epoch, len(rng.nodes))
-    return head + struct.pack(f">{len(rng.nodes)}i", *rng.nodes)
+    value = head + struct.pack(f">{len(rng.nodes)}i", *rng.nodes)
+    # Only a short-handed range carries the count it wants, so every value
+    # written before that existed decodes unchanged, as a whole range.
+    return value + _WANTED.pack(rng.replicas_wanted) if rng.short_handed else value
 
 
 def _decode_range(key: bytes, value: bytes) -> RangeRecord:
@@ -166,7 +172,9 @@ def range_from_value(stream_id: int, range_index: int, value: bytes) -> RangeRec
     """A range from its stored value (both stores keep the same one)."""
     start, end, epoch, count = _RANGE_HEAD.unpack_from(value)
     nodes = struct.unpack_from(f">{count}i", value, _RANGE_HEAD.size)
-    return RangeRecord(stream_id, range_index, start, tuple(nodes), end, epoch)
+    wanted_at = _RANGE_HEAD.size + 4 * count
+    wanted = _WANTED.unpack_from(value, wanted_at)[0] if len(value) > wanted_at else 0
+    return RangeRecord(stream_id, range_index, start, tuple(nodes), end, epoch, wanted)
 
 
 # -- the store ----------------------------------------------------------------

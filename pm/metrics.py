@@ -87,18 +87,18 @@ class ClusterCollector(Collector):
         yield ranges
         yield GaugeMetricFamily(
             f"{NAMESPACE}_under_replicated_ranges",
-            "replicated ranges with a replica on a dead data node",
+            "replicated ranges with a replica on a dead node, or on fewer nodes than they want",
             value=manager.under_replicated(),
         )
         seals = CounterMetricFamily(
             f"{NAMESPACE}_seals", "ranges sealed, by cause", labels=["cause"]
         )
-        for cause in ("request", "dead_primary", "repair"):
+        for cause in ("request", "dead_primary", "repair", "full_node", "under_replicated"):
             seals.add_metric([cause], manager.seals[cause])
         yield seals
         yield CounterMetricFamily(
             f"{NAMESPACE}_repairs",
-            "ranges whose dead replica was replaced by a live node",
+            "ranges given a replica on a live node (a dead one replaced, or one they lacked)",
             value=manager.repairs,
         )
 

@@ -40,6 +40,13 @@ class NodeLoad:
     primaries: int = 0
 
 
+def has_room(disk_free_space: int | None, min_free_space: int) -> bool:
+    """Whether a node that reported ``disk_free_space`` may take new data: a
+    node not heard from yet counts as having room. Below it, a node is full:
+    it gets no new ranges, and the PM moves writes off it."""
+    return disk_free_space is None or disk_free_space >= min_free_space
+
+
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -83,9 +90,7 @@ def place(
     """
     if replica_nums < 1:
         raise InvalidRequestError(f"replica_nums must be at least 1, got {replica_nums}")
-    eligible = [
-        c for c in candidates if c.disk_free_space is None or c.disk_free_space >= min_free_space
-    ]
+    eligible = [c for c in candidates if has_room(c.disk_free_space, min_free_space)]
     if at_least is not None and at_least <= len(eligible) < replica_nums:
         replica_nums = len(eligible)
     if len(eligible) < replica_nums:

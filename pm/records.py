@@ -32,6 +32,9 @@ class RangeRecord(RangeSpan):
 
     ``nodes`` are the replica node ids with the primary first; ``end_offset``
     is ``OPEN_END_OFFSET`` while the range is open (writable).
+    ``replicas_wanted`` is set when the PM had to leave the range on fewer
+    nodes than its stream's replica_nums (a degraded placement, or a full
+    replica that left): it is under-replicated until ``nodes`` reach it again.
     """
 
     stream_id: int
@@ -40,6 +43,12 @@ class RangeRecord(RangeSpan):
     nodes: tuple[int, ...]
     end_offset: int = OPEN_END_OFFSET
     epoch: int = 0
+    replicas_wanted: int = 0
+
+    @property
+    def short_handed(self) -> bool:
+        """Left on fewer nodes than its stream wanted (see ``replicas_wanted``)."""
+        return len(self.nodes) < self.replicas_wanted
 
     @property
     def primary(self) -> int:

@@ -105,10 +105,11 @@ def build_server(config: PMConfig, handler: RequestHandler, metrics: PMMetrics) 
 
 async def run_manager(manager: PlacementManager) -> None:
     """The manager's own work, for as long as it runs: liveness, the seals
-    of dead primaries and repairs, nodes that come back."""
+    of dead primaries and repairs, writes moved off full nodes, replicas
+    restored, nodes that come back."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_liveness, manager.registry)
-        nursery.start_soon(manager.watch_dead_nodes)
+        nursery.start_soon(manager.watch_nodes)
         nursery.start_soon(manager.reconcile_returning_nodes)
 
 

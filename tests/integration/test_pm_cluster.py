@@ -219,7 +219,8 @@ async def test_a_node_whose_map_is_full_gets_no_new_ranges(tmp_path: Path) -> No
     """A node reports the room left in its LMDB map when that is less than
     the free disk: once its map is full, new streams go to the others
     (before, it reported the disk's free space and kept getting ranges whose
-    appends all failed with STORAGE_FULL)."""
+    appends all failed with STORAGE_FULL), and its open ranges are sealed so
+    that their streams go on elsewhere."""
     async with ConnectionPool() as pool:
         cluster = PMCluster(tmp_path, pool)
         try:
@@ -251,6 +252,18 @@ async def test_a_node_whose_map_is_full_gets_no_new_ranges(tmp_path: Path) -> No
             results = await pm.create_streams([messages.Stream(replica_nums=1)] * 8)
             placed = {r.range.replica_nodes[0].data_node.node_id for r in results if r.range}
             assert placed == {1}
+            # and the stream that filled it is sealed there: it goes on in a
+            # range on node 1, which takes the appends node 2 refused
+            with trio.fail_after(10):
+                while len(ranges := await pm.list_stream_ranges(full.stream_id)) < 2:
+                    await trio.sleep(0.1)
+            sealed, following = ranges
+            assert sealed.end_offset > 0
+            assert [n.data_node.node_id for n in following.replica_nodes] == [1]
+            moved = cluster.node_client(primary_address(following))
+            assert (await moved.append_batch(full.stream_id, batch)).base_offset == (
+                sealed.end_offset
+            )
         finally:
             with trio.CancelScope(shield=True):
                 await cluster.stop_all()

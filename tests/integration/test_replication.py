@@ -17,7 +17,7 @@ from sbp.batches import build_batch, decode_batches
 from sbp.enums import ErrorCode
 from sbp.errors import ProtocolError
 
-from .pm_cluster import PMCluster, append_values, pm_cluster, primary_address
+from .pm_cluster import PMCluster, append_values, pm_cluster, primary_address, read_stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -316,3 +316,59 @@ async def test_a_seal_that_ran_out_of_answers_is_finished_by_the_primary(
         assert sealed.end_offset == 1
         following = (await pm.list_stream_ranges(rng.stream_id))[1]
         assert await append_values(cluster, following, [b"b"]) == 1
+
+
+@pytest.mark.deadline(150)
+async def test_a_follower_whose_map_fills_leaves_its_range_for_a_node_with_room(
+    tmp_path: Path,
+) -> None:
+    """A follower with a 3 MiB map fills while the stream goes on: the PM
+    seals the range (its next one goes on nodes with room), the full
+    follower, short of the sealed range, leaves it, and the node that joins
+    later copies the range: every replica the PM lists holds the whole range."""
+    value = b"x" * 8_000
+    async with ConnectionPool() as pool:
+        cluster = PMCluster(tmp_path, pool)
+        try:
+            await cluster.start_pm()
+            await cluster.start_nodes((1, 2))
+            await cluster.start_node(4, "--map-size", "3MiB")
+            await cluster.wait_alive({1, 2, 4})
+            pm = cluster.pm_client()
+            created = await pm.create_stream(3, ack_nums=2)
+            assert created.stream is not None and created.range is not None
+            stream_id = created.stream.stream_id
+            assert {r.data_node.node_id for r in created.range.replica_nodes} == {1, 2, 4}
+            async with Producer(
+                cluster.pm_address, stream_id, delivery_timeout=60, request_timeout=5
+            ) as producer:
+                for _ in range(12):  # 6 MB, twice the small map
+                    handle = await producer.send_many([value] * 60)
+                    await handle.offsets()
+            await cluster.start_node(3)
+            with trio.fail_after(60):
+                while True:
+                    ranges = await pm.list_stream_ranges(stream_id)
+                    first = ranges[0]
+                    holders = {r.data_node.node_id for r in first.replica_nodes}
+                    if not first.is_open and holders == {1, 2, 3}:
+                        break
+                    await trio.sleep(0.2)
+            count = first.end_offset - first.start_offset
+            assert count > 0
+            for replica in first.replica_nodes:
+                address = replica.data_node.advertise_addr
+                held: list[bytes] = []
+                with trio.fail_after(30):
+                    while len(held) < count:
+                        more = await replica_values(cluster, first, address, len(held))
+                        held += more
+                        if not more:
+                            await trio.sleep(0.2)
+                assert held == [value] * count
+            # the stream itself reads back whole, and stays writable off node 4
+            assert len(await read_stream(cluster, stream_id)) == 12 * 60
+            assert 4 not in {r.data_node.node_id for r in ranges[-1].replica_nodes}
+        finally:
+            with trio.CancelScope(shield=True):
+                await cluster.stop_all()
