@@ -4,7 +4,12 @@ of a PM and three data nodes (``--sync always``) sharing this machine.
 
 Each pair is measured at 1 and at 64 requests in flight, in alternating
 order over several rounds (whichever runs second on a shared machine tends
-to lose). While the replicated stream takes its load, its followers are
+to lose). At 1 in flight an R=3 A=1 stream runs with them: it is
+acknowledged once the primary alone holds a batch durably, while both
+followers are still sent and store every batch, so its p50 less R=1's is
+what running two followers beside the primary costs the primary's own path
+on this machine's shared cores and disk, and R=3 A=2's less R=3 A=1's is the
+wait for a follower. While the replicated stream takes its load, its followers are
 asked their next offset every 50 ms: how far behind the primary they are
 is the replication lag. Last, an R=3 stream is read back from the start by
 a ``Consumer``, from its primary and from a follower, alternating.
@@ -34,6 +39,7 @@ from bench.harness import (
     drive_trio,
     percentiles_ms,
 )
+from bench.peers.limits import measure_raw_lmdb
 from bench.report import ScenarioResult, Target, number, percent, table
 from bench.scenarios.options import DEFAULT_IN_FLIGHT, Options
 from client.cluster import Child, plan_children, start_child, stop_child, wait_for_nodes
@@ -47,6 +53,8 @@ NAME = "replication"
 NODES: Final = 3
 #: (replica_nums, ack_nums) of the two streams compared
 SETTINGS: Final = ((1, 1), (3, 2))
+#: measured at 1 in flight only: replicated, but acknowledged on the primary's durability
+PRIMARY_ONLY: Final = (3, 1)
 LAG_SAMPLE_S: Final = 0.05
 #: catch-up reads from the primary and from a follower, each
 READ_ROUNDS: Final = 3
@@ -268,6 +276,16 @@ async def _read_all(
     )
 
 
+def _raw_commit_ms(options: Options) -> float:
+    """The mean time of one synced LMDB commit of one 64 KiB batch, alone on
+    this machine (no node, no network): the disk's share of every latency
+    below, which varies from machine to machine and hour to hour."""
+    batch, records = batch_64k()
+    workload = Workload("64k-1", "64 KiB batches, 1 stream", batch, records, 1)
+    raw = measure_raw_lmdb(workload, "always", 1, options.seconds, options.scratch)
+    return raw.seconds / raw.requests * 1e3
+
+
 async def _run(options: Options) -> tuple[list[Measurement], list[int]]:
     rounds = 1 if options.quick else 3
     measurements: list[Measurement] = []
@@ -276,7 +294,10 @@ async def _run(options: Options) -> tuple[list[Measurement], list[int]]:
         for round_number in range(rounds):
             order = SETTINGS if round_number % 2 == 0 else tuple(reversed(SETTINGS))
             for in_flight in (1, DEFAULT_IN_FLIGHT):
-                for replicas, acks in order:
+                settings = (*order, PRIMARY_ONLY) if in_flight == 1 else order
+                if in_flight == 1 and round_number % 2:
+                    settings = (PRIMARY_ONLY, *order)
+                for replicas, acks in settings:
                     measurements.append(
                         await _measure(
                             cluster, pool, replicas, acks, in_flight, options,
@@ -289,24 +310,31 @@ async def _run(options: Options) -> tuple[list[Measurement], list[int]]:
 
 
 def _median(
-    ms: list[Measurement], replicas: int, in_flight: int, value: Callable[..., float]
+    ms: list[Measurement],
+    setting: tuple[int, int],
+    in_flight: int,
+    value: Callable[..., float],
 ) -> float:
-    chosen = [value(m) for m in ms if m.extra["replicas"] == replicas and m.in_flight == in_flight]
+    """The median of ``value`` over the runs of one (replicas, acks) setting;
+    (0, 0) is the three-stream ceiling."""
+    chosen = [
+        value(m)
+        for m in ms
+        if (m.extra["replicas"], m.extra["acks"]) == setting and m.in_flight == in_flight
+    ]
     return statistics.median(chosen)
 
 
 def _plot(ms: list[Measurement]) -> Callable[[Figure], None]:
     def draw(figure: Figure) -> None:
         left, right = figure.subplots(1, 2)
-        for replicas, acks in SETTINGS:
-            label = f"R={replicas} A={acks}"
-            rates = [m.mb_per_s for m in ms if m.extra["replicas"] == replicas and m.in_flight > 1]
-            p50s = [
-                m.latency_ms["p50"]
-                for m in ms
-                if m.extra["replicas"] == replicas and m.in_flight == 1
-            ]
-            left.plot(range(1, len(rates) + 1), rates, "o-", label=label)
+        for setting in (*SETTINGS, PRIMARY_ONLY):
+            label = "R={} A={}".format(*setting)
+            runs = [m for m in ms if (m.extra["replicas"], m.extra["acks"]) == setting]
+            rates = [m.mb_per_s for m in runs if m.in_flight > 1]
+            p50s = [m.latency_ms["p50"] for m in runs if m.in_flight == 1]
+            if rates:
+                left.plot(range(1, len(rates) + 1), rates, "o-", label=label)
             right.plot(range(1, len(p50s) + 1), p50s, "o-", label=label)
         left.set_title(f"MB/s at {DEFAULT_IN_FLIGHT} in flight")
         right.set_title("p50 ms at 1 in flight")
@@ -320,12 +348,15 @@ def _plot(ms: list[Measurement]) -> Callable[[Figure], None]:
 
 def run(options: Options) -> ScenarioResult:
     started = time.monotonic()
+    raw_commit_ms = _raw_commit_ms(options)
     measurements, lags = trio.run(_run, options)
-    rate_1 = _median(measurements, 1, DEFAULT_IN_FLIGHT, lambda m: m.mb_per_s)
-    rate_3 = _median(measurements, 3, DEFAULT_IN_FLIGHT, lambda m: m.mb_per_s)
-    p50_1 = _median(measurements, 1, 1, lambda m: m.latency_ms["p50"])
-    p50_3 = _median(measurements, 3, 1, lambda m: m.latency_ms["p50"])
-    ceiling = _median(measurements, 0, DEFAULT_IN_FLIGHT, lambda m: m.mb_per_s)
+    single, replicated = SETTINGS
+    rate_1 = _median(measurements, single, DEFAULT_IN_FLIGHT, lambda m: m.mb_per_s)
+    rate_3 = _median(measurements, replicated, DEFAULT_IN_FLIGHT, lambda m: m.mb_per_s)
+    p50_1 = _median(measurements, single, 1, lambda m: m.latency_ms["p50"])
+    p50_3 = _median(measurements, replicated, 1, lambda m: m.latency_ms["p50"])
+    p50_primary_only = _median(measurements, PRIMARY_ONLY, 1, lambda m: m.latency_ms["p50"])
+    ceiling = _median(measurements, (0, 0), DEFAULT_IN_FLIGHT, lambda m: m.mb_per_s)
     reads = {
         name: statistics.median(m.mb_per_s for m in measurements if m.system == name)
         for name in ("read from the primary", "read from a follower")
@@ -350,11 +381,34 @@ def run(options: Options) -> ScenarioResult:
             number(max(lags) if lags else None),
         )
     ]
+    latency_rows = [
+        (
+            "one synced LMDB commit of a 64 KiB batch, alone (no node; the mean)",
+            number(raw_commit_ms, 2),
+            "",
+        ),
+        ("R=1 A=1: the primary alone", number(p50_1, 2), ""),
+        (
+            "R=3 A=1: acknowledged on the primary's durability, two followers storing "
+            "every batch beside it",
+            number(p50_primary_only, 2),
+            f"+{p50_primary_only - p50_1:.2f} ms: the followers' work on the shared cores and disk",
+        ),
+        (
+            "R=3 A=2: acknowledged once a follower holds it too",
+            number(p50_3, 2),
+            f"+{p50_3 - p50_primary_only:.2f} ms: the wait for the follower",
+        ),
+    ]
     return ScenarioResult(
         name=NAME,
         title="Replication",
         settings=options.as_settings()
-        | {"nodes": NODES, "streams": [f"R={r} A={a}" for r, a in SETTINGS], "sync": "always"},
+        | {
+            "nodes": NODES,
+            "streams": [f"R={r} A={a}" for r, a in (*SETTINGS, PRIMARY_ONLY)],
+            "sync": "always",
+        },
         measurements=measurements,
         targets=[
             Target(
@@ -394,11 +448,14 @@ def run(options: Options) -> ScenarioResult:
                 rows,
                 "lrrrrrr",
             ),
+            "## Where R=3's latency at 1 in flight goes (median p50)\n\n"
+            + table(["stream", "p50 ms", "over the row before"], latency_rows, "lrl"),
             "## Replication lag under load\n\n"
             + table(["what", "samples", "median", "max"], lag_rows, "lrrr"),
         ],
         plot=_plot(measurements),
         extra={"lag_records": {"median": statistics.median(lags) if lags else None,
                                "max": max(lags) if lags else None},
+               "raw_lmdb_commit_ms": raw_commit_ms,
                "seconds": time.monotonic() - started},
     )  # fmt: skip

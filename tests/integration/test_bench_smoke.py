@@ -202,6 +202,7 @@ def test_replication_compares_one_replica_with_three(tmp_path: Path) -> None:
     assert set(systems) == {
         "R=1 A=1",
         "R=3 A=2",
+        "R=3 A=1",
         "3 x R=1",
         "read from the primary",
         "read from a follower",
@@ -210,11 +211,15 @@ def test_replication_compares_one_replica_with_three(tmp_path: Path) -> None:
         assert set(measurement) >= MEASUREMENT_KEYS
         assert measurement["mb_per_s"] > 0
     assert {m["in_flight"] for m in systems["R=3 A=2"]} == {1, 64}
+    # acknowledged on the primary alone: measured at 1 in flight, where it
+    # splits R=3's extra latency into the followers' load and the wait for one
+    assert [m["in_flight"] for m in systems["R=3 A=1"]] == [1]
     primary, follower = systems["read from the primary"], systems["read from a follower"]
     assert len(primary) == len(follower) == 1
     assert primary[0]["records"] == follower[0]["records"] > 0  # every record, both ways
     assert len(doc["targets"]) == 4
     assert doc["lag_records"]["max"] is not None
+    assert 0 < doc["raw_lmdb_commit_ms"] < 1000  # the disk's baseline of the same run
     assert (tmp_path / "replication.png").stat().st_size > 0
 
 
