@@ -72,6 +72,21 @@ async def measure_appends(
     return measurement
 
 
+async def ping_ms(cluster: LocalCluster, seconds: float) -> dict[str, float]:
+    """PING round trips to the data node, one at a time, for ``seconds``:
+    what any request costs between this client and the node in Python, with
+    no payload and no storage."""
+    latencies: list[float] = []
+    async with DataNodeClient(cluster.node_address) as node:
+        await node.ping()  # the connection, opened outside the measurement
+        ends = time.perf_counter() + seconds
+        while time.perf_counter() < ends:
+            started = time.perf_counter()
+            await node.ping()
+            latencies.append(time.perf_counter() - started)
+    return percentiles_ms(latencies)
+
+
 async def measure_paced(
     cluster: LocalCluster, workload: Workload, rate_per_s: float, load: Load
 ) -> Measurement:

@@ -7,6 +7,11 @@ answered or not, the way many independent clients load a server).
 A system's ladder stops at the first rate it cannot keep up with (fewer than
 ``KEEP_UP`` of the offered requests answered in time) or where its p99
 passes ``GIVE_UP_P99_MS``: past that point its latency is its queue.
+
+Beside SBP's durable appends at 1 in flight, the same run measures what
+stands below them: a PING round trip to the node, and 64 KiB appends to a
+node run with ``--sync never`` (no durability at all), alternating with the
+durable ones.
 """
 
 from __future__ import annotations
@@ -51,15 +56,36 @@ def _ladder(measure: Callable[[float], Measurement], rates: Iterator[float]) -> 
     return out
 
 
-async def _sbp(options: Options, workload: Workload) -> list[Measurement]:
-    async with local_cluster("always", options.scratch) as cluster:
-        out = [await sbp.measure_appends(cluster, "always", workload, options.load(1))]
+#: 1-in-flight measurements of each node (durable, and --sync never), alternating
+FLOOR_ROUNDS = 3
+
+
+async def _sbp(options: Options, workload: Workload) -> tuple[list[Measurement], dict[str, float]]:
+    """SBP's series, and the PING round trip's percentiles."""
+    async with (
+        local_cluster("always", options.scratch) as cluster,
+        local_cluster("never", options.scratch) as unsynced,
+    ):
+        closed: dict[str, list[Measurement]] = {"always": [], "never": []}
+        for round_number in range(1 if options.quick else FLOOR_ROUNDS):
+            order = [("always", cluster), ("never", unsynced)]
+            for sync, node in order if round_number % 2 == 0 else reversed(order):
+                closed[sync].append(
+                    await sbp.measure_appends(node, sync, workload, options.load(1))
+                )
+        ping = await sbp.ping_ms(cluster, options.seconds)
+        out = [_median_p50(closed["always"]), _median_p50(closed["never"])]
         for rate in _rates(options, len(workload.batch)):
             m = await sbp.measure_paced(cluster, workload, rate, options.load())
             out.append(m)
             if not _kept_up(m):
                 break
-        return out
+        return out, ping
+
+
+def _median_p50(runs: list[Measurement]) -> Measurement:
+    """The run with the median p50 (the lower middle of an even count)."""
+    return sorted(runs, key=lambda m: m.latency_ms["p50"])[(len(runs) - 1) // 2]
 
 
 def _nats(
@@ -115,6 +141,28 @@ def _targets(ms: list[Measurement]) -> list[Target]:
             note=f"{ours.latency_ms['p50']:.2f} vs {nats.latency_ms['p50']:.2f} ms",
         ),
     ]
+
+
+def _floor_table(ms: list[Measurement], ping: dict[str, float]) -> str:
+    """What a durable append's p50 at 1 in flight stands on, in this run."""
+    durable = _closed(ms, sbp.SYSTEM, sbp.durability_label("always"))
+    unsynced = _closed(ms, sbp.SYSTEM, sbp.durability_label("never"))
+    nats = _closed(ms, nats_jetstream.SYSTEM, nats_jetstream.SYNC_ALWAYS.durability)
+    rows = [
+        ("PING round trip (client and node in Python, no payload, no storage)", ping["p50"]),
+        (
+            "64 KiB APPEND to a node run with --sync never (no durability)",
+            unsynced.latency_ms["p50"],
+        ),
+        ("64 KiB APPEND, sync always", durable.latency_ms["p50"]),
+        ("NATS JetStream 2.15, sync always", nats.latency_ms["p50"]),
+    ]
+    return (
+        "## What a durable append at 1 in flight stands on (p50)\n\n"
+        f"Target: {P50_GOAL_MS} ms. SBP's rows are the median of {FLOOR_ROUNDS} alternating "
+        "runs of each node (one in a quick run).\n\n"
+        + table(["request", "p50 ms"], [(name, number(p50, 2)) for name, p50 in rows], "lr")
+    )
 
 
 def _tables(ms: list[Measurement]) -> list[str]:
@@ -187,7 +235,7 @@ def _plot(ms: list[Measurement]) -> Callable[[Figure], None]:
 def run(options: Options) -> ScenarioResult:
     batch, records = batch_64k()
     workload = Workload("64k-1", "64 KiB batches, 1 stream", batch, records, 1)
-    measurements = trio.run(_sbp, options, workload)
+    measurements, ping = trio.run(_sbp, options, workload)
     for flavour in (nats_jetstream.SYNC_ALWAYS, nats_jetstream.TIMER_2_15):
         measurements += _nats(options, workload, flavour)
     measurements += _redis(options, workload)
@@ -203,6 +251,7 @@ def run(options: Options) -> ScenarioResult:
         },
         measurements=measurements,
         targets=_targets(measurements),
-        tables=_tables(measurements),
+        tables=[_floor_table(measurements, ping), *_tables(measurements)],
         plot=_plot(measurements),
+        extra={"ping_ms": ping},
     )
