@@ -16,6 +16,8 @@ from sbp import messages
 from sbp.batches import build_batch, decode_batches
 from sbp.enums import ErrorCode
 from sbp.errors import ProtocolError
+from spark_jobs.layout import RangeSlice, replica_addresses
+from spark_jobs.reader import fetch_from_replicas
 
 from .pm_cluster import PMCluster, append_values, pm_cluster, primary_address, read_stream
 
@@ -249,6 +251,41 @@ async def test_the_old_primary_returns_to_a_sealed_range(tmp_path: Path) -> None
             while (await old.describe_range(rng.stream_id, 0)).end_offset != 2:
                 await trio.sleep(0.1)
         assert await replica_values(cluster, rng, old_address, 0) == [b"a", b"b"]
+
+
+@pytest.mark.deadline(90)
+async def test_readers_fall_over_to_a_follower_when_the_primary_is_dead(tmp_path: Path) -> None:
+    """With the primary SIGKILLed, a Consumer and the Spark source's fetch
+    (primary first in both) read every acknowledged record from a follower."""
+    async with pm_cluster(tmp_path, NODES) as cluster:
+        pm = cluster.pm_client()
+        created = await pm.create_stream(3, ack_nums=2)
+        assert created.range is not None
+        rng = created.range
+        values = [f"v{i}".encode() for i in range(30)]
+        for first in range(0, len(values), 10):
+            assert await append_values(cluster, rng, values[first : first + 10]) == first
+        # the followers serve up to the commit offset they were told
+        for replica in rng.replica_nodes:
+            if not replica.is_primary:
+                await wait_served(cluster, rng, replica.data_node.advertise_addr, values)
+        await cluster.nodes[node_of(cluster, rng.primary_node())].kill()
+
+        read: list[bytes] = []
+        with trio.fail_after(30):
+            async with Consumer(cluster.pm_address, rng.stream_id, from_offset=0) as consumer:
+                async for record in consumer.records():
+                    read.append(record.value)
+                    if len(read) == len(values):
+                        break
+        assert read == values
+
+        addresses = replica_addresses(rng)
+        assert addresses[0] == primary_address(rng)  # the dead one is tried first
+        piece = RangeSlice(rng.stream_id, rng.range_index, 0, len(values), addresses)
+        with trio.fail_after(30):
+            data = await fetch_from_replicas(cluster.pool, piece, 0, 1 << 20, timeout=5)
+        assert decode_batches(data).to_list() == values
 
 
 @pytest.mark.deadline(150)
