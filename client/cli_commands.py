@@ -564,7 +564,7 @@ async def cmd_cluster_status(env: Env) -> int:
     dead_ranges = sum(row["ranges"] for row in rows if not row["alive"])
     env.emit(
         f"under-replicated ranges: {missing} reported by live nodes"
-        + (f"; {dead_ranges} ranges on dead nodes" if dead_ranges else "")
+        + (f"; {fmt.plural(dead_ranges, 'range')} on dead nodes" if dead_ranges else "")
     )
     if rows:
         env.emit(

@@ -20,7 +20,8 @@ a corrupt batch raises ``InvalidRecordBatchError``, it is never skipped.
 At a sealed range's end the fetcher moves to the next range. A data node's
 RANGE_SEALED, RANGE_NOT_FOUND or NOT_PRIMARY, OFFSET_OUT_OF_RANGE at a range
 end, or a connection that fails, makes it list the ranges again and retry,
-with backoff, for up to ``retry_timeout`` seconds.
+with backoff, for up to ``retry_timeout`` seconds; each retry goes to the
+range's next replica, and it gives up only once every replica was tried.
 
 Without ``tail`` the consumer stops at the end of the stream as it is when
 the fetcher gets there; with ``tail`` it long-polls (``max_wait_ms``) for
@@ -280,7 +281,11 @@ class Consumer:
                     raise
                 now = trio.current_time()
                 failing_since = now if failing_since is None else failing_since
-                if now - failing_since > self.retry_timeout:
+                # Each failed attempt goes to the next replica; give up only
+                # once every one was tried: a paused node takes a whole
+                # request timeout, and the window may be no longer than that.
+                tried_every_replica = failures + 1 >= len(rng.replica_nodes)
+                if now - failing_since > self.retry_timeout and tried_every_replica:
                     raise
                 failures += 1
                 if failures > 1 or getattr(error, "code", None) not in STALE_ROUTE_CODES:

@@ -288,6 +288,44 @@ async def test_readers_fall_over_to_a_follower_when_the_primary_is_dead(tmp_path
         assert decode_batches(data).to_list() == values
 
 
+@pytest.mark.deadline(90)
+async def test_a_consumer_tries_every_replica_before_giving_up(tmp_path: Path) -> None:
+    """Paused nodes take connections and never answer, so each costs a whole
+    request timeout: with the primary and one follower paused, a Consumer
+    whose retry window is one request timeout still reaches the third
+    replica, which holds every committed record."""
+    async with pm_cluster(tmp_path, NODES) as cluster:
+        pm = cluster.pm_client()
+        created = await pm.create_stream(3, ack_nums=2)
+        assert created.range is not None
+        rng = created.range
+        values = [f"v{i}".encode() for i in range(20)]
+        assert await append_values(cluster, rng, values) == 0
+        follower, last = [r.data_node for r in rng.replica_nodes if not r.is_primary]
+        await wait_served(cluster, rng, last.advertise_addr, values)
+        paused = [cluster.nodes[node_of(cluster, n)] for n in (rng.primary_node(), follower)]
+        for node in paused:
+            node.process.send_signal(signal.SIGSTOP)
+        try:
+            read: list[bytes] = []
+            with trio.fail_after(30):
+                async with Consumer(
+                    cluster.pm_address,
+                    rng.stream_id,
+                    from_offset=0,
+                    request_timeout=1.0,
+                    retry_timeout=1.0,
+                ) as consumer:
+                    async for record in consumer.records():
+                        read.append(record.value)
+                        if len(read) == len(values):
+                            break
+            assert read == values
+        finally:
+            for node in paused:
+                node.process.send_signal(signal.SIGCONT)
+
+
 @pytest.mark.deadline(150)
 async def test_a_dead_replica_is_repaired_on_a_live_node(tmp_path: Path) -> None:
     async with ConnectionPool() as pool:
