@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from client.consumer import Consumer
+from client.consumer import DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY_TIMEOUT, Consumer
 from client.producer import Producer
 from net.pool import ConnectionPool
 from sbp import messages
@@ -47,6 +47,37 @@ async def wait_served(
     with trio.fail_after(10):
         while await replica_values(cluster, rng, address, rng.start_offset) != expected:
             await trio.sleep(0.05)
+
+
+async def replicated_range(cluster: PMCluster) -> messages.Range:
+    """The first range of a new stream of 3 replicas acknowledged by 2."""
+    created = await cluster.pm_client().create_stream(3, ack_nums=2)
+    assert created.range is not None
+    return created.range
+
+
+async def consume(
+    cluster: PMCluster,
+    stream_id: int,
+    count: int,
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
+) -> list[bytes]:
+    """The first ``count`` values of the stream, read by a ``Consumer``."""
+    read: list[bytes] = []
+    with trio.fail_after(30):
+        async with Consumer(
+            cluster.pm_address,
+            stream_id,
+            from_offset=0,
+            request_timeout=request_timeout,
+            retry_timeout=retry_timeout,
+        ) as consumer:
+            async for record in consumer.records():
+                read.append(record.value)
+                if len(read) == count:
+                    break
+    return read
 
 
 @pytest.mark.deadline(90)
@@ -258,10 +289,7 @@ async def test_readers_fall_over_to_a_follower_when_the_primary_is_dead(tmp_path
     """With the primary SIGKILLed, a Consumer and the Spark source's fetch
     (primary first in both) read every acknowledged record from a follower."""
     async with pm_cluster(tmp_path, NODES) as cluster:
-        pm = cluster.pm_client()
-        created = await pm.create_stream(3, ack_nums=2)
-        assert created.range is not None
-        rng = created.range
+        rng = await replicated_range(cluster)
         values = [f"v{i}".encode() for i in range(30)]
         for first in range(0, len(values), 10):
             assert await append_values(cluster, rng, values[first : first + 10]) == first
@@ -271,14 +299,7 @@ async def test_readers_fall_over_to_a_follower_when_the_primary_is_dead(tmp_path
                 await wait_served(cluster, rng, replica.data_node.advertise_addr, values)
         await cluster.nodes[node_of(cluster, rng.primary_node())].kill()
 
-        read: list[bytes] = []
-        with trio.fail_after(30):
-            async with Consumer(cluster.pm_address, rng.stream_id, from_offset=0) as consumer:
-                async for record in consumer.records():
-                    read.append(record.value)
-                    if len(read) == len(values):
-                        break
-        assert read == values
+        assert await consume(cluster, rng.stream_id, len(values)) == values
 
         addresses = replica_addresses(rng)
         assert addresses[0] == primary_address(rng)  # the dead one is tried first
@@ -295,10 +316,7 @@ async def test_a_consumer_tries_every_replica_before_giving_up(tmp_path: Path) -
     whose retry window is one request timeout still reaches the third
     replica, which holds every committed record."""
     async with pm_cluster(tmp_path, NODES) as cluster:
-        pm = cluster.pm_client()
-        created = await pm.create_stream(3, ack_nums=2)
-        assert created.range is not None
-        rng = created.range
+        rng = await replicated_range(cluster)
         values = [f"v{i}".encode() for i in range(20)]
         assert await append_values(cluster, rng, values) == 0
         follower, last = [r.data_node for r in rng.replica_nodes if not r.is_primary]
@@ -307,19 +325,9 @@ async def test_a_consumer_tries_every_replica_before_giving_up(tmp_path: Path) -
         for node in paused:
             node.process.send_signal(signal.SIGSTOP)
         try:
-            read: list[bytes] = []
-            with trio.fail_after(30):
-                async with Consumer(
-                    cluster.pm_address,
-                    rng.stream_id,
-                    from_offset=0,
-                    request_timeout=1.0,
-                    retry_timeout=1.0,
-                ) as consumer:
-                    async for record in consumer.records():
-                        read.append(record.value)
-                        if len(read) == len(values):
-                            break
+            read = await consume(
+                cluster, rng.stream_id, len(values), request_timeout=1.0, retry_timeout=1.0
+            )
             assert read == values
         finally:
             for node in paused:
