@@ -91,7 +91,12 @@ class Prometheus:
         try:
             with urllib.request.urlopen(url, timeout=10) as answer:
                 body: dict[str, Any] = json.load(answer)
-        except urllib.error.HTTPError as error:  # a query that does not parse: 400
+        except urllib.error.HTTPError as error:
+            # A query that does not parse (400) or cannot run (422) is
+            # answered in JSON; anything else, such as 503 while Prometheus
+            # starts, is raised (an OSError: wait_ready polls again).
+            if error.code not in (400, 422):
+                raise
             body = json.load(error)
         return body
 
