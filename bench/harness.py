@@ -71,12 +71,19 @@ def batch_of_small_records(records: int = 1000, size: int = 100) -> bytes:
     return bytes(build_batch([b"v" * size] * records, 0))
 
 
+def one_stream_64k() -> Workload:
+    """64 KiB batches to one stream: the workload of the latency, tail and
+    replication scenarios, and the first of the append suite."""
+    batch, records = batch_64k()
+    return Workload("64k-1", "64 KiB batches, 1 stream", batch, records, 1)
+
+
 def standard_workloads() -> list[Workload]:
     """The append workloads of the suite."""
     big, big_records = batch_64k()
     small = batch_of_small_records()
     return [
-        Workload("64k-1", "64 KiB batches, 1 stream", big, big_records, 1),
+        one_stream_64k(),
         Workload("64k-100", "64 KiB batches, 100 streams", big, big_records, 100),
         Workload("64k-2000", "64 KiB batches, 2,000 streams", big, big_records, 2000),
         Workload("100b-1", "100 B records x 1,000 per batch, 1 stream", small, 1000, 1),

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 import trio
 from matplotlib.figure import Figure
 
-from bench.harness import Measurement, Workload, batch_64k, local_cluster
+from bench.harness import Measurement, Workload, local_cluster, one_stream_64k
 from bench.peers import nats_jetstream, redis_streams, sbp
 from bench.report import ScenarioResult, Target, number, percent, table
 from bench.scenarios.options import Options
@@ -233,8 +233,7 @@ def _plot(ms: list[Measurement]) -> Callable[[Figure], None]:
 
 
 def run(options: Options) -> ScenarioResult:
-    batch, records = batch_64k()
-    workload = Workload("64k-1", "64 KiB batches, 1 stream", batch, records, 1)
+    workload = one_stream_64k()
     measurements, ping = trio.run(_sbp, options, workload)
     for flavour in (nats_jetstream.SYNC_ALWAYS, nats_jetstream.TIMER_2_15):
         measurements += _nats(options, workload, flavour)
@@ -244,7 +243,7 @@ def run(options: Options) -> ScenarioResult:
         title="Append latency against offered load",
         settings=options.as_settings()
         | {
-            "batch_bytes": len(batch),
+            "batch_bytes": len(workload.batch),
             "rates_mb_per_s": list(QUICK_RATES_MB_S if options.quick else RATES_MB_S),
             "keep_up": KEEP_UP,
             "give_up_p99_ms": GIVE_UP_P99_MS,

@@ -37,6 +37,7 @@ from bench.harness import (
     Workload,
     batch_64k,
     drive_trio,
+    one_stream_64k,
     percentiles_ms,
 )
 from bench.peers.limits import measure_raw_lmdb
@@ -118,8 +119,8 @@ async def _measure(
     options: Options,
     lags: list[int],
 ) -> Measurement:
-    batch, records = batch_64k()
-    workload = Workload("64k-1", "64 KiB batches, 1 stream", batch, records, 1)
+    workload = one_stream_64k()
+    batch = workload.batch
     pm = PMClient(cluster.pm_address, pool=pool)
     created = await pm.create_stream(replicas, ack_nums=acks)
     assert created.range is not None and created.stream is not None
@@ -202,8 +203,8 @@ async def _measure_reads(
     follower (``Consumer(prefer_followers=True)``), alternating, each
     ``READ_ROUNDS`` times. A read counts only once it got every record: a
     follower serves what the primary has told it is committed."""
-    batch, records = batch_64k()
-    workload = Workload("64k-1", "64 KiB batches, 1 stream", batch, records, 1)
+    workload = one_stream_64k()
+    batch = workload.batch
     pm = PMClient(cluster.pm_address, pool=pool)
     created = await pm.create_stream(3, ack_nums=2)
     assert created.range is not None and created.stream is not None
@@ -223,7 +224,7 @@ async def _measure_reads(
     async with trio.open_nursery() as nursery:
         for _ in range(DEFAULT_IN_FLIGHT):
             nursery.start_soon(writer)
-    expected = batches * records
+    expected = batches * workload.records_per_batch
     out = []
     for round_number in range(1 if options.quick else READ_ROUNDS):
         order = (False, True) if round_number % 2 == 0 else (True, False)
@@ -280,9 +281,7 @@ def _raw_commit_ms(options: Options) -> float:
     """The mean time of one synced LMDB commit of one 64 KiB batch, alone on
     this machine (no node, no network): the disk's share of every latency
     below, which varies from machine to machine and hour to hour."""
-    batch, records = batch_64k()
-    workload = Workload("64k-1", "64 KiB batches, 1 stream", batch, records, 1)
-    raw = measure_raw_lmdb(workload, "always", 1, options.seconds, options.scratch)
+    raw = measure_raw_lmdb(one_stream_64k(), "always", 1, options.seconds, options.scratch)
     return raw.seconds / raw.requests * 1e3
 
 
@@ -292,11 +291,12 @@ async def _run(options: Options) -> tuple[list[Measurement], list[int]]:
     lags: list[int] = []
     async with three_node_cluster(options.scratch) as cluster, ConnectionPool() as pool:
         for round_number in range(rounds):
-            order = SETTINGS if round_number % 2 == 0 else tuple(reversed(SETTINGS))
             for in_flight in (1, DEFAULT_IN_FLIGHT):
-                settings = (*order, PRIMARY_ONLY) if in_flight == 1 else order
-                if in_flight == 1 and round_number % 2:
-                    settings = (PRIMARY_ONLY, *order)
+                settings: tuple[tuple[int, int], ...] = (
+                    (*SETTINGS, PRIMARY_ONLY) if in_flight == 1 else SETTINGS
+                )
+                if round_number % 2:
+                    settings = tuple(reversed(settings))
                 for replicas, acks in settings:
                     measurements.append(
                         await _measure(

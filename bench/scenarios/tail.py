@@ -135,10 +135,9 @@ def _plot(ms: list[Measurement]) -> Callable[[Figure], None]:
 
 
 def run(options: Options) -> ScenarioResult:
-    from bench.harness import batch_64k
+    from bench.harness import one_stream_64k
 
-    batch, records = batch_64k()
-    workload = Workload("64k-1", "64 KiB batches, 1 stream", batch, records, 1)
+    workload = one_stream_64k()
     ours = trio.run(_sbp, options, workload)
     sbp_rate = ours.extra["rate_per_s"]
     measurements = [ours, _redis(options, workload, sbp_rate), _nats(options, workload, sbp_rate)]
@@ -164,7 +163,7 @@ def run(options: Options) -> ScenarioResult:
         title="Tail latency: append acknowledged to consumer",
         settings=options.as_settings()
         | {
-            "batch_bytes": len(batch),
+            "batch_bytes": len(workload.batch),
             "tail_seconds": _tail_load(options).seconds,
             "tail_warmup_s": TAIL_WARMUP_S,
             "rate": "half of SBP's peak at the default in-flight (at most half of a peer's own)",
