@@ -53,6 +53,8 @@ from sbp.enums import ErrorCode
 from sbp.errors import (
     InvalidRecordBatchError,
     OffsetOutOfRangeError,
+    RangeSealedError,
+    RecordsUnreachableError,
     SBPError,
     error_for,
 )
@@ -254,6 +256,9 @@ class Consumer:
         was sent there."""
         failures = 0
         failing_since: float | None = None
+        checked_end = False
+        #: the last failure of each replica tried since the last answer
+        refusals: dict[str, str] = {}
         while True:
             rng = routes.range_for(offset)
             if rng is None:
@@ -284,15 +289,47 @@ class Consumer:
                 # Each failed attempt goes to the next replica; give up only
                 # once every one was tried: a paused node takes a whole
                 # request timeout, and the window may be no longer than that.
+                replica = replica_for_read(rng, failures, prefer_followers=self.prefer_followers)
+                refusals[replica.advertise_addr] = str(error) or type(error).__name__
                 tried_every_replica = failures + 1 >= len(rng.replica_nodes)
                 if now - failing_since > self.retry_timeout and tried_every_replica:
+                    if len(refusals) > 1:
+                        raise self._unreachable(rng, offset, refusals) from error
                     raise
                 failures += 1
                 if failures > 1 or getattr(error, "code", None) not in STALE_ROUTE_CODES:
                     await trio.sleep(retry_delay(failures))
                 await self._retrying(routes.refresh)
                 continue
+            if not len(data) and not sealed and not checked_end:
+                # Nothing here: the stream's end, or a replica that cannot
+                # serve what it holds. Only the live offsets can tell.
+                try:
+                    at_end = await self._confirm_end(rng, offset)
+                except (SBPError, OSError, trio.TooSlowError) as error:
+                    if not is_transient(error) or _given_up(failing_since, self.retry_timeout):
+                        raise
+                    failing_since = failing_since or trio.current_time()
+                    failures += 1
+                    await trio.sleep(retry_delay(failures))
+                    continue
+                if not at_end:
+                    failing_since = failing_since or trio.current_time()
+                    replica = replica_for_read(
+                        rng, failures, prefer_followers=self.prefer_followers
+                    )
+                    refusals[replica.advertise_addr] = "answered no records below the commit offset"
+                    tried_every_replica = failures + 1 >= len(rng.replica_nodes)
+                    if _given_up(failing_since, self.retry_timeout) and tried_every_replica:
+                        raise self._unreachable(rng, offset, refusals)
+                    failures += 1
+                    await trio.sleep(retry_delay(failures))
+                    continue
+                # once confirmed at a tail, later empty answers there are the
+                # tail's own (a long poll that ran out)
+                checked_end = self.tail
             failures, failing_since = 0, None
+            refusals.clear()
             if len(data):
                 next_offset = _next_offset(data)
                 if next_offset <= offset:
@@ -318,6 +355,59 @@ class Consumer:
                     return
                 continue
             await self._retrying(routes.refresh)
+
+    def _unreachable(
+        self, rng: messages.Range, offset: int, refusals: dict[str, str]
+    ) -> RecordsUnreachableError:
+        reasons = "; ".join(f"{address}: {why}" for address, why in refusals.items())
+        return RecordsUnreachableError(
+            f"no replica of stream {self.stream_id} range {rng.range_index} serves its "
+            f"records from offset {offset} ({reasons})"
+        )
+
+    async def _confirm_end(self, rng: messages.Range, offset: int) -> bool:
+        """After an empty answer at ``offset`` in the open range: True when
+        ``offset`` is where the committed records end, False when a replica
+        says records below its commit offset lie there (the one asked could
+        not serve them: it restarted, or lags), or when without the primary
+        no replica can tell. An offset past the range's next offset raises
+        ``OffsetOutOfRangeError``, as an unreplicated range answers it. The
+        live offsets come from the primary, else from the followers that
+        answer (the highest)."""
+        if len(rng.replica_nodes) <= 1:
+            return True  # the node that answered is the one that knows
+        live: list[messages.Range] = []
+        last_error: BaseException | None = None
+        primary_answered = False
+        for replica in rng.nodes_primary_first():
+            try:
+                described = await self._context.node(replica).describe_range(
+                    rng.stream_id, rng.range_index
+                )
+            except (SBPError, OSError, trio.TooSlowError) as error:
+                last_error = error
+                continue
+            live.append(described)
+            if replica == rng.primary_node():
+                primary_answered = True
+                break  # the primary's offsets are the highest there are
+        if not live:
+            assert last_error is not None
+            raise last_error
+        if any(not r.is_open for r in live):
+            raise RangeSealedError(
+                f"range {rng.range_index} of stream {self.stream_id} was sealed"
+            )  # the walk lists the ranges again
+        next_offset = max(r.next_offset for r in live)
+        if offset > next_offset:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is above the next offset {next_offset} of stream {self.stream_id}"
+            )
+        if offset < max(r.commit_offset for r in live):
+            return False
+        # Without the primary, records a follower holds past ``offset`` may
+        # be committed without it knowing (it restarted): not the end yet.
+        return primary_answered or offset >= next_offset
 
     async def _locate(self, routes: StreamRoutes, offset: int) -> messages.Range:
         """The range holding ``offset`` after listing the ranges again."""
@@ -458,6 +548,10 @@ async def _take(ahead: list[_Ahead], offset: int) -> tuple[messages.FetchResult,
     if sent.answer is None or sent.answer[0].error_code != ErrorCode.NONE:
         return None
     return sent.answer
+
+
+def _given_up(failing_since: float | None, window: float) -> bool:
+    return failing_since is not None and trio.current_time() - failing_since > window
 
 
 def _drop(ahead: list[_Ahead]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ import trio
 
 from net.authz import AccessControl
 from sbp import messages
-from sbp.errors import EpochFencedError, InvalidRequestError
+from sbp.errors import EpochFencedError, InvalidRequestError, NotPrimaryError
 from storage import writes
 from storage.engine import StorageEngine
 from storage.layout import MAX_STREAM_ID, IndexEntry
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from .replication.primary import Replicator
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -62,6 +65,8 @@ class NodeContext:
     #: the highest PM term seen in a SYNC_RANGES or SEAL_RANGES (SPEC §8):
     #: one from an older term comes from a deposed PM and is refused
     pm_term: int = 0
+    #: whether the log has said why an older term's PM is refused
+    _fenced_pm_explained: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.commits = CommitOffsets(self.waiters)
@@ -71,6 +76,7 @@ class NodeContext:
         recorded durably before the request it came with does anything, so a
         restart does not forget it."""
         if term < self.pm_term:
+            self._explain_fenced_pm(term)
             return EpochFencedError(
                 f"PM term {term} is older than term {self.pm_term}: sent by a deposed PM"
             )
@@ -78,18 +84,59 @@ class NodeContext:
             self.pm_term = await self.command(lambda ctx: writes.raise_pm_term(ctx, term))
         return None
 
+    def _explain_fenced_pm(self, term: int) -> None:
+        """Say once, in the log, why a PM is refused: most often not a deposed
+        leader but a data directory run with PMs of another kind."""
+        if self._fenced_pm_explained:
+            return
+        self._fenced_pm_explained = True
+        cause = (
+            "one PM keeping its metadata in LMDB (term 0) now talks to a data directory "
+            "whose ranges PMs on etcd placed (`sbp-cluster --ha`): run those PMs again, "
+            "or move the LMDB metadata into etcd with `sbp-pm migrate`"
+            if term == 0
+            else "a PM of another cluster (its etcd holds other metadata), or a deposed "
+            "leader that has not noticed yet"
+        )
+        logger.warning(
+            "refusing SYNC_RANGES and SEAL_RANGES of a PM at term %d: this node recorded term "
+            "%d, so a PM of a later term placed its ranges. Likely cause: %s",
+            term,
+            self.pm_term,
+            cause,
+        )
+
     def identity(self) -> messages.DataNode:
         return messages.DataNode(node_id=self.node_id, advertise_addr=self.advertise_addr)
 
-    def read_limit(self, stream_id: int) -> int | None:
-        """Where FETCH must stop in the stream: the commit offset of its first
-        replicated range whose end the PM has not fixed yet (the open range,
-        or one sealed here and not yet told where the PM ended it), None when
-        there is none (SPEC §7: only acknowledged records are served)."""
+    def read_limit(self, stream_id: int, offset: int) -> int | None:
+        """Where a FETCH at ``offset`` must stop in the stream: the commit
+        offset of its first replicated range whose end the PM has not fixed
+        yet (the open range, or one sealed here and not yet told where the PM
+        ended it), None when there is none (SPEC §7: only acknowledged records
+        are served).
+
+        A replica that holds records at ``offset`` there but has not learned
+        the range's commit offset since it started refuses (``NOT_PRIMARY``,
+        retriable: a reader goes on to another replica) rather than answer
+        nothing, which a reader would take for the end of the stream."""
         info = self.engine.unsettled_range(stream_id)
         if info is None:
             return None
+        if not self.commits.known(stream_id, info.range_index):
+            held = self.engine.next_offset(stream_id) or info.start_offset
+            if info.start_offset <= offset < held:
+                raise NotPrimaryError(
+                    f"data node {self.node_id} does not know the commit offset of stream "
+                    f"{stream_id} range {info.range_index} yet (it restarted and has not "
+                    "heard from the primary): read from another replica"
+                )
         return self.commits.get(stream_id, info.range_index, info.start_offset)
+
+    def leads(self, stream_id: int) -> bool:
+        """Whether this node is the primary of the stream's open range."""
+        info = self.engine.open_range(stream_id)
+        return info is not None and info.primary_node_id == self.node_id
 
     def commit_of(self, info: RangeInfo) -> int:
         """The range's commit offset as this node knows it: a sealed range's

@@ -161,6 +161,11 @@ class ConnectionClosed(SBPError):
     """The connection is gone; every request still pending on it fails with this."""
 
 
+class RecordsUnreachableError(SBPError):
+    """A reader found records the stream holds that no replica it could
+    reach would serve: it stops with this rather than end the read early."""
+
+
 _BY_CODE: dict[int, type[ProtocolError]] = {
     cls.code: cls
     for cls in (

@@ -187,13 +187,18 @@ class FetchHandler:
         """The item's batches, borrowed until ``reads`` closes; in a
         replicated open range only those below the commit offset (SPEC §7).
         A follower behind the primary waits for an offset the primary already
-        has instead of refusing it."""
+        has instead of refusing it; the primary refuses an offset past its
+        next offset, as an unreplicated range does."""
         node = self._node
-        limit = node.read_limit(info.stream_id)
+        limit = node.read_limit(info.stream_id, info.fetch_offset)
         try:
             return reads.borrow(node.engine, info.stream_id, info.fetch_offset, max_bytes, limit)
         except OffsetOutOfRangeError:
-            if limit is None or info.fetch_offset < (node.engine.first_offset(info.stream_id) or 0):
+            if (
+                limit is None
+                or info.fetch_offset < (node.engine.first_offset(info.stream_id) or 0)
+                or node.leads(info.stream_id)
+            ):
                 raise
             return NO_BATCHES
 

@@ -52,7 +52,7 @@ from net.ratelog import RateLimitedLog
 from sbp import messages
 from sbp.batches import Buffer, batch_spans, peek_header, stamp_base_offset
 from sbp.enums import ErrorCode, Opcode
-from sbp.errors import ProtocolError, SBPError, error_for
+from sbp.errors import ConnectionClosed, ProtocolError, SBPError, error_for
 from sbp.replication import commit_offset, effective_acks
 from sbp.stats import Buckets
 from storage.model import RangeInfo
@@ -109,6 +109,16 @@ class Follower:
     #: failed connections or frames in a row (the backoff before the next)
     failures: int = 0
     wake: trio.Event = field(default_factory=trio.Event)
+
+
+async def _wake_when_closed(
+    follower: Follower, connection: Connection, scope: trio.CancelScope
+) -> None:
+    """Wake the follower's sender when its connection closes, so an idle
+    follower that went away is reconnected at once."""
+    with scope:
+        await connection.wait_closed()
+        follower.wake.set()
 
 
 class RangePipeline:
@@ -246,53 +256,70 @@ class RangePipeline:
             )
             follower.send_offset = None
             follower.in_flight = 0
+            # A follower reached again may have restarted and forgotten the
+            # commit offset: it is sent again even when nothing new is written.
+            follower.sent_commit = -1
             await trio.sleep(retry_delay(follower.failures))
 
     async def _stream_to(self, follower: Follower, connection: Connection) -> None:
         """Send the follower what it lacks, for as long as the connection lasts."""
+        watch = trio.CancelScope()
+        async with trio.open_nursery() as frames:
+            frames.start_soon(_wake_when_closed, follower, connection, watch)
+            try:
+                await self._send_loop(follower, connection, frames)
+            finally:
+                watch.cancel()
+
+    async def _send_loop(
+        self, follower: Follower, connection: Connection, frames: trio.Nursery
+    ) -> None:
+        """Frames of batches (and the commit offset alone when nothing new
+        is written) until the range stops or the connection closes."""
         last_sent = trio.Event()
         last_sent.set()
         #: when the commit offset goes alone if no batch carries it first
         commit_due = math.inf
-        async with trio.open_nursery() as frames:
-            while True:
-                follower.wake = trio.Event()
-                if follower.send_offset is None:
-                    # Ask where it is: an item without a batch, answered with
-                    # its next offset.
-                    await self._frame(follower, connection, [], b"", last_sent, trio.Event())
+        while True:
+            if connection.closed:
+                # an idle follower that went away (a restart) is
+                # reconnected now, not at the next append
+                raise ConnectionClosed(f"connection to follower {follower.node_id} closed")
+            follower.wake = trio.Event()
+            if follower.send_offset is None:
+                # Ask where it is: an item without a batch, answered with
+                # its next offset.
+                await self._frame(follower, connection, [], b"", last_sent, trio.Event())
+                continue
+            frame = None
+            if follower.in_flight < WINDOW:
+                frame = self._next_frame(follower.send_offset)
+                if self.stopped:
+                    return
+            if frame:
+                commit_due = math.inf
+                items, payload, follower.send_offset = frame
+                previous, last_sent = last_sent, trio.Event()
+                follower.in_flight += 1
+                frames.start_soon(
+                    self._frame, follower, connection, items, payload, previous, last_sent
+                )
+                continue
+            if self.commit > follower.sent_commit and follower.in_flight == 0:
+                # The next frame of batches carries the commit offset: one
+                # alone goes only once none came for COMMIT_LINGER_S (a
+                # frame more per append for each follower otherwise).
+                commit_due = min(commit_due, trio.current_time() + COMMIT_LINGER_S)
+                if trio.current_time() < commit_due:
+                    with trio.move_on_at(commit_due):
+                        await follower.wake.wait()
                     continue
-                frame = None
-                if follower.in_flight < WINDOW:
-                    frame = self._next_frame(follower.send_offset)
-                    if self.stopped:
-                        return
-                if frame:
-                    commit_due = math.inf
-                    items, payload, follower.send_offset = frame
-                    previous, last_sent = last_sent, trio.Event()
-                    follower.in_flight += 1
-                    frames.start_soon(
-                        self._frame, follower, connection, items, payload, previous, last_sent
-                    )
-                    continue
-                if self.commit > follower.sent_commit and follower.in_flight == 0:
-                    # The next frame of batches carries the commit offset: one
-                    # alone goes only once none came for COMMIT_LINGER_S (a
-                    # frame more per append for each follower otherwise).
-                    commit_due = min(commit_due, trio.current_time() + COMMIT_LINGER_S)
-                    if trio.current_time() < commit_due:
-                        with trio.move_on_at(commit_due):
-                            await follower.wake.wait()
-                        continue
-                    commit_due = math.inf
-                    previous, last_sent = last_sent, trio.Event()
-                    follower.in_flight += 1
-                    frames.start_soon(
-                        self._frame, follower, connection, [], b"", previous, last_sent
-                    )
-                    continue
-                await follower.wake.wait()
+                commit_due = math.inf
+                previous, last_sent = last_sent, trio.Event()
+                follower.in_flight += 1
+                frames.start_soon(self._frame, follower, connection, [], b"", previous, last_sent)
+                continue
+            await follower.wake.wait()
 
     def _next_frame(self, offset: int) -> Frame | None:
         """The next frame from ``offset``: durable batches from storage, the

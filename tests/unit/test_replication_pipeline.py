@@ -61,6 +61,18 @@ class FakeFollower:
         self.next = 0
         self.told_commit = -1
         self.frames = 0
+        self._closed = trio.Event()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def close(self) -> None:
+        """The follower went away (a restart): the connection ends."""
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
 
     @asynccontextmanager
     async def stream(
@@ -132,6 +144,46 @@ async def test_an_idle_follower_is_told_the_commit_that_moved_while_its_frame_wa
                 await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
     assert connection.frames == 2
+
+
+class FakePool:
+    """Hands out a new ``FakeFollower`` per connection, as a follower that
+    restarted holding ``held`` records would answer."""
+
+    def __init__(self, held: int) -> None:
+        self.held = held
+        self.connections: list[FakeFollower] = []
+
+    async def get(self, address: str) -> FakeFollower:
+        connection = FakeFollower()
+        connection.next = self.held
+        self.connections.append(connection)
+        return connection
+
+
+async def test_an_idle_follower_that_restarts_is_told_the_commit_offset_again(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Nothing is appended while the follower restarts: its connection
+    closing wakes the idle sender, which reconnects and tells the restarted
+    follower (who forgot it) the commit offset without waiting for an append."""
+    engine = FakeEngine()
+    engine.append(3)
+    pipeline = pipeline_of(engine)
+    pool = FakePool(held=3)
+    pipeline.pool = pool  # type: ignore[assignment]
+    follower = pipeline.followers[0]
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pipeline._follow, follower)
+            while not pool.connections or pool.connections[0].told_commit < 3:
+                await trio.sleep(0.01)
+            await trio.sleep(5)  # idle
+            pool.connections[0].close()
+            while len(pool.connections) < 2 or pool.connections[1].told_commit < 3:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    assert engine.next == 3  # nothing was appended meanwhile
 
 
 async def test_followers_end_up_told_the_last_commit_offset() -> None:
