@@ -23,6 +23,7 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -72,10 +73,26 @@ class Child:
     #: prints "listening on HOST:PORT" once ready (the SBP servers); else
     #: (etcd) ready once ``address`` takes connections
     announces: bool = True
+    #: the fixed ports it listens on, checked free before it starts (etcd)
+    ports: tuple[int, ...] = ()
+
+    @property
+    def host(self) -> str:
+        return self.address.rpartition(":")[0]
 
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.returncode is None
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _port(base: int, offset: int) -> int:
@@ -170,7 +187,8 @@ def plan_ha(data_dir: Path, nodes: int, host: str, port_base: int, sync: str, py
         Child(
             name,
             [
-                "etcd",
+                # etcd cannot watch the launcher itself: it must not outlive it
+                *(python, "-m", "client.with_parent", "etcd"),
                 *("--name", name, "--data-dir", str(data_dir / name)),
                 *("--listen-client-urls", f"http://{host}:{client}"),
                 *("--advertise-client-urls", f"http://{host}:{client}"),
@@ -182,6 +200,7 @@ def plan_ha(data_dir: Path, nodes: int, host: str, port_base: int, sync: str, py
             logs / f"{name}.log",
             address=f"{host}:{client}",
             announces=False,
+            ports=(client, peer),
         )
         for name, client, peer in zip(names, clients, peers, strict=True)
     ]
@@ -224,6 +243,16 @@ async def start_child(child: Child, nursery: trio.Nursery, extra_args: Sequence[
     writes (stdout and stderr) also goes to its log file.
     """
     child.log_path.parent.mkdir(parents=True, exist_ok=True)
+    if not child.announces:
+        # it is taken for up once its port answers: a port some other process
+        # holds (an etcd left from an earlier run) would answer for it
+        busy = [port for port in child.ports if not _port_free(child.host, port)]
+        if busy:
+            raise ClusterError(
+                f"{child.name} cannot listen on {child.host} port "
+                f"{', '.join(map(str, busy))}: in use by another process "
+                f"(`ss -ltnp` names it; an etcd left from an earlier run?)"
+            )
     log = child.log_path.open("ab", buffering=0)
     child.extra_args = tuple(extra_args)
     argv = [*child.argv, *extra_args]
@@ -239,7 +268,7 @@ async def start_child(child: Child, nursery: trio.Nursery, extra_args: Sequence[
     assert child.process.stdout is not None
     if not child.announces:
         nursery.start_soon(_copy_output, child, log)
-        if await _wait_listening(child):
+        if await _wait_listening(child) and child.process.returncode is None:
             return
         code = child.process.poll()
         why = f"exited with status {code}" if code is not None else "did not open its port"
@@ -405,6 +434,10 @@ async def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
     else:
         pm, nodes = plan_children(data_dir, *planned)
         plan = Plan([], [pm], nodes)
+    mixed = _mode_conflict(data_dir, ha=args.ha)
+    if mixed:
+        print(f"sbp-cluster: {mixed}", file=sys.stderr)
+        return 2
     pki = data_dir / "pki"
     if not args.tls and (pki / "ca.pem").exists():
         # `sbp` would speak TLS to it (it finds var/pki): a directory's
@@ -446,6 +479,35 @@ async def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
     return 0
 
 
+def _mode_conflict(data_dir: Path, *, ha: bool) -> str:
+    """Why the directory cannot be run in this mode ("" if it can): one PM
+    keeps its metadata in ``pm/`` (LMDB), PMs on etcd in ``etcd-N/``, and
+    the data nodes' ranges are placed by one or the other. Run the other
+    way, a PM with none of that metadata would hand out the stream ids the
+    nodes already hold, and the nodes would refuse the PM of the older
+    term."""
+    one_pm = (data_dir / "pm").is_dir()
+    on_etcd = any(data_dir.glob("etcd-*"))
+    if one_pm and on_etcd:
+        return (
+            f"{data_dir} holds the metadata of both one PM ({data_dir / 'pm'}) and PMs on "
+            "etcd (etcd-*): it was run both ways; keep the one that placed the data and "
+            "move the other away"
+        )
+    if ha and one_pm:
+        return (
+            f"the cluster in {data_dir} was made with one PM (its metadata in LMDB under "
+            f"{data_dir / 'pm'}): run it without --ha, or move that metadata into etcd with "
+            "`sbp-pm migrate --from-data-dir DIR/pm --etcd URLS` first (docs/pm.md)"
+        )
+    if not ha and on_etcd:
+        return (
+            f"the cluster in {data_dir} was made with --ha (its metadata in etcd under "
+            f"{data_dir}/etcd-*): run it with --ha again"
+        )
+    return ""
+
+
 async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope) -> None:
     async for _ in signals:
         scope.cancel()
@@ -458,21 +520,33 @@ async def start_plan(
     data_nodes = plan.data_nodes
     what = f"{len(plan.pms)} PMs on {len(plan.etcd)} etcd members" if plan.etcd else "PM"
     print(f"starting {what} and {len(data_nodes)} data nodes under {data_dir} …", flush=True)
-    async with trio.open_nursery() as starting:
-        for member in plan.etcd:
-            starting.start_soon(start_child, member, nursery)
-    async with trio.open_nursery() as starting:
-        for pm in plan.pms:
-            starting.start_soon(start_child, pm, nursery)
-    async with trio.open_nursery() as starting:
-        for node in data_nodes:
-            starting.start_soon(start_child, node, nursery, ("--pm", plan.pm_addresses))
+    await _start_together(plan.etcd, nursery)
+    await _start_together(plan.pms, nursery)
+    await _start_together(data_nodes, nursery, ("--pm", plan.pm_addresses))
     alive = await wait_for_nodes(plan.pm_addresses, len(data_nodes), READY_TIMEOUT_S, tls)
     if alive < len(data_nodes):
         raise ClusterError(
             f"the PM sees {alive} of {len(data_nodes)} data nodes alive; "
             f"see the logs in {data_dir / 'logs'}"
         )
+
+
+async def _start_together(
+    children: list[Child], nursery: trio.Nursery, extra_args: Sequence[str] = ()
+) -> None:
+    """Start the children at once; the first that fails is the error."""
+    try:
+        async with trio.open_nursery() as starting:
+            for child in children:
+                starting.start_soon(start_child, child, nursery, extra_args)
+    except BaseExceptionGroup as group:
+        failed, _ = group.split(ClusterError)
+        if failed is None:
+            raise
+        first: BaseException = failed
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
 
 
 async def _supervise(children: list[Child], nursery: trio.Nursery, *, restart: bool) -> None:

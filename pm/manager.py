@@ -36,11 +36,13 @@ from typing import Final, Generic, Protocol, TypeVar
 import trio
 
 from net.ratelog import RateLimitedLog
+from sbp.enums import ErrorCode
 from sbp.errors import (
     DataNodeNotFoundError,
     EpochFencedError,
     InvalidRequestError,
     NoAvailableDataNodeError,
+    NotEnoughReplicasError,
     OffsetOutOfRangeError,
     ProtocolError,
     RangeNotFoundError,
@@ -541,9 +543,13 @@ class PlacementManager:
                 at_least=effective_acks(stream.replica_nums, stream.ack_nums),
             )
             acks = effective_acks(len(rng.nodes), stream.ack_nums)
-            held = await self._seal_replicas(rng, acks)
+            refusals: dict[int, BaseException] = {}
+            held = await self._seal_replicas(rng, acks, refusals)
+            try:
+                end = seal_end(list(held.values()), len(rng.nodes), acks)
+            except NotEnoughReplicasError as error:
+                raise _seal_refused(error, refusals) from None
             # A trim may have raised the start past what the replicas had seen.
-            end = seal_end(list(held.values()), len(rng.nodes), acks)
             leaving = self._full_and_short(rng, held, end)
             end = max(end, rng.start_offset)
             sealed = replace(
@@ -602,10 +608,13 @@ class PlacementManager:
                 leaving.append(node_id)
         return leaving
 
-    async def _seal_replicas(self, rng: RangeRecord, ack_nums: int) -> dict[int, int]:
+    async def _seal_replicas(
+        self, rng: RangeRecord, ack_nums: int, refusals: dict[int, BaseException]
+    ) -> dict[int, int]:
         """SEAL_RANGES on the range's replicas: the next offset each answered,
         by node id, from which the caller takes the end by SPEC §7's rule
-        (``sbp.replication.seal_end``).
+        (``sbp.replication.seal_end``); why the others did not, into
+        ``refusals``.
 
         One replica: its answer, waited for until the deadline (nothing else
         holds the records). Several: every replica is asked at once; once
@@ -628,6 +637,7 @@ class PlacementManager:
                 with trio.fail_after(budget):
                     answers[node_id] = await self._link.seal_replica(rng, node_id)
             except (SBPError, OSError, trio.TooSlowError) as error:
+                refusals[node_id] = error
                 log.info(
                     "SEAL_RANGES of stream %d range %d on node %d: %s",
                     rng.stream_id,
@@ -1052,3 +1062,20 @@ def _check_node(node: NodeRecord) -> None:
         raise InvalidRequestError(
             f"data node {node.node_id} advertises {node.address!r}, not host:port"
         )
+
+
+def _seal_refused(
+    error: NotEnoughReplicasError, refusals: dict[int, BaseException]
+) -> ProtocolError:
+    """The seal's failure with what each replica that did not answer said:
+    when every one of them refused this PM's term, the cause is the term
+    (a deposed PM, or data placed by PMs of another kind), not the replicas."""
+    reasons = "; ".join(
+        f"node {node_id}: {why or 'no answer in time'}" for node_id, why in sorted(refusals.items())
+    )
+    fenced = refusals and all(
+        getattr(why, "code", None) == ErrorCode.EPOCH_FENCED for why in refusals.values()
+    )
+    if fenced:
+        return EpochFencedError(f"the replicas refuse this PM's term ({reasons})")
+    return NotEnoughReplicasError(f"{error.message} ({reasons})" if reasons else error.message)

@@ -1,0 +1,161 @@
+"""One data directory, one mode: ``sbp-cluster`` refuses to run a directory
+made with one PM as ``--ha`` and the other way round, leaves no etcd member
+behind when it is killed, and does not report up over a port some other
+process holds; the data nodes refuse a PM of an older term and say why."""
+
+from __future__ import annotations
+
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import trio
+
+from sbp import messages
+from sbp.errors import RangeNotFoundError
+
+from .local_cluster import lines, sbp, sbp_json, start_cluster, wait_until
+from .pm_cluster import pm_cluster
+from .procs import _child_env
+
+pytestmark = pytest.mark.integration
+
+
+def launch(data_dir: Path, *flags: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``sbp-cluster`` expected to exit by itself."""
+    return subprocess.run(
+        [sys.executable, "-m", "client.cluster", "--data-dir", str(data_dir), "--nodes", "1",
+         "--port-base", "0", *flags],
+        capture_output=True, text=True, timeout=timeout, env=_child_env(),
+        stdin=subprocess.DEVNULL, check=False,
+    )  # fmt: skip
+
+
+#: the ports `sbp-cluster --ha --nodes 1` takes from its port base
+HA_OFFSETS = (0, 1, 80, 81, 82, 85, 86, 87, 90, 91, 100, 101, 190, 191)
+
+
+def free_port_base() -> int:
+    """A port base whose --ha ports are all free (etcd keeps its members'
+    addresses: a directory run with --ha is run on the same ports again)."""
+    for _ in range(200):
+        base = random.randrange(20_000, 30_000)
+        if all(port_free(base + offset) for offset in HA_OFFSETS):
+            return base
+    raise AssertionError("no free port base")
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    return list(psutil.Process(pid).children(recursive=True))
+
+
+def gone(processes: list[psutil.Process]) -> bool:
+    return not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in processes)
+
+
+def test_a_directory_is_run_in_the_mode_it_was_made_in(tmp_path: Path) -> None:
+    plain_dir = tmp_path / "plain"
+    plain = start_cluster(plain_dir, nodes=1)
+    stream = sbp_json(plain.pm_address, "streams", "create")[0]["stream"]["stream_id"]
+    assert sbp(plain.pm_address, "append", str(stream), stdin=lines(["kept"])).returncode == 0
+    assert plain.stop() == 0, plain.output()
+
+    refused = launch(plain_dir, "--ha")
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip() == (
+        f"sbp-cluster: the cluster in {plain_dir} was made with one PM (its metadata in LMDB "
+        f"under {plain_dir / 'pm'}): run it without --ha, or move that metadata into etcd with "
+        "`sbp-pm migrate --from-data-dir DIR/pm --etcd URLS` first (docs/pm.md)"
+    )
+    assert not any(plain_dir.glob("etcd-*"))  # nothing was started there
+
+    again = start_cluster(plain_dir, nodes=1)
+    try:
+        assert sbp(again.pm_address, "read", str(stream)).stdout == "kept\n"
+    finally:
+        assert again.stop() == 0, again.output()
+
+    ha_dir = tmp_path / "ha"
+    ha_flags = ("--ha", "--port-base", str(free_port_base()))
+    ha = start_cluster(ha_dir, nodes=1, extra=ha_flags)
+    members = [p for p in descendants(ha.process.pid) if "etcd" in " ".join(p.cmdline())]
+    assert len(members) >= 3  # each member and what keeps it tied to the launcher
+    ha.process.send_signal(signal.SIGKILL)
+    ha.process.wait()
+    # every child, the etcd members included, ends by itself
+    wait_until(lambda: gone(members), timeout=30)
+
+    refused = launch(ha_dir)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip() == (
+        f"sbp-cluster: the cluster in {ha_dir} was made with --ha (its metadata in etcd under "
+        f"{ha_dir}/etcd-*): run it with --ha again"
+    )
+    back = start_cluster(ha_dir, nodes=1, extra=ha_flags)
+    try:
+        assert sbp(back.pm_address, "streams", "list").returncode == 0
+    finally:
+        assert back.stop() == 0, back.output()
+
+
+def test_an_etcd_port_held_by_another_process_stops_the_launcher(tmp_path: Path) -> None:
+    """What a stale etcd from an earlier run looks like: the port answers,
+    but not for this launcher's member."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        base = port - 80  # etcd-1's client port is port-base + 80
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "client.cluster", "--data-dir", str(tmp_path / "var"),
+             "--nodes", "1", "--ha", "--port-base", str(base)],
+            capture_output=True, text=True, timeout=60, env=_child_env(),
+            stdin=subprocess.DEVNULL, check=False,
+        )  # fmt: skip
+    assert time.monotonic() - started < 30
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "is up" not in result.stdout
+    assert f"sbp-cluster: etcd-1 cannot listen on 127.0.0.1 port {port}: in use" in result.stderr
+
+
+async def test_a_node_refuses_a_pm_of_an_older_term_and_says_why_once(tmp_path: Path) -> None:
+    """Data placed by PMs on etcd (here: a term raised by hand), then run
+    with one PM (term 0): the seal fails naming the term, not "0 of 3
+    replicas answered", and each node's log says why once."""
+    async with pm_cluster(tmp_path, (1, 2, 3)) as cluster:
+        created = await cluster.pm_client().create_stream(3)
+        assert created.stream is not None
+        stream_id = created.stream.stream_id
+        for node in cluster.nodes.values():
+            # records the term, whatever it answers of a range it does not have
+            with pytest.raises(RangeNotFoundError):
+                await cluster.node_client(node.address).seal_range(999, 0, pm_term=15)
+        for _ in range(2):
+            result = await trio.to_thread.run_sync(
+                lambda: sbp(cluster.pm_address, "ranges", "seal", str(stream_id))
+            )
+            assert result.returncode == 1
+            [line] = result.stderr.splitlines()
+            fenced = "sbp: EPOCH_FENCED: the replicas refuse this PM's term (node 1: "
+            assert line.startswith(fenced)
+            assert "PM term 0 is older than term 15" in line
+        [rng] = await cluster.pm_client().list_stream_ranges(stream_id)
+        assert rng.is_open and isinstance(rng, messages.Range)
+        for node in cluster.nodes.values():
+            assert node.stderr().count("Likely cause: one PM keeping its metadata in LMDB") == 1
