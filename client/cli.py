@@ -22,6 +22,7 @@ append; a read gives up after failing that long).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import ssl
 import sys
@@ -176,6 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("SBP_TLS_KEY"),
         metavar="FILE",
         help="the private key of --tls-cert (default: $SBP_TLS_KEY)",
+    )
+    parser.add_argument(
+        "--no-tls",
+        action="store_true",
+        help=f"speak plain SBP, whatever the TLS flags, variables or {LOCAL_PKI}/ say",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument(
@@ -387,6 +393,8 @@ ANSWER_GRACE_S = 0.25
 def client_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
     """The TLS the command speaks: the flags (or ``SBP_TLS_*``); without any,
     the local cluster's certificates when ``sbp-cluster --tls`` made them."""
+    if args.no_tls:
+        return None
     ca, cert, key = args.tls_ca, args.tls_cert, args.tls_key
     if ca is None and cert is None and key is None:
         local = Path(LOCAL_PKI)
@@ -422,6 +430,9 @@ def main(argv: Sequence[str] | None = None, *, out: IO[str] | None = None) -> in
     out = out or sys.stdout
     err = sys.stderr
     args = build_parser().parse_args(argv)
+    # What the library logs (a bad frame from a peer, say) is said again,
+    # in one line, by the error the command ends with.
+    logging.getLogger().addHandler(logging.NullHandler())
     keep_freed_memory()  # `sbp read` receives a megabyte per FETCH (sbp/allocator.py)
     try:
         return trio.run(run_command, args, out, err)
@@ -437,22 +448,34 @@ def main(argv: Sequence[str] | None = None, *, out: IO[str] | None = None) -> in
             failure = (EXIT_SERVER_ERROR, f"unexpected error: {error!r}")
         code, message = failure
         if code == EXIT_CONNECT:
-            message += _tls_hint(message, speaks_tls=_speaks_tls(args))
+            message += _tls_hint(message, tls_source(args))
         print(f"sbp: {message}", file=err)
         return code
 
 
-def _speaks_tls(args: argparse.Namespace) -> bool:
-    return bool(args.tls_ca or args.tls_cert) or (Path(LOCAL_PKI) / "ca.pem").is_file()
+def tls_source(args: argparse.Namespace) -> str:
+    """Where the command's TLS settings came from ("" when it speaks plain SBP)."""
+    if args.no_tls:
+        return ""
+    for flag, env in (("--tls-ca", "SBP_TLS_CA"), ("--tls-cert", "SBP_TLS_CERT")):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value:
+            return env if os.environ.get(env) == value else flag
+    if (Path(LOCAL_PKI) / "ca.pem").is_file():
+        return f"{LOCAL_PKI}/ in this directory (made by `sbp-cluster --tls`; --no-tls ignores it)"
+    return ""
 
 
-def _tls_hint(message: str, *, speaks_tls: bool) -> str:
-    """What a connection closed at once most likely means (SPEC §9: a TLS
-    port closes a plain-text connection; a mutual-TLS one refuses a client
-    without an acceptable certificate)."""
-    if not speaks_tls and "closed the connection" in message:
+def _tls_hint(message: str, source: str) -> str:
+    """What a connection that failed at once most likely means (SPEC §9: a
+    TLS port closes a plain-text connection; a mutual-TLS one refuses a
+    client without an acceptable certificate; a plain port answers a TLS
+    handshake with an SBP frame)."""
+    if not source and "closed the connection" in message:
         return " (if the server requires TLS, give --tls-ca, or set SBP_TLS_CA)"
-    if speaks_tls and ("UNEXPECTED_EOF" in message or "CERTIFICATE" in message.upper()):
+    if source and "WRONG_VERSION_NUMBER" in message:
+        return f" (the server speaks plain SBP, not TLS; the TLS settings came from {source})"
+    if source and ("UNEXPECTED_EOF" in message or "CERTIFICATE" in message.upper()):
         return " (the server refused this client's certificate, or wants one: see --tls-cert)"
     return ""
 

@@ -475,9 +475,12 @@ class Consumer:
         return result, data
 
     async def _retrying(self, refresh: Callable[[], Awaitable[object]]) -> None:
-        """Call the PM (``refresh``) until it answers or ``retry_timeout`` passes."""
+        """Call the PM (``refresh``) until it answers or ``retry_timeout``
+        passes; then the last failure is the error (a PM that is gone is
+        "cannot connect", not "no answer in time")."""
         failures = 0
-        with trio.fail_after(self.retry_timeout):
+        last: BaseException | None = None
+        with trio.move_on_after(self.retry_timeout):
             while True:
                 try:
                     await refresh()
@@ -485,8 +488,12 @@ class Consumer:
                 except (SBPError, OSError) as error:
                     if not is_transient(error):
                         raise
+                    last = error
                     failures += 1
                     await trio.sleep(retry_delay(failures))
+        if last is not None:
+            raise last
+        raise trio.TooSlowError(f"no answer from the PM within {self.retry_timeout:g} s")
 
 
 class _Batches:

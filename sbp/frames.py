@@ -383,9 +383,12 @@ class FrameDecoder:
         self._buffer = bytearray()
         self._filled = 0
         if frame_length > self.max_frame_length:
+            foreign = _foreign_protocol(frame_length)
             return FatalFrameError(
                 ErrorCode.FRAME_TOO_LARGE,
-                f"frame_length {frame_length} exceeds the limit of {self.max_frame_length}",
+                f"that address does not speak SBP ({foreign})"
+                if foreign
+                else f"frame_length {frame_length} exceeds the limit of {self.max_frame_length}",
             )
         return FatalFrameError(
             ErrorCode.INVALID_REQUEST,
@@ -446,3 +449,26 @@ def decode_frame(data: bytes | bytearray | memoryview) -> FrameEvent:
     if len(events) != 1:
         raise ValueError(f"expected exactly one frame, got {len(events)} events")
     return events[0]
+
+
+#: what the first four bytes of other protocols read as a frame_length say
+_FOREIGN_STARTS: Final = (
+    (b"HTTP", "it answered HTTP"),
+    (b"GET ", "it sent an HTTP request"),
+    (b"POST", "it sent an HTTP request"),
+    (b"PUT ", "it sent an HTTP request"),
+    (b"HEAD", "it sent an HTTP request"),
+    (b"SSH-", "it answered SSH"),
+)
+
+
+def _foreign_protocol(frame_length: int) -> str:
+    """What a frame length too large to be SBP's says of the peer: another
+    protocol's first bytes ("" when they are none that is known)."""
+    start = frame_length.to_bytes(4, "big")
+    for prefix, what in _FOREIGN_STARTS:
+        if start == prefix:
+            return what
+    if start[0] == 0x16 and start[1] == 0x03:  # a TLS handshake record
+        return "it speaks TLS"
+    return ""

@@ -279,3 +279,75 @@ def test_top_on_a_terminal_quits_on_q_and_fits_the_width(cluster: LocalCluster) 
     lines = [line.rstrip("\r") for line in frame.split("\n")]
     assert max(len(line) for line in lines) <= 60
     assert any(line.startswith("sbp top") for line in lines)
+
+
+def test_tls_settings_found_in_the_directory_are_named_when_the_server_speaks_plain(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    from client.pki import local_cluster_pki
+
+    local_cluster_pki(tmp_path / "var" / "pki")  # what `sbp-cluster --tls` left there
+
+    def run(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "client.cli", "--pm", cluster.pm_address, *flags,
+             "streams", "list"],
+            capture_output=True, text=True, timeout=60, env=_child_env(), cwd=tmp_path,
+            check=False,
+        )  # fmt: skip
+
+    result = run()
+    assert result.returncode == 3, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.endswith(
+        "(the server speaks plain SBP, not TLS; the TLS settings came from var/pki/ in this "
+        "directory (made by `sbp-cluster --tls`; --no-tls ignores it))"
+    ), line
+    assert run("--no-tls").returncode == 0
+
+
+def test_an_address_that_answers_http_is_named_so() -> None:
+    """A PM address that is another service's (the metrics port, say)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        host, port = server.getsockname()
+
+        def answer_http() -> None:
+            connection, _ = server.accept()
+            with connection:
+                connection.recv(100)
+                connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+        import threading
+
+        threading.Thread(target=answer_http, daemon=True).start()
+        result = sbp(f"{host}:{port}", "streams", "list")
+    assert result.returncode == 3
+    assert result.stderr.splitlines() == [
+        f"sbp: cannot connect: connection to {host}:{port} closed: bad frame from "
+        f"{host}:{port}: that address does not speak SBP (it answered HTTP)"
+    ]
+
+
+async def test_tail_says_it_cannot_connect_once_the_cluster_is_gone(tmp_path: Path) -> None:
+    async with pm_cluster(tmp_path, node_ids=(1,)) as cluster:
+        created = await cluster.pm_client().create_stream(1)
+        assert created.range is not None
+        await append_values(cluster, created.range, [b"before"])
+        with sbp_process(
+            cluster.pm_address, "--timeout", "2", "tail", str(created.range.stream_id),
+            "--from", "0",
+        ) as tail:  # fmt: skip
+            assert tail.stdout is not None and tail.stderr is not None
+            try:
+                line = await trio.to_thread.run_sync(tail.stdout.readline)
+                assert line == b"before\n"
+                await cluster.stop_all()
+                code = await trio.to_thread.run_sync(lambda: tail.wait(60))
+            finally:
+                tail.kill()
+            stderr = tail.stderr.read().decode()
+        assert code == 3, stderr
+        [message] = stderr.splitlines()
+        assert message.startswith("sbp: cannot connect: "), message
