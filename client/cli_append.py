@@ -52,6 +52,8 @@ class LineReader:
         self._max_line = max_line
         self._pending = b""
         self.eof = False
+        #: the complete lines returned so far (names a line refused)
+        self._lines_done = 0
 
     async def next_lines(self) -> tuple[list[bytes], int]:
         """The lines completed by the next read and the bytes they took;
@@ -68,23 +70,25 @@ class LineReader:
             end = text.rfind(b"\n")
             if end < 0:
                 self._pending = text
-                self._check(len(text))
+                self._check(len(text), 0)
                 continue
-            self._pending = text[end + 1 :]
-            self._check(len(self._pending))
             lines = text[:end].split(b"\n")
             if b"\r" in text:
                 lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
-            for line in lines:
-                self._check(len(line))
+            for index, line in enumerate(lines):
+                self._check(len(line), index)
+            self._pending = text[end + 1 :]
+            self._check(len(self._pending), len(lines))
+            self._lines_done += len(lines)
             return lines, end + 1
         return [], 0
 
-    def _check(self, length: int) -> None:
+    def _check(self, length: int, index: int) -> None:
+        """Refuse line ``index`` of those after the lines returned so far."""
         if length > self._max_line:
             raise UsageError(
-                f"a line is longer than the largest record a request can carry "
-                f"({self._max_line:,} bytes)"
+                f"line {self._lines_done + index + 1:,} is longer than the largest record a "
+                f"request can carry ({self._max_line:,} bytes)"
             )
 
 
@@ -119,7 +123,7 @@ class Tally:
                 if self.first_offset is None:
                     self.first_offset = first
                 self.last_offset = first + n - 1
-            progress.update(self.records, self.input_bytes)
+            progress.update(self.records, self.value_bytes, done_bytes=self.input_bytes)
 
     def stored_text(self, stream_id: int) -> str:
         if not self.records:
@@ -203,7 +207,7 @@ async def cmd_append(env: Env) -> int:
     finally:
         if close:
             os.close(fd)
-    progress.update(tally.records, tally.input_bytes, final=True)
+    progress.update(tally.records, tally.value_bytes, done_bytes=tally.input_bytes, final=True)
     failure = refused or tally.failure
     if failure is not None:
         _report_partial(env, tally)

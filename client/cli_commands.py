@@ -9,6 +9,7 @@ an exit code by ``client.cli.main``.
 from __future__ import annotations
 
 import argparse
+import base64
 import codecs
 import json
 import time
@@ -394,14 +395,13 @@ class RecordPrinter:
         lines = []
         for i in range(count):
             raw = batch.value(i)
-            value = raw.hex() if args.hex else raw.decode("utf-8", "backslashreplace")
             offset = int(batch.offsets[i])
             if self.env.json:
                 timestamp = int(batch.timestamps[i])
-                lines.append(
-                    json.dumps({"offset": offset, "timestamp_ms": timestamp, "value": value})
-                )
-            elif args.offsets:
+                lines.append(json.dumps(_record_json(offset, timestamp, raw, hex_values=args.hex)))
+                continue
+            value = raw.hex() if args.hex else raw.decode("utf-8", "backslashreplace")
+            if args.offsets:
                 lines.append(f"{offset}\t{value}")
             else:
                 lines.append(value)
@@ -431,6 +431,21 @@ class RecordPrinter:
                 f"stream {stats['stream_id']}: {fmt.plural(self.records, 'record')}, "
                 f"{fmt.size_text(self.bytes)} of values, {span}"
             )
+
+
+def _record_json(offset: int, timestamp: int, raw: bytes, *, hex_values: bool) -> dict[str, object]:
+    """One record as JSON, its value without loss: hex with ``--hex``, else
+    the text when it is UTF-8, else ``value_base64`` (so the bytes
+    ``\xff\xfe`` and the text ``\\xff\\xfe`` stay apart)."""
+    record: dict[str, object] = {"offset": offset, "timestamp_ms": timestamp}
+    if hex_values:
+        record["value"] = raw.hex()
+        return record
+    try:
+        record["value"] = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        record["value_base64"] = base64.b64encode(raw).decode("ascii")
+    return record
 
 
 def _plain_lines(batch: DecodedRecords, count: int) -> npt.NDArray[np.uint8] | None:

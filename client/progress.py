@@ -36,7 +36,12 @@ class Progress:
         self._started = time.monotonic()
         self._last_draw = 0.0
 
-    def update(self, records: int, nbytes: int, *, final: bool = False) -> None:
+    def update(
+        self, records: int, nbytes: int, *, done_bytes: int | None = None, final: bool = False
+    ) -> None:
+        """Draw ``records`` and ``nbytes`` (the bytes of their values, as the
+        command's summary counts them); ``done_bytes``, when the bar counts
+        other bytes (an input file's, line ends included), measures the bar."""
         if not self._enabled:
             return
         now = time.monotonic()
@@ -50,7 +55,7 @@ class Progress:
         )
         done = None
         if self._total_bytes:
-            done = nbytes / self._total_bytes
+            done = (nbytes if done_bytes is None else done_bytes) / self._total_bytes
         elif self._total_records:
             done = records / self._total_records
         if done is not None:

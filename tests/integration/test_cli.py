@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from client import format as fmt
 from client.cli import main
 
 from .local_cluster import LocalCluster, lines, new_stream, running_cluster, sbp, sbp_json
@@ -80,6 +81,11 @@ def test_append_from_a_file_with_progress(cluster: LocalCluster, tmp_path: Path)
     result = sbp(pm, "append", str(stream), str(source), "--progress")
     assert result.returncode == 0, result.stderr
     assert "100%" in result.stderr and "1,000 records" in result.stderr
+    # the progress line and the summary count the same bytes: the values'
+    # (the bar measures the file, line ends included)
+    values = fmt.size_text(sum(len(f"line-{i}") for i in range(1000)))
+    assert f"1,000 records stored, {values}," in result.stderr.splitlines()[-1]
+    assert f"appended 1,000 records ({values})" in result.stdout
     summary = sbp_json(pm, "append", str(stream), str(source))
     assert (summary["records"], summary["first_offset"], summary["last_offset"]) == (
         1000,

@@ -62,7 +62,7 @@ def test_an_oversized_record_is_refused_before_it_is_sent(cluster: LocalCluster)
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [
         f"sbp: stored 1 record in stream {stream}, offsets 0..0 before the error",
-        "sbp: a line is longer than the largest record a request can carry (8,388,573 bytes)",
+        "sbp: line 2 is longer than the largest record a request can carry (8,388,573 bytes)",
     ]
     assert stored(pm, stream) == ["small"]
 

@@ -4,7 +4,9 @@ values that are not UTF-8."""
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -98,3 +100,19 @@ def test_the_printer_escapes_a_batch_that_is_not_utf8_and_prints_the_rest_plainl
     printer.take(_records([b"bad \xff", b"fine"]))
     assert out.raw_bytes() == b"plain\ntext\nbad \\xff\nfine\n"
     assert printer.records == 4
+
+
+def test_json_keeps_bytes_and_their_escaped_text_apart() -> None:
+    """The bytes \\xff\\xfe and the 8-character text \\xff\\xfe print differently."""
+    out = io.StringIO()
+    args = SimpleNamespace(json=True, offsets=False, hex=False, stats=False)
+    env: Any = SimpleNamespace(args=args, out=out, json=True)
+    printer = RecordPrinter(env, limit=None)
+    printer.take(_records([b"\xff\xfe", b"\\xff\\xfe", "é".encode()]))
+    printed = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [{k: v for k, v in r.items() if k.startswith("value")} for r in printed] == [
+        {"value_base64": "//4="},
+        {"value": "\\xff\\xfe"},
+        {"value": "é"},
+    ]
+    assert base64.b64decode(printed[0]["value_base64"]) == b"\xff\xfe"
