@@ -28,7 +28,8 @@ from net.service import UsageError
 from sbp.errors import SBPError
 
 from . import format as fmt
-from .cli_commands import EXIT_INTERRUPTED, EXIT_OK, Env
+from .cli_commands import Env
+from .cli_defaults import EXIT_INTERRUPTED, EXIT_OK
 from .producer import Producer, RecordsHandle, RecordTooLargeError
 from .progress import Progress
 

@@ -9,17 +9,12 @@ an exit code by ``client.cli.main``.
 from __future__ import annotations
 
 import argparse
-import base64
-import codecs
-import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Any
 
-import numpy as np
-import numpy.typing as npt
 import trio
 
 from net.acl import AclError, load_acl
@@ -27,32 +22,14 @@ from net.acl import describe as describe_acl
 from net.pool import ConnectionPool
 from net.service import UsageError
 from sbp import messages
-from sbp.batches import DecodedRecords
 from sbp.errors import ConnectionClosed, ProtocolError, SBPError
 
 from . import format as fmt
 from ._base import SBPClient
-from ._routing import primary_of
+from .cli_defaults import EXIT_OK, EXIT_SERVER_ERROR
 from .cluster_view import node_summary
-from .consumer import Consumer
 from .datanode_client import DataNodeClient
 from .pm_client import PMClient
-from .progress import Progress
-
-DEFAULT_PM: Final = "127.0.0.1:7400"
-#: where ``sbp-cluster --tls`` keeps the local cluster's CA and certificates
-#: (under its default data directory); the CLI uses them when told no others
-LOCAL_PKI: Final = "var/pki"
-DEFAULT_TIMEOUT_S: Final = 10.0
-
-EXIT_OK: Final = 0
-EXIT_SERVER_ERROR: Final = 1
-EXIT_USAGE: Final = 2
-EXIT_CONNECT: Final = 3
-EXIT_TIMEOUT: Final = 4
-EXIT_INTERRUPTED: Final = 130
-
-_NEWLINE: Final = np.uint8(ord("\n"))
 
 
 @dataclass
@@ -348,214 +325,6 @@ async def _find_node(env: Env, node_id: int) -> messages.DataNode:
         if status.data_node.node_id == node_id:
             return status.data_node
     raise UsageError(f"the PM knows no data node {node_id}")
-
-
-# --------------------------------------------------------------------------- append
-
-
-# --------------------------------------------------------------------------- read / tail
-
-
-class RecordPrinter:
-    """Prints records as text lines (or JSON lines), or counts them (--stats)."""
-
-    def __init__(self, env: Env, limit: int | None) -> None:
-        self.env = env
-        self.limit = limit
-        self.records = 0
-        self.bytes = 0
-        self.first_offset: int | None = None
-        self.last_offset: int | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.limit is not None and self.records >= self.limit
-
-    def take(self, batch: DecodedRecords) -> None:
-        count = len(batch)
-        if self.limit is not None:
-            count = min(count, self.limit - self.records)
-        if count <= 0:
-            return
-        if self.first_offset is None:
-            self.first_offset = int(batch.offsets[0])
-        self.last_offset = int(batch.offsets[count - 1])
-        self.records += count
-        self.bytes += int(batch.value_offsets[count] - batch.value_offsets[0])
-        if not self.env.args.stats:
-            self._print(batch, count)
-
-    def _print(self, batch: DecodedRecords, count: int) -> None:
-        args, out = self.env.args, self.env.out
-        if not (self.env.json or args.offsets or args.hex):
-            plain = _plain_lines(batch, count)
-            if plain is not None:
-                _write_utf8(out, plain)
-                return
-        lines = []
-        for i in range(count):
-            raw = batch.value(i)
-            offset = int(batch.offsets[i])
-            if self.env.json:
-                timestamp = int(batch.timestamps[i])
-                lines.append(json.dumps(_record_json(offset, timestamp, raw, hex_values=args.hex)))
-                continue
-            value = raw.hex() if args.hex else raw.decode("utf-8", "backslashreplace")
-            if args.offsets:
-                lines.append(f"{offset}\t{value}")
-            else:
-                lines.append(value)
-        out.write("\n".join(lines) + "\n")
-        out.flush()
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "stream_id": self.env.args.stream_id,
-            "records": self.records,
-            "bytes": self.bytes,
-            "first_offset": self.first_offset,
-            "last_offset": self.last_offset,
-        }
-
-    def print_stats(self) -> None:
-        stats = self.summary()
-        if self.env.json:
-            self.env.emit_json(stats)
-        else:
-            span = (
-                f"offsets {stats['first_offset']}..{stats['last_offset']}"
-                if self.records
-                else "no records"
-            )
-            self.env.emit(
-                f"stream {stats['stream_id']}: {fmt.plural(self.records, 'record')}, "
-                f"{fmt.size_text(self.bytes)} of values, {span}"
-            )
-
-
-def _record_json(offset: int, timestamp: int, raw: bytes, *, hex_values: bool) -> dict[str, object]:
-    """One record as JSON, its value without loss: hex with ``--hex``, else
-    the text when it is UTF-8, else ``value_base64`` (so the bytes
-    ``\xff\xfe`` and the text ``\\xff\\xfe`` stay apart)."""
-    record: dict[str, object] = {"offset": offset, "timestamp_ms": timestamp}
-    if hex_values:
-        record["value"] = raw.hex()
-        return record
-    try:
-        record["value"] = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        record["value_base64"] = base64.b64encode(raw).decode("ascii")
-    return record
-
-
-def _plain_lines(batch: DecodedRecords, count: int) -> npt.NDArray[np.uint8] | None:
-    """The first ``count`` values as UTF-8 text lines, built for the whole
-    batch at once (never a Python step per record), or None when a value is
-    not UTF-8 (those are printed with escapes, a line at a time)."""
-    offsets = batch.value_offsets
-    start, end = int(offsets[0]), int(offsets[count])
-    values = batch.values[start:end]
-    lengths = np.diff(offsets[: count + 1])
-    lines: npt.NDArray[np.uint8]
-    if (lengths == lengths[0]).all():
-        # records of one size (a common export): a newline column after a
-        # reshape, one strided copy (~10x np.insert's rate)
-        width = int(lengths[0])
-        table = np.empty((count, width + 1), dtype=np.uint8)
-        table[:, :width] = values.reshape(count, width)
-        table[:, width] = _NEWLINE
-        lines = table.reshape(-1)
-    else:
-        ends = np.asarray(offsets[1 : count + 1], dtype=np.int64) - start
-        lines = np.insert(values, ends, _NEWLINE)
-    # ASCII is UTF-8; anything else is checked by decoding it once
-    if values.size and values.max() >= 0x80:
-        try:
-            lines.tobytes().decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    return lines
-
-
-def _write_utf8(out: IO[str], data: npt.NDArray[np.uint8]) -> None:
-    """Write UTF-8 ``data`` to a text stream: to the bytes under it when it
-    encodes UTF-8 (no decode to str and encode back), else as text."""
-    binary = getattr(out, "buffer", None)
-    encoding = getattr(out, "encoding", None) or "ascii"
-    if binary is not None and codecs.lookup(encoding).name == "utf-8":
-        out.flush()  # what was written as text goes first
-        binary.write(data)
-        binary.flush()
-    else:
-        out.write(data.tobytes().decode("utf-8"))
-        out.flush()
-
-
-async def _consume(
-    env: Env, from_offset: int, *, tail: bool, progress: Progress | None = None
-) -> int:
-    printer = RecordPrinter(env, env.args.count)
-    async with Consumer(
-        env.pm,
-        env.args.stream_id,
-        from_offset,
-        pool=env.pool,
-        tail=tail,
-        retry_timeout=env.args.timeout,
-        request_timeout=env.args.timeout,
-    ) as consumer:
-        while not printer.done:
-            batch = await consumer.next_batch()
-            if batch is None:
-                break
-            printer.take(batch)
-            if progress is not None:
-                progress.update(printer.records, printer.bytes)
-    if progress is not None:
-        progress.update(printer.records, printer.bytes, final=True)
-    if env.args.stats:
-        printer.print_stats()
-    return EXIT_OK
-
-
-async def cmd_read(env: Env) -> int:
-    """Read a stream from --from up to its end as it is now. On a terminal,
-    while the records go to a file or a pipe (or with --stats), a progress
-    line on stderr shows how far it is and how fast it goes."""
-    from_offset = env.args.from_offset
-    if from_offset is None:  # the first record not trimmed away
-        ranges = await env.pm.list_stream_ranges(env.args.stream_id)
-        from_offset = ranges[0].start_offset if ranges else 0
-    progress = None
-    shown = env.err.isatty() and (env.args.stats or not env.out.isatty())
-    if env.args.progress or shown:
-        end = await _end_offset(env, env.args.stream_id)
-        wanted = max(0, end - from_offset)
-        if env.args.count is not None:
-            wanted = min(wanted, env.args.count)
-        progress = Progress(env.err, True, total_records=wanted, verb="read")
-    return await _consume(env, from_offset, tail=False, progress=progress)
-
-
-async def cmd_tail(env: Env) -> int:
-    """Follow a stream: print records as they are appended (Ctrl-C stops)."""
-    from_offset = env.args.from_offset
-    if from_offset is None:
-        from_offset = await _end_offset(env, env.args.stream_id)
-    return await _consume(env, from_offset, tail=True)
-
-
-async def _end_offset(env: Env, stream_id: int) -> int:
-    """The offset the next append to a stream gets. The PM's ``next_offset``
-    of an open range is a snapshot, so the range's primary is asked."""
-    ranges = await env.pm.list_stream_ranges(stream_id)
-    if not ranges:
-        return 0
-    last = ranges[-1]
-    if not last.is_open:
-        return last.end_offset
-    node = DataNodeClient(primary_of(last).advertise_addr, pool=env.pool, timeout=env.args.timeout)
-    return (await node.describe_range(stream_id, last.range_index)).next_offset
 
 
 # --------------------------------------------------------------------------- cluster

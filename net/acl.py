@@ -33,6 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+#: the principal of a peer without a certificate (plain text, or TLS
+#: without --tls-ca)
+ANONYMOUS: Final = "ANONYMOUS"
+
 OPERATIONS: Final = ("APPEND", "FETCH", "CREATE", "DELETE", "ALTER", "DESCRIBE", "CLUSTER")
 EFFECTS: Final = ("allow", "deny")
 #: the operations that let a principal describe a stream as well

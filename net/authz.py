@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector
 
 from sbp.errors import AuthorizationFailedError
 
-from .acl import Acl, AclError, load_acl, resource_of
+from .acl import ANONYMOUS, Acl, AclError, load_acl, resource_of
 from .ratelog import RateLimitedLog
 from .service import ServiceError
 from .tls import ServerSecurity
@@ -37,9 +37,6 @@ from .tls import ServerSecurity
 logger = logging.getLogger(__name__)
 _denials = RateLimitedLog(logger, interval=10.0)
 
-#: the principal of a peer without a certificate (plain text, or TLS
-#: without --tls-ca)
-ANONYMOUS: Final = "ANONYMOUS"
 #: the principals of the cluster's own processes
 CLUSTER_PRINCIPALS: Final = frozenset({"datanode", "pm"})
 

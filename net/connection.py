@@ -51,8 +51,8 @@ from sbp.errors import ConnectionClosed, ProtocolError, wire_code
 from sbp.frames import READ_SIZE, Buffer
 from sbp.observer import NULL_OBSERVER, ConnectionObserver
 
+from .acl import ANONYMOUS
 from .address import peer_name
-from .authz import ANONYMOUS
 from .budget import ByteBudget, ServerBudgets
 from .calls import Caller
 from .limits import CLIENT_LIMITS, ConnectionLimits

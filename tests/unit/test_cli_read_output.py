@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from client.cli_commands import RecordPrinter, _plain_lines, _write_utf8
+from client.cli_read import RecordPrinter, _plain_lines, _write_utf8
 from sbp.batches import DecodedRecords, build_batch, decode_batches, stamp_base_offset
 
 
