@@ -39,7 +39,7 @@ from net.dirlock import locked_dir
 from net.service import PARENT_ENV, ServiceError
 from net.tls import TLSSettings
 
-from .pki import local_cluster_pki
+from .pki import LocalCA, local_cluster_pki
 
 DEFAULT_PORT_BASE = 7400
 DEFAULT_NODES = 3
@@ -169,8 +169,19 @@ HA_ETCD_CLIENT_PORTS = (80, 81, 82)
 HA_ETCD_PEER_PORTS = (85, 86, 87)
 
 
-def plan_ha(data_dir: Path, nodes: int, host: str, port_base: int, sync: str, python: str) -> Plan:
-    """Three etcd members, three PMs on them and the data nodes (``--ha``)."""
+def plan_ha(
+    data_dir: Path,
+    nodes: int,
+    host: str,
+    port_base: int,
+    sync: str,
+    python: str,
+    *,
+    scheme: str = "http",
+) -> Plan:
+    """Three etcd members, three PMs on them and the data nodes (``--ha``);
+    ``scheme`` https for etcd with TLS (``secure_children`` gives it the
+    certificates)."""
     _, data_nodes = plan_children(data_dir, nodes, host, port_base, sync, python)
     logs = data_dir / "logs"
     if port_base:
@@ -181,7 +192,7 @@ def plan_ha(data_dir: Path, nodes: int, host: str, port_base: int, sync: str, py
         clients, peers = ports[: len(HA_ETCD_CLIENT_PORTS)], ports[len(HA_ETCD_CLIENT_PORTS) :]
     names = [f"etcd-{i}" for i in range(1, HA_MEMBERS + 1)]
     initial = ",".join(
-        f"{name}=http://{host}:{peer}" for name, peer in zip(names, peers, strict=True)
+        f"{name}={scheme}://{host}:{peer}" for name, peer in zip(names, peers, strict=True)
     )
     members = [
         Child(
@@ -190,10 +201,10 @@ def plan_ha(data_dir: Path, nodes: int, host: str, port_base: int, sync: str, py
                 # etcd cannot watch the launcher itself: it must not outlive it
                 *(python, "-m", "client.with_parent", "etcd"),
                 *("--name", name, "--data-dir", str(data_dir / name)),
-                *("--listen-client-urls", f"http://{host}:{client}"),
-                *("--advertise-client-urls", f"http://{host}:{client}"),
-                *("--listen-peer-urls", f"http://{host}:{peer}"),
-                *("--initial-advertise-peer-urls", f"http://{host}:{peer}"),
+                *("--listen-client-urls", f"{scheme}://{host}:{client}"),
+                *("--advertise-client-urls", f"{scheme}://{host}:{client}"),
+                *("--listen-peer-urls", f"{scheme}://{host}:{peer}"),
+                *("--initial-advertise-peer-urls", f"{scheme}://{host}:{peer}"),
                 *("--initial-cluster", initial, "--initial-cluster-state", "new"),
                 *("--initial-cluster-token", f"sbp-{data_dir.name}"),
             ],
@@ -204,7 +215,7 @@ def plan_ha(data_dir: Path, nodes: int, host: str, port_base: int, sync: str, py
         )
         for name, client, peer in zip(names, clients, peers, strict=True)
     ]
-    endpoints = ",".join(f"http://{m.address}" for m in members)
+    endpoints = ",".join(f"{scheme}://{m.address}" for m in members)
     pms = [
         Child(
             f"pm-{i}",
@@ -339,18 +350,32 @@ async def stop_child(child: Child) -> int | None:
     return await process.wait()
 
 
-def secure_children(
-    pms: list[Child], data_nodes: list[Child], pki: Path, acl_file: Path | None
-) -> ssl.SSLContext:
+def secure_children(plan: Plan, pki: Path, acl_file: Path | None) -> ssl.SSLContext:
     """Mutual TLS for every child (``--tls``): the local CA and certificates
     under ``pki`` (made once, kept), the PM's and the data nodes' names
-    being their roles (SPEC §9); returns the launcher's own client context."""
+    being their roles (SPEC §9), and etcd's members (``--ha``: clients and
+    peers alike must present a certificate of the CA; the PMs present
+    theirs); returns the launcher's own client context."""
     ca, issued = local_cluster_pki(pki)
+    pms, data_nodes = plan.pms, plan.data_nodes
     for child, role in (*((pm, "pm") for pm in pms), *((node, "datanode") for node in data_nodes)):
         own = issued[role]
         child.argv += ["--tls-cert", str(own.cert), "--tls-key", str(own.key), "--tls-ca", str(ca)]
         if acl_file is not None:
             child.argv += ["--acl-file", str(acl_file)]
+    if plan.etcd:
+        etcd = LocalCA(pki).issue("etcd")
+        for member in plan.etcd:
+            member.argv += [
+                *("--cert-file", str(etcd.cert), "--key-file", str(etcd.key)),
+                *("--trusted-ca-file", str(ca), "--client-cert-auth"),
+                *("--peer-cert-file", str(etcd.cert), "--peer-key-file", str(etcd.key)),
+                *("--peer-trusted-ca-file", str(ca), "--peer-client-cert-auth"),
+            ]
+        own = issued["pm"]
+        for pm in pms:
+            pm.argv += ["--etcd-ca", str(ca), "--etcd-cert", str(own.cert)]
+            pm.argv += ["--etcd-key", str(own.key)]
     # The launcher is the cluster's own tooling: it asks the PM as the PM would.
     return TLSSettings(ca=ca, cert=issued["pm"].cert, key=issued["pm"].key).client_context()
 
@@ -381,7 +406,8 @@ def _banner(plan: Plan, data_dir: Path, tls: bool) -> str:
         "",
         f"SBP local cluster is up (data under {data_dir}, logs in {data_dir / 'logs'}):",
     ]
-    lines += [f"  {member.name:<11} http://{member.address}" for member in plan.etcd]
+    scheme = "https" if tls else "http"
+    lines += [f"  {member.name:<11} {scheme}://{member.address}" for member in plan.etcd]
     if len(plan.pms) == 1:
         lines.append(f"  PM          {plan.pms[0].address}")
     else:
@@ -430,7 +456,7 @@ async def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
                 file=sys.stderr,
             )
             return 2
-        plan = plan_ha(data_dir, *planned)
+        plan = plan_ha(data_dir, *planned, scheme="https" if args.tls else "http")
     else:
         pm, nodes = plan_children(data_dir, *planned)
         plan = Plan([], [pm], nodes)
@@ -448,7 +474,14 @@ async def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
             file=sys.stderr,
         )
         return 2
-    tls = secure_children(plan.pms, plan.data_nodes, pki, args.acl_file) if args.tls else None
+    if args.tls and plan.etcd and any(data_dir.glob("etcd-*")) and not (pki / "ca.pem").exists():
+        # etcd keeps its members' http:// peer addresses
+        print(
+            f"sbp-cluster: the cluster in {data_dir} was made without --tls: run it without",
+            file=sys.stderr,
+        )
+        return 2
+    tls = secure_children(plan, pki, args.acl_file) if args.tls else None
     children = plan.children
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
@@ -596,10 +629,15 @@ def _keep_address(child: Child) -> None:
 
 async def stop_plan(plan: Plan) -> None:
     # Data nodes first, so they can still reach the PM while they drain; etcd last.
-    for group in (plan.data_nodes, plan.pms, plan.etcd):
+    for group in (plan.data_nodes, plan.pms):
         async with trio.open_nursery() as nursery:
             for child in group:
                 nursery.start_soon(stop_child, child)
+    # etcd members one after another: a leader stopped together with its
+    # followers hands its leadership to one that is stopping too, and waits
+    # for that to time out (7 s) before it exits.
+    for member in plan.etcd:
+        await stop_child(member)
 
 
 def _positive(text: str) -> int:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from net.address import parse_address
 from net.budget import DEFAULT_ANSWER_BYTES, DEFAULT_REQUEST_BYTES
@@ -70,6 +71,25 @@ OPTIONS: Final = (
         "PMs on the same etcd and prefix form one cluster, one of them leading (SPEC §8)",
         parse_etcd_endpoints,
         metavar="URL[,URL...]",
+    ),
+    Option(
+        "etcd-ca",
+        "with --etcd: check etcd's certificate against this CA (https:// URLs; default: "
+        "the system's CAs)",
+        Path,
+        metavar="FILE",
+    ),
+    Option(
+        "etcd-cert",
+        "with --etcd: present this client certificate to etcd (its --client-cert-auth)",
+        Path,
+        metavar="FILE",
+    ),
+    Option(
+        "etcd-key",
+        "with --etcd: the private key of --etcd-cert",
+        Path,
+        metavar="FILE",
     ),
     Option(
         "advertise",
@@ -147,6 +167,40 @@ directory), 2 bad flags or config file."""
 
 
 @dataclass(frozen=True, slots=True)
+class EtcdTLS:
+    """How a PM speaks TLS to etcd (``--etcd-ca``, ``--etcd-cert``, ``--etcd-key``)."""
+
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+    def context(self) -> ssl.SSLContext:
+        """The client context; raises ``UsageError`` on files that cannot be used."""
+        try:
+            context = ssl.create_default_context(cafile=str(self.ca) if self.ca else None)
+            if self.cert is not None and self.key is not None:
+                context.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as error:
+            raise UsageError(f"cannot use the etcd TLS files: {error}") from None
+        return context
+
+
+def _etcd_tls(values: dict[str, Any]) -> EtcdTLS | None:
+    ca, cert, key = values["etcd_ca"], values["etcd_cert"], values["etcd_key"]
+    if ca is None and cert is None and key is None:
+        return None
+    if not values["etcd"]:
+        raise UsageError("--etcd-ca, --etcd-cert and --etcd-key go with --etcd")
+    if (cert is None) != (key is None):
+        raise UsageError("--etcd-cert and --etcd-key go together")
+    if any(url.startswith("http://") for url in values["etcd"]):
+        raise UsageError("etcd TLS settings need https:// etcd URLs")
+    tls = EtcdTLS(ca, cert, key)
+    tls.context()  # refused at start-up, not at the first etcd call
+    return tls
+
+
+@dataclass(frozen=True, slots=True)
 class PMConfig:
     """Checked settings of one PM."""
 
@@ -154,6 +208,8 @@ class PMConfig:
     listen: tuple[str, int] = ("127.0.0.1", 0)
     #: the metadata in etcd (SPEC §8) rather than in ``data_dir``
     etcd: tuple[str, ...] = ()
+    #: TLS towards etcd: the CA, the client certificate and its key
+    etcd_tls: EtcdTLS | None = None
     advertise: tuple[str, int] | None = None
     etcd_prefix: str = "/sbp/"
     lease_ttl_s: float = DEFAULT_LEASE_TTL_MS / 1000
@@ -179,6 +235,7 @@ def parse_config(argv: Sequence[str] | None = None) -> PMConfig:
     raises ``UsageError`` with a one-line message on anything wrong."""
     parser = build_parser(PROG, DESCRIPTION, OPTIONS)
     values = load_settings(parser, OPTIONS, argv)
+    etcd_tls = _etcd_tls(values)
     if values["etcd"]:
         if values["data_dir"] is not None:
             raise UsageError("give --data-dir (LMDB) or --etcd, not both")
@@ -192,6 +249,7 @@ def parse_config(argv: Sequence[str] | None = None) -> PMConfig:
     return PMConfig(
         data_dir=values["data_dir"],
         etcd=values["etcd"] or (),
+        etcd_tls=etcd_tls,
         advertise=values["advertise"],
         etcd_prefix=values["etcd_prefix"],
         lease_ttl_s=values["lease_ttl_ms"] / 1000,

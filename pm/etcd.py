@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -122,7 +123,13 @@ def get_op(key: bytes) -> dict[str, Any]:
 class Etcd:
     """``async with Etcd(["http://127.0.0.1:2379", ...]) as etcd: ...``"""
 
-    def __init__(self, endpoints: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         if not endpoints:
             raise ValueError("no etcd endpoint given")
         self.endpoints = [e.rstrip("/") for e in endpoints]
@@ -132,9 +139,12 @@ class Etcd:
         #: seconds per call that a member answered (watches aside), for /metrics
         self.latency = Buckets(CALL_SECONDS_BOUNDS)
         self._http: httpx.AsyncClient | None = None
+        #: checks https:// members (and presents a client certificate); None:
+        #: the system's CAs
+        self._tls = tls
 
     async def __aenter__(self) -> Etcd:
-        self._http = httpx.AsyncClient(timeout=self.timeout)
+        self._http = httpx.AsyncClient(timeout=self.timeout, verify=self._tls or True)
         return self
 
     async def __aexit__(self, *_exc: object) -> None:

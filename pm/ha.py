@@ -103,7 +103,7 @@ async def run_pm_on_etcd(config: PMConfig) -> int:
     prefix = config.etcd_prefix.encode()
     with ShutdownSignals() as signals:
         async with (
-            Etcd(config.etcd) as etcd,
+            Etcd(config.etcd, tls=config.etcd_tls.context() if config.etcd_tls else None) as etcd,
             DataNodeLink.new_pool(config.security.client_context()) as pool,
         ):
             leadership = Leadership(etcd, prefix, "", config.lease_ttl_s)

@@ -13,6 +13,7 @@ on etcd meanwhile makes the migration fail rather than mix with it.
 from __future__ import annotations
 
 import argparse
+import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ from net.dirlock import locked_dir
 from net.service import UsageError, run_main
 from sbp.errors import NotLeaderError, RequestTimeoutError
 
-from .config import parse_etcd_endpoints
+from .config import EtcdTLS, parse_etcd_endpoints
 from .etcd import Etcd, EtcdError, version_is
 from .etcd_metadata import EtcdMetadataStore
 from .metadata import (
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--etcd-prefix", default="/sbp/", metavar="PREFIX", help="key prefix (default: /sbp/)"
     )
+    parser.add_argument("--etcd-ca", type=Path, metavar="FILE", help="etcd's CA (https:// URLs)")
+    parser.add_argument("--etcd-cert", type=Path, metavar="FILE", help="a client certificate")
+    parser.add_argument("--etcd-key", type=Path, metavar="FILE", help="its private key")
     return parser
 
 
@@ -67,7 +71,12 @@ def main(argv: Sequence[str]) -> int:
             endpoints = parse_etcd_endpoints(args.etcd)
         except ValueError as error:
             raise UsageError(f"--etcd: {error}") from None
-        copied = trio.run(migrate, args.from_data_dir, endpoints, args.etcd_prefix.encode())
+        if (args.etcd_cert is None) != (args.etcd_key is None):
+            raise UsageError("--etcd-cert and --etcd-key go together")
+        tls = None
+        if args.etcd_ca or args.etcd_cert:
+            tls = EtcdTLS(args.etcd_ca, args.etcd_cert, args.etcd_key).context()
+        copied = trio.run(migrate, args.from_data_dir, endpoints, args.etcd_prefix.encode(), tls)
         streams, ranges, nodes = copied
         print(
             f"copied {streams:,} streams, {ranges:,} ranges and {nodes:,} data nodes "
@@ -78,7 +87,12 @@ def main(argv: Sequence[str]) -> int:
     return run_main(PROG, body)
 
 
-async def migrate(data_dir: Path, endpoints: Sequence[str], prefix: bytes) -> tuple[int, int, int]:
+async def migrate(
+    data_dir: Path,
+    endpoints: Sequence[str],
+    prefix: bytes,
+    tls: ssl.SSLContext | None = None,
+) -> tuple[int, int, int]:
     """Copy the metadata; (streams, ranges, nodes) copied."""
     if not (data_dir / "data.mdb").is_file():
         raise UsageError(f"{data_dir} holds no PM metadata (no data.mdb)")
@@ -92,7 +106,7 @@ async def migrate(data_dir: Path, endpoints: Sequence[str], prefix: bytes) -> tu
         finally:
             source.close()
     leader_key = prefix + b"leader"
-    async with Etcd(endpoints) as etcd:
+    async with Etcd(endpoints, tls=tls) as etcd:
         try:
             held, _ = await etcd.get_prefix(prefix)
             if held:

@@ -91,7 +91,7 @@ async def one_node_cluster(parent: Path, config: str) -> AsyncIterator[OneNode]:
             acl_file = data_dir / "acl.json"
             acl_file.write_text(json.dumps(ACL))
         pki = data_dir / "pki"
-        launcher = secure_children([pm], nodes, pki, acl_file)
+        launcher = secure_children(plan, pki, acl_file)
         client = TLSSettings(
             ca=pki / "ca.pem", cert=pki / f"{CLIENT_NAME}.pem", key=pki / f"{CLIENT_NAME}.key"
         )

@@ -38,6 +38,10 @@ def test_help_explains_the_flags() -> None:
         (["--node-timeout-ms", "0"], "0 is not a positive integer"),
         (["--listen", "127.0.0.1:0"], "--data-dir is required"),
         (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--data-dir", "d", "--etcd-ca", "ca.pem"], "go with --etcd"),
+        (["--etcd", "http://127.0.0.1:1", "--etcd-ca", "ca.pem"], "need https:// etcd URLs"),
+        (["--etcd", "https://127.0.0.1:1", "--etcd-cert", "c.pem"], "go together"),
+        (["--etcd", "https://127.0.0.1:1", "--etcd-ca", "/nonexistent.pem"], "etcd TLS files"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(args: list[str], message: str) -> None:
