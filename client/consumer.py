@@ -254,11 +254,8 @@ class Consumer:
     async def _walk_from(self, routes: StreamRoutes, offset: int, ahead: list[_Ahead]) -> None:
         """The walk from ``offset``, its answers taken from ``ahead`` when one
         was sent there."""
-        failures = 0
-        failing_since: float | None = None
+        attempts = _Attempts(self.retry_timeout)
         checked_end = False
-        #: the last failure of each replica tried since the last answer
-        refusals: dict[str, str] = {}
         while True:
             rng = routes.range_for(offset)
             if rng is None:
@@ -266,10 +263,10 @@ class Consumer:
             sealed = not rng.is_open
             wait_ms = self.max_wait_ms if self.tail and not sealed else 0
             try:
-                answer = await _take(ahead, offset) if failures == 0 else None
+                answer = await _take(ahead, offset) if attempts.failures == 0 else None
                 if answer is None:
                     _drop(ahead)
-                    answer = await self._fetch(rng, offset, wait_ms, failures)
+                    answer = await self._fetch(rng, offset, wait_ms, attempts.failures)
                 result, data = answer
                 code = ErrorCode.coerce(result.error_code)
                 if code != ErrorCode.NONE:
@@ -284,21 +281,16 @@ class Consumer:
             except (SBPError, OSError, trio.TooSlowError) as error:
                 if not is_transient(error):
                     raise
-                now = trio.current_time()
-                failing_since = now if failing_since is None else failing_since
                 # Each failed attempt goes to the next replica; give up only
                 # once every one was tried: a paused node takes a whole
                 # request timeout, and the window may be no longer than that.
-                replica = replica_for_read(rng, failures, prefer_followers=self.prefer_followers)
-                refusals[replica.advertise_addr] = str(error) or type(error).__name__
-                tried_every_replica = failures + 1 >= len(rng.replica_nodes)
-                if now - failing_since > self.retry_timeout and tried_every_replica:
-                    if len(refusals) > 1:
-                        raise self._unreachable(rng, offset, refusals) from error
+                why = str(error) or type(error).__name__
+                if attempts.fail(self._tried(rng, attempts), why, len(rng.replica_nodes)):
+                    if len(attempts.refusals) > 1:
+                        raise self._unreachable(rng, offset, attempts) from error
                     raise
-                failures += 1
-                if failures > 1 or getattr(error, "code", None) not in STALE_ROUTE_CODES:
-                    await trio.sleep(retry_delay(failures))
+                if attempts.failures > 1 or getattr(error, "code", None) not in STALE_ROUTE_CODES:
+                    await trio.sleep(retry_delay(attempts.failures))
                 await self._retrying(routes.refresh)
                 continue
             if not len(data) and not sealed and not checked_end:
@@ -307,29 +299,20 @@ class Consumer:
                 try:
                     at_end = await self._confirm_end(rng, offset)
                 except (SBPError, OSError, trio.TooSlowError) as error:
-                    if not is_transient(error) or _given_up(failing_since, self.retry_timeout):
+                    if not is_transient(error) or attempts.fail("every replica", str(error), 1):
                         raise
-                    failing_since = failing_since or trio.current_time()
-                    failures += 1
-                    await trio.sleep(retry_delay(failures))
+                    await trio.sleep(retry_delay(attempts.failures))
                     continue
                 if not at_end:
-                    failing_since = failing_since or trio.current_time()
-                    replica = replica_for_read(
-                        rng, failures, prefer_followers=self.prefer_followers
-                    )
-                    refusals[replica.advertise_addr] = "answered no records below the commit offset"
-                    tried_every_replica = failures + 1 >= len(rng.replica_nodes)
-                    if _given_up(failing_since, self.retry_timeout) and tried_every_replica:
-                        raise self._unreachable(rng, offset, refusals)
-                    failures += 1
-                    await trio.sleep(retry_delay(failures))
+                    why = "answered no records below the commit offset"
+                    if attempts.fail(self._tried(rng, attempts), why, len(rng.replica_nodes)):
+                        raise self._unreachable(rng, offset, attempts)
+                    await trio.sleep(retry_delay(attempts.failures))
                     continue
                 # once confirmed at a tail, later empty answers there are the
                 # tail's own (a long poll that ran out)
                 checked_end = self.tail
-            failures, failing_since = 0, None
-            refusals.clear()
+            attempts = _Attempts(self.retry_timeout)
             if len(data):
                 next_offset = _next_offset(data)
                 if next_offset <= offset:
@@ -356,10 +339,18 @@ class Consumer:
                 continue
             await self._retrying(routes.refresh)
 
+    def _tried(self, rng: messages.Range, attempts: _Attempts) -> str:
+        """The address of the replica the last try went to."""
+        nodes = rng.nodes_primary_first()
+        if not nodes:
+            return "no replica"
+        replica = replica_for_read(rng, attempts.failures, prefer_followers=self.prefer_followers)
+        return replica.advertise_addr
+
     def _unreachable(
-        self, rng: messages.Range, offset: int, refusals: dict[str, str]
+        self, rng: messages.Range, offset: int, attempts: _Attempts
     ) -> RecordsUnreachableError:
-        reasons = "; ".join(f"{address}: {why}" for address, why in refusals.items())
+        reasons = "; ".join(f"{address}: {why}" for address, why in attempts.refusals.items())
         return RecordsUnreachableError(
             f"no replica of stream {self.stream_id} range {rng.range_index} serves its "
             f"records from offset {offset} ({reasons})"
@@ -557,8 +548,26 @@ async def _take(ahead: list[_Ahead], offset: int) -> tuple[messages.FetchResult,
     return sent.answer
 
 
-def _given_up(failing_since: float | None, window: float) -> bool:
-    return failing_since is not None and trio.current_time() - failing_since > window
+class _Attempts:
+    """The failed tries at one offset since the last good answer: what each
+    replica said, and since when. A reader gives up once ``window`` seconds
+    have passed and every replica was tried."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self.failures = 0
+        self.since: float | None = None
+        #: the last failure of each replica tried, by address
+        self.refusals: dict[str, str] = {}
+
+    def fail(self, replica: str, why: str, replicas: int) -> bool:
+        """Count a failed try of ``replica``; True when it is time to give up."""
+        now = trio.current_time()
+        self.since = now if self.since is None else self.since
+        self.refusals[replica] = why
+        give_up = now - self.since > self.window and self.failures + 1 >= replicas
+        self.failures += 1
+        return give_up
 
 
 def _drop(ahead: list[_Ahead]) -> None:
