@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 
-.PHONY: run test lint typecheck fbs bench clean system-deps
+.PHONY: run test test-fast lint typecheck fbs bench clean system-deps
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ run: $(VENV)/.installed-dev
 
 test: $(VENV)/.installed-dev,spark,bench system-deps
 	$(PY) -m pytest
+
+# The quick check after each change: unit, protocol and property tests (no
+# server processes, no Spark); `make test` (what CI runs) runs everything.
+test-fast: $(VENV)/.installed-dev,spark,bench
+	$(PY) -m pytest tests/unit -q
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
