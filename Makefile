@@ -24,12 +24,18 @@ system-deps:
 run: $(VENV)/.installed-dev
 	$(BIN)/sbp-cluster
 
+# Byte-compiled first: the tests start hundreds of server and CLI processes,
+# and an environment with PYTHONDONTWRITEBYTECODE would compile each from source.
+PACKAGES := sbp storage net client datanode pm spark_jobs bench tests
+
 test: $(VENV)/.installed-dev,spark,bench system-deps
+	$(PY) -m compileall -q $(PACKAGES)
 	$(PY) -m pytest
 
 # The quick check after each change: unit, protocol and property tests (no
 # server processes, no Spark); `make test` (what CI runs) runs everything.
 test-fast: $(VENV)/.installed-dev,spark,bench
+	$(PY) -m compileall -q $(PACKAGES)
 	$(PY) -m pytest tests/unit -q
 
 lint: $(VENV)/.installed-dev
