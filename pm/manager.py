@@ -256,10 +256,18 @@ class PlacementManager:
         )
         if todo.foreign:
             log.warning(
-                "data node %d holds streams this PM never created (%s); left alone",
+                "data node %d holds streams this PM never created (%s): a PM with other "
+                "metadata placed them (another cluster's, or one PM's LMDB metadata where PMs "
+                "on etcd now run: `sbp-pm migrate` moves it). Left alone, and no new stream "
+                "takes their ids",
                 node_id,
                 _id_list(todo.foreign),
             )
+            # A new stream with a held id would be handed the old records.
+            beyond = max(todo.foreign) + 1
+            if beyond > self._next_stream_id:
+                self._next_stream_id = beyond
+                await self._commit([RaiseNextStreamId(beyond)])
         if todo.delete:
             await self._link.delete_streams(node_id, todo.delete)
         for stream_id in todo.sync:

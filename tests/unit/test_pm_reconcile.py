@@ -166,3 +166,21 @@ async def test_a_live_node_that_missed_a_sync_ranges_is_reconciled(
     assert sent[-1] == tuple(store.ranges(opened.stream_id))
     assert sent[-1][0].end_offset == 5
     assert len(nodes.listed_at) == 2  # the failed reconcile, then the one that worked
+
+
+async def test_no_new_stream_takes_the_id_of_a_stream_a_node_holds(store: MetadataStore) -> None:
+    """A node holding streams another PM placed (PMs of another mode or
+    cluster): a new stream with one of their ids would be handed their
+    records, so the next id moves past them, durably."""
+    nodes = FakeDataNodes()
+    registry = NodeRegistry(5.0)
+    manager = PlacementManager(store, registry, nodes)
+    await manager.heartbeat(NodeRecord(1, "127.0.0.1:9001"))
+    nodes.hosted[1] = [RangeRecord(1, 0, 0, (1,)), RangeRecord(3, 0, 0, (1,))]
+
+    todo = await manager.reconcile_node(1)
+
+    assert todo.foreign == [1, 3]
+    [created] = await manager.create_streams([StreamRecord(0, 1)], timeout=5)
+    assert created.value is not None and created.value[0].stream_id == 4
+    assert store.next_stream_id() == 5
