@@ -28,9 +28,11 @@ run: $(VENV)/.installed-dev
 # and an environment with PYTHONDONTWRITEBYTECODE would compile each from source.
 PACKAGES := sbp storage net client datanode pm spark_jobs bench tests
 
+# Two workers, a test file each at a time (a module's shared cluster stays
+# on one worker): the suite mostly waits on server processes.
 test: $(VENV)/.installed-dev,spark,bench system-deps
 	$(PY) -m compileall -q $(PACKAGES)
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 # The quick check after each change: unit, protocol and property tests (no
 # server processes, no Spark); `make test` (what CI runs) runs everything.
