@@ -9,10 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from .procs import _child_env
 
@@ -129,9 +131,6 @@ def new_stream(pm: str, *flags: str) -> int:
     return int(created[0]["stream"]["stream_id"])
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Poll ``condition`` until it holds; fail the test after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+def all_gone(processes: list[psutil.Process]) -> bool:
+    """Whether every one of the processes has exited."""
+    return not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in processes)

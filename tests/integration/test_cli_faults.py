@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from ..eventually import eventually_blocking
 from .local_cluster import (
     LocalCluster,
     lines,
@@ -23,7 +24,6 @@ from .local_cluster import (
     running_cluster,
     sbp,
     sbp_json,
-    wait_until,
 )
 from .pm_cluster import append_values, pm_cluster
 from .procs import _child_env
@@ -78,10 +78,10 @@ def test_a_live_pipe_is_stored_as_it_arrives_and_ctrl_c_keeps_what_was_read(
         append.stdin.write(b"first\n")
         append.stdin.flush()
         # Stored while the pipe is still open: no wait for EOF or 10,000 lines.
-        wait_until(lambda: stored(pm, stream) == ["first"], timeout=10)
+        eventually_blocking(lambda: stored(pm, stream) == ["first"], timeout=10)
         append.stdin.write(b"second\r\nthird\r\r\n")
         append.stdin.flush()
-        wait_until(lambda: len(stored(pm, stream)) == 3, timeout=10)
+        eventually_blocking(lambda: len(stored(pm, stream)) == 3, timeout=10)
         append.send_signal(signal.SIGINT)
         out, err = append.communicate(timeout=30)
     finally:

@@ -11,7 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .local_cluster import lines, sbp, sbp_json, start_cluster, wait_until
+from ..eventually import eventually_blocking
+from .local_cluster import all_gone, lines, sbp, sbp_json, start_cluster
 from .procs import _child_env
 
 pytestmark = pytest.mark.integration
@@ -111,9 +112,9 @@ def test_a_dead_node_is_restarted_and_the_cluster_keeps_serving(tmp_path: Path) 
             child for child in _children_of(cluster.process.pid) if "datanode" in child.cmdline()
         )
         node.send_signal(signal.SIGKILL)
-        wait_until(lambda: "is back on" in cluster.output())
+        eventually_blocking(lambda: "is back on" in cluster.output())
         assert cluster.process.poll() is None  # the launcher kept running
-        wait_until(
+        eventually_blocking(
             lambda: all(row["alive"] for row in sbp_json(pm, "cluster", "status")["data_nodes"])
         )
         more = sbp_json(pm, "append", str(stream), stdin=lines(["after"]))
@@ -130,7 +131,7 @@ def test_no_restart_stops_the_cluster_when_a_node_dies(tmp_path: Path) -> None:
     node.send_signal(signal.SIGKILL)
     assert cluster.process.wait(60) == 1
     assert "node-" in cluster.output() and "exited with status -9" in cluster.output()
-    wait_until(lambda: not any(c.is_running() and c.status() != "zombie" for c in children))
+    eventually_blocking(lambda: all_gone(children))
 
 
 def test_children_stop_when_the_launcher_is_killed(tmp_path: Path) -> None:
@@ -139,4 +140,4 @@ def test_children_stop_when_the_launcher_is_killed(tmp_path: Path) -> None:
     assert len(children) == 2
     cluster.process.send_signal(signal.SIGKILL)
     cluster.process.wait()
-    wait_until(lambda: not any(c.is_running() and c.status() != "zombie" for c in children))
+    eventually_blocking(lambda: all_gone(children))

@@ -20,7 +20,8 @@ import trio
 from sbp import messages
 from sbp.errors import RangeNotFoundError
 
-from .local_cluster import lines, sbp, sbp_json, start_cluster, wait_until
+from ..eventually import eventually_blocking
+from .local_cluster import all_gone, lines, sbp, sbp_json, start_cluster
 from .pm_cluster import pm_cluster
 from .procs import _child_env
 
@@ -64,10 +65,6 @@ def descendants(pid: int) -> list[psutil.Process]:
     return list(psutil.Process(pid).children(recursive=True))
 
 
-def gone(processes: list[psutil.Process]) -> bool:
-    return not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in processes)
-
-
 def test_a_directory_is_run_in_the_mode_it_was_made_in(tmp_path: Path) -> None:
     plain_dir = tmp_path / "plain"
     plain = start_cluster(plain_dir, nodes=1)
@@ -98,7 +95,7 @@ def test_a_directory_is_run_in_the_mode_it_was_made_in(tmp_path: Path) -> None:
     ha.process.send_signal(signal.SIGKILL)
     ha.process.wait()
     # every child, the etcd members included, ends by itself
-    wait_until(lambda: gone(members), timeout=30)
+    eventually_blocking(lambda: all_gone(members), timeout=30)
 
     refused = launch(ha_dir)
     assert refused.returncode == 2, refused.stderr

@@ -13,6 +13,7 @@ from sbp.batches import build_batch, decode_batches
 from sbp.enums import ErrorCode, Opcode
 from sbp.frames import encode_frame
 
+from ..eventually import eventually
 from .conftest import (
     DataNodes,
     append_request,
@@ -135,9 +136,7 @@ async def test_waiting_fetch_wakes_on_append(datanodes: DataNodes) -> None:
             header, payload = append_request([(1, record_batch(0, 0))])
             await producer.request(Opcode.APPEND, header, payload, timeout=10)
             # woken by the append, far before its 60 s max_wait_ms
-            with trio.fail_after(10):
-                while not fetched:
-                    await trio.sleep(0.01)
+            await eventually(lambda: fetched, timeout=10)
         (result,) = fetched[0].fetch_responses
         assert result.batch_length == len(record_batch(0, 0))
 
@@ -198,8 +197,10 @@ async def test_waiting_fetch_ends_when_its_client_goes_away(datanodes: DataNodes
                     Opcode.FETCH, fetch_request((1, 0), max_wait_ms=60_000), timeout=60
                 )
     # The node forgets the waits of closed connections (no leak, no error).
-    with trio.fail_after(10):
-        while (await scrape(node)).get("sbp_datanode_waiting_fetches") != 0.0:
-            await trio.sleep(0.05)
+    await eventually(
+        lambda: scrape(node),
+        until=lambda metrics: metrics.get("sbp_datanode_waiting_fetches") == 0.0,
+        timeout=10,
+    )
     async with connect(node.address) as connection:
         assert await connection.ping(timeout=5) >= 0

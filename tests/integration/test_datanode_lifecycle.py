@@ -16,6 +16,7 @@ from sbp.batches import build_batch, decode_batches
 from sbp.enums import ClientRole, ErrorCode, Opcode
 from sbp.errors import ConnectionClosed, ShuttingDownError
 
+from ..eventually import eventually
 from .conftest import (
     DataNodes,
     append_request,
@@ -95,9 +96,7 @@ async def test_sigkill_during_appends_loses_nothing_acknowledged(datanodes: Data
         for first in range(8):
             connection = await nursery.start(_open, node.address)
             nursery.start_soon(appender, first, connection)
-        with trio.fail_after(20):
-            while len(acknowledged) < 200:
-                await trio.sleep(0.01)
+        await eventually(lambda: len(acknowledged) >= 200, timeout=20)
         await node.kill()
         nursery.cancel_scope.cancel()
     assert node.process.returncode == -signal.SIGKILL
@@ -259,12 +258,6 @@ async def fake_pm() -> AsyncIterator[tuple[FakePM, str, trio.Nursery]]:
         nursery.cancel_scope.cancel()
 
 
-async def wait_until(condition: object, timeout: float = 10.0) -> None:
-    with trio.fail_after(timeout):
-        while not callable(condition) or not condition():
-            await trio.sleep(0.02)
-
-
 async def start_with_pm(datanodes: DataNodes, pm_address: str) -> ServerProcess:
     return await datanodes.start(
         7,
@@ -284,7 +277,7 @@ async def test_registers_heartbeats_and_reports(
 ) -> None:
     pm, address, _ = fake_pm
     await start_with_pm(datanodes, address)
-    await wait_until(lambda: len(pm.heartbeats) >= 3 and len(pm.reports) >= 2)
+    await eventually(lambda: len(pm.heartbeats) >= 3 and len(pm.reports) >= 2)
     identity = messages.DataNode(node_id=7, advertise_addr="node-seven.example:9000")
     heartbeat = pm.heartbeats[0]
     assert (heartbeat.client_role, heartbeat.data_node) == (ClientRole.DATA_NODE, identity)
@@ -308,7 +301,7 @@ async def test_unknown_stream_is_looked_up_on_the_pm(
         codes = [(r.stream_id, r.error_code) for r in response.header.append_responses]
         assert codes == [(42, ErrorCode.NONE), (43, ErrorCode.RANGE_NOT_FOUND)]
         assert sorted(set(pm.lookups)) == [42, 43]
-    await wait_until(lambda: bool(pm.reports) and pm.reports[-1].range_active_cnt == 1)
+    await eventually(lambda: bool(pm.reports) and pm.reports[-1].range_active_cnt == 1)
     assert pm.reports[-1].disk_in_rate >= 0
 
 
@@ -325,7 +318,11 @@ async def test_survives_pm_absence_and_restart(datanodes: DataNodes) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(Server(pm.dispatcher()).serve, host, port)
             seen = len(pm.heartbeats)
-            await wait_until(lambda seen=seen: len(pm.heartbeats) >= seen + 2, timeout=20)
+
+            def two_more(seen: int = seen) -> bool:
+                return len(pm.heartbeats) >= seen + 2
+
+            await eventually(two_more, timeout=20)
             nursery.cancel_scope.cancel()
         await trio.sleep(0.3)
     assert node.running

@@ -14,6 +14,7 @@ from sbp.batches import build_batch
 from sbp.enums import ErrorCode, Opcode
 from sbp.errors import StorageFullError, UnsupportedOperationError
 
+from ..eventually import eventually
 from .pm_cluster import PMCluster, append_values, pm_cluster, primary_address, read_stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -254,9 +255,11 @@ async def test_a_node_whose_map_is_full_gets_no_new_ranges(tmp_path: Path) -> No
             assert placed == {1}
             # and the stream that filled it is sealed there: it goes on in a
             # range on node 1, which takes the appends node 2 refused
-            with trio.fail_after(10):
-                while len(ranges := await pm.list_stream_ranges(full.stream_id)) < 2:
-                    await trio.sleep(0.1)
+            ranges = await eventually(
+                lambda: pm.list_stream_ranges(full.stream_id),
+                until=lambda listed: len(listed) >= 2,
+                timeout=10,
+            )
             sealed, following = ranges
             assert sealed.end_offset > 0
             assert [n.data_node.node_id for n in following.replica_nodes] == [1]

@@ -17,17 +17,12 @@ from pm.metadata import Change, DeleteStream, PutNode, PutRange, PutStream, Rais
 from pm.records import NodeRecord, RangeRecord, StreamRecord
 from sbp.errors import NotLeaderError
 
+from ..eventually import eventually
 from .etcd_cluster import etcd_cluster
 
 pytestmark = pytest.mark.deadline(90)
 
 PREFIX = b"/sbp-test/"
-
-
-async def wait_for(condition: Callable[[], bool], timeout: float = 15.0) -> None:
-    with trio.fail_after(timeout):
-        while not condition():
-            await trio.sleep(0.05)
 
 
 async def test_one_leader_at_a_time_and_only_its_term_writes(tmp_path: Path) -> None:
@@ -53,9 +48,9 @@ async def test_one_leader_at_a_time_and_only_its_term_writes(tmp_path: Path) -> 
                     await first.run(lead_as("first"))
 
             nursery.start_soon(run_first)
-            await wait_for(lambda: first.is_leader)
+            await eventually(lambda: first.is_leader)
             nursery.start_soon(second.run, lead_as("second"))
-            await wait_for(lambda: second.leader_addr == "127.0.0.1:1001")
+            await eventually(lambda: second.leader_addr == "127.0.0.1:1001")
             assert not second.is_leader
 
             await first_store.commit([PutNode(NodeRecord(1, "127.0.0.1:7401"))])
@@ -72,7 +67,7 @@ async def test_one_leader_at_a_time_and_only_its_term_writes(tmp_path: Path) -> 
                 await first_store.commit([PutNode(NodeRecord(3, "127.0.0.1:7403"))])
             first.step_down("its write was refused")
             first_scope.cancel()
-            await wait_for(lambda: second.is_leader)
+            await eventually(lambda: second.is_leader)
             assert second.term is not None and second.term > old_term
             await second_store.load()
             assert [n.node_id for n in second_store.nodes()] == [1]
@@ -83,7 +78,7 @@ async def test_one_leader_at_a_time_and_only_its_term_writes(tmp_path: Path) -> 
             # A PM that joins later follows the leader of the day.
             third = Leadership(etcd, PREFIX, "127.0.0.1:1003", ttl_s=2)
             nursery.start_soon(third.run, lead_as("third"))
-            await wait_for(lambda: third.leader_addr == "127.0.0.1:1002")
+            await eventually(lambda: third.leader_addr == "127.0.0.1:1002")
             assert not third.is_leader
             nursery.cancel_scope.cancel()
         assert [name for name, _ in terms] == ["first", "second"]
@@ -96,7 +91,7 @@ async def test_metadata_round_trips_and_large_commits_are_cut(tmp_path: Path) ->
         store = EtcdMetadataStore(etcd, PREFIX, leadership.guard)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(leadership.run, lambda _term: trio.sleep_forever())
-            await wait_for(lambda: leadership.is_leader)
+            await eventually(lambda: leadership.is_leader)
             await store.load()
             assert store.next_stream_id() == 1 and store.counts().streams == 0
             count = MAX_TXN_OPS  # twice the operations one transaction may hold

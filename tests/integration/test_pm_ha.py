@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -23,12 +24,19 @@ from sbp.batches import build_batch
 from sbp.enums import ErrorCode
 from sbp.errors import ConnectionClosed, EpochFencedError, NotLeaderError, ProtocolError
 
+from ..eventually import eventually, eventually_blocking
 from .etcd_cluster import etcd_cluster
-from .local_cluster import lines, new_stream, sbp, sbp_json, start_cluster, wait_until
+from .local_cluster import lines, new_stream, sbp, sbp_json, start_cluster
 from .pm_cluster import pm_cluster, primary_address
 from .procs import ServerProcess, start_server
 
 pytestmark = pytest.mark.deadline(120)
+
+
+def alive(nodes: Sequence[messages.DataNodeStatus]) -> int:
+    """How many of the data nodes the PM holds alive."""
+    return sum(node.alive for node in nodes)
+
 
 NODE_TIMEOUT_MS = "1500"
 LEASE_TTL_MS = "3000"
@@ -96,9 +104,9 @@ async def test_the_leader_pm_fails_over_and_nothing_is_lost(tmp_path: Path) -> N
 
             # A client given both PMs finds the leader itself.
             pm = PMClient(addresses, pool=pool, timeout=5)
-            with trio.fail_after(20):
-                while sum(s.alive for s in await pm.describe_cluster()) < 2:
-                    await trio.sleep(0.1)
+            await eventually(
+                pm.describe_cluster, until=lambda st: sum(s.alive for s in st) >= 2, timeout=20
+            )
             created = await pm.create_stream(2)
             assert created.range is not None and created.stream is not None
             stream_id = created.stream.stream_id
@@ -176,9 +184,9 @@ async def test_pms_answer_promptly_without_an_etcd_majority_and_recover(tmp_path
         try:
             pm = PMClient(pm_process.address, pool=pool, timeout=5)
             await leader_of([pm_process], pool)
-            with trio.fail_after(20):
-                while not any(s.alive for s in await pm.describe_cluster()):
-                    await trio.sleep(0.1)
+            await eventually(
+                pm.describe_cluster, until=lambda st: any(s.alive for s in st), timeout=20
+            )
             assert (await pm.create_stream(1)).stream is not None
             first, second, _third = etcd.members
             await etcd.kill(first)
@@ -227,9 +235,9 @@ async def test_a_leader_stopped_past_its_lease_writes_nothing_when_it_resumes(
             leader = await leader_of(pms, pool)
             follower = next(pm for pm in pms if pm is not leader)
             stale = await only(leader, pool)  # connected while it leads
-            with trio.fail_after(20):
-                while not any(s.alive for s in await stale.describe_cluster()):
-                    await trio.sleep(0.1)
+            await eventually(
+                stale.describe_cluster, until=lambda st: any(s.alive for s in st), timeout=20
+            )
             leader.process.send_signal(signal.SIGSTOP)
             outcome: list[BaseException | None] = []
             try:
@@ -290,7 +298,7 @@ def test_sbp_cluster_ha_survives_the_loss_of_its_leader_pm(tmp_path: Path) -> No
         # (the launcher starts the killed PM again on its address: it may lead again)
         assert sbp_json(pms, "cluster", "status")["pm_leader"] in pms.split(",")
         assert sbp(pms, "read", "1").stdout.split() == ["a", "b"]
-        wait_until(lambda: "pm-" in cluster.output() and "is back on" in cluster.output())
+        eventually_blocking(lambda: "pm-" in cluster.output() and "is back on" in cluster.output())
     finally:
         assert cluster.stop() == 0, cluster.output()
 

@@ -4,6 +4,7 @@ PM and three data nodes as processes."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from sbp.batches import build_batch, decode_batches
 from sbp.enums import ErrorCode
 from sbp.errors import SBPError, error_for
 
+from ..eventually import eventually
 from .pm_cluster import PMCluster, pm_cluster, primary_address
 from .procs import _child_env
 
@@ -36,10 +38,10 @@ async def replicated_stream_of(cluster: PMCluster, count: int = RECORDS) -> mess
         batch = build_batch([f"v{i}".encode() for i in range(first, first + 100)], base_timestamp=1)
         [result] = await primary.append([(rng.stream_id, bytes(batch))])
         assert (result.error_code, result.base_offset) == (ErrorCode.NONE, first)
-    with trio.fail_after(10):
-        for address in follower_addresses(rng):
-            while len(await served(cluster, rng, address)) < count:
-                await trio.sleep(0.05)
+    for address in follower_addresses(rng):
+        await eventually(
+            functools.partial(served, cluster, rng, address), until=lambda got: len(got) >= count
+        )
     return rng
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 import signal
 from pathlib import Path
@@ -19,6 +20,7 @@ from sbp.errors import ProtocolError
 from spark_jobs.layout import RangeSlice, replica_addresses
 from spark_jobs.reader import fetch_from_replicas
 
+from ..eventually import eventually
 from .pm_cluster import PMCluster, append_values, pm_cluster, primary_address, read_stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -44,9 +46,11 @@ async def replica_values(
 async def wait_served(
     cluster: PMCluster, rng: messages.Range, address: str, expected: list[bytes]
 ) -> None:
-    with trio.fail_after(10):
-        while await replica_values(cluster, rng, address, rng.start_offset) != expected:
-            await trio.sleep(0.05)
+    await eventually(
+        lambda: replica_values(cluster, rng, address, rng.start_offset),
+        until=lambda values: values == expected,
+        timeout=10,
+    )
 
 
 async def replicated_range(cluster: PMCluster) -> messages.Range:
@@ -175,9 +179,7 @@ async def test_killing_the_primary_loses_no_acknowledged_record(tmp_path: Path) 
                 await cluster.nodes[victim].kill()
                 await cluster.wait_alive(set(NODES) - {victim}, dead={victim})
                 # The producer goes on by itself in a range on live nodes.
-                with trio.fail_after(30):
-                    while len(acked) < before + 200:
-                        await trio.sleep(0.05)
+                await eventually(lambda: len(acked) >= before + 200, timeout=30)  # noqa: B023
                 await cluster.start_node(victim)
                 await cluster.wait_alive(set(NODES))
             stop.set()
@@ -217,15 +219,11 @@ async def test_a_primary_restarted_before_the_pm_noticed_has_its_range_sealed(
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(produce, cluster, stream_id, acked, stop)
-            with trio.fail_after(10):
-                while len(acked) < 200:
-                    await trio.sleep(0.01)
+            await eventually(lambda: len(acked) >= 200, timeout=10)
             await cluster.nodes[victim].kill()
             await cluster.start_node(victim)
             before = len(acked)
-            with trio.fail_after(30):
-                while len(acked) < before + 200:
-                    await trio.sleep(0.05)
+            await eventually(lambda: len(acked) >= before + 200, timeout=30)
             stop.set()
         first = (await pm.list_stream_ranges(stream_id))[0]
         assert not first.is_open
@@ -233,9 +231,11 @@ async def test_a_primary_restarted_before_the_pm_noticed_has_its_range_sealed(
         served = []
         for replica in first.replica_nodes:
             address = replica.data_node.advertise_addr
-            with trio.fail_after(20):
-                while len(values := await replica_values(cluster, first, address, 0)) < length:
-                    await trio.sleep(0.05)
+            values = await eventually(
+                functools.partial(replica_values, cluster, first, address, 0),
+                until=lambda held: len(held) >= length,
+                timeout=20,
+            )
             served.append(values[:length])
         assert served[0] == served[1] == served[2]
         for value, offset in acked.items():
@@ -278,9 +278,11 @@ async def test_the_old_primary_returns_to_a_sealed_range(tmp_path: Path) -> None
         assert late.error_code != ErrorCode.NONE
         # Once the PM told it, it holds the range sealed where the PM sealed
         # it, and serves nothing of it past that end.
-        with trio.fail_after(20):
-            while (await old.describe_range(rng.stream_id, 0)).end_offset != 2:
-                await trio.sleep(0.1)
+        await eventually(
+            lambda: old.describe_range(rng.stream_id, 0),
+            until=lambda described: described.end_offset == 2,
+            timeout=20,
+        )
         assert await replica_values(cluster, rng, old_address, 0) == [b"a", b"b"]
 
 

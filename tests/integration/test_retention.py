@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from ..eventually import eventually
 from .conftest import scrape
 from .pm_cluster import PMCluster, append_values, pm_cluster, read_stream
 
@@ -17,9 +18,11 @@ pytestmark = pytest.mark.integration
 
 async def wait_first_offset(cluster: PMCluster, stream_id: int, offset: int) -> None:
     pm = cluster.pm_client()
-    with trio.fail_after(10):
-        while (await pm.list_stream_ranges(stream_id))[0].start_offset != offset:
-            await trio.sleep(0.05)
+    await eventually(
+        lambda: pm.list_stream_ranges(stream_id),
+        until=lambda ranges: ranges[0].start_offset == offset,
+        timeout=10,
+    )
 
 
 async def test_old_records_go_on_schedule_and_the_pm_follows(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from sbp.batches import build_batch, decode_batches
 from sbp.enums import ClientRole, ErrorCode
 from sbp.errors import ConnectionClosed, ProtocolError
 
+from ..eventually import eventually
 from .local_cluster import start_cluster
 from .pm_cluster import primary_address
 from .procs import ServerProcess, start_server
@@ -125,9 +126,11 @@ async def secure_cluster(root: Path, nodes: int = 2) -> AsyncIterator[SecureClus
         cluster = SecureCluster(root, ca, acl_path, pm, servers[1:])
         # The data nodes reached the PM over mutual TLS, as principal "datanode".
         async with cluster.pm_as("pm") as admin:
-            with trio.fail_after(20):
-                while sum(s.alive for s in await admin.describe_cluster()) < nodes:
-                    await trio.sleep(0.1)
+            await eventually(
+                admin.describe_cluster,
+                until=lambda st: sum(s.alive for s in st) >= nodes,
+                timeout=20,
+            )
         yield cluster
     finally:
         with trio.CancelScope(shield=True):
@@ -289,14 +292,14 @@ async def test_sighup_reloads_the_acl_file_and_a_bad_file_changes_nothing(
                 json.dumps({"acls": [*ACL["acls"], {**grant, "effect": "allow"}]})
             )
             cluster.signal_all(signal.SIGHUP)
-            with trio.fail_after(10):
-                while (await bob.append([(1, batch)]))[0].error_code != ErrorCode.NONE:
-                    await trio.sleep(0.1)
+            await eventually(
+                lambda: bob.append([(1, batch)]),
+                until=lambda results: results[0].error_code == ErrorCode.NONE,
+                timeout=10,
+            )
             cluster.acl_path.write_text('{"acls": [ {"principal": "bob"')
             cluster.signal_all(signal.SIGHUP)
-            with trio.fail_after(10):
-                while "ACL file refused" not in cluster.nodes[0].stderr():
-                    await trio.sleep(0.1)
+            await eventually(lambda: "ACL file refused" in cluster.nodes[0].stderr(), timeout=10)
             (kept,) = await bob.append([(1, batch)])
             assert kept.error_code == ErrorCode.NONE  # the previous entries stay in force
         assert cluster.pm.running and cluster.nodes[0].running

@@ -28,6 +28,8 @@ from sbp.enums import ErrorCode, Opcode
 from sbp.errors import InvalidRequestError, ProtocolError
 from storage import RangeInfo, ReplicaInfo, StorageEngine, writes
 
+from ..eventually import eventually
+
 NODE = 1
 KNOWN, UNKNOWN = 1, 2
 MAP_SIZE = 64 * 1024 * 1024
@@ -141,9 +143,7 @@ async def test_an_append_slower_than_its_timeout_answers_timeout_and_still_lands
             release.set()
             await trio.to_thread.run_sync(held.result)
             # The late commit delivers: no second answer, and the data is there.
-            with trio.fail_after(5):
-                while engine.next_offset(KNOWN) != 4:
-                    await trio.sleep(0.01)
+            await eventually(lambda: engine.next_offset(KNOWN) == 4, timeout=5)
             (after,) = await append(client, [(KNOWN, batch(1))], timeout_ms=100)
             assert (after.error_code, after.base_offset) == (ErrorCode.NONE, 4)
             assert client.engine.discarded == {}

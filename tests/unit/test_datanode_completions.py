@@ -9,6 +9,8 @@ import trio
 
 from datanode.handlers.append import _Completions
 
+from ..eventually import eventually
+
 
 class Recorder:
     def __init__(self, index: int, delivered: list[int]) -> None:
@@ -41,9 +43,7 @@ async def test_every_outcome_arrives_once_in_order_in_few_wakeups() -> None:
 
     thread = threading.Thread(target=writer)
     thread.start()
-    with trio.fail_after(10):
-        while len(delivered) < total:
-            await trio.sleep(0.001)
+    await eventually(lambda: len(delivered) >= total, timeout=10)
     thread.join()
     await trio.sleep(0.01)
     assert delivered == list(range(total))

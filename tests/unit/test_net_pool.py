@@ -13,6 +13,8 @@ from net.server import Dispatcher, Server
 from sbp.enums import ErrorCode
 from sbp.errors import ConnectionClosed
 
+from ..eventually import eventually
+
 
 def test_parse_address() -> None:
     assert parse_address("127.0.0.1:7400") == ("127.0.0.1", 7400)
@@ -73,9 +75,7 @@ async def test_reconnects_after_close_and_after_goaway() -> None:
             await second.ping()
             (served,) = server.connections
             await served.send_goaway(ErrorCode.NONE, "moving")
-            with trio.fail_after(5):
-                while not second.goaway_received:
-                    await trio.sleep(0.01)
+            await eventually(lambda: second.goaway_received, timeout=5)
             third = await pool.get(address)
             assert third is not second
             await third.ping()

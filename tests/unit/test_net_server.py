@@ -25,6 +25,8 @@ from sbp.enums import ErrorCode, Flags, Opcode
 from sbp.errors import ChecksumMismatchError, ShuttingDownError, ThrottledError
 from sbp.frames import Frame, FrameDecoder, encode_frame
 
+from ..eventually import eventually
+
 RESPONSE_END = Flags.RESPONSE | Flags.RESPONSE_END
 SYSTEM_ERROR_END = RESPONSE_END | Flags.SYSTEM_ERROR
 
@@ -410,9 +412,9 @@ async def test_server_serves_tcp_and_drains() -> None:
             results.append((await client.request(Opcode.HEARTBEAT, request)).header.client_id)
 
         nursery.start_soon(slow_call)
-        await wait_until(lambda: handlers.running == 1)
+        await eventually(lambda: handlers.running == 1)
         nursery.start_soon(server.drain, 10.0)
-        await wait_until(lambda: client.goaway_received)
+        await eventually(lambda: client.goaway_received)
         with pytest.raises(ShuttingDownError):
             await client.request(Opcode.HEARTBEAT, messages.HeartbeatRequest(client_id="new"))
         handlers.release.set()
@@ -428,7 +430,7 @@ async def test_server_refuses_connections_over_its_limit() -> None:
     async with trio.open_nursery() as nursery:
         host, port = await nursery.start(server.serve, "127.0.0.1", 0)
         first = await trio.open_tcp_stream(host, port)
-        await wait_until(lambda: len(server.connections) == 1)
+        await eventually(lambda: len(server.connections) == 1)
         second = Peer(await trio.open_tcp_stream(host, port))
         frames = await second.receive_until_closed()
         assert [f.opcode for f in frames] == [Opcode.GOAWAY]
@@ -448,13 +450,6 @@ async def test_dispatcher_rejects_built_in_and_duplicate_registrations() -> None
     with pytest.raises(ValueError, match="already has a handler"):
         dispatcher.register(Opcode.HEARTBEAT, noop)
     assert dispatcher.opcodes == frozenset({Opcode.HEARTBEAT})
-
-
-async def wait_until(condition: object, timeout: float = 5.0) -> None:
-    assert callable(condition)
-    with trio.fail_after(timeout):
-        while not condition():
-            await trio.sleep(0.005)
 
 
 def test_the_address_line_is_written_in_one_piece(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,6 +20,7 @@ from sbp.errors import ProtocolError, RangeSealedError
 from storage import RangeInfo, ReplicaInfo, StorageEngine
 from storage.model import AppendItem, AppendOutcome, AppendResult
 
+from ..eventually import eventually
 from .test_replication_pipeline import STREAM, FakeEngine, FakeFollower, pipeline_of
 
 REPLICAS = (
@@ -44,8 +45,7 @@ async def test_a_batch_goes_to_the_followers_before_it_is_durable_here() -> None
                 nursery.start_soon(pipeline._stream_to, follower, connection)  # type: ignore[arg-type]
             pipeline.applied(0, 1, batch)  # written here, the commit syncing
             pipeline.wait_commit(1, acknowledged.append)
-            while any(c.next < 1 for c in connections):
-                await trio.sleep(0.001)
+            await eventually(lambda: all(c.next >= 1 for c in connections), interval=0.001)
             await trio.sleep(0.01)
             assert [f.match for f in pipeline.followers] == [1, 1]
             assert pipeline.commit == 0 and acknowledged == []

@@ -26,6 +26,8 @@ from sbp.enums import Opcode
 from sbp.stats import Buckets
 from storage import RangeInfo, ReplicaInfo, StorageEngine, writes
 
+from ..eventually import eventually
+
 STREAM = 5
 
 
@@ -140,8 +142,7 @@ async def test_an_idle_follower_is_told_the_commit_that_moved_while_its_frame_wa
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pipeline._stream_to, follower, connection)  # type: ignore[arg-type]
-            while connection.told_commit < 1:
-                await trio.sleep(0.01)
+            await eventually(lambda: connection.told_commit >= 1, interval=0.01)
             nursery.cancel_scope.cancel()
     assert connection.frames == 2
 
@@ -176,12 +177,15 @@ async def test_an_idle_follower_that_restarts_is_told_the_commit_offset_again(
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pipeline._follow, follower)
-            while not pool.connections or pool.connections[0].told_commit < 3:
-                await trio.sleep(0.01)
+            await eventually(
+                lambda: pool.connections and pool.connections[0].told_commit >= 3, interval=0.01
+            )
             await trio.sleep(5)  # idle
             pool.connections[0].close()
-            while len(pool.connections) < 2 or pool.connections[1].told_commit < 3:
-                await trio.sleep(0.01)
+            await eventually(
+                lambda: len(pool.connections) >= 2 and pool.connections[1].told_commit >= 3,
+                interval=0.01,
+            )
             nursery.cancel_scope.cancel()
     assert engine.next == 3  # nothing was appended meanwhile
 
