@@ -68,11 +68,10 @@ from ._routing import (
 from .pm_client import PMClient
 from .retry import is_transient, retry_delay
 
-#: bytes asked per FETCH: 2 MiB chunks read faster here than 1 MiB ones (half
-#: the requests, each costing both ends the same Python). 4 MiB ones made a
-#: reader that only counts records 5-12 % faster, but one that copies them on
-#: (``sbp read`` into a file) 1.6-1.9x slower: an answer and what is made of it
-#: no longer fit a core's cache (see docs/benchmarks.md, "Catch-up reads")
+#: bytes asked per FETCH: 2 MiB chunks read faster than 1 MiB ones (half the
+#: requests, each costing both ends the same Python); with 4 MiB ones an
+#: answer and what is made of it no longer fit a core's cache, and a reader
+#: that copies its records on is slower (docs/benchmarks.md, design decisions)
 DEFAULT_FETCH_BYTES: Final = 2 << 20
 DEFAULT_PREFETCH: Final = 4
 #: FETCHes in flight while reading history (see the module docstring)

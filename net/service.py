@@ -87,9 +87,9 @@ def announce(prefix: str, host: str, port: int) -> None:
 #: the cyclic collector's thresholds for a server: a young generation of
 #: 10,000 objects instead of 700. With 11,000 connections a server holds
 #: over a million objects, and CPython's default collects often enough to
-#: stall it for tens of milliseconds many times a second (the crowd run of
-#: ``python -m bench chaos --mode crowd``: probe p99 106 ms -> 23-35 ms).
-#: 50,000 did no better and let tens of MB of garbage wait.
+#: stall it for tens of milliseconds many times a second (``python -m bench
+#: chaos --mode crowd`` shows it); a larger young generation lets tens of MB
+#: of garbage wait for no gain.
 SERVER_GC_THRESHOLDS = (10_000, 50, 1_000)
 
 

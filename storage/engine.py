@@ -127,8 +127,8 @@ class StorageEngine:
             writemap=False,
             meminit=False,
             # the kernel's readahead on: a reader catching up from data no
-            # longer in memory faults the map in one 4 KiB disk read per page
-            # without it (77 MB/s against 2.2 GB/s here, docs/storage.md)
+            # longer in memory would fault the map in one 4 KiB disk read per
+            # page without it (docs/storage.md)
             readahead=True,
         )
         try:
