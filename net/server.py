@@ -1,7 +1,8 @@
 """Serving SBP: the opcode dispatcher and the TCP accept loop.
 
-The bad-frame table of SPEC §1 is applied by the serving side of
-``Connection``; the ``Dispatcher`` adds the two rules that depend on the role:
+The bad-frame table of SPEC §1 is decided by the connection engine
+(``sbp.connection``) and carried out by ``Connection``; the ``Dispatcher``
+adds the two rules that depend on the role:
 an opcode this role does not serve is ``UNSUPPORTED_OPERATION``, and a header
 that does not decode as the opcode's table is ``INVALID_REQUEST`` (both raised
 as ``ProtocolError`` and answered with a SYSTEM_ERROR by the connection).
