@@ -17,7 +17,8 @@ matplotlib.use("Agg")  # files only, never a display
 
 from matplotlib.figure import Figure
 
-from bench.harness import Measurement, machine_info, versions
+from bench.harness import Measurement
+from bench.machine import machine_info, versions
 
 #: the default output directory, committed with the docs
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"

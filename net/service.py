@@ -22,16 +22,13 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sized
 from types import TracebackType
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 import trio
 
 from .address import format_address
-
-if TYPE_CHECKING:
-    from .server import Server
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +201,16 @@ class ShutdownSignals:
                 self.forced.set()
 
 
-async def drain_on_signals(server: Server, signals: ShutdownSignals, timeout: float) -> None:
+class Drainable(Protocol):
+    """What a graceful stop needs of a server (``net.server.Server``)."""
+
+    @property
+    def connections(self) -> Sized: ...
+
+    async def drain(self, timeout: float) -> None: ...
+
+
+async def drain_on_signals(server: Drainable, signals: ShutdownSignals, timeout: float) -> None:
     """The graceful stop of a server: GOAWAY everywhere and requests in flight
     get up to ``timeout`` to finish, unless a second signal says stop now."""
     logger.info("draining %d connections (up to %g s)", len(server.connections), timeout)

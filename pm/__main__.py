@@ -25,6 +25,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> int:
         config = parse_config(args)
         configure_logging(config.log_level)
+        if config.etcd:
+            from .ha import run_pm_on_etcd  # the etcd client is only loaded when used
+
+            return trio.run(run_pm_on_etcd, config)
         return trio.run(run_pm, config)
 
     return run_main(PROG, body)

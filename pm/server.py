@@ -43,11 +43,8 @@ LIVENESS_CHECK_S: Final = 1.0
 
 
 async def run_pm(config: PMConfig) -> int:
-    """Serve until SIGTERM/SIGINT, then drain and close; the exit code."""
-    if config.etcd:
-        from .ha import run_pm_on_etcd  # the etcd client is only loaded when used
-
-        return await run_pm_on_etcd(config)
+    """Serve with the metadata in LMDB until SIGTERM/SIGINT, then drain and
+    close; the exit code. (On etcd: ``pm.ha.run_pm_on_etcd``.)"""
     with ShutdownSignals() as signals, _open_store(config) as store:
         # Links to the data nodes speak TLS with this PM's certificate.
         async with DataNodeLink.new_pool(config.security.client_context()) as pool:

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.harness import machine_info, versions
+from bench.machine import machine_info, versions
 from bench.report import table
 
 from . import checker

@@ -40,7 +40,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 import trio
 
@@ -55,9 +55,11 @@ from sbp.enums import ErrorCode, Opcode
 from sbp.errors import ConnectionClosed, ProtocolError, SBPError, error_for
 from sbp.replication import commit_offset, effective_acks
 from sbp.stats import Buckets
+from storage.engine import StorageEngine
 from storage.model import RangeInfo
 
-from ..context import NodeContext
+from ..pm_link import PMLink
+from .commits import CommitOffsets
 
 logger = logging.getLogger(__name__)
 _unreachable = RateLimitedLog(logger, interval=30.0)
@@ -87,6 +89,15 @@ REPLICATE_SECONDS_BOUNDS: Final = (
 CommitCallback = Callable[[bool], None]
 #: one REPLICATE's items, its payload, and the offset after its batches
 Frame = tuple[list[messages.ReplicateInfo], memoryview, int]
+
+
+class ReplicaHost(Protocol):
+    """What replication needs of the data node (``datanode.context.ReplicaHost``)."""
+
+    node_id: int
+    engine: StorageEngine
+    commits: CommitOffsets
+    pm: PMLink | None
 
 
 @dataclass(eq=False)
@@ -125,7 +136,7 @@ class RangePipeline:
     """Replication of one open range led here; see the module docstring."""
 
     def __init__(
-        self, node: NodeContext, pool: ConnectionPool, info: RangeInfo, latency: Buckets
+        self, node: ReplicaHost, pool: ConnectionPool, info: RangeInfo, latency: Buckets
     ) -> None:
         self.node = node
         self.pool = pool
@@ -475,7 +486,7 @@ class RangePipeline:
 class Replicator:
     """The node's range pipelines, one per open replicated range led here."""
 
-    def __init__(self, node: NodeContext, pool: ConnectionPool) -> None:
+    def __init__(self, node: ReplicaHost, pool: ConnectionPool) -> None:
         self._node = node
         self._pool = pool
         self._pipelines: dict[tuple[int, int], RangePipeline] = {}
