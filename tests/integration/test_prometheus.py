@@ -1,19 +1,21 @@
 """The dashboard against a real Prometheus (Debian's ``prometheus``) scraping
 a real local cluster (``sbp-cluster``: a PM and two data nodes) every second
 while a producer and a consumer run: every PromQL query of
-dashboards/sbp-cluster.json must parse and return data, and what the PM
-holds from each node's REPORT_METRICS must match the node's own metrics."""
+dashboards/sbp-cluster.json must parse and return data, what the PM holds
+from each node's REPORT_METRICS must match the node's own metrics, and every
+metric the docs name must be one a server shows."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from .local_cluster import LocalCluster, start_cluster
 
 pytestmark = pytest.mark.integration
 
+ROOT = Path(__file__).resolve().parents[2]
 SCRAPE_INTERVAL_S = 1
 RATE_INTERVAL = "10s"
 LOAD_SECONDS = 12.0
@@ -239,8 +242,43 @@ def test_dashboard_queries_return_data_from_a_live_cluster(
         assert max(appended.values()) > 0.5 * RECORDS_PER_TICK / TICK_S
 
         check_reports_match_node_metrics(prometheus, during)
+        check_documented_metrics_are_exported(addresses.values())
     finally:
         prometheus.stop()
+
+
+#: a metric name as the docs write it (a name ending in ``_`` is a prefix)
+DOCUMENTED_METRIC = re.compile(r"\bsbp_[a-z0-9_]*[a-z0-9]\b")
+#: exported only by PMs on etcd (docs/pm.md); this cluster has one PM on LMDB
+ETCD_ONLY_METRICS = frozenset(
+    {"sbp_pm_etcd_request_seconds", "sbp_pm_leader", "sbp_pm_term", "sbp_pm_terms_won_total"}
+)
+
+
+def exported_metrics(address: str) -> set[str]:
+    """The family and sample names a server's /metrics shows."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    names = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            names.add(line.split()[2])
+        elif line and not line.startswith("#"):
+            names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
+    return names
+
+
+def check_documented_metrics_are_exported(addresses: Iterable[str]) -> None:
+    """Every metric the docs name is shown by the PM's or a node's /metrics."""
+    exported = set().union(*(exported_metrics(address) for address in addresses))
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    missing = {
+        f"{doc.name}: {name}"
+        for doc in docs
+        for name in DOCUMENTED_METRIC.findall(doc.read_text())
+        if name not in exported and name not in ETCD_ONLY_METRICS
+    }
+    assert not missing, sorted(missing)
 
 
 def check_reports_match_node_metrics(prometheus: Prometheus, at: float) -> None:
