@@ -362,8 +362,7 @@ class Consumer:
         not serve them: it restarted, or lags), or when without the primary
         no replica can tell. An offset past the range's next offset raises
         ``OffsetOutOfRangeError``, as an unreplicated range answers it. The
-        live offsets come from the primary, else from the followers that
-        answer (the highest)."""
+        live offsets are the highest the replicas that answer report."""
         if len(rng.replica_nodes) <= 1:
             return True  # the node that answered is the one that knows
         live: list[messages.Range] = []
@@ -378,9 +377,9 @@ class Consumer:
                 last_error = error
                 continue
             live.append(described)
-            if replica == rng.primary_node():
-                primary_answered = True
-                break  # the primary's offsets are the highest there are
+            # every replica is asked: one that restarted reports a commit
+            # offset lower than the range's, the primary too
+            primary_answered = primary_answered or replica == rng.primary_node()
         if not live:
             assert last_error is not None
             raise last_error
