@@ -29,11 +29,11 @@ from net.service import METRICS_PREFIX
 from sbp.batches import build_batch
 from sbp.errors import UnsupportedOperationError
 
+from ..docs_text import named_in_docs
 from .local_cluster import LocalCluster, start_cluster
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRAPE_INTERVAL_S = 1
 RATE_INTERVAL = "10s"
 LOAD_SECONDS = 12.0
@@ -271,11 +271,9 @@ def exported_metrics(address: str) -> set[str]:
 def check_documented_metrics_are_exported(addresses: Iterable[str]) -> None:
     """Every metric the docs name is shown by the PM's or a node's /metrics."""
     exported = set().union(*(exported_metrics(address) for address in addresses))
-    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     missing = {
-        f"{doc.name}: {name}"
-        for doc in docs
-        for name in DOCUMENTED_METRIC.findall(doc.read_text())
+        f"{page}: {name}"
+        for page, name in named_in_docs(DOCUMENTED_METRIC)
         if name not in exported and name not in ETCD_ONLY_METRICS
     }
     assert not missing, sorted(missing)

@@ -4,10 +4,9 @@ is declared by one of the project's commands."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+from ..docs_text import ROOT, named_in_docs
+
 CODE = sorted(
     path
     for package in ("sbp", "storage", "net", "client", "datanode", "pm", "spark_jobs", "bench")
@@ -30,9 +29,8 @@ def test_every_flag_a_doc_names_is_declared() -> None:
     declared |= {"--help"}
     assert len(declared) > 50  # the scan finds the parsers
     unknown = {
-        f"{doc.relative_to(ROOT)}: {flag}"
-        for doc in DOCS
-        for flag in FLAG_IN_DOC.findall(doc.read_text())
+        f"{page}: {flag}"
+        for page, flag in named_in_docs(FLAG_IN_DOC)
         if flag not in declared and flag not in OTHER_PROGRAMS_FLAGS
     }
     assert not unknown, sorted(unknown)
