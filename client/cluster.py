@@ -23,7 +23,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from typing import IO
 
 import trio
 
-from net.address import free_ports
+from net.address import free_ports, port_free
 from net.dirlock import locked_dir
 from net.service import PARENT_ENV, ServiceError
 from net.tls import TLSSettings
@@ -83,16 +82,6 @@ class Child:
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.returncode is None
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def _port(base: int, offset: int) -> int:
@@ -257,7 +246,7 @@ async def start_child(child: Child, nursery: trio.Nursery, extra_args: Sequence[
     if not child.announces:
         # it is taken for up once its port answers: a port some other process
         # holds (an etcd left from an earlier run) would answer for it
-        busy = [port for port in child.ports if not _port_free(child.host, port)]
+        busy = [port for port in child.ports if not port_free(child.host, port)]
         if busy:
             raise ClusterError(
                 f"{child.name} cannot listen on {child.host} port "

@@ -61,15 +61,22 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     ports: list[int] = []
     while len(ports) < count:
         port = rng.randrange(max(1024, low - 16384), low)
-        if port in ports:
-            continue
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-            try:
-                probe.bind((host, port))
-            except OSError:
-                continue
-        ports.append(port)
+        if port not in ports and port_free(host, port):
+            ports.append(port)
     return ports
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now (nothing listens
+    there; a connection of the past in TIME_WAIT does not count, as servers
+    set SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _ephemeral_low() -> int:

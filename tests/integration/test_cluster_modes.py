@@ -18,6 +18,7 @@ import psutil
 import pytest
 import trio
 
+from net.address import port_free
 from sbp import messages
 from sbp.errors import RangeNotFoundError
 
@@ -48,18 +49,9 @@ def free_port_base() -> int:
     addresses: a directory run with --ha is run on the same ports again)."""
     for _ in range(200):
         base = random.randrange(20_000, 30_000)
-        if all(port_free(base + offset) for offset in HA_OFFSETS):
+        if all(port_free("127.0.0.1", base + offset) for offset in HA_OFFSETS):
             return base
     raise AssertionError("no free port base")
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def descendants(pid: int) -> list[psutil.Process]:
