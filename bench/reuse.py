@@ -86,7 +86,9 @@ def run(rate: float, seconds: float, cycles: int) -> list[Phase]:
         with StorageEngine(root / "store", map_size=MAP_SIZE, node_id=1) as engine:
             replica = ReplicaInfo(1, "n", True)
             for stream_id in range(1, cycles + 2):
-                engine.sync_ranges(stream_id, [RangeInfo(stream_id, 0, 0, replicas=(replica,))])
+                engine.sync_ranges(
+                    stream_id, [RangeInfo(stream_id, 0, 0, replicas=(replica,))]
+                ).result()
             for stream_id in range(1, cycles + 2):
                 label = "fresh store" if stream_id == 1 else f"after deletion {stream_id - 1}"
                 before = written_bytes()
@@ -95,7 +97,7 @@ def run(rate: float, seconds: float, cycles: int) -> list[Phase]:
                 print(f"  {label}: {len(latencies):,} appends", flush=True)
                 # as the data node deletes: the chunks' first pages read first
                 engine.prefetch_chunks(stream_id)
-                engine.delete_stream(stream_id)
+                engine.delete_stream(stream_id).result()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return phases

@@ -92,7 +92,7 @@ def run_engine(path: Path, batch: bytes, total: int, sync: str) -> AppendRun:
     for stream_id in streams:
         engine.sync_ranges(
             stream_id, [RangeInfo(stream_id, 0, 0, replicas=(ReplicaInfo(1, "n", True),))]
-        )
+        ).result()
     before = engine.stats()
     per_submitter = total // SUBMITTERS
     barrier = threading.Barrier(SUBMITTERS + 1)

@@ -27,10 +27,14 @@ from typing import Final
 
 import trio
 
-from storage import writes
+from storage.engine import StorageEngine
+from storage.model import Expired
 from storage.writer import wall_clock_ms
 
-from .context import NodeContext
+from .items import wait_future
+from .metrics import NodeCounters
+from .pm_link import PMLink
+from .waiters import StreamWaiters
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +49,18 @@ PAGE: Final = 1000
 class RetentionKeeper:
     """Applies the hosted streams' retention periods (see the module docstring)."""
 
-    def __init__(self, node: NodeContext, interval: float = DEFAULT_INTERVAL_S) -> None:
-        self._node = node
+    def __init__(
+        self,
+        engine: StorageEngine,
+        waiters: StreamWaiters,
+        counters: NodeCounters,
+        pm: PMLink | None,
+        interval: float = DEFAULT_INTERVAL_S,
+    ) -> None:
+        self._engine = engine
+        self._waiters = waiters
+        self._counters = counters
+        self._pm = pm
         self._interval = interval
         self._nudged: set[int] = set()
         self._wake = trio.Event()
@@ -81,14 +95,14 @@ class RetentionKeeper:
         for stream_id, period_ms in periods.items():
             if period_ms > 0:
                 cutoff = now_ms - period_ms
-                self._node.engine.prefetch_chunks(
+                self._engine.prefetch_chunks(
                     stream_id,
                     lambda _end, entry: entry.append_time_ms >= cutoff,  # noqa: B023
                 )
 
-    async def apply(self, stream_ids: set[int] | None) -> list[writes.Expired]:
+    async def apply(self, stream_ids: set[int] | None) -> list[Expired]:
         """One pass over these streams (all hosted ones for None); what it freed."""
-        engine = self._node.engine
+        engine = self._engine
         known = engine.retention_periods()
         ids = sorted(known if stream_ids is None else stream_ids & known.keys())
         if not ids:
@@ -96,16 +110,16 @@ class RetentionKeeper:
         fresh = await self._periods_from_pm(ids)
         changed = {sid: period for sid, period in fresh.items() if known.get(sid) != period}
         if changed:
-            await self._node.command(lambda ctx: writes.set_retentions(ctx, changed))
+            await wait_future(engine.set_retentions(changed))
         periods = known | changed
         await trio.to_thread.run_sync(self._prefetch_expired, {sid: periods[sid] for sid in ids})
-        expired = await self._node.command(lambda ctx: writes.expire_streams(ctx, ids))
-        counters = self._node.metrics.counters
+        expired = await wait_future(engine.expire(ids))
+        counters = self._counters
         counters.retention_runs += 1
         for done in expired:
             counters.retention_freed_records += done.freed_records
             counters.retention_freed_bytes += done.freed_bytes
-            self._node.waiters.notify(done.stream_id)
+            self._waiters.notify(done.stream_id)
             logger.info(
                 "retention dropped offsets %d..%d of stream %d (%d bytes)",
                 done.old_first_offset,
@@ -120,7 +134,7 @@ class RetentionKeeper:
         return expired
 
     async def _periods_from_pm(self, ids: Sequence[int]) -> dict[int, int]:
-        pm = self._node.pm
+        pm = self._pm
         if pm is None or not pm.connected:
             return {}
         periods: dict[int, int] = {}
@@ -133,7 +147,7 @@ class RetentionKeeper:
         return periods
 
     async def _report_trims(self) -> None:
-        pm = self._node.pm
+        pm = self._pm
         if pm is None:
             self._unreported.clear()
             return

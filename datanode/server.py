@@ -22,7 +22,7 @@ import lmdb
 import trio
 
 from net.address import format_address
-from net.authz import AccessCollector, access_control
+from net.authz import access_control
 from net.budget import ServerBudgets
 from net.dirlock import locked_dir
 from net.limits import KEEPALIVE_INTERVAL_S, ConnectionLimits
@@ -42,28 +42,20 @@ from sbp.enums import Opcode
 from storage.engine import StorageEngine
 
 from .config import DataNodeConfig
-from .context import NodeContext
 from .handlers.append import AppendHandler
 from .handlers.control import ControlHandlers
 from .handlers.fetch import FetchHandler
 from .handlers.ranges import RangeHandlers
 from .handlers.replicate import ReplicateHandler
 from .handlers.streams import StreamHandlers
-from .metrics import DataNodeMetrics
-from .pm_link import PMLink
-from .replication.catchup import CatchUp
-from .replication.metrics import ReplicationCollector
-from .replication.primary import Replicator
-from .report import LoadReporter
-from .retention import RetentionKeeper
-from .waiters import StreamWaiters
+from .node import DataNode, PMSettings
 
 logger = logging.getLogger(__name__)
 
 LOCK_FILE: Final = "datanode.lock"
 
 
-def build_dispatcher(node: NodeContext, max_frame_bytes: int) -> Dispatcher:
+def build_dispatcher(node: DataNode, max_frame_bytes: int) -> Dispatcher:
     """Every opcode a data node serves (SPEC §2); the rest are UNSUPPORTED_OPERATION."""
     dispatcher = Dispatcher("data node")
     ranges = RangeHandlers(node)
@@ -123,21 +115,25 @@ async def run_data_node(config: DataNodeConfig) -> int:
 
 
 async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: ShutdownSignals) -> None:
-    waiters = StreamWaiters()
-    metrics = DataNodeMetrics(
-        storage_stats=engine.stats,
-        waiting_fetches=lambda: waiters.waiting,
-        hosted_ranges=engine.list_ranges,
-    )
-    node = NodeContext(
-        node_id=config.node_id,
-        engine=engine,
-        metrics=metrics,
-        waiters=waiters,
+    # Links to the PM and to followers speak TLS with this node's certificate.
+    pool = ConnectionPool(tls=config.security.client_context())
+    pm = None
+    if config.pm is not None:
+        pm = PMSettings(
+            config.pm_address or "",
+            heartbeat_interval_s=config.heartbeat_interval_s,
+            metrics_interval_s=config.metrics_interval_s,
+        )
+    node = DataNode(
+        config.node_id,
+        engine,
         access=access_control(config.security),
-        pm_term=engine.pm_term(),
+        pool=pool,
+        pm=pm,
+        data_dir=config.data_dir,
+        retention_interval_s=config.retention_interval_s,
     )
-    metrics.registry.register(AccessCollector(node.access))
+    metrics = node.metrics
     server = Server(
         build_dispatcher(node, config.max_frame_bytes),
         limits=connection_limits(config),
@@ -154,24 +150,11 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
             metrics_server = exits.enter_context(
                 bound_metrics(config.metrics_listen, metrics.registry, config.security)
             )
-        # Links to the PM and to followers speak TLS with this node's certificate.
-        pool = ConnectionPool(tls=config.security.client_context())
         async with pool, trio.open_nursery() as nursery:
             nursery.start_soon(signals.watch)
-            nursery.start_soon(node.access.reload_on_sighup)
-            nursery.start_soon(node.append_timeouts.run)
-            # Before the listener: an APPEND to a replicated range must never
-            # be answered without its pipeline.
-            replicator = Replicator(node, pool)
-            await nursery.start(replicator.run)
-            node.replicator = replicator
-            catch_up = CatchUp(node, pool)
-            node.on_ranges_changed = catch_up.look_at
-            nursery.start_soon(catch_up.run)
-            metrics.registry.register(ReplicationCollector(replicator, catch_up))
+            await nursery.start(node.run)
             host, port = await _listen(nursery, server, config.listen)
-            advertise = config.advertise or (host, port)
-            node.advertise_addr = format_address(*advertise)
+            node.serving_at(format_address(*(config.advertise or (host, port))))
             if metrics_server is not None:
                 announce(METRICS_PREFIX, *metrics_server.address)
             announce(LISTENING_PREFIX, host, port)
@@ -184,32 +167,8 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
                 config.data_dir,
                 "always" if config.sync else "never",
             )
-            if config.pm is not None:
-                reporter = LoadReporter(
-                    engine,
-                    metrics.counters,
-                    config.data_dir,
-                    node.identity,
-                    lambda: replicator.lagging_ranges() + len(catch_up.missing),
-                )
-                node.pm = PMLink(
-                    config.pm_address or "",
-                    pool,
-                    node.identity,
-                    reporter.build,
-                    node.install_ranges,
-                    heartbeat_interval=config.heartbeat_interval_s,
-                    metrics_interval=config.metrics_interval_s,
-                )
-                nursery.start_soon(node.pm.run)
-            retention = RetentionKeeper(node, config.retention_interval_s)
-            node.on_streams_synced = retention.nudge
-            nursery.start_soon(retention.run)
             await signals.requested.wait()
-            # Long polls end now rather than at their max_wait_ms: they
-            # answer what they have and free the drain.
-            node.draining = True
-            node.waiters.notify_all()
+            node.drain()
             await drain_on_signals(server, signals, config.drain_timeout_s)
             nursery.cancel_scope.cancel()
 

@@ -6,9 +6,9 @@
 Threads: every change goes through the group-commit writer thread (see
 ``storage.writer``); ``submit`` is non-blocking and completes on that thread.
 Reads, listings and ``next_offset`` run on the caller's thread and see only
-committed, published state. The blocking helpers (``append``, ``seal_range``,
-``trim`` ...) wait for the writer, so an event loop should call them through
-a worker thread, or use ``submit`` / ``submit_command``.
+committed, published state. Every change is a named operation that
+returns at once with a ``concurrent.futures.Future`` (the data node waits on
+it without blocking its event loop; a test or tool calls ``.result()``).
 """
 
 from __future__ import annotations
@@ -34,18 +34,21 @@ from sbp.errors import (
     RangeNotFoundError,
 )
 
-from . import layout, writes
+from . import commands, layout
 from .layout import BATCH_KEY, IndexEntry, seek_floor
 from .model import (
     AppendItem,
     AppendOutcome,
     AppendResult,
+    Expired,
     RangeInfo,
+    ReplicaBatch,
     StorageStats,
     StreamState,
     hosts,
 )
 from .page_cache import WrittenPageDropper
+from .transaction import Store, WriteContext, is_dropped
 from .writer import (
     DEFAULT_MAX_GROUP_BYTES,
     DEFAULT_MAX_GROUP_OPS,
@@ -55,7 +58,6 @@ from .writer import (
     GroupCommitWriter,
     wall_clock_ms,
 )
-from .writes import Store, WriteContext
 
 T = TypeVar("T")
 
@@ -279,32 +281,106 @@ class StorageEngine:
         next offset (see ``submit``). Thread-safe."""
         self._store.fenced.add((stream_id, range_index))
 
-    def append(self, stream_id: int, batch: Buffer) -> AppendResult:
-        """Append one batch and wait until it is durable (for tests and tools)."""
-        done: Future[AppendOutcome] = Future()
-        self._check_not_writer()
-        self.submit([AppendItem(stream_id, batch)], lambda outcomes: done.set_result(outcomes[0]))
-        outcome = done.result()
-        if isinstance(outcome, ProtocolError):
-            raise outcome
-        return outcome
+    def fenced(self, stream_id: int, range_index: int) -> bool:
+        """Whether appends to this open range are refused (``fence``). Thread-safe."""
+        return (stream_id, range_index) in self._store.fenced
 
-    # -- other changes --------------------------------------------------------
+    def append(self, stream_id: int, batch: Buffer) -> Future[AppendResult]:
+        """Append one batch (``submit`` with one item); the future completes
+        once it is durable, with its ``AppendResult`` or the item's error."""
+        done: Future[AppendResult] = Future()
 
-    def submit_command(self, fn: Callable[[WriteContext], T]) -> Future[T]:
-        """Queue a change to run in the writer's transaction, ordered after every
-        append submitted before it. The future completes after the commit."""
+        def complete(outcomes: list[AppendOutcome]) -> None:
+            outcome = outcomes[0]
+            if isinstance(outcome, ProtocolError):
+                done.set_exception(outcome)
+            else:
+                done.set_result(outcome)
+
+        self.submit([AppendItem(stream_id, batch)], complete)
+        return done
+
+    # -- other changes ----------------------------------------------------------
+    #
+    # Each is queued for the writer's transaction, ordered after everything
+    # submitted before it, and never blocks: the future completes after the
+    # commit, with the result or the ProtocolError that refused it (nothing
+    # written then).
+
+    def replicate(self, items: Sequence[ReplicaBatch]) -> Future[list[int | ProtocolError]]:
+        """A follower stores a REPLICATE's batches (``commands.replicate``), in
+        order, in one transaction; per item, this replica's next offset of the
+        range after it, or the error refusing it. The batches must be
+        validated by the caller and stay unchanged until the future is done."""
+        items = list(items)
+
+        def apply(ctx: WriteContext) -> list[int | ProtocolError]:
+            outcomes: list[int | ProtocolError] = []
+            for item in items:
+                try:
+                    outcomes.append(commands.replicate(ctx, item))
+                except ProtocolError as error:
+                    outcomes.append(error)
+            return outcomes
+
+        return self._command(apply)
+
+    def fill(self, items: Sequence[ReplicaBatch]) -> Future[int]:
+        """Store batches a sealed range lacks here, copied from another
+        replica (``commands.fill``); how far the range is held after them."""
+        items = list(items)
+        return self._command(lambda ctx: commands.fill(ctx, items))
+
+    def sync_ranges(self, stream_id: int, ranges: Sequence[RangeInfo]) -> Future[list[RangeInfo]]:
+        """Apply the PM's view of a stream's ranges (SYNC_RANGES); see
+        ``commands.sync_ranges``. Creates or updates range records; a range
+        is sealed when its end offset is not -1; ranges left out are
+        forgotten and data below the first range's start offset is freed.
+        The ranges with live next offsets."""
+        _check_stream_id(stream_id)
+        ranges = list(ranges)
+        return self._command(lambda ctx: commands.sync_ranges(ctx, stream_id, ranges))
+
+    def seal_range(self, stream_id: int, range_index: int) -> Future[RangeInfo]:
+        """Stop appends to a range; its end offset becomes the stream's next
+        offset. Every append submitted before the seal is inside the range.
+        Sealing a sealed range returns it unchanged."""
+        return self._command(lambda ctx: commands.seal_range(ctx, stream_id, range_index))
+
+    def trim(self, stream_id: int, trim_offset: int) -> Future[int]:
+        """Drop the batches wholly below ``trim_offset``; the new first offset.
+
+        The first offset never passes the next offset. A batch that straddles
+        the trim offset is kept whole (readers skip its early records). The
+        dropped chunks are freed by later appends (``WriteContext.free_dropped``).
+        """
+        return self._command(lambda ctx: commands.trim_stream(ctx, stream_id, trim_offset))
+
+    def delete_stream(self, stream_id: int) -> Future[None]:
+        """Mark the stream deleted, refuse its appends and reads, free its data."""
+        _check_stream_id(stream_id)
+        return self._command(lambda ctx: commands.delete_stream(ctx, stream_id))
+
+    def set_retentions(self, periods: dict[int, int]) -> Future[None]:
+        """Keep each stream's batches this many ms after they were appended (0: forever)."""
+        periods = dict(periods)
+        return self._command(lambda ctx: commands.set_retentions(ctx, periods))
+
+    def expire(self, stream_ids: Sequence[int] | None = None) -> Future[list[Expired]]:
+        """Drop every batch older than its stream's retention period, by
+        append time (of these streams; of all by default); what was freed."""
+        ids = None if stream_ids is None else list(stream_ids)
+        return self._command(lambda ctx: commands.expire_streams(ctx, ids))
+
+    def raise_pm_term(self, term: int) -> Future[int]:
+        """Record ``term`` as the highest PM term seen, unless a higher one
+        is; the highest, after (SPEC §8)."""
+        return self._command(lambda ctx: commands.raise_pm_term(ctx, term))
+
+    def _command(self, fn: Callable[[WriteContext], T]) -> Future[T]:
         op = CommandOp(fn)
         self._writer.submit(op)
         return op.future
-
-    def _run(self, fn: Callable[[WriteContext], T]) -> T:
-        self._check_not_writer()
-        return self.submit_command(fn).result()
-
-    def _check_not_writer(self) -> None:
-        if self._writer.on_writer_thread:
-            raise RuntimeError("blocking storage calls cannot run on the writer thread")
 
     def prefetch_chunks(
         self,
@@ -347,32 +423,12 @@ class StorageEngine:
                     break
         return touched
 
-    def submit_replicas(
-        self, items: Sequence[writes.ReplicaBatch]
-    ) -> Future[list[int | ProtocolError]]:
-        """Queue a REPLICATE's batches (``writes.replicate``), in order, in one
-        transaction; the future has, per item, this replica's next offset of
-        the range after it, or the error refusing it. The batches must be
-        validated by the caller and stay unchanged until the future is done."""
-        items = list(items)
-
-        def apply(ctx: WriteContext) -> list[int | ProtocolError]:
-            outcomes: list[int | ProtocolError] = []
-            for item in items:
-                try:
-                    outcomes.append(writes.replicate(ctx, item))
-                except ProtocolError as error:
-                    outcomes.append(error)
-            return outcomes
-
-        return self.submit_command(apply)
-
-    def replica_position(self, item: writes.ReplicaBatch) -> int:
+    def replica_position(self, item: ReplicaBatch) -> int:
         """This replica's durable next offset of the item's range, or the error
-        REPLICATE would refuse the item with (``writes.replica_position``),
+        REPLICATE would refuse the item with (``commands.replica_position``),
         without going through the writer: what an item carrying only the
         primary's commit offset is answered. Thread-safe."""
-        return writes.replica_position(
+        return commands.replica_position(
             self._store.streams.get(item.stream_id), item, self._store.node_id
         )
 
@@ -382,51 +438,6 @@ class StorageEngine:
         store = self._store
         with store.env.begin(db=store.dbs[layout.INDEX_DB]) as txn:
             return layout.held_end(txn.cursor(), stream_id, start, end)
-
-    def sync_ranges(self, stream_id: int, ranges: Sequence[RangeInfo]) -> list[RangeInfo]:
-        """Apply the PM's view of a stream's ranges (SYNC_RANGES); see ``writes.sync_ranges``.
-
-        Creates or updates range records; a range is sealed when its end offset
-        is not -1; ranges left out are forgotten and data below the first range's
-        start offset is freed. Returns the ranges with live next offsets.
-        """
-        _check_stream_id(stream_id)
-        ranges = list(ranges)
-        return self._run(lambda ctx: writes.sync_ranges(ctx, stream_id, ranges))
-
-    def seal_range(self, stream_id: int, range_index: int) -> RangeInfo:
-        """Stop appends to a range; its end offset becomes the stream's next offset.
-
-        Every append submitted before the seal is inside the range. Sealing a
-        sealed range returns it unchanged.
-        """
-        return self._run(lambda ctx: writes.seal_range(ctx, stream_id, range_index))
-
-    def trim(self, stream_id: int, trim_offset: int) -> int:
-        """Drop the batches wholly below ``trim_offset``; returns the new first offset.
-
-        The first offset never passes the next offset. A batch that straddles
-        the trim offset is kept whole (readers skip its early records). The
-        dropped chunks are freed by later appends (``WriteContext.free_dropped``).
-        """
-        return self._run(lambda ctx: writes.trim_stream(ctx, stream_id, trim_offset))
-
-    def delete_stream(self, stream_id: int) -> None:
-        """Mark the stream deleted, refuse its appends and reads, free its data."""
-        _check_stream_id(stream_id)
-        self._run(lambda ctx: writes.delete_stream(ctx, stream_id))
-
-    def set_retention(self, stream_id: int, retention_period_ms: int) -> None:
-        """Keep the stream's batches this long after they were appended (0: forever)."""
-        self._run(lambda ctx: writes.set_retention(ctx, stream_id, retention_period_ms))
-
-    def apply_retention(self) -> dict[int, int]:
-        """Drop every batch older than its stream's retention period, by append time.
-
-        Returns the new first offset of each stream that lost batches.
-        """
-        expired = self._run(writes.expire_streams)
-        return {done.stream_id: done.first_offset for done in expired}
 
     def retention_periods(self) -> dict[int, int]:
         """Each live stream's retention period in ms (0: kept forever)."""
@@ -567,7 +578,7 @@ class StorageEngine:
         return [s.live(r) for s in states for r in s.ranges if hosts(r, node_id) and not r.deleted]
 
     def pm_term(self) -> int:
-        """The highest PM term recorded here (``writes.raise_pm_term``), 0 if none."""
+        """The highest PM term recorded here (``raise_pm_term``), 0 if none."""
         with self._store.env.begin() as txn:
             return _counter(txn, self._store, layout.PM_TERM_KEY)
 
@@ -618,7 +629,7 @@ def _holds_dropped_chunks(index: Any, state: StreamState) -> bool:
     if key_stream != state.stream_id:
         return False
     entry = layout.decode_index(index.value())
-    return writes.is_dropped(state, base_offset + entry.record_count)
+    return is_dropped(state, base_offset + entry.record_count)
 
 
 class BorrowedBatches:

@@ -178,6 +178,35 @@ def hosts(info: RangeInfo, node_id: int | None) -> bool:
     return node_id is None or any(r.node_id == node_id for r in info.replicas)
 
 
+@dataclass(frozen=True, slots=True)
+class ReplicaBatch:
+    """A batch the range's primary stored, with its offsets (SPEC §7);
+    ``record_count`` 0 and an empty batch: nothing to store (the primary only
+    sent its commit offset)."""
+
+    stream_id: int
+    range_index: int
+    epoch: int
+    base_offset: int
+    batch: Buffer
+    record_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """What retention freed in one stream: the first offset before and after,
+    and the stored bytes (batch values and headers) that went."""
+
+    stream_id: int
+    old_first_offset: int
+    first_offset: int
+    freed_bytes: int
+
+    @property
+    def freed_records(self) -> int:
+        return self.first_offset - self.old_first_offset
+
+
 class AppendItem(NamedTuple):
     """One batch to append: a whole, single record batch (SPEC §4)."""
 

@@ -45,7 +45,7 @@ from .model import (
     AppendOutcome,
 )
 from .page_cache import WrittenPageDropper
-from .writes import Store, WriteContext
+from .transaction import Store, WriteContext
 
 log = logging.getLogger(__name__)
 

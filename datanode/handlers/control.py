@@ -6,11 +6,11 @@ from net.request import Request, Responder
 from sbp import messages
 from sbp.enums import ClientRole
 
-from ..context import NodeContext
+from ..node import DataNode
 
 
 class ControlHandlers:
-    def __init__(self, node: NodeContext) -> None:
+    def __init__(self, node: DataNode) -> None:
         self._node = node
 
     async def heartbeat(self, request: Request, responder: Responder) -> None:

@@ -1,4 +1,6 @@
-"""FETCH: whole record batches from an offset, long-polling at the tail."""
+"""FETCH on the wire (SPEC §5): whole record batches from an offset,
+long-polling at the tail. What each item may read is ``DataNode.read``'s
+to decide; this module shapes the answer frames and the wait."""
 
 from __future__ import annotations
 
@@ -11,11 +13,11 @@ import trio
 from net.request import Request, Responder
 from sbp import messages
 from sbp.constants import FRAME_OVERHEAD
-from sbp.enums import ErrorCode
-from sbp.errors import ConnectionClosed, OffsetOutOfRangeError, ProtocolError
-from storage.engine import NO_BATCHES, BorrowedBatches, StorageEngine
+from sbp.errors import ConnectionClosed, ProtocolError
+from storage.engine import BorrowedBatches, StorageEngine
 
-from ..context import NodeContext
+from ..items import failed
+from ..node import DataNode
 
 #: read transactions one FETCH pass keeps open while it answers
 _MAX_BORROWED_READS: Final = 8
@@ -35,7 +37,7 @@ class FetchHandler:
     sequence. A client that goes away cancels the wait with its connection.
     """
 
-    def __init__(self, node: NodeContext, max_frame_bytes: int) -> None:
+    def __init__(self, node: DataNode, max_frame_bytes: int) -> None:
         self._node = node
         self._counters = node.metrics.counters
         self._payload_budget = max(max_frame_bytes - FRAME_OVERHEAD - _HEADER_ALLOWANCE, 1)
@@ -48,10 +50,10 @@ class FetchHandler:
         deadline = request.received_at + max(header.max_wait_ms, 0) / 1000
         infos: Sequence[messages.FetchInfo] = header.fetch_requests
         try:
-            if self._node.access.enabled:
+            if infos:
                 infos = await self._answer_denied(request.principal, infos, responder)
                 if not infos:
-                    return
+                    return  # every item refused, answered
             await self._serve(infos, deadline, max(header.min_bytes, 1), responder)
         finally:
             elapsed = trio.current_time() - request.received_at
@@ -62,7 +64,7 @@ class FetchHandler:
     ) -> Sequence[messages.FetchInfo]:
         """Answer the items the principal may not FETCH (SPEC §9) in a frame
         of their own; the others are served as usual."""
-        denials = self._node.access.check_each(principal, "FETCH", [i.stream_id for i in infos])
+        denials = self._node.may_fetch(principal, [i.stream_id for i in infos])
         refused = [_failed(i, d) for i, d in zip(infos, denials, strict=True) if d is not None]
         if not refused:
             return infos
@@ -144,7 +146,7 @@ class FetchHandler:
                 # Never more than fits one frame, whatever batch_max_bytes says
                 # (the engine still returns at least one whole batch).
                 max_bytes = min(max(info.batch_max_bytes, 1), self._payload_budget - read)
-                data = self._read(info, max_bytes, reads)
+                data = self._node.read(info.stream_id, info.fetch_offset, max_bytes, reads)
             except ProtocolError as error:
                 self._counters.fetch_items_failed += 1
                 answered.append((_failed(info, error), None))
@@ -182,25 +184,6 @@ class FetchHandler:
         order = {id(info): i for i, info in enumerate(pending)}
         waiting.sort(key=lambda info: order[id(info)])
         return waiting, full
-
-    def _read(self, info: messages.FetchInfo, max_bytes: int, reads: _Reads) -> BorrowedBatches:
-        """The item's batches, borrowed until ``reads`` closes; in a
-        replicated open range only those below the commit offset (SPEC §7).
-        A follower behind the primary waits for an offset the primary already
-        has instead of refusing it; the primary refuses an offset past its
-        next offset, as an unreplicated range does."""
-        node = self._node
-        limit = node.read_limit(info.stream_id, info.fetch_offset)
-        try:
-            return reads.borrow(node.engine, info.stream_id, info.fetch_offset, max_bytes, limit)
-        except OffsetOutOfRangeError:
-            if (
-                limit is None
-                or info.fetch_offset < (node.engine.first_offset(info.stream_id) or 0)
-                or node.leads(info.stream_id)
-            ):
-                raise
-            return NO_BATCHES
 
     def _count(self, data: BorrowedBatches) -> None:
         self._counters.fetched_records += data.record_count
@@ -245,9 +228,6 @@ def _empty(info: messages.FetchInfo) -> messages.FetchResult:
 
 
 def _failed(info: messages.FetchInfo, error: ProtocolError) -> messages.FetchResult:
-    return messages.FetchResult(
-        stream_id=info.stream_id,
-        request_index=info.request_index,
-        error_code=error.code if error.code != ErrorCode.NONE else ErrorCode.UNKNOWN,
-        error_message=error.message,
+    return failed(
+        messages.FetchResult, error, stream_id=info.stream_id, request_index=info.request_index
     )

@@ -4,10 +4,10 @@ range's end copies the rest from a replica that holds it.
 This happens after a failover (a follower was behind when the PM sealed the
 range), after a restart, and when the PM places a new replica of a sealed
 range on this node to repair a lost one. Whenever a stream's ranges change
-here (``NodeContext.ranges_changed``) and at start-up, its sealed ranges are
+here (``DataNode.ranges_changed``) and at start-up, its sealed ranges are
 looked at: each one short of its end is copied with FETCH from the other
 replicas in turn, primary first, from where this node's records stop, and
-stored through the storage writer (``storage.writes.fill``). A replica that
+stored through the storage writer (``StorageEngine.fill``). A replica that
 cannot serve it is skipped; when none can, the range is tried again later.
 Until a range is whole it counts as missing a replica
 (``range_missing_replica_cnt``) and this node serves only what it holds.
@@ -28,10 +28,11 @@ from sbp import messages
 from sbp.batches import batch_spans, validate_batch
 from sbp.enums import ErrorCode
 from sbp.errors import ProtocolError, SBPError, error_for
-from storage import writes
-from storage.model import RangeInfo, hosts
+from storage.model import RangeInfo, ReplicaBatch, hosts
 
-from ..context import NodeContext
+from ..items import wait_future
+from ..replica_state import ReplicaState, ReplicaStates
+from ..waiters import StreamWaiters
 
 logger = logging.getLogger(__name__)
 _no_source = RateLimitedLog(logger, interval=30.0)
@@ -47,8 +48,12 @@ RETRY_MAX_S: Final = 10.0
 class CatchUp:
     """Copies what this node lacks of its sealed ranges; see the module docstring."""
 
-    def __init__(self, node: NodeContext, pool: ConnectionPool) -> None:
-        self._node = node
+    def __init__(
+        self, replicas: ReplicaStates, waiters: StreamWaiters, pool: ConnectionPool
+    ) -> None:
+        self._replicas = replicas
+        self._engine = replicas.engine
+        self._waiters = waiters
         self._pool = pool
         self._pending: set[int] = set()
         self._wake = trio.Event()
@@ -61,7 +66,7 @@ class CatchUp:
         self._wake.set()
 
     async def run(self) -> None:
-        for stream_id in self._node.engine.stream_ids():
+        for stream_id in self._engine.stream_ids():
             self._pending.add(stream_id)
         failures = 0
         while True:
@@ -95,9 +100,8 @@ class CatchUp:
         return whole
 
     def _short_ranges(self, stream_id: int) -> list[RangeInfo]:
-        engine = self._node.engine
-        first = engine.first_offset(stream_id)
-        if first is None:
+        engine = self._engine
+        if engine.first_offset(stream_id) is None:
             for key in [k for k in self.missing if k[0] == stream_id]:
                 self.missing.discard(key)
             return []
@@ -107,12 +111,9 @@ class CatchUp:
         except ProtocolError:  # forgotten meanwhile (the writer publishes on its own thread)
             hosted = []
         for info in hosted:
-            if info.is_open or not hosts(info, self._node.node_id):
+            if info.is_open or not hosts(info, self._replicas.node_id):
                 continue
-            start = max(info.start_offset, first)
-            if start < info.end_offset and engine.held_end(stream_id, start, info.end_offset) < (
-                info.end_offset
-            ):
+            if self._replicas.state_of(info) is ReplicaState.SHORT:
                 short.append(info)
             else:
                 self.missing.discard((stream_id, info.range_index))
@@ -122,7 +123,7 @@ class CatchUp:
         peers = [
             r.address
             for r in sorted(info.replicas, key=lambda r: not r.is_primary)
-            if r.node_id != self._node.node_id
+            if r.node_id != self._replicas.node_id
         ]
         for address in peers:
             try:
@@ -143,7 +144,7 @@ class CatchUp:
     async def _copy_from(self, address: str, info: RangeInfo) -> bool:
         """Copy from one peer until the range is whole here (True) or the
         peer has no more of it (False)."""
-        engine = self._node.engine
+        engine = self._engine
         peer = DataNodeClient(address, pool=self._pool, timeout=COPY_TIMEOUT_S)
         first = engine.first_offset(info.stream_id) or 0
         held = engine.held_end(info.stream_id, max(info.start_offset, first), info.end_offset)
@@ -161,7 +162,7 @@ class CatchUp:
             items = _items(info, data)
             if not items:
                 return False
-            now = await self._node.command(lambda ctx: writes.fill(ctx, items))  # noqa: B023
+            now = await wait_future(engine.fill(items))
             if now <= held:
                 return False
             held = now
@@ -172,11 +173,11 @@ class CatchUp:
             info.end_offset,
             address,
         )
-        self._node.waiters.notify(info.stream_id)
+        self._waiters.notify(info.stream_id)
         return True
 
 
-def _items(info: RangeInfo, data: bytes) -> list[writes.ReplicaBatch]:
+def _items(info: RangeInfo, data: bytes) -> list[ReplicaBatch]:
     """The batches of a FETCH answer, checked, as fill items of ``info``."""
     items = []
     for start, end in batch_spans(data):
@@ -185,7 +186,7 @@ def _items(info: RangeInfo, data: bytes) -> list[writes.ReplicaBatch]:
         if header.base_offset >= info.end_offset:
             break
         items.append(
-            writes.ReplicaBatch(
+            ReplicaBatch(
                 info.stream_id,
                 info.range_index,
                 info.epoch,

@@ -40,7 +40,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final
 
 import trio
 
@@ -55,11 +55,10 @@ from sbp.enums import ErrorCode, Opcode
 from sbp.errors import ConnectionClosed, ProtocolError, SBPError, error_for
 from sbp.replication import commit_offset, effective_acks
 from sbp.stats import Buckets
-from storage.engine import StorageEngine
 from storage.model import RangeInfo
 
 from ..pm_link import PMLink
-from .commits import CommitOffsets
+from ..replica_state import ReplicaStates
 
 logger = logging.getLogger(__name__)
 _unreachable = RateLimitedLog(logger, interval=30.0)
@@ -88,16 +87,7 @@ REPLICATE_SECONDS_BOUNDS: Final = (
 #: called with True once the commit offset passes the item, False when it never will
 CommitCallback = Callable[[bool], None]
 #: one REPLICATE's items, its payload, and the offset after its batches
-Frame = tuple[list[messages.ReplicateInfo], memoryview, int]
-
-
-class ReplicaHost(Protocol):
-    """What replication needs of the data node (``datanode.context.ReplicaHost``)."""
-
-    node_id: int
-    engine: StorageEngine
-    commits: CommitOffsets
-    pm: PMLink | None
+ReplicateFrame = tuple[list[messages.ReplicateInfo], memoryview, int]
 
 
 @dataclass(eq=False)
@@ -136,9 +126,16 @@ class RangePipeline:
     """Replication of one open range led here; see the module docstring."""
 
     def __init__(
-        self, node: ReplicaHost, pool: ConnectionPool, info: RangeInfo, latency: Buckets
+        self,
+        replicas: ReplicaStates,
+        pm: PMLink | None,
+        pool: ConnectionPool,
+        info: RangeInfo,
+        latency: Buckets,
     ) -> None:
-        self.node = node
+        self.replicas = replicas
+        self.engine = replicas.engine
+        self.pm = pm
         self.pool = pool
         self.latency = latency
         self.stream_id = info.stream_id
@@ -153,13 +150,17 @@ class RangePipeline:
         self.replica_nums = len(info.replicas)
         #: None until the PM said; nothing is committed before
         self.ack_nums: int | None = None
-        self.commit = info.start_offset
         #: (end offset, callback) of the items waiting, in offset order
         self._waiting: collections.deque[tuple[int, CommitCallback]] = collections.deque()
         #: batches written here whose commit is still syncing, in offset
         #: order: (base offset, end offset, the batch with its offset stamped)
         self._ahead: collections.deque[tuple[int, int, bytearray]] = collections.deque()
         self._stopped = trio.Event()
+
+    @property
+    def commit(self) -> int:
+        """The range's commit offset (kept in ``ReplicaStates.commits``)."""
+        return self.replicas.commits.get(self.stream_id, self.range_index, self.start_offset)
 
     # -- what the APPEND path uses ---------------------------------------------
 
@@ -197,7 +198,7 @@ class RangePipeline:
         self.new_data()
 
     def _durable(self) -> int:
-        return self.node.engine.next_offset(self.stream_id) or self.start_offset
+        return self.engine.next_offset(self.stream_id) or self.start_offset
 
     def _drop_durable(self) -> int:
         """Forget the batches in memory that are durable now (read from
@@ -236,7 +237,7 @@ class RangePipeline:
 
     async def _learn_acks(self) -> None:
         while self.ack_nums is None:
-            wanted = 0 if self.node.pm is None else await self.node.pm.ack_nums(self.stream_id)
+            wanted = 0 if self.pm is None else await self.pm.ack_nums(self.stream_id)
             if wanted is None:
                 await trio.sleep(ACKS_RETRY_S)
                 continue
@@ -332,7 +333,7 @@ class RangePipeline:
                 continue
             await follower.wake.wait()
 
-    def _next_frame(self, offset: int) -> Frame | None:
+    def _next_frame(self, offset: int) -> ReplicateFrame | None:
         """The next frame from ``offset``: durable batches from storage, the
         newer ones from memory; None when there is nothing to send yet."""
         if offset < self._durable():
@@ -353,12 +354,12 @@ class RangePipeline:
             return None
         return items, memoryview(pieces[0] if len(pieces) == 1 else b"".join(pieces)), offset
 
-    def _read_frame(self, offset: int) -> Frame:
+    def _read_frame(self, offset: int) -> ReplicateFrame:
         """The batches from ``offset`` on, up to one frame's worth: as items,
         the payload (the read's own buffer, not copied again), and the
         offset after them."""
         try:
-            data = self.node.engine.read(self.stream_id, offset, FRAME_BYTES)
+            data = self.engine.read(self.stream_id, offset, FRAME_BYTES)
         except ProtocolError as error:
             logger.info(
                 "stream %d range %d: nothing to replicate from %d: %s",
@@ -473,8 +474,7 @@ class RangePipeline:
         committed = min(commit_offset(offsets, self.ack_nums), durable)
         if committed < self.commit:
             return
-        self.commit = committed
-        self.node.commits.advance(self.stream_id, self.range_index, committed)
+        self.replicas.commits.advance(self.stream_id, self.range_index, committed)
         waiting = self._waiting
         while waiting and waiting[0][0] <= committed:
             waiting.popleft()[1](True)
@@ -486,12 +486,13 @@ class RangePipeline:
 class Replicator:
     """The node's range pipelines, one per open replicated range led here."""
 
-    def __init__(self, node: ReplicaHost, pool: ConnectionPool) -> None:
-        self._node = node
+    def __init__(self, replicas: ReplicaStates, pm: PMLink | None, pool: ConnectionPool) -> None:
+        self._replicas = replicas
+        self._engine = replicas.engine
+        self._pm = pm
         self._pool = pool
-        self._pipelines: dict[tuple[int, int], RangePipeline] = {}
-        #: the streams of ``_pipelines``
-        self._streams: set[int] = set()
+        #: by stream, then range index: a stream is here only while one of its ranges replicates
+        self._pipelines: dict[int, dict[int, RangePipeline]] = {}
         self._nursery: trio.Nursery | None = None
         #: streams that may have ranges sealed here whose end the PM has not fixed
         self._unsettled: dict[int, float] = {}
@@ -503,15 +504,8 @@ class Replicator:
             self._nursery = nursery
             # Ranges led here since before a restart: their followers may lack
             # batches, and their commit offset must be learned again before
-            # FETCH serves them. They may also hold batches this node never
-            # made durable (sent while its last commit synced), at offsets it
-            # would hand out again: such a range takes no more appends here
-            # (RANGE_SEALED, upon which a writer has the PM seal it).
-            engine = self._node.engine
-            for stream_id in engine.stream_ids():
-                info = engine.open_range(stream_id)
-                if info is not None and self._leads_replicated(info):
-                    engine.fence(stream_id, info.range_index)
+            # FETCH serves them; they are fenced (``ReplicaStates``).
+            for stream_id in self._replicas.fence_after_restart():
                 self.lead(stream_id)
             task_status.started()
             await self._settle()
@@ -533,14 +527,13 @@ class Replicator:
                 info
                 for stream_id, since in list(self._unsettled.items())
                 if now - since >= SETTLE_AFTER_S
-                for info in self._hosted(stream_id)
-                if info.sealed_here and len(info.replicas) > 1
+                for info in self._replicas.unsettled(stream_id)
             ]
             # streams with nothing left to settle are forgotten
             for stream_id, since in list(self._unsettled.items()):
                 if now - since >= SETTLE_AFTER_S and all(i.stream_id != stream_id for i in due):
                     del self._unsettled[stream_id]
-            pm = self._node.pm
+            pm = self._pm
             if not due or pm is None:
                 failures = 0
                 continue
@@ -555,44 +548,32 @@ class Replicator:
                 settled.append(sealed)
             failures = 0 if all(settled) else failures + 1
 
-    def _hosted(self, stream_id: int) -> list[RangeInfo]:
-        """The stream's ranges here; none once it is forgotten or deleted."""
-        try:
-            return self._node.engine.list_ranges(stream_id)
-        except ProtocolError:
-            return []
-
     def lead(self, stream_id: int) -> None:
         """Start the pipeline of the stream's open range if it is led here
         and has followers."""
-        info = self._node.engine.open_range(stream_id)
-        if info is not None and self._leads_replicated(info):
+        info = self._engine.open_range(stream_id)
+        if info is not None and self._replicas.leads_replicated(info):
             self.pipeline_for(stream_id, info.start_offset)
-
-    def _leads_replicated(self, info: RangeInfo) -> bool:
-        return info.primary_node_id == self._node.node_id and len(info.replicas) > 1
 
     def pipeline_for(self, stream_id: int, offset: int) -> RangePipeline | None:
         """The pipeline of the replicated open range led here that holds
         ``offset``, started if need be; None when that range has no followers
         (it answers as an unreplicated range does)."""
-        info = self._node.engine.range_at(stream_id, offset)
+        info = self._engine.range_at(stream_id, offset)
         if info is None or len(info.replicas) <= 1:
             return None
-        key = (stream_id, info.range_index)
-        pipeline = self._pipelines.get(key)
+        pipeline = self._pipelines.get(stream_id, {}).get(info.range_index)
         if pipeline is None or pipeline.stopped:
-            pipeline = RangePipeline(self._node, self._pool, info, self.latency)
-            if not info.is_open or info.primary_node_id != self._node.node_id:
+            pipeline = RangePipeline(self._replicas, self._pm, self._pool, info, self.latency)
+            if not info.is_open or info.primary_node_id != self._replicas.node_id:
                 pipeline.stop()  # sealed under the append: it cannot commit here
                 return pipeline
-            self._pipelines[key] = pipeline
-            self._streams.add(stream_id)
+            self._pipelines.setdefault(stream_id, {})[info.range_index] = pipeline
             assert self._nursery is not None, "the replicator is not running"
-            self._nursery.start_soon(self._run_pipeline, key, pipeline)
+            self._nursery.start_soon(self._run_pipeline, pipeline)
         return pipeline
 
-    async def _run_pipeline(self, key: tuple[int, int], pipeline: RangePipeline) -> None:
+    async def _run_pipeline(self, pipeline: RangePipeline) -> None:
         try:
             await pipeline.run()
         except Exception:
@@ -605,30 +586,29 @@ class Replicator:
                 pipeline.range_index,
             )
         finally:
-            if self._pipelines.get(key) is pipeline:
-                del self._pipelines[key]
-                if all(sid != key[0] for sid, _ in self._pipelines):
-                    self._streams.discard(key[0])
+            ranges = self._pipelines.get(pipeline.stream_id, {})
+            if ranges.get(pipeline.range_index) is pipeline:
+                del ranges[pipeline.range_index]
+                if not ranges:
+                    del self._pipelines[pipeline.stream_id]
 
     def replicates(self, stream_id: int) -> bool:
         """Whether a range of the stream led here is being replicated."""
-        return stream_id in self._streams
+        return stream_id in self._pipelines
 
     def ranges_changed(self, stream_id: int) -> None:
         """A seal or SYNC_RANGES touched the stream: pipelines of ranges no
         longer open and led here stop (their waiting items fail), and
         followers' addresses are brought up to date."""
-        engine = self._node.engine
+        engine = self._engine
         self.lead(stream_id)
         self._unsettled.setdefault(stream_id, trio.current_time())
-        for (sid, index), pipeline in list(self._pipelines.items()):
-            if sid != stream_id:
-                continue
+        for index, pipeline in list(self._pipelines.get(stream_id, {}).items()):
             info = engine.open_range(stream_id)
             if (
                 info is None
                 or info.range_index != index
-                or info.primary_node_id != self._node.node_id
+                or info.primary_node_id != self._replicas.node_id
             ):
                 pipeline.stop()
                 continue
@@ -639,12 +619,12 @@ class Replicator:
 
     @property
     def pipelines(self) -> list[RangePipeline]:
-        return list(self._pipelines.values())
+        return [p for ranges in self._pipelines.values() for p in ranges.values()]
 
     def follower_lag(self) -> dict[int, tuple[int, int]]:
         """Per follower node: records durable here it does not hold yet, and
         batch bytes sent to it and not yet answered, over every range."""
-        engine = self._node.engine
+        engine = self._engine
         lag: dict[int, tuple[int, int]] = {}
         for pipeline in self.pipelines:
             durable = engine.next_offset(pipeline.stream_id) or pipeline.start_offset
@@ -656,7 +636,7 @@ class Replicator:
     def lagging_ranges(self) -> int:
         """Open ranges led here with a follower that does not hold all that
         is durable here (unreachable, or behind)."""
-        engine = self._node.engine
+        engine = self._engine
         count = 0
         for pipeline in self.pipelines:
             durable = engine.next_offset(pipeline.stream_id) or pipeline.start_offset

@@ -15,8 +15,8 @@ import pytest
 import trio
 import trio.testing
 
-from datanode.context import NodeContext
-from datanode.metrics import DataNodeMetrics
+from datanode.items import wait_future
+from datanode.node import DataNode
 from datanode.server import build_dispatcher
 from net.connection import Connection
 from net.limits import CLIENT_LIMITS
@@ -26,7 +26,7 @@ from sbp.connection import Side
 from sbp.constants import MAX_RECORD_OFFSET
 from sbp.enums import ErrorCode, Opcode
 from sbp.errors import InvalidRequestError, ProtocolError
-from storage import RangeInfo, ReplicaInfo, StorageEngine, writes
+from storage import RangeInfo, ReplicaInfo, StorageEngine
 
 from ..eventually import eventually
 
@@ -40,7 +40,7 @@ def engine_at(path: Path) -> Iterator[StorageEngine]:
     engine = StorageEngine(path, map_size=MAP_SIZE, node_id=NODE)
     try:
         replica = ReplicaInfo(NODE, "127.0.0.1:9001", True)
-        engine.sync_ranges(KNOWN, [RangeInfo(KNOWN, 0, 0, replicas=(replica,), epoch=1)])
+        engine.sync_ranges(KNOWN, [RangeInfo(KNOWN, 0, 0, replicas=(replica,), epoch=1)]).result()
         yield engine
     finally:
         engine.close()
@@ -62,8 +62,7 @@ class SlowPM:
 
 @asynccontextmanager
 async def node_connection(engine: StorageEngine, pm: Any = None) -> AsyncIterator[Any]:
-    metrics = DataNodeMetrics(engine.stats, lambda: 0, engine.list_ranges)
-    node = NodeContext(node_id=NODE, engine=engine, metrics=metrics, pm=pm)
+    node = DataNode(NODE, engine, pm=pm)
     client_stream, server_stream = trio.testing.memory_stream_pair()
     server = Connection(
         server_stream, side=Side.SERVER, handler=build_dispatcher(node, 1 << 20), peer="client"
@@ -133,7 +132,7 @@ async def test_an_append_slower_than_its_timeout_answers_timeout_and_still_lands
         async with node_connection(engine) as (node, client, server):
             # Hold the storage writer: the next commit waits for the release.
             release = threading.Event()
-            held = engine.submit_command(lambda ctx: release.wait(10))
+            held = engine._command(lambda ctx: release.wait(10))
             with trio.fail_after(5):
                 (result,) = await append(client, [(KNOWN, batch(4))], timeout_ms=100)
             assert result.error_code == ErrorCode.TIMEOUT
@@ -212,7 +211,7 @@ async def test_an_append_past_the_last_offset_is_refused(tmp_path: Path) -> None
     near_end = MAX_RECORD_OFFSET - 3
     replica = ReplicaInfo(NODE, "127.0.0.1:9001", True)
     with engine_at(tmp_path) as engine:
-        engine.sync_ranges(9, [RangeInfo(9, 0, near_end, replicas=(replica,), epoch=1)])
+        engine.sync_ranges(9, [RangeInfo(9, 0, near_end, replicas=(replica,), epoch=1)]).result()
         async with node_connection(engine) as (_, client, _server):
             (refused,) = await append(client, [(9, batch(4))])
             assert refused.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
@@ -230,14 +229,14 @@ async def test_an_answer_that_cannot_be_built_is_unknown_not_a_crash(
 ) -> None:
     """Answers are delivered in a trio system callback, where an exception
     would end the process: a failure there answers UNKNOWN instead."""
-    from datanode.handlers.append import AppendHandler
+    import datanode.handlers.append
 
-    def broken(*_: Any) -> list[messages.AppendResult]:
+    def broken(*_: Any) -> messages.AppendResult:
         raise ValueError("cannot build the answer")
 
     with engine_at(tmp_path) as engine:
         async with node_connection(engine) as (_, client, _server):
-            monkeypatch.setattr(AppendHandler, "results", broken)
+            monkeypatch.setattr(datanode.handlers.append, "_result", broken)
             with pytest.raises(ProtocolError, match="internal server error") as caught:
                 await append(client, [(KNOWN, batch(1))])
             assert caught.value.code == ErrorCode.UNKNOWN
@@ -261,7 +260,7 @@ async def test_describe_of_a_range_not_synced_here_yet_asks_the_pm(tmp_path: Pat
             self.asked.append(stream_id)
             sealed = RangeInfo(KNOWN, 0, 0, 3, replicas=(replica,), epoch=1)
             opened = RangeInfo(KNOWN, 1, 3, replicas=(replica,), epoch=1)
-            await node.command(lambda ctx: writes.sync_ranges(ctx, KNOWN, [sealed, opened]))
+            await wait_future(node.engine.sync_ranges(KNOWN, [sealed, opened]))
             return True
 
     pm = PM()

@@ -7,18 +7,19 @@ import threading
 
 import trio
 
-from datanode.handlers.append import _Completions
+from datanode.appends import _Completions
 
 from ..eventually import eventually
 
 
 class Recorder:
-    def __init__(self, index: int, delivered: list[int]) -> None:
-        self.index = index
+    """Stands in for the append path: records which ticket became durable."""
+
+    def __init__(self, delivered: list[int]) -> None:
         self.delivered = delivered
 
-    def deliver(self, outcomes: list[object]) -> None:
-        self.delivered.append(self.index)
+    def durable(self, ticket: int, outcomes: list[object]) -> None:
+        self.delivered.append(ticket)
 
 
 async def test_every_outcome_arrives_once_in_order_in_few_wakeups() -> None:
@@ -33,13 +34,14 @@ async def test_every_outcome_arrives_once_in_order_in_few_wakeups() -> None:
 
     completions = _Completions(CountingToken())  # type: ignore[arg-type]
     delivered: list[int] = []
+    recorder = Recorder(delivered)
     total = 5000
 
     def writer() -> None:
         # bursts, as group commits complete several requests at once
         for start in range(0, total, 10):
             for index in range(start, start + 10):
-                completions.put(Recorder(index, delivered), [])  # type: ignore[arg-type]
+                completions.put(recorder, index, [], durable=True)  # type: ignore[arg-type]
 
     thread = threading.Thread(target=writer)
     thread.start()

@@ -9,12 +9,13 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import trio
 
+from datanode.replica_state import ReplicaStates
 from datanode.replication.primary import Replicator
+from datanode.waiters import StreamWaiters
 from sbp.batches import build_batch
 from sbp.errors import ProtocolError, RangeSealedError
 from storage import RangeInfo, ReplicaInfo, StorageEngine
@@ -126,8 +127,10 @@ def test_a_commit_that_fails_after_the_hand_over_fences_the_range(tmp_path: Path
     more appends here (the next one would get that offset). A range whose
     batches were not handed over goes on as before."""
     with StorageEngine(tmp_path / "node", node_id=1, map_size=64 << 20) as engine:
-        engine.sync_ranges(STREAM, [RangeInfo(STREAM, 0, 0, replicas=REPLICAS)])
-        engine.sync_ranges(STREAM + 1, [RangeInfo(STREAM + 1, 0, 0, replicas=REPLICAS[:1])])
+        engine.sync_ranges(STREAM, [RangeInfo(STREAM, 0, 0, replicas=REPLICAS)]).result()
+        engine.sync_ranges(
+            STREAM + 1, [RangeInfo(STREAM + 1, 0, 0, replicas=REPLICAS[:1])]
+        ).result()
         env = _Env(engine._store.env)
         engine._store.env = env
         handed: list[AppendOutcome] = []
@@ -162,14 +165,14 @@ async def test_a_restarted_primary_fences_the_replicated_ranges_it_led(tmp_path:
     one replica, and a replicated range led by another node, go on."""
     with StorageEngine(tmp_path / "node", node_id=1, map_size=64 << 20) as engine:
         followed = (ReplicaInfo(2, "127.0.0.1:9002", True), *REPLICAS[:1])
-        engine.sync_ranges(STREAM, [RangeInfo(STREAM, 0, 0, replicas=REPLICAS)])
-        engine.sync_ranges(STREAM + 1, [RangeInfo(STREAM + 1, 0, 0, replicas=REPLICAS[:1])])
-        engine.sync_ranges(STREAM + 2, [RangeInfo(STREAM + 2, 0, 0, replicas=followed)])
+        engine.sync_ranges(STREAM, [RangeInfo(STREAM, 0, 0, replicas=REPLICAS)]).result()
+        engine.sync_ranges(
+            STREAM + 1, [RangeInfo(STREAM + 1, 0, 0, replicas=REPLICAS[:1])]
+        ).result()
+        engine.sync_ranges(STREAM + 2, [RangeInfo(STREAM + 2, 0, 0, replicas=followed)]).result()
 
-        node = SimpleNamespace(
-            engine=engine, pm=None, node_id=1, commits=SimpleNamespace(advance=lambda *_: True)
-        )
-        replicator = Replicator(node, _Unreachable())  # type: ignore[arg-type]
+        replicas = ReplicaStates(1, engine, StreamWaiters())
+        replicator = Replicator(replicas, None, _Unreachable())  # type: ignore[arg-type]
         async with trio.open_nursery() as nursery:
             await nursery.start(replicator.run)
             nursery.cancel_scope.cancel()
@@ -188,8 +191,10 @@ def test_every_append_of_a_transaction_to_a_fenced_range_is_refused(tmp_path: Pa
     a group and wrote the second at the offset its followers held another
     value at."""
     with StorageEngine(tmp_path / "node", node_id=1, map_size=64 << 20) as engine:
-        engine.sync_ranges(STREAM, [RangeInfo(STREAM, 0, 0, replicas=REPLICAS)])
-        engine.sync_ranges(STREAM + 1, [RangeInfo(STREAM + 1, 0, 0, replicas=REPLICAS[:1])])
+        engine.sync_ranges(STREAM, [RangeInfo(STREAM, 0, 0, replicas=REPLICAS)]).result()
+        engine.sync_ranges(
+            STREAM + 1, [RangeInfo(STREAM + 1, 0, 0, replicas=REPLICAS[:1])]
+        ).result()
         assert isinstance(_append(engine, STREAM), AppendResult)
         engine.fence(STREAM, 0)
         done: Future[list[AppendOutcome]] = Future()

@@ -6,7 +6,6 @@ the sealed end, and once caught up every replica holds the same records
 
 from __future__ import annotations
 
-import functools
 import tempfile
 from concurrent.futures import Future
 from pathlib import Path
@@ -16,7 +15,7 @@ from hypothesis import strategies as st
 
 from sbp.batches import batch_spans, build_batch, decode_batches, peek_header, stamp_base_offset
 from sbp.replication import commit_offset, seal_end
-from storage import RangeInfo, ReplicaInfo, StorageEngine, writes
+from storage import RangeInfo, ReplicaBatch, ReplicaInfo, StorageEngine
 from storage.model import AppendItem, AppendOutcome, AppendResult
 
 STREAM = 5
@@ -44,15 +43,13 @@ def records(engine: StorageEngine, start: int, end: int) -> list[tuple[int, byte
     return out
 
 
-def replica_batches(engine: StorageEngine, offset: int, index: int) -> list[writes.ReplicaBatch]:
+def replica_batches(engine: StorageEngine, offset: int, index: int) -> list[ReplicaBatch]:
     data = engine.read(STREAM, offset, 1 << 20)
     items = []
     for start, end in batch_spans(data):
         header = peek_header(data, start)
         view = memoryview(bytes(data[start:end]))
-        items.append(
-            writes.ReplicaBatch(STREAM, index, 1, header.base_offset, view, header.record_count)
-        )
+        items.append(ReplicaBatch(STREAM, index, 1, header.base_offset, view, header.record_count))
     return items
 
 
@@ -67,16 +64,16 @@ def seal_and_check(
     record is below the end, and the replicas hold the same dense records."""
     if len(answering) < len(NODES) - acks + 1:
         return
-    answers = [engines[n].seal_range(STREAM, 0).end_offset for n in sorted(answering)]
+    answers = [engines[n].seal_range(STREAM, 0).result().end_offset for n in sorted(answering)]
     end = seal_end(answers, len(NODES), acks)
     assert all(offset < end for offset in acknowledged)
     for engine in engines.values():
-        engine.sync_ranges(STREAM, [range_of(0, 0, end), range_of(1, end)])
+        engine.sync_ranges(STREAM, [range_of(0, 0, end), range_of(1, end)]).result()
     source = next(e for e in engines.values() if e.held_end(STREAM, 0, end) == end)
     for engine in engines.values():
         while (held := engine.held_end(STREAM, 0, end)) < end:
             items = replica_batches(source, held, 0)
-            engine.submit_command(functools.partial(writes.fill, items=items)).result()
+            engine.fill(items).result()
             assert engine.held_end(STREAM, 0, end) > held, "the catch-up is stuck"
     contents = [records(engine, 0, end) for engine in engines.values()]
     assert contents[0] == contents[1] == contents[2]
@@ -105,7 +102,7 @@ def test_a_seal_keeps_every_acknowledged_record_and_replicas_agree(
         engines = {n: StorageEngine(paths[n], node_id=n, map_size=MAP) for n in NODES}
         try:
             for engine in engines.values():
-                engine.sync_ranges(STREAM, [range_of(0, 0)])
+                engine.sync_ranges(STREAM, [range_of(0, 0)]).result()
             primary = engines[NODES[0]]
             acknowledged: dict[int, bytes] = {}
             #: durable on the primary, waiting for the commit offset to pass them
@@ -115,14 +112,14 @@ def test_a_seal_keeps_every_acknowledged_record_and_replicas_agree(
                 if op == "append":
                     values = [f"v{number + i}".encode() for i in range(arg)]
                     number += arg
-                    result = primary.append(STREAM, build_batch(values, 1))
+                    result = primary.append(STREAM, build_batch(values, 1)).result()
                     pending.update(enumerate(values, start=result.base_offset))
                 elif op == "replicate":
                     follower = engines[arg]
                     held = follower.next_offset(STREAM) or 0
                     items = replica_batches(primary, held, 0)
                     if items:
-                        follower.submit_replicas(items[:1]).result()
+                        follower.replicate(items[:1]).result()
                 else:
                     engines[arg].close()
                     engines[arg] = StorageEngine(paths[arg], node_id=arg, map_size=MAP)
@@ -181,7 +178,7 @@ def test_batches_sent_before_the_primary_synced_them_never_give_one_offset_two_v
         engines = {n: StorageEngine(paths[n], node_id=n, map_size=MAP) for n in NODES}
         try:
             for engine in engines.values():
-                engine.sync_ranges(STREAM, [range_of(0, 0)])
+                engine.sync_ranges(STREAM, [range_of(0, 0)]).result()
             primary = engines[NODES[0]]
             acknowledged: dict[int, bytes] = {}
             pending: dict[int, bytes] = {}
@@ -214,7 +211,7 @@ def test_batches_sent_before_the_primary_synced_them_never_give_one_offset_two_v
                         unsynced.append((base, values, batch))
                 elif op == "sync" and unsynced:
                     base, values, _ = unsynced.pop(0)
-                    result = primary.append(STREAM, build_batch(values, 1))
+                    result = primary.append(STREAM, build_batch(values, 1)).result()
                     assert result.base_offset == base
                     pending.update(enumerate(values, start=base))
                 elif op == "replicate":
@@ -222,12 +219,12 @@ def test_batches_sent_before_the_primary_synced_them_never_give_one_offset_two_v
                     held = follower.next_offset(STREAM) or 0
                     items = replica_batches(primary, held, 0) if held < durable else []
                     items += [
-                        writes.ReplicaBatch(STREAM, 0, 1, base, memoryview(batch), len(values))
+                        ReplicaBatch(STREAM, 0, 1, base, memoryview(batch), len(values))
                         for base, values, batch in unsynced
                         if base == held
                     ]
                     if items:
-                        follower.submit_replicas(items[:1]).result()
+                        follower.replicate(items[:1]).result()
                 elif op == "restart":
                     engines[arg].close()
                     engines[arg] = StorageEngine(paths[arg], node_id=arg, map_size=MAP)

@@ -8,23 +8,24 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import trio
 
+from datanode.replica_state import ReplicaStates
 from datanode.replication.primary import (
     REPLICATE_SECONDS_BOUNDS,
     SETTLE_AFTER_S,
     RangePipeline,
     Replicator,
 )
+from datanode.waiters import StreamWaiters
 from net.calls import Response
 from sbp import messages
 from sbp.batches import build_batch, peek_header, stamp_base_offset
 from sbp.enums import Opcode
 from sbp.stats import Buckets
-from storage import RangeInfo, ReplicaInfo, StorageEngine, writes
+from storage import RangeInfo, ReplicaBatch, ReplicaInfo, StorageEngine
 
 from ..eventually import eventually
 
@@ -110,8 +111,8 @@ def pipeline_of(engine: FakeEngine) -> RangePipeline:
             ReplicaInfo(3, "127.0.0.1:9003", False),
         ),
     )
-    node = SimpleNamespace(engine=engine, commits=SimpleNamespace(advance=lambda *_: True), pm=None)
-    pipeline = RangePipeline(node, None, info, Buckets(REPLICATE_SECONDS_BOUNDS))  # type: ignore[arg-type]
+    replicas = ReplicaStates(1, engine, StreamWaiters())  # type: ignore[arg-type]
+    pipeline = RangePipeline(replicas, None, None, info, Buckets(REPLICATE_SECONDS_BOUNDS))  # type: ignore[arg-type]
     pipeline.ack_nums = 2
     return pipeline
 
@@ -131,7 +132,9 @@ async def test_an_idle_follower_is_told_the_commit_that_moved_while_its_frame_wa
 
     items, payload, follower.send_offset = pipeline._read_frame(0)
     assert [item.commit_offset for item in items] == [0]
-    pipeline.commit = 1  # the other follower answered before this frame left
+    pipeline.replicas.commits.advance(
+        STREAM, 0, 1
+    )  # the other follower answered before this frame left
     ready = trio.Event()
     ready.set()
     await pipeline._frame(follower, connection, items, payload, ready, trio.Event())  # type: ignore[arg-type]
@@ -223,12 +226,12 @@ async def test_a_range_sealed_here_learns_the_pm_end_it_was_never_synced(
     node asks it for the stream's ranges, and serves up to the PM's end."""
     replicas = (ReplicaInfo(1, "127.0.0.1:9001", True), ReplicaInfo(2, "127.0.0.1:9002", False))
     with StorageEngine(tmp_path / "node", node_id=2, map_size=64 << 20) as engine:
-        engine.sync_ranges(STREAM, [RangeInfo(STREAM, 0, 0, replicas=replicas)])
+        engine.sync_ranges(STREAM, [RangeInfo(STREAM, 0, 0, replicas=replicas)]).result()
         for offset in range(3):
             batch = build_batch([b"v"], 0)
             stamp_base_offset(batch, offset)
-            engine.submit_replicas([writes.ReplicaBatch(STREAM, 0, 0, offset, batch, 1)]).result()
-        assert engine.seal_range(STREAM, 0).sealed_here
+            engine.replicate([ReplicaBatch(STREAM, 0, 0, offset, batch, 1)]).result()
+        assert engine.seal_range(STREAM, 0).result().sealed_here
 
         asked: list[str] = []
 
@@ -243,11 +246,11 @@ async def test_a_range_sealed_here_learns_the_pm_end_it_was_never_synced(
                     RangeInfo(STREAM, 0, 0, 2, replicas=replicas),
                     RangeInfo(STREAM, 1, 2, replicas=replicas),
                 ]
-                engine.sync_ranges(stream_id, pm_view)
+                engine.sync_ranges(stream_id, pm_view).result()
                 return True
 
-        node = SimpleNamespace(engine=engine, pm=PM(), node_id=2)
-        replicator = Replicator(node, None)  # type: ignore[arg-type]
+        states = ReplicaStates(2, engine, StreamWaiters())
+        replicator = Replicator(states, PM(), None)  # type: ignore[arg-type]
         async with trio.open_nursery() as nursery:
             await nursery.start(replicator.run)
             replicator.ranges_changed(STREAM)

@@ -33,7 +33,6 @@ from storage import (
     ReplicaInfo,
     StorageEngine,
     layout,
-    writes,
 )
 
 NODE = 1
@@ -90,9 +89,9 @@ def values_at(engine: StorageEngine, stream_id: int, offset: int, max_bytes: int
 
 
 def test_appends_get_dense_offsets_and_read_back_stamped(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    first = engine.append(1, batch(b"a", b"b", b"c"))
-    second = engine.append(1, memoryview(batch(b"d")))
+    engine.sync_ranges(1, [open_range(1)]).result()
+    first = engine.append(1, batch(b"a", b"b", b"c")).result()
+    second = engine.append(1, memoryview(batch(b"d"))).result()
     assert (first.base_offset, first.record_count) == (0, 3)
     assert (second.base_offset, second.record_count) == (3, 1)
     assert first.append_time_ms == 1_000_000
@@ -103,9 +102,9 @@ def test_appends_get_dense_offsets_and_read_back_stamped(engine: StorageEngine) 
 
 
 def test_read_starts_at_the_batch_holding_the_offset(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(1, [open_range(1)]).result()
     for i in range(5):
-        engine.append(1, batch(bytes([i]) * 3, bytes([i]) * 2))
+        engine.append(1, batch(bytes([i]) * 3, bytes([i]) * 2)).result()
     assert values_at(engine, 1, 5)[0] == (4, b"\x02\x02\x02")
     assert [o for o, _ in values_at(engine, 1, 9)] == [8, 9]
 
@@ -113,10 +112,10 @@ def test_read_starts_at_the_batch_holding_the_offset(engine: StorageEngine) -> N
 def test_read_respects_the_byte_budget_but_returns_one_batch_at_least(
     engine: StorageEngine,
 ) -> None:
-    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(1, [open_range(1)]).result()
     size = len(batch(b"x" * 100))
     for _ in range(10):
-        engine.append(1, batch(b"x" * 100))
+        engine.append(1, batch(b"x" * 100)).result()
     assert len(engine.read(1, 0, 1)) == size
     assert len(engine.read(1, 0, 3 * size)) == 3 * size
     assert len(engine.read(1, 0, 3 * size + size - 1)) == 3 * size
@@ -127,10 +126,10 @@ def test_borrowed_batches_are_what_read_copies(engine: StorageEngine) -> None:
     """``borrow`` leaves the batches in the map: written out in order, its
     buffers (each batch's stamped base offset, then the rest of it) are
     the bytes ``read`` returns, through chunks and the byte budget."""
-    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(1, [open_range(1)]).result()
     items = [AppendItem(1, batch(bytes([i]) * 40, bytes([i]) * 9)) for i in range(5)]
     append_together(engine, items)
-    engine.append(1, batch(b"own chunk"))
+    engine.append(1, batch(b"own chunk")).result()
     size = len(items[0].batch)
     for offset, max_bytes in [(0, 1 << 20), (3, 1), (4, 2 * size), (10, 1 << 20)]:
         expected = engine.read(1, offset, max_bytes)
@@ -157,8 +156,8 @@ def append_together(engine: StorageEngine, items: list[AppendItem]) -> list[Appe
 
 
 def test_a_group_stores_each_streams_batches_as_one_chunk(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    engine.sync_ranges(2, [open_range(2)])
+    engine.sync_ranges(1, [open_range(1)]).result()
+    engine.sync_ranges(2, [open_range(2)]).result()
     items = [AppendItem(1 + i % 2, batch(bytes([i]) * 50, bytes([i]) * 7)) for i in range(6)]
     outcomes = append_together(engine, items)
     assert [o.base_offset for o in outcomes] == [0, 0, 2, 2, 4, 4]  # type: ignore[union-attr]
@@ -179,7 +178,7 @@ def test_a_group_stores_each_streams_batches_as_one_chunk(engine: StorageEngine)
     assert len(engine.read(1, 0, 2 * size)) == 2 * size
     assert [peek_header(engine.read(1, o, 1)).base_offset for o in range(6)] == [0, 0, 2, 2, 4, 4]
     # a later append opens a chunk of its own; a read runs across both
-    engine.append(1, batch(b"next"))
+    engine.append(1, batch(b"next")).result()
     assert values_at(engine, 1, 5)[1:] == [(5, b"\x04" * 7), (6, b"next")]
     engine = reopen(engine)
     assert engine.next_offset(1) == 7
@@ -189,15 +188,15 @@ def test_a_group_stores_each_streams_batches_as_one_chunk(engine: StorageEngine)
 
 
 def test_a_trim_frees_a_chunk_only_once_wholly_below(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(1, [open_range(1)]).result()
     append_together(engine, [AppendItem(1, batch(bytes([i]))) for i in range(4)])  # 0..3
-    engine.append(1, batch(b"tail"))  # 4
-    assert engine.trim(1, 2) == 2
+    engine.append(1, batch(b"tail")).result()  # 4
+    assert engine.trim(1, 2).result() == 2
     assert engine.stats().stored_batches == 5  # the chunk straddles 2: kept whole
     with pytest.raises(OffsetOutOfRangeError):
         engine.read(1, 1, 100)
     assert values_at(engine, 1, 2) == [(2, b"\x02"), (3, b"\x03"), (4, b"tail")]
-    assert engine.trim(1, 4) == 4
+    assert engine.trim(1, 4).result() == 4
     assert engine.stats().stored_batches == 1
     assert engine.stats().stored_bytes == len(batch(b"tail"))
     assert values_at(engine, 1, 4) == [(4, b"tail")]
@@ -206,12 +205,12 @@ def test_a_trim_frees_a_chunk_only_once_wholly_below(engine: StorageEngine) -> N
 def test_a_command_sees_the_appends_submitted_before_it(engine: StorageEngine) -> None:
     """Appends and a trim that land in one group: the trim must find (and free)
     the appends' chunk, which is written before any command runs."""
-    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(1, [open_range(1)]).result()
     release = threading.Event()
-    engine.submit_command(lambda _ctx: release.wait(10))  # holds the writer
+    engine._command(lambda _ctx: release.wait(10))  # holds the writer
     appended: Future[list[AppendOutcome]] = Future()
     engine.submit([AppendItem(1, batch(b"a")), AppendItem(1, batch(b"b"))], appended.set_result)
-    trimmed = engine.submit_command(lambda ctx: writes.trim_stream(ctx, 1, 2))
+    trimmed = engine.trim(1, 2)
     later: Future[list[AppendOutcome]] = Future()
     engine.submit([AppendItem(1, batch(b"c"))], later.set_result)
     release.set()
@@ -227,7 +226,7 @@ def test_a_format_1_directory_is_read_and_upgraded(tmp_path: Path) -> None:
     batch counter: it is a store of one-batch chunks."""
     path = tmp_path / "v1"
     with StorageEngine(path, map_size=MAP_SIZE, node_id=NODE) as engine:
-        engine.sync_ranges(1, [open_range(1)])
+        engine.sync_ranges(1, [open_range(1)]).result()
     env = lmdb.open(str(path), map_size=MAP_SIZE, max_dbs=len(layout.ALL_DBS))
     with env.begin(write=True) as txn:
         dbs = {name: env.open_db(name, txn=txn) for name in layout.ALL_DBS}
@@ -243,8 +242,8 @@ def test_a_format_1_directory_is_read_and_upgraded(tmp_path: Path) -> None:
         assert engine.next_offset(1) == 3
         assert engine.stats().stored_batches == 2
         assert values_at(engine, 1, 1) == [(0, b"a"), (1, b"b"), (2, b"c")]
-        assert engine.append(1, batch(b"d")).base_offset == 3
-        assert engine.trim(1, 2) == 2
+        assert engine.append(1, batch(b"d")).result().base_offset == 3
+        assert engine.trim(1, 2).result() == 2
         assert engine.stats().stored_batches == 2
     with StorageEngine(path, map_size=MAP_SIZE, node_id=NODE) as engine:
         with engine._store.env.begin() as txn:
@@ -254,8 +253,8 @@ def test_a_format_1_directory_is_read_and_upgraded(tmp_path: Path) -> None:
 
 
 def test_read_at_the_tail_is_empty_and_beyond_it_out_of_range(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    engine.append(1, batch(b"a"))
+    engine.sync_ranges(1, [open_range(1)]).result()
+    engine.append(1, batch(b"a")).result()
     assert engine.read(1, 1, 100) == b""
     with pytest.raises(OffsetOutOfRangeError, match="above the next offset 1"):
         engine.read(1, 2, 100)
@@ -264,17 +263,17 @@ def test_read_at_the_tail_is_empty_and_beyond_it_out_of_range(engine: StorageEng
 
 
 def test_streams_are_independent(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    engine.sync_ranges(2, [open_range(2)])
-    engine.append(2, batch(b"two"))
-    engine.append(1, batch(b"one"))
-    engine.append(2, batch(b"two again"))
+    engine.sync_ranges(1, [open_range(1)]).result()
+    engine.sync_ranges(2, [open_range(2)]).result()
+    engine.append(2, batch(b"two")).result()
+    engine.append(1, batch(b"one")).result()
+    engine.append(2, batch(b"two again")).result()
     assert values_at(engine, 1, 0) == [(0, b"one")]
     assert values_at(engine, 2, 0) == [(0, b"two"), (1, b"two again")]
 
 
 def test_a_bad_batch_fails_only_its_own_item(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(1, [open_range(1)]).result()
     corrupt = batch(b"bad")
     corrupt[-1] ^= 0xFF
     outcomes: list[AppendOutcome] = []
@@ -297,9 +296,9 @@ def test_a_bad_batch_fails_only_its_own_item(engine: StorageEngine) -> None:
 
 
 def test_a_truncated_batch_is_invalid(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(1, [open_range(1)]).result()
     with pytest.raises(InvalidRecordBatchError, match="batch_length"):
-        engine.append(1, batch(b"abcdef")[:-2])
+        engine.append(1, batch(b"abcdef")[:-2]).result()
 
 
 # -- which range -------------------------------------------------------------
@@ -307,7 +306,7 @@ def test_a_truncated_batch_is_invalid(engine: StorageEngine) -> None:
 
 def test_unknown_stream_is_range_not_found(engine: StorageEngine) -> None:
     with pytest.raises(RangeNotFoundError):
-        engine.append(9, batch(b"x"))
+        engine.append(9, batch(b"x")).result()
     with pytest.raises(RangeNotFoundError):
         engine.read(9, 0, 100)
     assert engine.next_offset(9) is None
@@ -315,35 +314,35 @@ def test_unknown_stream_is_range_not_found(engine: StorageEngine) -> None:
 
 def test_append_to_a_range_led_elsewhere_is_not_primary(engine: StorageEngine) -> None:
     led_elsewhere = RangeInfo(1, 0, 0, replicas=(replica(OTHER), replica(NODE, primary=False)))
-    engine.sync_ranges(1, [led_elsewhere])
+    engine.sync_ranges(1, [led_elsewhere]).result()
     with pytest.raises(NotPrimaryError, match="primary: 2"):
-        engine.append(1, batch(b"x"))
+        engine.append(1, batch(b"x")).result()
 
 
 def test_append_to_a_stream_hosted_elsewhere_is_range_not_found(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1, node=OTHER)])
+    engine.sync_ranges(1, [open_range(1, node=OTHER)]).result()
     with pytest.raises(RangeNotFoundError):
-        engine.append(1, batch(b"x"))
+        engine.append(1, batch(b"x")).result()
 
 
 def test_seal_stops_appends_and_fixes_the_end_offset(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    engine.append(1, batch(b"a", b"b"))
-    sealed = engine.seal_range(1, 0)
+    engine.sync_ranges(1, [open_range(1)]).result()
+    engine.append(1, batch(b"a", b"b")).result()
+    sealed = engine.seal_range(1, 0).result()
     assert (sealed.end_offset, sealed.next_offset, not sealed.is_open) == (2, 2, True)
-    assert engine.seal_range(1, 0) == sealed  # idempotent
+    assert engine.seal_range(1, 0).result() == sealed  # idempotent
     with pytest.raises(RangeSealedError):
-        engine.append(1, batch(b"c"))
+        engine.append(1, batch(b"c")).result()
     with pytest.raises(RangeNotFoundError):
-        engine.seal_range(1, 5)
+        engine.seal_range(1, 5).result()
 
 
 def test_offsets_continue_across_a_seal_into_the_next_range(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    engine.append(1, batch(b"a", b"b"))
-    sealed = engine.seal_range(1, 0)
-    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=sealed.end_offset)])
-    assert engine.append(1, batch(b"c")).base_offset == 2
+    engine.sync_ranges(1, [open_range(1)]).result()
+    engine.append(1, batch(b"a", b"b")).result()
+    sealed = engine.seal_range(1, 0).result()
+    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=sealed.end_offset)]).result()
+    assert engine.append(1, batch(b"c")).result().base_offset == 2
     assert values_at(engine, 1, 0) == [(0, b"a"), (1, b"b")]  # a read stops at the range end
     assert values_at(engine, 1, 2) == [(2, b"c")]
     assert [(r.range_index, r.next_offset) for r in engine.list_ranges(1)] == [(0, 2), (1, 3)]
@@ -351,20 +350,22 @@ def test_offsets_continue_across_a_seal_into_the_next_range(engine: StorageEngin
 
 
 def test_next_range_on_another_node(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    engine.append(1, batch(b"a"))
-    sealed = engine.seal_range(1, 0)
-    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=1, node=OTHER)])
+    engine.sync_ranges(1, [open_range(1)]).result()
+    engine.append(1, batch(b"a")).result()
+    sealed = engine.seal_range(1, 0).result()
+    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=1, node=OTHER)]).result()
     with pytest.raises(RangeSealedError, match="end of a sealed range"):
         engine.read(1, 1, 100)
     with pytest.raises(RangeSealedError, match="does not host"):
-        engine.append(1, batch(b"b"))
+        engine.append(1, batch(b"b")).result()
     assert [r.range_index for r in engine.list_ranges(1)] == [0]
 
 
 def test_read_of_a_range_hosted_elsewhere_is_range_not_found(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [sealed_range(1, 0, 0, 10, node=OTHER), open_range(1, index=1, start=10)])
-    engine.append(1, batch(b"x"))
+    engine.sync_ranges(
+        1, [sealed_range(1, 0, 0, 10, node=OTHER), open_range(1, index=1, start=10)]
+    ).result()
+    engine.append(1, batch(b"x")).result()
     with pytest.raises(RangeNotFoundError, match="range 0"):
         engine.read(1, 3, 100)
     assert values_at(engine, 1, 10) == [(10, b"x")]
@@ -372,16 +373,16 @@ def test_read_of_a_range_hosted_elsewhere_is_range_not_found(engine: StorageEngi
 
 def test_sync_ranges_rejects_inconsistent_ranges(engine: StorageEngine) -> None:
     with pytest.raises(InvalidRequestError):
-        engine.sync_ranges(1, [open_range(1), open_range(1)])
+        engine.sync_ranges(1, [open_range(1), open_range(1)]).result()
     with pytest.raises(InvalidRequestError):
-        engine.sync_ranges(1, [open_range(2)])
+        engine.sync_ranges(1, [open_range(2)]).result()
 
 
 def test_a_sealed_range_stays_sealed_under_a_stale_view(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    engine.append(1, batch(b"a"))
-    engine.seal_range(1, 0)
-    [stale] = engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(1, [open_range(1)]).result()
+    engine.append(1, batch(b"a")).result()
+    engine.seal_range(1, 0).result()
+    [stale] = engine.sync_ranges(1, [open_range(1)]).result()
     assert stale.end_offset == 1
 
 
@@ -391,11 +392,11 @@ def test_a_sealed_range_stays_sealed_under_a_stale_view(engine: StorageEngine) -
 def test_trim_drops_whole_batches_below_and_raises_the_first_offset(
     engine: StorageEngine,
 ) -> None:
-    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(1, [open_range(1)]).result()
     for i in range(4):
-        engine.append(1, batch(bytes([i]), bytes([i])))  # offsets 2i, 2i+1
+        engine.append(1, batch(bytes([i]), bytes([i]))).result()  # offsets 2i, 2i+1
     before = engine.stats()
-    assert engine.trim(1, 3) == 3
+    assert engine.trim(1, 3).result() == 3
     assert engine.first_offset(1) == 3
     with pytest.raises(OffsetOutOfRangeError):
         engine.read(1, 2, 100)
@@ -404,29 +405,29 @@ def test_trim_drops_whole_batches_below_and_raises_the_first_offset(
     after = engine.stats()
     assert after.stored_batches == before.stored_batches - 1
     assert after.stored_bytes == before.stored_bytes - len(batch(b"x", b"y"))
-    assert engine.trim(1, 1) == 3  # never lowers
-    assert engine.trim(1, 100) == 8  # capped at the next offset
+    assert engine.trim(1, 1).result() == 3  # never lowers
+    assert engine.trim(1, 100).result() == 8  # capped at the next offset
     assert engine.stats().stored_batches == 0
-    assert engine.append(1, batch(b"z")).base_offset == 8
+    assert engine.append(1, batch(b"z")).result().base_offset == 8
 
 
 def test_trim_forgets_sealed_ranges_wholly_below(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    engine.append(1, batch(b"a", b"b"))
-    sealed = engine.seal_range(1, 0)
-    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=2)])
-    engine.append(1, batch(b"c"))
-    engine.trim(1, 2)
+    engine.sync_ranges(1, [open_range(1)]).result()
+    engine.append(1, batch(b"a", b"b")).result()
+    sealed = engine.seal_range(1, 0).result()
+    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=2)]).result()
+    engine.append(1, batch(b"c")).result()
+    engine.trim(1, 2).result()
     assert [r.range_index for r in engine.list_ranges(1)] == [1]
 
 
 def test_sync_ranges_drops_ranges_the_pm_trimmed_with_their_data(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    engine.append(1, batch(b"a"))
-    sealed = engine.seal_range(1, 0)
-    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=1)])
-    engine.append(1, batch(b"b"))
-    engine.sync_ranges(1, [open_range(1, index=1, start=1)])
+    engine.sync_ranges(1, [open_range(1)]).result()
+    engine.append(1, batch(b"a")).result()
+    sealed = engine.seal_range(1, 0).result()
+    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=1)]).result()
+    engine.append(1, batch(b"b")).result()
+    engine.sync_ranges(1, [open_range(1, index=1, start=1)]).result()
     assert engine.first_offset(1) == 1
     assert engine.stats().stored_batches == 1
     with pytest.raises(OffsetOutOfRangeError):
@@ -435,37 +436,42 @@ def test_sync_ranges_drops_ranges_the_pm_trimmed_with_their_data(engine: Storage
 
 
 def test_delete_stream_rejects_writes_and_frees_data(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    engine.sync_ranges(2, [open_range(2)])
-    engine.append(1, batch(b"a"))
-    engine.append(2, batch(b"keep"))
-    engine.delete_stream(1)
-    engine.delete_stream(1)  # idempotent
+    engine.sync_ranges(1, [open_range(1)]).result()
+    engine.sync_ranges(2, [open_range(2)]).result()
+    engine.append(1, batch(b"a")).result()
+    engine.append(2, batch(b"keep")).result()
+    engine.delete_stream(1).result()
+    engine.delete_stream(1).result()  # idempotent
     with pytest.raises(StreamDeletedError):
-        engine.append(1, batch(b"b"))
+        engine.append(1, batch(b"b")).result()
     with pytest.raises(StreamDeletedError):
         engine.read(1, 0, 100)
     with pytest.raises(StreamDeletedError):
-        engine.sync_ranges(1, [open_range(1)])
+        engine.sync_ranges(1, [open_range(1)]).result()
     assert engine.stats().stored_batches == 1
     assert engine.list_ranges(1) == []
     assert values_at(engine, 2, 0) == [(0, b"keep")]
 
 
+def retained(engine: StorageEngine) -> dict[int, int]:
+    """Apply retention to every stream: the new first offset of each that lost batches."""
+    return {done.stream_id: done.first_offset for done in engine.expire().result()}
+
+
 def test_retention_drops_batches_by_append_time(engine: StorageEngine, clock: Clock) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    engine.sync_ranges(2, [open_range(2)])
-    engine.set_retention(1, 60_000)
-    engine.append(1, batch(b"old"))
-    engine.append(2, batch(b"kept forever"))
+    engine.sync_ranges(1, [open_range(1)]).result()
+    engine.sync_ranges(2, [open_range(2)]).result()
+    engine.set_retentions({1: 60_000}).result()
+    engine.append(1, batch(b"old")).result()
+    engine.append(2, batch(b"kept forever")).result()
     clock.now_ms += 30_000
-    engine.append(1, batch(b"newer"))
+    engine.append(1, batch(b"newer")).result()
     clock.now_ms += 40_000  # "old" is 70 s old, "newer" 40 s
-    assert engine.apply_retention() == {1: 1}
+    assert retained(engine) == {1: 1}
     assert values_at(engine, 1, 1) == [(1, b"newer")]
-    assert engine.apply_retention() == {}
+    assert retained(engine) == {}
     clock.now_ms += 30_000
-    assert engine.apply_retention() == {1: 2}
+    assert retained(engine) == {1: 2}
     assert engine.read(1, 2, 100) == b""
     assert values_at(engine, 2, 0) == [(0, b"kept forever")]
 
@@ -474,18 +480,18 @@ def test_retention_drops_batches_by_append_time(engine: StorageEngine, clock: Cl
 
 
 def test_everything_comes_back_after_reopen(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    engine.sync_ranges(2, [open_range(2)])
-    engine.set_retention(2, 5000)
-    engine.append(1, batch(b"a", b"b"))
-    sealed = engine.seal_range(1, 0)
-    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=2)])
-    engine.append(1, batch(b"c"))
-    engine.append(2, batch(b"x"))
-    engine.append(2, batch(b"y"))
-    engine.trim(2, 1)
-    engine.sync_ranges(3, [open_range(3)])
-    engine.delete_stream(3)
+    engine.sync_ranges(1, [open_range(1)]).result()
+    engine.sync_ranges(2, [open_range(2)]).result()
+    engine.set_retentions({2: 5000}).result()
+    engine.append(1, batch(b"a", b"b")).result()
+    sealed = engine.seal_range(1, 0).result()
+    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=2)]).result()
+    engine.append(1, batch(b"c")).result()
+    engine.append(2, batch(b"x")).result()
+    engine.append(2, batch(b"y")).result()
+    engine.trim(2, 1).result()
+    engine.sync_ranges(3, [open_range(3)]).result()
+    engine.delete_stream(3).result()
     stats = engine.stats()
 
     engine = reopen(engine)
@@ -500,8 +506,8 @@ def test_everything_comes_back_after_reopen(engine: StorageEngine) -> None:
         assert values_at(engine, 1, 0) == [(0, b"a"), (1, b"b")]
         assert values_at(engine, 2, 1) == [(1, b"y")]
         with pytest.raises(StreamDeletedError):
-            engine.append(3, batch(b"z"))
-        assert engine.append(1, batch(b"d")).base_offset == 3
+            engine.append(3, batch(b"z")).result()
+        assert engine.append(1, batch(b"d")).result().base_offset == 3
         assert engine.stats().stored_bytes == stats.stored_bytes + len(batch(b"d"))
     finally:
         engine.close()
@@ -509,11 +515,13 @@ def test_everything_comes_back_after_reopen(engine: StorageEngine) -> None:
 
 def test_an_empty_open_range_recovers_its_start_offset(tmp_path: Path) -> None:
     engine = StorageEngine(tmp_path, map_size=MAP_SIZE, node_id=NODE)
-    engine.sync_ranges(1, [sealed_range(1, 0, 0, 40, node=OTHER), open_range(1, 1, start=40)])
+    engine.sync_ranges(
+        1, [sealed_range(1, 0, 0, 40, node=OTHER), open_range(1, 1, start=40)]
+    ).result()
     engine = reopen(engine)
     try:
         assert engine.next_offset(1) == 40
-        assert engine.append(1, batch(b"a")).base_offset == 40
+        assert engine.append(1, batch(b"a")).result().base_offset == 40
     finally:
         engine.close()
 
@@ -537,22 +545,22 @@ def test_sync_mode_is_checked(tmp_path: Path) -> None:
 def test_storage_full_is_a_clean_error_and_trims_make_room(tmp_path: Path) -> None:
     engine = StorageEngine(tmp_path, map_size=4 * 1024 * 1024, node_id=NODE)
     try:
-        engine.sync_ranges(1, [open_range(1)])
-        engine.sync_ranges(2, [open_range(2)])
+        engine.sync_ranges(1, [open_range(1)]).result()
+        engine.sync_ranges(2, [open_range(2)]).result()
         big = batch(b"v" * 64 * 1024)
         appended = 0
         with pytest.raises(StorageFullError, match="storage full"):
             for _ in range(1000):
-                engine.append(1, big)
+                engine.append(1, big).result()
                 appended += 1
         assert 30 < appended < 64
         assert engine.next_offset(1) == appended
         # small batches of another stream still fit in what is left
-        assert engine.append(2, batch(b"small")).base_offset == 0
+        assert engine.append(2, batch(b"small")).result().base_offset == 0
         # metadata changes still work, and a trim frees room for new appends
-        engine.trim(1, appended - 2)
+        engine.trim(1, appended - 2).result()
         for _ in range(10):
-            engine.append(1, big)
+            engine.append(1, big).result()
         assert engine.next_offset(1) == appended + 10
         assert values_at(engine, 1, appended - 2, 1)[0][0] == appended - 2
         engine = reopen(engine)
@@ -567,10 +575,10 @@ def test_a_transaction_that_overflows_the_map_fails_only_what_does_not_fit(
     # no reserve margin can cover a single batch larger than the map itself
     engine = StorageEngine(tmp_path, map_size=2 * 1024 * 1024, node_id=NODE)
     try:
-        engine.sync_ranges(1, [open_range(1)])
+        engine.sync_ranges(1, [open_range(1)]).result()
         with pytest.raises(StorageFullError):
-            engine.append(1, batch(b"h" * 3 * 1024 * 1024))
-        assert engine.append(1, batch(b"fits")).base_offset == 0
+            engine.append(1, batch(b"h" * 3 * 1024 * 1024)).result()
+        assert engine.append(1, batch(b"fits")).result().base_offset == 0
     finally:
         engine.close()
 
@@ -582,7 +590,7 @@ def test_group_commit_from_many_threads(tmp_path: Path) -> None:
     engine = StorageEngine(tmp_path, map_size=MAP_SIZE, node_id=NODE)
     streams = (1, 2, 3)
     for stream_id in streams:
-        engine.sync_ranges(stream_id, [open_range(stream_id)])
+        engine.sync_ranges(stream_id, [open_range(stream_id)]).result()
     per_thread = 40
     results: dict[tuple[int, int], list[tuple[int, bytes]]] = {}
     start = threading.Barrier(8)
@@ -635,37 +643,37 @@ def test_group_commit_from_many_threads(tmp_path: Path) -> None:
 
 
 def test_a_failing_callback_does_not_stop_the_writer(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(1, [open_range(1)]).result()
 
     def explode(_outcomes: list[AppendOutcome]) -> None:
         raise RuntimeError("callback bug")
 
     engine.submit([AppendItem(1, batch(b"a"))], explode)
-    assert engine.append(1, batch(b"b")).base_offset == 1
+    assert engine.append(1, batch(b"b")).result().base_offset == 1
 
 
-def test_blocking_calls_from_the_writer_thread_are_refused(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    seen: list[BaseException] = []
+def test_an_operation_submitted_from_the_writer_thread_completes(engine: StorageEngine) -> None:
+    """Every operation is non-blocking, so a completion callback (which runs
+    on the writer thread) may submit another without waiting on itself."""
+    engine.sync_ranges(1, [open_range(1)]).result()
+    nested: list[Future[AppendResult]] = []
     done = threading.Event()
 
-    def nested(_outcomes: list[AppendOutcome]) -> None:
-        try:
-            engine.append(1, batch(b"again"))
-        except RuntimeError as error:
-            seen.append(error)
+    def again(_outcomes: list[AppendOutcome]) -> None:
+        nested.append(engine.append(1, batch(b"again")))
         done.set()
 
-    engine.submit([AppendItem(1, batch(b"a"))], nested)
+    engine.submit([AppendItem(1, batch(b"a"))], again)
     assert done.wait(10)
-    assert "writer thread" in str(seen[0])
+    assert nested[0].result(timeout=10).base_offset == 1
+    assert values_at(engine, 1, 0) == [(0, b"a"), (1, b"again")]
 
 
 def test_stats_describe_the_store(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(1, [open_range(1)]).result()
     b = batch(b"x" * 1000)
-    engine.append(1, b)
-    engine.append(1, b)
+    engine.append(1, b).result()
+    engine.append(1, b).result()
     stats = engine.stats()
     assert stats.stored_bytes == 2 * len(b)
     assert stats.stored_batches == 2
@@ -685,31 +693,31 @@ def test_errors_carry_their_wire_codes() -> None:
 
 
 def test_a_transaction_failure_is_isolated_to_its_operation(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(1, [open_range(1)]).result()
     release = threading.Event()
-    engine.submit_command(lambda _ctx: release.wait(10))  # holds the writer
+    engine._command(lambda _ctx: release.wait(10))  # holds the writer
 
     def broken(_ctx: object) -> None:
         raise RuntimeError("unexpected failure inside the transaction")
 
     outcomes: list[AppendOutcome] = []
     engine.submit([AppendItem(1, batch(b"before"))], outcomes.extend)
-    failing = engine.submit_command(broken)
+    failing = engine._command(broken)
     engine.submit([AppendItem(1, batch(b"after"))], outcomes.extend)
     release.set()
     with pytest.raises(ProtocolError, match="storage write failed"):
         failing.result(10)
-    assert engine.append(1, batch(b"last")).base_offset == 2
+    assert engine.append(1, batch(b"last")).result().base_offset == 2
     assert [o.base_offset for o in outcomes if isinstance(o, AppendResult)] == [0, 1]
     assert values_at(engine, 1, 0) == [(0, b"before"), (1, b"after"), (2, b"last")]
 
 
 def test_prefetch_chunks_reads_the_chunks_a_drop_frees(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    engine.sync_ranges(2, [open_range(2)])
+    engine.sync_ranges(1, [open_range(1)]).result()
+    engine.sync_ranges(2, [open_range(2)]).result()
     for value in (b"a", b"b", b"c", b"d"):
-        engine.append(1, batch(value))  # one transaction, so one chunk, each
-    engine.append(2, batch(b"other"))
+        engine.append(1, batch(value)).result()  # one transaction, so one chunk, each
+    engine.append(2, batch(b"other")).result()
     # every chunk of the stream, and none of the next stream's
     assert engine.prefetch_chunks(1) == 4
     # as a trim to offset 2 would free them: the chunks ending at or below it
@@ -718,7 +726,7 @@ def test_prefetch_chunks_reads_the_chunks_a_drop_frees(engine: StorageEngine) ->
     assert engine.prefetch_chunks(3) == 0
     assert engine.prefetch_chunks(1, budget_s=0.0) == 1  # stops once over its budget
     # reading changes nothing
-    engine.delete_stream(1)
+    engine.delete_stream(1).result()
     assert engine.stats().stored_batches == 1
     # the deletion leaves its chunks to later transactions (see below)
     assert engine.prefetch_chunks(1) == 4
@@ -731,13 +739,13 @@ def chunks_of(engine: StorageEngine, stream_id: int) -> int:
 def test_a_deletion_frees_about_as_much_as_each_later_transaction_stores(
     engine: StorageEngine,
 ) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    engine.sync_ranges(2, [open_range(2)])
+    engine.sync_ranges(1, [open_range(1)]).result()
+    engine.sync_ranges(2, [open_range(2)]).result()
     small = batch(b"x" * 1000)
     for _ in range(6):
-        engine.append(1, small)  # one chunk each
-    engine.append(2, batch(b"kept"))
-    engine.delete_stream(1)
+        engine.append(1, small).result()  # one chunk each
+    engine.append(2, batch(b"kept")).result()
+    engine.delete_stream(1).result()
     # gone for readers, writers and the counters at once; the chunks stay
     with pytest.raises(StreamDeletedError):
         engine.read(1, 0, 100)
@@ -745,17 +753,17 @@ def test_a_deletion_frees_about_as_much_as_each_later_transaction_stores(
     assert engine.stats().stored_bytes == len(batch(b"kept"))
     assert chunks_of(engine, 1) == 6
     assert engine.stats().streams_freeing == 1
-    engine.delete_stream(1)  # idempotent: nothing counted twice
+    engine.delete_stream(1).result()  # idempotent: nothing counted twice
     assert engine.stats().stored_bytes == len(batch(b"kept"))
     # a command stores nothing, so it frees nothing
-    engine.set_retention(2, 0)
+    engine.set_retentions({2: 0}).result()
     assert chunks_of(engine, 1) == 6
     # each transaction frees about the bytes it stores, oldest chunks first
-    engine.append(2, small)
+    engine.append(2, small).result()
     assert chunks_of(engine, 1) == 5
-    engine.append(2, batch(b"y" * 2500))
+    engine.append(2, batch(b"y" * 2500)).result()
     assert chunks_of(engine, 1) == 2
-    engine.append(2, batch(b"z" * 5000))
+    engine.append(2, batch(b"z" * 5000)).result()
     assert chunks_of(engine, 1) == 0
     assert engine.stats().streams_freeing == 0
     assert engine.stats().stored_batches == 4
@@ -768,17 +776,17 @@ def test_deleted_streams_take_turns_to_free_their_oldest_chunk(engine: StorageEn
     it freed from (docs/storage.md)."""
     small = batch(b"x" * 1000)
     for stream_id in (1, 2, 3, 9):
-        engine.sync_ranges(stream_id, [open_range(stream_id)])
+        engine.sync_ranges(stream_id, [open_range(stream_id)]).result()
     for _ in range(3):
         for stream_id in (1, 2, 3):
-            engine.append(stream_id, small)  # one chunk each
-    assert engine.trim(3, 1) == 1  # stream 3's first chunk is dropped, the rest kept
+            engine.append(stream_id, small).result()  # one chunk each
+    assert engine.trim(3, 1).result() == 1  # stream 3's first chunk is dropped, the rest kept
     for stream_id in (1, 2):
-        engine.delete_stream(stream_id)
+        engine.delete_stream(stream_id).result()
     assert [chunks_of(engine, s) for s in (1, 2, 3)] == [3, 3, 3]
 
     def freed_after_storing(nbytes: int) -> list[int]:
-        engine.append(9, batch(b"y" * nbytes))
+        engine.append(9, batch(b"y" * nbytes)).result()
         return [chunks_of(engine, s) for s in (1, 2, 3)]
 
     assert freed_after_storing(900) == [2, 3, 3]  # about one chunk: stream 1's
@@ -796,18 +804,18 @@ def test_deleted_streams_take_turns_to_free_their_oldest_chunk(engine: StorageEn
 
 
 def test_chunks_left_by_a_deletion_are_freed_after_a_restart(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    engine.sync_ranges(2, [open_range(2)])
+    engine.sync_ranges(1, [open_range(1)]).result()
+    engine.sync_ranges(2, [open_range(2)]).result()
     for _ in range(3):
-        engine.append(1, batch(b"x" * 1000))
-    engine.delete_stream(1)
+        engine.append(1, batch(b"x" * 1000)).result()
+    engine.delete_stream(1).result()
     engine = reopen(engine)
     try:
         assert chunks_of(engine, 1) == 3
         with pytest.raises(StreamDeletedError):
-            engine.append(1, batch(b"b"))
+            engine.append(1, batch(b"b")).result()
         assert engine.stats().stored_batches == 0
-        engine.append(2, batch(b"y" * 5000))
+        engine.append(2, batch(b"y" * 5000)).result()
         assert chunks_of(engine, 1) == 0
         assert engine.stats().stored_batches == 1
     finally:
@@ -815,66 +823,66 @@ def test_chunks_left_by_a_deletion_are_freed_after_a_restart(engine: StorageEngi
 
 
 def test_a_trim_leaves_its_chunks_to_later_transactions(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    engine.sync_ranges(2, [open_range(2)])
+    engine.sync_ranges(1, [open_range(1)]).result()
+    engine.sync_ranges(2, [open_range(2)]).result()
     small = batch(b"x" * 1000)
     for _ in range(6):
-        engine.append(1, small)  # one chunk each, offsets 0..5
-    assert engine.trim(1, 4) == 4
+        engine.append(1, small).result()  # one chunk each, offsets 0..5
+    assert engine.trim(1, 4).result() == 4
     # below the first offset: gone for readers and the counters at once
     with pytest.raises(OffsetOutOfRangeError):
         engine.read(1, 3, 100)
     assert engine.stats().stored_batches == 2
     assert engine.stats().streams_freeing == 1
     assert chunks_of(engine, 1) == 6
-    engine.append(2, batch(b"y" * 2500))
+    engine.append(2, batch(b"y" * 2500)).result()
     assert chunks_of(engine, 1) == 3
     # trimming further forgets only what the last trim had not
-    assert engine.trim(1, 5) == 5
+    assert engine.trim(1, 5).result() == 5
     assert engine.stats().stored_batches == 2  # stream 1's last chunk and stream 2's
-    engine.append(2, batch(b"z" * 5000))
+    engine.append(2, batch(b"z" * 5000)).result()
     assert chunks_of(engine, 1) == 1  # the kept chunk, offset 5, and no more
     assert engine.stats().streams_freeing == 0
     assert values_at(engine, 1, 5) == [(5, b"x" * 1000)]
     # a deletion after a trim counts nothing twice
-    engine.trim(1, 6)
-    engine.delete_stream(1)
+    engine.trim(1, 6).result()
+    engine.delete_stream(1).result()
     assert engine.stats().stored_bytes == len(batch(b"y" * 2500)) + len(batch(b"z" * 5000))
 
 
 def test_a_sync_that_moves_the_first_range_up_leaves_its_chunks_too(
     engine: StorageEngine,
 ) -> None:
-    engine.sync_ranges(1, [open_range(1)])
-    engine.sync_ranges(2, [open_range(2)])
+    engine.sync_ranges(1, [open_range(1)]).result()
+    engine.sync_ranges(2, [open_range(2)]).result()
     for _ in range(4):
-        engine.append(1, batch(b"x" * 1000))
-    sealed = engine.seal_range(1, 0)
-    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=4)])
-    engine.append(1, batch(b"kept"))
-    engine.sync_ranges(1, [open_range(1, index=1, start=4)])  # the PM trimmed range 0
+        engine.append(1, batch(b"x" * 1000)).result()
+    sealed = engine.seal_range(1, 0).result()
+    engine.sync_ranges(1, [sealed, open_range(1, index=1, start=4)]).result()
+    engine.append(1, batch(b"kept")).result()
+    engine.sync_ranges(1, [open_range(1, index=1, start=4)]).result()  # the PM trimmed range 0
     assert engine.first_offset(1) == 4
     assert engine.stats().stored_batches == 1
     assert chunks_of(engine, 1) == 5
     # forgetting the stream altogether frees at once, and counts nothing twice
-    engine.sync_ranges(1, [])
+    engine.sync_ranges(1, []).result()
     assert chunks_of(engine, 1) == 0
     assert engine.stats().stored_batches == 0
     assert engine.stats().stored_bytes == 0
-    engine.append(2, batch(b"y"))
+    engine.append(2, batch(b"y")).result()
     assert engine.stats().streams_freeing == 0
 
 
 def test_chunks_left_by_a_trim_are_freed_after_a_restart(engine: StorageEngine) -> None:
-    engine.sync_ranges(1, [open_range(1)])
+    engine.sync_ranges(1, [open_range(1)]).result()
     for _ in range(3):
-        engine.append(1, batch(b"x" * 1000))
-    engine.trim(1, 2)
+        engine.append(1, batch(b"x" * 1000)).result()
+    engine.trim(1, 2).result()
     engine = reopen(engine)
     try:
         assert engine.stats().streams_freeing == 1
         assert engine.stats().stored_batches == 1
-        engine.append(1, batch(b"y" * 5000))
+        engine.append(1, batch(b"y" * 5000)).result()
         assert chunks_of(engine, 1) == 2  # offset 2's chunk and the new one
         assert engine.stats().streams_freeing == 0
         assert values_at(engine, 1, 2) == [(2, b"x" * 1000), (3, b"y" * 5000)]
@@ -885,19 +893,19 @@ def test_chunks_left_by_a_trim_are_freed_after_a_restart(engine: StorageEngine) 
 def test_a_full_store_frees_every_deleted_stream_before_refusing(tmp_path: Path) -> None:
     engine = StorageEngine(tmp_path, map_size=MAP_SIZE, node_id=NODE)
     try:
-        engine.sync_ranges(1, [open_range(1)])
-        engine.sync_ranges(2, [open_range(2)])
+        engine.sync_ranges(1, [open_range(1)]).result()
+        engine.sync_ranges(2, [open_range(2)]).result()
         big = batch(b"x" * (1 << 20))
         with pytest.raises(StorageFullError):
             while True:
-                engine.append(1, big)
-        engine.delete_stream(1)
+                engine.append(1, big).result()
+        engine.delete_stream(1).result()
         filled = chunks_of(engine, 1)
         assert filled > 10
         # the first append finds no room, frees all of stream 1, and is stored
-        assert engine.append(2, big).base_offset == 0
+        assert engine.append(2, big).result().base_offset == 0
         assert chunks_of(engine, 1) == 0
         for _ in range(filled - 10):
-            engine.append(2, big)
+            engine.append(2, big).result()
     finally:
         engine.close()

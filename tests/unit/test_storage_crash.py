@@ -33,7 +33,8 @@ from storage import AppendItem, RangeInfo, ReplicaInfo, StorageEngine
 
 engine = StorageEngine(sys.argv[1], map_size=int(sys.argv[2]), node_id=1)
 if engine.next_offset(1) is None:
-    engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(ReplicaInfo(1, "127.0.0.1:1", True),))])
+    replica = ReplicaInfo(1, "127.0.0.1:1", True)
+    engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(replica,))]).result()
 seq = engine.stats().stored_batches
 in_flight = threading.Semaphore(16)
 
@@ -130,12 +131,12 @@ def test_acknowledged_appends_survive_sigkill(tmp_path: Path) -> None:
 # thread of its own while the appends go on.
 RETENTION_CHILD = CHILD.replace(
     'os.write(1, b"ready\\n")',
-    """engine.set_retention(1, 300)
+    """engine.set_retentions({1: 300}).result()
 
 def expire():
     import time
     while True:
-        engine.apply_retention()
+        engine.expire().result()
         time.sleep(0.02)
 
 threading.Thread(target=expire, daemon=True).start()
@@ -187,34 +188,34 @@ def test_retention_under_appends_survives_sigkill(tmp_path: Path) -> None:
 # deleted it: each of its transactions frees some of stream 1's chunks.
 DELETED_STREAM_CHILD = CHILD.replace(
     "if engine.next_offset(1) is None:\n"
-    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, "
-    'replicas=(ReplicaInfo(1, "127.0.0.1:1", True),))])',
+    '    replica = ReplicaInfo(1, "127.0.0.1:1", True)\n'
+    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(replica,))]).result()",
     'replica = ReplicaInfo(1, "127.0.0.1:1", True)\n'
     "if engine.next_offset(2) is None:\n"
-    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(replica,))])\n"
+    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(replica,))]).result()\n"
     "    for i in range(1000):\n"
     '        engine.append(1, build_batch([b"gone" * 5000], i))\n'
     "    engine.prefetch_chunks(1)\n"
-    "    engine.delete_stream(1)\n"
-    "    engine.sync_ranges(2, [RangeInfo(2, 0, 0, replicas=(replica,))])",
+    "    engine.delete_stream(1).result()\n"
+    "    engine.sync_ranges(2, [RangeInfo(2, 0, 0, replicas=(replica,))]).result()",
 ).replace("[AppendItem(1, batch)]", "[AppendItem(2, batch)]")
 
 # The same with three deleted streams, written interleaved: the transactions
-# free them in turns (storage.writes.WriteContext.free_dropped).
+# free them in turns (storage.transaction.WriteContext.free_dropped).
 DELETED_STREAMS = (1, 3, 4)
 DELETED_STREAMS_CHILD = DELETED_STREAM_CHILD.replace(
-    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(replica,))])\n"
+    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(replica,))]).result()\n"
     "    for i in range(1000):\n"
     '        engine.append(1, build_batch([b"gone" * 5000], i))\n'
     "    engine.prefetch_chunks(1)\n"
-    "    engine.delete_stream(1)\n",
+    "    engine.delete_stream(1).result()\n",
     f"    for s in {DELETED_STREAMS}:\n"
-    "        engine.sync_ranges(s, [RangeInfo(s, 0, 0, replicas=(replica,))])\n"
+    "        engine.sync_ranges(s, [RangeInfo(s, 0, 0, replicas=(replica,))]).result()\n"
     "    for i in range(999):\n"
     f'        engine.append({DELETED_STREAMS}[i % 3], build_batch([b"gone" * 5000], i))\n'
     f"    for s in {DELETED_STREAMS}:\n"
     "        engine.prefetch_chunks(s)\n"
-    "        engine.delete_stream(s)\n",
+    "        engine.delete_stream(s).result()\n",
 )
 
 
@@ -260,5 +261,5 @@ def test_freeing_deleted_streams_under_appends_survives_sigkill(
         assert left == sorted(left, reverse=True)
     assert sum(chunks_left[-1]) < 999  # the killed appends freed some
     with StorageEngine(path, map_size=MAP_SIZE, node_id=1) as engine:
-        engine.append(2, build_batch([b"x" * 500_000], 0))
+        engine.append(2, build_batch([b"x" * 500_000], 0)).result()
         assert all(engine.prefetch_chunks(s) == 0 for s in deleted)

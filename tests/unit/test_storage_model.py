@@ -53,7 +53,7 @@ class StorageMachine(RuleBasedStateMachine):
         self.model: dict[int, StreamModel] = {}
         for stream_id in STREAMS:
             first = new_range(stream_id, 0, 0)
-            self.engine.sync_ranges(stream_id, [first])
+            self.engine.sync_ranges(stream_id, [first]).result()
             self.model[stream_id] = StreamModel(ranges=[first])
 
     def _open(self) -> StorageEngine:
@@ -87,7 +87,7 @@ class StorageMachine(RuleBasedStateMachine):
     def seal(self, data: st.DataObject) -> None:
         stream_id = data.draw(st.sampled_from([s for s, m in self.model.items() if m.open]))
         model = self.model[stream_id]
-        sealed = self.engine.seal_range(stream_id, model.last_index)
+        sealed = self.engine.seal_range(stream_id, model.last_index).result()
         assert sealed.end_offset == model.next_offset
         model.ranges[-1] = dataclasses.replace(model.ranges[-1], end_offset=model.next_offset)
 
@@ -98,14 +98,14 @@ class StorageMachine(RuleBasedStateMachine):
         model = self.model[stream_id]
         model.last_index += 1
         model.ranges.append(new_range(stream_id, model.last_index, model.next_offset))
-        synced = self.engine.sync_ranges(stream_id, model.ranges)
+        synced = self.engine.sync_ranges(stream_id, model.ranges).result()
         assert [r.range_index for r in synced] == [r.range_index for r in model.ranges]
 
     @rule(stream_id=st.sampled_from(STREAMS), trim_offset=st.integers(0, 80))
     def trim(self, stream_id: int, trim_offset: int) -> None:
         model = self.model[stream_id]
         expected = max(model.first_offset, min(trim_offset, model.next_offset))
-        assert self.engine.trim(stream_id, trim_offset) == expected
+        assert self.engine.trim(stream_id, trim_offset).result() == expected
         if expected == model.first_offset:
             return
         model.first_offset = expected

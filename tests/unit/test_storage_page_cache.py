@@ -104,7 +104,7 @@ def test_engine_drops_behind_the_window_as_it_commits(
     with StorageEngine(
         tmp_path / "data", map_size=1 << 30, node_id=1, page_cache_window=window
     ) as engine:
-        engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(ReplicaInfo(1, "n", True),))])
+        engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(ReplicaInfo(1, "n", True),))]).result()
         appended = 0
         while appended * len(batch) < 2 * DROP_STEP_BYTES + MiB:
             done: Future[list[AppendOutcome]] = Future()

@@ -16,7 +16,7 @@ from sbp.errors import (
     RangeNotFoundError,
     RangeSealedError,
 )
-from storage import RangeInfo, ReplicaInfo, StorageEngine, writes
+from storage import RangeInfo, ReplicaBatch, ReplicaInfo, StorageEngine
 
 LEADER = 1
 FOLLOWER = 2
@@ -45,22 +45,20 @@ def stamped(base_offset: int, *values: bytes) -> bytearray:
     return out
 
 
-def item(
-    base_offset: int, *values: bytes, index: int = 0, epoch: int = EPOCH
-) -> writes.ReplicaBatch:
+def item(base_offset: int, *values: bytes, index: int = 0, epoch: int = EPOCH) -> ReplicaBatch:
     data = stamped(base_offset, *values) if values else bytearray()
-    return writes.ReplicaBatch(STREAM, index, epoch, base_offset, data, len(values))
+    return ReplicaBatch(STREAM, index, epoch, base_offset, data, len(values))
 
 
 @pytest.fixture
 def follower(tmp_path: Path) -> Iterator[StorageEngine]:
     with StorageEngine(tmp_path / "node", node_id=FOLLOWER, map_size=64 << 20) as engine:
-        engine.sync_ranges(STREAM, [open_range()])
+        engine.sync_ranges(STREAM, [open_range()]).result()
         yield engine
 
 
-def replicate(engine: StorageEngine, *items: writes.ReplicaBatch) -> list[int | ProtocolError]:
-    return engine.submit_replicas(items).result()
+def replicate(engine: StorageEngine, *items: ReplicaBatch) -> list[int | ProtocolError]:
+    return engine.replicate(items).result()
 
 
 def values(engine: StorageEngine, offset: int = 0, limit: int | None = None) -> list[bytes]:
@@ -100,7 +98,7 @@ def test_epochs_and_sealed_ranges_are_refused(follower: StorageEngine) -> None:
     [newer] = replicate(follower, item(0, b"a", epoch=EPOCH + 1))
     assert isinstance(older, EpochFencedError)
     assert isinstance(newer, RangeNotFoundError)
-    follower.seal_range(STREAM, 0)
+    follower.seal_range(STREAM, 0).result()
     [refused] = replicate(follower, item(0, b"a"))
     assert isinstance(refused, RangeSealedError)
 
@@ -116,8 +114,8 @@ def test_a_seal_below_what_the_replica_holds_drops_the_excess(
 ) -> None:
     # the three batches went into one chunk; the end cuts it after the second
     replicate(follower, item(0, b"a"), item(1, b"b"), item(2, b"c", b"d"))
-    follower.seal_range(STREAM, 0)  # the PM's SEAL_RANGES: this replica answers 4
-    follower.sync_ranges(STREAM, [sealed_range(0, 0, 2), open_range(1, 2)])
+    follower.seal_range(STREAM, 0).result()  # the PM's SEAL_RANGES: this replica answers 4
+    follower.sync_ranges(STREAM, [sealed_range(0, 0, 2), open_range(1, 2)]).result()
     assert follower.next_offset(STREAM) == 2
     assert values(follower) == [b"a", b"b"]
     # the next range's batches follow on from the sealed end
@@ -130,16 +128,14 @@ def test_a_seal_below_what_the_replica_holds_drops_the_excess(
 
 def test_a_short_replica_serves_what_it_holds_and_catches_up(follower: StorageEngine) -> None:
     replicate(follower, item(0, b"a"))
-    follower.sync_ranges(STREAM, [sealed_range(0, 0, 4), open_range(1, 4)])
+    follower.sync_ranges(STREAM, [sealed_range(0, 0, 4), open_range(1, 4)]).result()
     assert values(follower) == [b"a"]
     with pytest.raises(RangeNotFoundError, match="not held"):
         follower.read(STREAM, 1, 1 << 20)
     assert follower.held_end(STREAM, 0, 4) == 1
     # the next range is written at its own offsets meanwhile
     assert replicate(follower, item(4, b"e", index=1)) == [5]
-    filled = follower.submit_command(
-        lambda ctx: writes.fill(ctx, [item(0, b"a"), item(1, b"b", b"c"), item(3, b"d")])
-    ).result()
+    filled = follower.fill([item(0, b"a"), item(1, b"b", b"c"), item(3, b"d")]).result()
     assert filled == 4
     assert follower.held_end(STREAM, 0, 4) == 4
     assert values(follower) == [b"a", b"b", b"c", b"d"]
@@ -150,7 +146,7 @@ def test_a_short_replica_serves_what_it_holds_and_catches_up(follower: StorageEn
 def test_what_a_follower_stored_survives_a_restart(tmp_path: Path) -> None:
     path = tmp_path / "node"
     with StorageEngine(path, node_id=FOLLOWER, map_size=64 << 20) as engine:
-        engine.sync_ranges(STREAM, [open_range()])
+        engine.sync_ranges(STREAM, [open_range()]).result()
         replicate(engine, item(0, b"a", b"b"))
     with StorageEngine(path, node_id=FOLLOWER, map_size=64 << 20) as engine:
         assert engine.next_offset(STREAM) == 2
@@ -164,14 +160,14 @@ def test_a_range_sealed_here_is_unsettled_until_the_pm_says_where_it_ends(
     replicate(follower, item(0, b"a"), item(1, b"b"), item(2, b"c"))
     unsettled = follower.unsettled_range(STREAM)
     assert unsettled is not None and unsettled.range_index == 0 and unsettled.is_open
-    sealed = follower.seal_range(STREAM, 0)  # the PM's SEAL_RANGES: this replica answers 3
+    sealed = follower.seal_range(STREAM, 0).result()  # the PM's SEAL_RANGES: this replica answers 3
     assert (sealed.end_offset, sealed.sealed_here) == (3, True)
     # readers are held to what they know is committed (here: 1) until the PM's end is known
     assert follower.unsettled_range(STREAM) is not None
     assert values(follower, 0, limit=1) == [b"a"]
     with pytest.raises(RangeNotFoundError, match="has not said where that range ends"):
         follower.read(STREAM, 1, 1 << 20, 1)
-    follower.sync_ranges(STREAM, [sealed_range(0, 0, 2), open_range(1, 2)])
+    follower.sync_ranges(STREAM, [sealed_range(0, 0, 2), open_range(1, 2)]).result()
     settled = follower.list_ranges(STREAM)[0]
     assert (settled.end_offset, settled.sealed_here, settled.end_is_final) == (2, False, True)
     unsettled = follower.unsettled_range(STREAM)
@@ -182,8 +178,8 @@ def test_a_range_sealed_here_is_unsettled_until_the_pm_says_where_it_ends(
 def test_the_highest_pm_term_is_recorded_and_survives_a_restart(tmp_path: Path) -> None:
     with StorageEngine(tmp_path / "node", node_id=FOLLOWER, map_size=64 << 20) as engine:
         assert engine.pm_term() == 0
-        assert engine.submit_command(lambda ctx: writes.raise_pm_term(ctx, 7)).result() == 7
+        assert engine.raise_pm_term(7).result() == 7
         # an older term never lowers it
-        assert engine.submit_command(lambda ctx: writes.raise_pm_term(ctx, 3)).result() == 7
+        assert engine.raise_pm_term(3).result() == 7
     with StorageEngine(tmp_path / "node", node_id=FOLLOWER, map_size=64 << 20) as engine:
         assert engine.pm_term() == 7

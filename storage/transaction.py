@@ -1,4 +1,4 @@
-"""Everything that changes the store, as steps inside one LMDB write transaction.
+"""The store's catalog and one LMDB write transaction over it.
 
 A ``WriteContext`` wraps the writer's current transaction. Stream states are
 copied on first change and published only after the commit, so readers never
@@ -17,27 +17,22 @@ or drop batches, so it must find them in LMDB); see ``storage.layout``.
 from __future__ import annotations
 
 import bisect
-import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sbp.batches import Buffer, batch_spans, peek_header
-from sbp.constants import MAX_RECORD_OFFSET, OPEN_END_OFFSET
+from sbp.constants import MAX_RECORD_OFFSET
 from sbp.errors import (
-    EpochFencedError,
-    InvalidRequestError,
     OffsetOutOfRangeError,
-    OutOfOrderError,
     RangeNotFoundError,
     RangeSealedError,
     StorageFullError,
-    StreamDeletedError,
 )
 
 from . import layout
 from .layout import BATCH_KEY, IndexEntry, batch_key, range_key, stream_key
-from .model import AppendResult, RangeInfo, StreamState, hosts
+from .model import AppendResult, RangeInfo, StreamState
 
 
 @dataclass(slots=True)
@@ -497,308 +492,8 @@ class WriteContext:
             )
 
 
-# -- operations other than appends (run by the writer, in submission order) --
-
-
-def _live_stream(ctx: WriteContext, stream_id: int) -> StreamState:
-    state = ctx.for_update(stream_id)
-    if state.deleted:
-        raise StreamDeletedError(f"stream {stream_id} is deleted")
-    return state
-
-
-def raise_pm_term(ctx: WriteContext, term: int) -> int:
-    """Record ``term`` as the highest PM term seen, unless a higher one is
-    recorded; the highest, after."""
-    meta = ctx.store.dbs[layout.META_DB]
-    stored = ctx.txn.get(layout.PM_TERM_KEY, db=meta)
-    highest = max(term, layout.COUNTER.unpack(stored)[0] if stored else 0)
-    ctx.txn.put(layout.PM_TERM_KEY, layout.COUNTER.pack(highest), db=meta)
-    return highest
-
-
-def seal_range(ctx: WriteContext, stream_id: int, range_index: int) -> RangeInfo:
-    """Seal a range at the stream's next offset; a sealed range is returned as is."""
-    state = _live_stream(ctx, stream_id)
-    info = state.find_range(range_index)
-    if not info.is_open:
-        return state.live(info)
-    sealed = dataclasses.replace(
-        info, end_offset=max(state.next_offset, info.start_offset), sealed_here=True
-    )
-    state.ranges = tuple(sealed if r is info else r for r in state.ranges)
-    ctx.save_range(sealed)
-    return state.live(sealed)
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaBatch:
-    """A batch the range's primary stored, with its offsets (SPEC §7);
-    ``record_count`` 0 and an empty batch: nothing to store (the primary only
-    sent its commit offset)."""
-
-    stream_id: int
-    range_index: int
-    epoch: int
-    base_offset: int
-    batch: Buffer
-    record_count: int
-
-
-def replicate(ctx: WriteContext, item: ReplicaBatch) -> int:
-    """A follower's side of REPLICATE: store the batch if it is the range's
-    next one; returns this replica's next offset of the range afterwards.
-
-    The range must be open here with the same epoch (``replica_position``).
-    A batch already held is accepted again without a change (a resend); one
-    past the next offset is OutOfOrderError carrying the next offset to
-    resend from.
-    """
-    current = ctx.current(item.stream_id)
-    next_offset = replica_position(current, item, ctx.store.node_id)
-    if item.record_count == 0 or item.base_offset + item.record_count <= next_offset:
-        return next_offset
-    if item.base_offset != next_offset:
-        raise OutOfOrderError(
-            f"range {item.range_index} of stream {item.stream_id} continues at {next_offset} "
-            f"here, not {item.base_offset}",
-            next_offset=next_offset,
-        )
-    ctx.add_batch(ctx.for_update(item.stream_id), item.base_offset, item.batch, item.record_count)
-    return item.base_offset + item.record_count
-
-
-def replica_position(state: StreamState | None, item: ReplicaBatch, node_id: int | None) -> int:
-    """This replica's next offset of the item's range, or the error refusing
-    REPLICATE there: the range must be hosted here and open
-    (RangeSealedError), with the item's epoch (EpochFencedError for an older
-    one, RangeNotFoundError for a newer one: this node's view is behind)."""
-    info = _replica_range(state, item.stream_id, item.range_index, node_id)
-    if not info.is_open:
-        raise RangeSealedError(
-            f"range {info.range_index} of stream {item.stream_id} is sealed at {info.end_offset}"
-        )
-    if item.epoch != info.epoch:
-        error = EpochFencedError if item.epoch < info.epoch else RangeNotFoundError
-        raise error(
-            f"range {info.range_index} of stream {item.stream_id} is at epoch {info.epoch} "
-            f"here, REPLICATE names {item.epoch}"
-        )
-    assert state is not None
-    return max(state.next_offset, info.start_offset)
-
-
-def fill(ctx: WriteContext, items: Sequence[ReplicaBatch]) -> int:
-    """Catch-up: store batches of a sealed range this replica is short of,
-    copied from a replica that holds them, in offset order from where this
-    one's records stop. Returns how far the range is held afterwards.
-    Batches already held are skipped; one past a gap ends the fill."""
-    if not items:
-        raise InvalidRequestError("nothing to fill")
-    first = items[0]
-    state = ctx.current(first.stream_id)
-    info = _replica_range(state, first.stream_id, first.range_index, ctx.store.node_id)
-    assert state is not None
-    if info.is_open:
-        raise InvalidRequestError(
-            f"range {info.range_index} of stream {first.stream_id} is open: it is replicated"
-        )
-    start = max(info.start_offset, state.first_offset)
-    held = ctx.held_end(first.stream_id, start, info.end_offset)
-    state = ctx.for_update(first.stream_id)
-    for item in items:
-        if item.base_offset + item.record_count <= held:
-            continue
-        if item.base_offset != held or held + item.record_count > info.end_offset:
-            break
-        ctx.add_batch(state, held, item.batch, item.record_count, advance=False)
-        held += item.record_count
-    return held
-
-
-def _replica_range(
-    state: StreamState | None, stream_id: int, range_index: int, node_id: int | None
-) -> RangeInfo:
-    if state is None:
-        raise RangeNotFoundError(f"stream {stream_id} is unknown here")
-    if state.deleted:
-        raise StreamDeletedError(f"stream {stream_id} is deleted")
-    info = state.find_range(range_index)
-    if not hosts(info, node_id):
-        raise RangeNotFoundError(
-            f"range {range_index} of stream {stream_id} is not hosted on this node"
-        )
-    return info
-
-
 def is_dropped(state: StreamState | None, chunk_end: int) -> bool:
     """Whether a chunk of the stream that ends at ``chunk_end`` was dropped:
     every chunk of a deleted (or forgotten) stream, and a live stream's
     chunks wholly below its first offset."""
     return state is None or state.deleted or chunk_end <= state.first_offset
-
-
-def trim_stream(ctx: WriteContext, stream_id: int, trim_offset: int) -> int:
-    """Drop the batches wholly below ``trim_offset`` (capped at the next offset;
-    later transactions free their chunks) and the sealed ranges that end at or
-    below it; returns the new first offset."""
-    state = _live_stream(ctx, stream_id)
-    trim_offset = min(trim_offset, state.next_offset)
-    if trim_offset <= state.first_offset:
-        return state.first_offset
-    ctx.forget_chunks(stream_id, trim_offset)
-    kept = tuple(r for r in state.ranges if not (not r.is_open and r.end_offset <= trim_offset))
-    for info in state.ranges:
-        if info not in kept:
-            ctx.delete_range(info)
-    state.ranges = kept
-    state.first_offset = trim_offset
-    ctx.save_stream(state)
-    return trim_offset
-
-
-@dataclass(frozen=True, slots=True)
-class Expired:
-    """What retention freed in one stream: the first offset before and after,
-    and the stored bytes (batch values and headers) that went."""
-
-    stream_id: int
-    old_first_offset: int
-    first_offset: int
-    freed_bytes: int
-
-    @property
-    def freed_records(self) -> int:
-        return self.first_offset - self.old_first_offset
-
-
-def expire_stream(ctx: WriteContext, stream_id: int) -> Expired | None:
-    """Apply the stream's retention period: drop the batches appended more
-    than that long ago. None when nothing was old enough."""
-    state = ctx.current(stream_id)
-    if state is None or state.deleted or state.retention_period_ms <= 0:
-        return None
-    cutoff = ctx.now_ms - state.retention_period_ms
-    expired_end: int | None = None
-    for base_offset, entry in ctx.index_entries(stream_id):
-        # append times never decrease along a stream (the writer's clock is monotonic)
-        if entry.append_time_ms >= cutoff:
-            break
-        expired_end = base_offset + entry.record_count
-    if expired_end is None or expired_end <= state.first_offset:
-        return None
-    bytes_before = ctx.stored_bytes
-    first_offset = trim_stream(ctx, stream_id, expired_end)
-    return Expired(stream_id, state.first_offset, first_offset, bytes_before - ctx.stored_bytes)
-
-
-def expire_streams(ctx: WriteContext, stream_ids: Iterable[int] | None = None) -> list[Expired]:
-    """``expire_stream`` for the given streams (every stream by default)."""
-    ids = list(ctx.store.streams) if stream_ids is None else list(stream_ids)
-    return [done for sid in ids if (done := expire_stream(ctx, sid)) is not None]
-
-
-def set_retentions(ctx: WriteContext, periods: dict[int, int]) -> None:
-    """Record each live stream's retention period (ms, 0 keeps forever); streams
-    not hosted here or deleted are skipped."""
-    for stream_id, period in periods.items():
-        state = ctx.current(stream_id)
-        if state is None or state.deleted or state.retention_period_ms == max(0, period):
-            continue
-        set_retention(ctx, stream_id, period)
-
-
-def set_retention(ctx: WriteContext, stream_id: int, retention_period_ms: int) -> None:
-    state = _live_stream(ctx, stream_id)
-    state.retention_period_ms = max(0, retention_period_ms)
-    ctx.save_stream(state)
-
-
-def delete_stream(ctx: WriteContext, stream_id: int) -> None:
-    """Mark the stream deleted (appends and reads refused from now on); its
-    data no longer counts as stored, and later transactions free its chunks
-    (``WriteContext.free_dropped``).
-
-    Idempotent; a stream never seen here is recorded as deleted too.
-    """
-    state = ctx.current(stream_id)
-    if state is not None and state.deleted:
-        return
-    state = StreamState(stream_id) if state is None else state.copy()
-    ctx.pending[stream_id] = state
-    ctx.forget_chunks(stream_id)
-    state.ranges = tuple(dataclasses.replace(r, deleted=True) for r in state.ranges)
-    for info in state.ranges:
-        ctx.save_range(info)
-    state.deleted = True
-    ctx.save_stream(state)
-
-
-def sync_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> list[RangeInfo]:
-    """Apply the PM's view of a stream's ranges; returns them with live next offsets.
-
-    Ranges missing from ``ranges`` are forgotten; data below the first range's
-    start offset is dropped (the PM trimmed it). A range sealed here stays
-    sealed even if an older view still shows it open: sealing is one-way. An
-    empty list forgets the stream and its data.
-    """
-    incoming = sorted(ranges, key=lambda r: r.range_index)
-    indexes = [r.range_index for r in incoming]
-    if len(set(indexes)) != len(indexes) or any(r.stream_id != stream_id for r in incoming):
-        raise InvalidRequestError(f"inconsistent ranges for stream {stream_id}: {indexes}")
-    if any(not r.is_open and r.end_offset < r.start_offset for r in incoming):
-        raise InvalidRequestError(f"a range of stream {stream_id} ends before it starts")
-    existing = ctx.current(stream_id)
-    if existing is not None and existing.deleted:
-        raise StreamDeletedError(f"stream {stream_id} is deleted")
-    state = StreamState(stream_id) if existing is None else existing.copy()
-    ctx.pending[stream_id] = state
-    known = {r.range_index: r for r in state.ranges}
-
-    if not incoming:
-        ctx.drop_chunks(stream_id)
-        for info in state.ranges:
-            ctx.delete_range(info)
-        ctx.txn.delete(stream_key(stream_id), db=ctx.store.dbs[layout.STREAMS_DB])
-        ctx.pending[stream_id] = None
-        return []
-
-    merged: list[RangeInfo] = []
-    #: where a range sealed by the PM ends below what this replica holds of it
-    excess_from: int | None = None
-    for info in incoming:
-        info = dataclasses.replace(info, deleted=False, next_offset=0, sealed_here=False)
-        local = known.get(info.range_index)
-        if local is not None and not local.is_open and info.is_open:
-            # sealed here, the PM's view not there yet: it stays sealed, its end provisional
-            info = dataclasses.replace(
-                info, end_offset=local.end_offset, sealed_here=local.sealed_here
-            )
-        elif local is not None and not info.is_open:
-            held_top = state.next_offset if local.is_open else local.end_offset
-            if held_top > info.end_offset:
-                excess_from = info.end_offset
-        merged.append(info)
-        if info != local:
-            ctx.save_range(info)
-    for index, info in known.items():
-        if index not in indexes:
-            ctx.delete_range(info)
-
-    first_start = merged[0].start_offset
-    if existing is None:
-        state.first_offset = first_start
-    elif first_start > state.first_offset:
-        ctx.forget_chunks(stream_id, first_start)
-        state.first_offset = first_start
-    if excess_from is not None and state.next_offset > excess_from:
-        # SPEC §7: records past a sealed end were never acknowledged and are
-        # never served; the next range starts at that end.
-        ctx.drop_from(stream_id, excess_from)
-        state.next_offset = excess_from
-    last = merged[-1]
-    floor = last.start_offset if last.end_offset == OPEN_END_OFFSET else last.end_offset
-    state.next_offset = max(state.next_offset, state.first_offset, floor)
-    state.ranges = tuple(merged)
-    ctx.save_stream(state)
-    return [state.live(r) for r in merged]
