@@ -94,7 +94,7 @@ class Appends:
         lane; the awaitable, when one is returned, works through that lane."""
         if not ticket.to_store:
             # nothing to store (no items, or every one denied), nothing to keep in order
-            ticket.answer_with([])
+            self.durable(ticket, [])
             return None
         if ticket.deadline < math.inf:
             ticket.timeouts = self._timeouts

@@ -96,6 +96,7 @@ class DataNode:
         self.replicas = ReplicaStates(node_id, engine, self.waiters)
         #: "host:port" given to the PM and clients (``serving_at``)
         self.advertise_addr = ""
+        self._serving = trio.Event()
         #: set on shutdown: long polls answer what they have instead of waiting
         self.draining = False
         #: the highest PM term seen in a SYNC_RANGES or SEAL_RANGES (SPEC §8):
@@ -160,13 +161,16 @@ class DataNode:
             if self.catch_up is not None:
                 nursery.start_soon(self.catch_up.run)
             task_status.started()
-            if self.pm is not None:
-                nursery.start_soon(self.pm.run)
             nursery.start_soon(self.retention.run)
+            if self.pm is not None:
+                # registers with the address clients are to use: once known
+                await self._serving.wait()
+                nursery.start_soon(self.pm.run)
 
     def serving_at(self, advertise_addr: str) -> None:
         """The listener is bound: this is the address the PM and clients get."""
         self.advertise_addr = advertise_addr
+        self._serving.set()
 
     def drain(self) -> None:
         """Shutdown begins: long polls end now rather than at their

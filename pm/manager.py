@@ -29,6 +29,7 @@ import logging
 import math
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Final, Generic, Protocol, TypeVar
@@ -41,7 +42,6 @@ from sbp.errors import (
     DataNodeNotFoundError,
     EpochFencedError,
     InvalidRequestError,
-    NoAvailableDataNodeError,
     NotEnoughReplicasError,
     OffsetOutOfRangeError,
     ProtocolError,
@@ -69,6 +69,7 @@ from .metadata import (
 from .placement import place
 from .reconcile import ReconcilePlan
 from .records import NodeRecord, RangeRecord, StreamRecord
+from .upkeep import ReplicaUpkeep
 
 log = logging.getLogger(__name__)
 #: a range whose seal keeps failing is retried every second: logged once a minute
@@ -91,8 +92,6 @@ RECONCILE_RETRY_MAX_S: Final = 600.0
 #: may still answer once enough have, and how often that is looked at
 SEAL_GRACE_S: Final = 0.5
 SEAL_POLL_S: Final = 0.05
-#: how often the PM looks for ranges of dead nodes to seal or repair
-DEAD_NODE_CHECK_S: Final = 1.0
 #: a replica on a node held dead is asked to seal for this long at most
 DEAD_REPLICA_SEAL_S: Final = 2.0
 
@@ -148,7 +147,6 @@ class PlacementManager:
         repair_after: float = math.inf,
     ) -> None:
         self.store = store
-        self._repair_after = repair_after
         self.registry = registry
         self._link = link
         self._min_free_space = min_free_space
@@ -156,9 +154,8 @@ class PlacementManager:
         #: the shielded scopes of calls to data nodes running now, and whether
         #: shutdown has ended them (``stop_outgoing``)
         self._outgoing: set[trio.CancelScope] = set()
-        self._stopping = False
-        #: ranges whose dead replica was replaced, and seals by cause (metrics)
-        self.repairs = 0
+        self.stopping = False
+        #: seals by cause (metrics)
         self.seals: Counter[str] = Counter()
         # Ids are handed out here, on the event loop; each commit records the
         # high-water mark, so a restart never hands out an acknowledged id again.
@@ -168,9 +165,8 @@ class PlacementManager:
         # data may predate changes they were not told of; see reconcile_node.
         self._returning, self._returned = trio.open_memory_channel[int](math.inf)
         self._reconciling: set[int] = set()
-        #: ranges on fewer nodes than they want (``RangeRecord.short_handed``);
-        #: None until the first pass of ``watch_nodes`` found those of the metadata
-        self._short_handed: set[tuple[int, int]] | None = None
+        #: the replicas' upkeep: dead primaries, repairs, full nodes, short-handed ranges
+        self.upkeep = ReplicaUpkeep(self, min_free_space=min_free_space, repair_after=repair_after)
 
     # -- data nodes -----------------------------------------------------------
 
@@ -180,7 +176,7 @@ class PlacementManager:
         await self._verify_if_new(node)
         self._note_if_returning(node.node_id)
         if self.registry.heartbeat(node):
-            await self._commit([PutNode(node)])
+            await self.commit([PutNode(node)])
             log.info("data node %d registered at %s", node.node_id, node.address)
 
     async def report_metrics(self, node: NodeRecord, metrics: dict[str, int]) -> None:
@@ -189,7 +185,7 @@ class PlacementManager:
         await self._verify_if_new(node)
         self._note_if_returning(node.node_id)
         if self.registry.report(node, metrics):
-            await self._commit([PutNode(node)])
+            await self.commit([PutNode(node)])
             log.info("data node %d registered at %s", node.node_id, node.address)
 
     async def _verify_if_new(self, node: NodeRecord) -> None:
@@ -267,7 +263,7 @@ class PlacementManager:
             beyond = max(todo.foreign) + 1
             if beyond > self._next_stream_id:
                 self._next_stream_id = beyond
-                await self._commit([RaiseNextStreamId(beyond)])
+                await self.commit([RaiseNextStreamId(beyond)])
         if todo.delete:
             await self._link.delete_streams(node_id, todo.delete)
         for stream_id in todo.sync:
@@ -283,11 +279,15 @@ class PlacementManager:
             )
         return todo
 
+    def hold(self, stream_id: int) -> AbstractAsyncContextManager[None]:
+        """The stream's lock: one change of a stream's ranges at a time."""
+        return self._locks.hold(stream_id)
+
     def stop_outgoing(self) -> None:
         """Shutdown: end every call to data nodes still running after its
         request's commit, and any that would start, whatever its deadline
         (those that miss the change hear it when reconciled)."""
-        self._stopping = True
+        self.stopping = True
         for scope in list(self._outgoing):
             scope.cancel()
 
@@ -329,7 +329,7 @@ class PlacementManager:
         changes: list[Change] = [PutStream(stream) for stream, _ in created]
         changes += [PutRange(rng) for _, rng in created]
         changes.append(RaiseNextStreamId(self._next_stream_id))
-        await self._commit(changes)
+        await self.commit(changes)
         by_node: dict[int, list[tuple[int, Sequence[RangeRecord]]]] = defaultdict(list)
         for stream, rng in created:
             self.registry.note_hosted(rng.nodes)
@@ -366,7 +366,7 @@ class PlacementManager:
                         continue
                     results[index] = Outcome(stream)
                     doomed[stream_id] = self.store.ranges(stream_id)
-                await self._commit([DeleteStream(stream_id) for stream_id in doomed])
+                await self.commit([DeleteStream(stream_id) for stream_id in doomed])
                 by_node: dict[int, list[int]] = defaultdict(list)
                 for stream_id, ranges in doomed.items():
                     for rng in ranges:
@@ -423,12 +423,12 @@ class PlacementManager:
                         retention_changed.add(spec.stream_id)
                     updated[spec.stream_id] = new
                     results[index] = Outcome(new)
-                await self._commit([PutStream(stream) for stream in updated.values()])
+                await self.commit([PutStream(stream) for stream in updated.values()])
                 # The hosting data nodes apply retention; a SYNC_RANGES makes
                 # them read the stream's new period now rather than on their
                 # next pass.
                 for stream_id in sorted(retention_changed):
-                    await self._sync_stream(stream_id, deadline)
+                    await self.sync_stream(stream_id, deadline)
         return results
 
     def get_streams(self, stream_ids: Sequence[int]) -> list[Outcome[StreamRecord]]:
@@ -487,11 +487,11 @@ class PlacementManager:
             first = replace(kept[0], start_offset=max(kept[0].start_offset, trim_offset))
             changes: list[Change] = [DeleteRange(r.stream_id, r.range_index) for r in dropped]
             changes.append(PutRange(first))
-            await self._commit(changes)
+            await self.commit(changes)
             for rng in dropped:
                 self.registry.note_removed(rng.nodes)
             # Nodes that hosted only dropped ranges hear of the trim too: they free them.
-            await self._sync_stream(stream_id, deadline, {n for r in dropped for n in r.nodes})
+            await self.sync_stream(stream_id, deadline, {n for r in dropped for n in r.nodes})
             return stream, first
 
     # -- ranges ---------------------------------------------------------------
@@ -505,33 +505,12 @@ class PlacementManager:
         ``cause`` names why, for the seal counts (``seals``)."""
         deadline = trio.current_time() + timeout
         outcomes = await self._each(
-            deadline, [partial(self._seal_one, sid, index, deadline) for sid, index in keys]
+            deadline, [partial(self.seal_one, sid, index, deadline) for sid, index in keys]
         )
         self.seals[cause] += sum(o.error is None for o in outcomes)
         return outcomes
 
-    def under_replicated(self) -> int:
-        """Replicated ranges with a replica on a dead data node, and ranges on
-        fewer nodes than they want (``RangeRecord.short_handed``)."""
-        on_dead = {
-            rng.key
-            for state in self.registry.states()
-            if not state.alive
-            for rng in self.store.ranges_on_node(state.node_id)
-            if len(rng.nodes) > 1
-        }
-        return len(on_dead | (self._short_handed or set()))
-
-    def _track(self, rng: RangeRecord) -> None:
-        """Keep ``_short_handed`` up to date with a range just committed."""
-        if self._short_handed is None:
-            return  # the first pass of watch_nodes finds it
-        if rng.short_handed:
-            self._short_handed.add(rng.key)
-        else:
-            self._short_handed.discard(rng.key)
-
-    async def _seal_one(
+    async def seal_one(
         self, stream_id: int, range_index: int, deadline: float
     ) -> list[RangeRecord]:
         async with self._locks.hold(stream_id):
@@ -576,11 +555,11 @@ class PlacementManager:
                 epoch=stream.epoch,
                 replicas_wanted=stream.replica_nums if len(nodes) < stream.replica_nums else 0,
             )
-            await self._commit([PutRange(sealed), PutRange(following)])
+            await self.commit([PutRange(sealed), PutRange(following)])
             self.registry.note_hosted(nodes)
             self.registry.note_removed(leaving)
-            self._track(sealed)
-            self._track(following)
+            self.upkeep.track(sealed)
+            self.upkeep.track(following)
             if len(nodes) < stream.replica_nums:
                 log.warning(
                     "stream %d range %d placed on %d of %d replicas (too few live nodes with room)",
@@ -589,7 +568,7 @@ class PlacementManager:
                     len(nodes),
                     stream.replica_nums,
                 )
-            await self._sync_stream(stream_id, deadline, also=leaving)
+            await self.sync_stream(stream_id, deadline, also=leaving)
             return [sealed, following]
 
     def _full_and_short(self, rng: RangeRecord, held: dict[int, int], end: int) -> list[int]:
@@ -668,234 +647,6 @@ class PlacementManager:
             nursery.cancel_scope.cancel()
         return answers
 
-    async def watch_nodes(self, interval: float = DEAD_NODE_CHECK_S) -> None:
-        """Run for the PM's life: every ``interval``,
-
-        - seal the replicated open ranges whose primary is dead (SPEC §7), so
-          that their writers go on in a next range, and repair the ranges of
-          nodes dead longer than the repair delay;
-        - move writes off full nodes (``drain_full_node``);
-        - give ranges left on fewer nodes than they want the replicas they
-          lack (``restore_replication``).
-
-        What cannot be done yet (too few replicas answer, no node to place
-        on) is tried again at the next pass."""
-        while True:
-            await trio.sleep(interval)
-            if self._short_handed is None:
-                await self._find_short_handed()
-            for state in self.registry.states():
-                if self._stopping:
-                    break
-                if state.alive:
-                    if state.is_full(self._min_free_space):
-                        await self.drain_full_node(state.node_id, timeout=interval * 4)
-                    continue
-                await self.seal_after_failure(state.node_id, timeout=interval * 4)
-                if self.registry.seconds_since_seen(state) > self._repair_after:
-                    await self.repair_node(state.node_id, timeout=interval * 4)
-            if not self._stopping:
-                await self.restore_replication(timeout=interval * 4)
-
-    async def _find_short_handed(self) -> None:
-        """Fill ``_short_handed`` from the metadata (after a start or a change
-        of leader), one node's ranges at a time between other work; ranges
-        committed meanwhile are tracked as they are committed."""
-        found = self._short_handed = set()
-        for state in self.registry.states():
-            found.update(r.key for r in self.store.ranges_on_node(state.node_id) if r.short_handed)
-            await trio.sleep(0)
-
-    async def drain_full_node(self, node_id: int, timeout: float) -> int:
-        """A live node whose last report left it less free space than placement
-        asks for is full: its disk or its LMDB map cannot take much more. Seal
-        the open ranges it holds, so that their streams go on in ranges placed
-        on nodes with room; the seal lets a replica there that is short of the
-        end leave the range (``_full_and_short``). A range whose next one
-        cannot be placed elsewhere stays open. Returns how many were sealed."""
-        open_here = [rng.key for rng in self.store.ranges_on_node(node_id) if rng.is_open]
-        if not open_here:
-            return 0
-        outcomes = await self.seal_ranges(open_here, timeout, cause="full_node")
-        for (stream_id, range_index), outcome in zip(open_here, outcomes, strict=True):
-            if outcome.error is None:
-                log.warning(
-                    "stream %d range %d sealed: node %d is full", stream_id, range_index, node_id
-                )
-            else:
-                _seal_failures.warning(
-                    f"drain {stream_id} {range_index}",
-                    "stream %d range %d: node %d is full and the seal failed: %s",
-                    stream_id,
-                    range_index,
-                    node_id,
-                    outcome.error,
-                )
-        return sum(o.error is None for o in outcomes)
-
-    async def restore_replication(self, timeout: float) -> int:
-        """Give each short-handed range the replicas it lacks, on live nodes
-        with room: a sealed one gets them at once and they copy it from its
-        replicas (catch-up); an open one is sealed once its next range can be
-        placed on every replica its stream wants, and is then topped up as a
-        sealed one. Returns how many ranges got replicas."""
-        deadline = trio.current_time() + timeout
-        restored = 0
-        for stream_id, range_index in sorted(self._short_handed or ()):
-            if trio.current_time() >= deadline or self._stopping:
-                break
-            with trio.move_on_at(deadline):
-                try:
-                    restored += await self._top_up(stream_id, range_index, deadline)
-                except (ProtocolError, OSError) as error:
-                    _seal_failures.warning(
-                        f"top up {stream_id} {range_index}",
-                        "stream %d range %d: adding replicas failed: %s",
-                        stream_id,
-                        range_index,
-                        error,
-                    )
-        return restored
-
-    async def _top_up(self, stream_id: int, range_index: int, deadline: float) -> int:
-        current = self.store.range(stream_id, range_index)
-        stream = self.store.stream(stream_id)
-        if current is None or stream is None or not current.short_handed:
-            if self._short_handed is not None:
-                self._short_handed.discard((stream_id, range_index))
-            return 0
-        if current.is_open:
-            try:
-                place(
-                    self.registry.loads(), stream.replica_nums, min_free_space=self._min_free_space
-                )
-            except NoAvailableDataNodeError:
-                return 0  # not yet: the next range would be short-handed too
-            await self._seal_one(stream_id, range_index, deadline)
-            self.seals["under_replicated"] += 1
-            log.warning(
-                "stream %d range %d sealed: its next range can be placed on all %d replicas",
-                stream_id,
-                range_index,
-                stream.replica_nums,
-            )
-        async with self._locks.hold(stream_id):
-            current = self.store.range(stream_id, range_index)
-            if current is None or current.is_open or not current.short_handed:
-                return 0
-            candidates = [n for n in self.registry.loads() if n.node_id not in current.nodes]
-            try:
-                added = place(
-                    candidates,
-                    current.replicas_wanted - len(current.nodes),
-                    min_free_space=self._min_free_space,
-                    at_least=1,
-                )
-            except NoAvailableDataNodeError:
-                return 0
-            grown = replace(current, nodes=(*current.nodes, *added))
-            if not grown.short_handed:
-                grown = replace(grown, replicas_wanted=0)
-            await self._commit([PutRange(grown)])
-            self.registry.note_hosted(added)
-            self._track(grown)
-            await self._sync_stream(stream_id, deadline)
-            log.warning(
-                "stream %d range %d: node(s) %s added, which copy it (%d of %d replicas)",
-                stream_id,
-                range_index,
-                ", ".join(map(str, added)),
-                len(grown.nodes),
-                max(grown.replicas_wanted, len(grown.nodes)),
-            )
-            self.repairs += 1
-            return 1
-
-    async def repair_node(self, node_id: int, timeout: float) -> int:
-        """Replace the dead ``node_id`` in every replicated range it holds by a
-        live node, which copies the range from a surviving replica (its
-        catch-up); an open range is sealed first, so its writers go on in a
-        range placed on live nodes. Returns how many ranges were repaired."""
-        deadline = trio.current_time() + timeout
-        repaired = 0
-        for rng in self.store.ranges_on_node(node_id):
-            if len(rng.nodes) <= 1 or trio.current_time() >= deadline:
-                continue  # a lone replica has nothing left to copy from
-            with trio.move_on_at(deadline):
-                try:
-                    repaired += await self._repair_range(rng, node_id, deadline)
-                except (ProtocolError, OSError) as error:
-                    _seal_failures.warning(
-                        f"repair {rng.key}",
-                        "stream %d range %d: replacing dead node %d failed: %s",
-                        rng.stream_id,
-                        rng.range_index,
-                        node_id,
-                        error,
-                    )
-        return repaired
-
-    async def _repair_range(self, rng: RangeRecord, dead: int, deadline: float) -> int:
-        if rng.is_open:
-            await self._seal_one(rng.stream_id, rng.range_index, deadline)
-            self.seals["repair"] += 1
-        async with self._locks.hold(rng.stream_id):
-            current = self.store.range(rng.stream_id, rng.range_index)
-            if current is None or current.is_open or dead not in current.nodes:
-                return 0
-            loads = [load for load in self.registry.loads() if load.node_id not in current.nodes]
-            [replacement] = place(loads, 1, min_free_space=self._min_free_space)
-            # The survivors first: the first one serves reads while the new
-            # replica copies the range.
-            nodes = (*(n for n in current.nodes if n != dead), replacement)
-            await self._commit([PutRange(replace(current, nodes=nodes))])
-            self.registry.note_removed([dead])
-            self.registry.note_hosted([replacement])
-            await self._sync_stream(current.stream_id, deadline, also={dead})
-            log.warning(
-                "stream %d range %d: dead node %d replaced by node %d, which copies it",
-                current.stream_id,
-                current.range_index,
-                dead,
-                replacement,
-            )
-            self.repairs += 1
-            return 1
-
-    async def seal_after_failure(self, node_id: int, timeout: float) -> int:
-        """Seal every open range led by ``node_id`` (a dead data node) that has
-        followers, so its streams go on in a next range on live nodes.
-        Returns how many were sealed; those that could not be (too few
-        replicas answered) are left for the next call."""
-        led = [
-            rng
-            for rng in self.store.ranges_on_node(node_id)
-            if rng.is_open and rng.primary == node_id and len(rng.nodes) > 1
-        ]
-        if not led:
-            return 0
-        outcomes = await self.seal_ranges([rng.key for rng in led], timeout, cause="dead_primary")
-        sealed = 0
-        for rng, outcome in zip(led, outcomes, strict=True):
-            if outcome.error is None:
-                sealed += 1
-                log.warning(
-                    "stream %d range %d sealed: its primary, node %d, is dead",
-                    rng.stream_id,
-                    rng.range_index,
-                    node_id,
-                )
-            else:
-                _seal_failures.warning(
-                    f"seal {rng.key}",
-                    "stream %d range %d: its primary, node %d, is dead and the seal failed: %s",
-                    rng.stream_id,
-                    rng.range_index,
-                    node_id,
-                    outcome.error,
-                )
-        return sealed
-
     def stream_ranges(self, stream_id: int) -> list[RangeRecord]:
         """LIST_RANGES by stream: every range, in order."""
         self._require_stream(stream_id)
@@ -942,7 +693,7 @@ class PlacementManager:
         self.registry.note_placed(nodes)
         return nodes
 
-    async def _commit(self, changes: Sequence[Change]) -> None:
+    async def commit(self, changes: Sequence[Change]) -> None:
         # Shielded: once the transaction starts, the caller must see how it ended.
         with trio.CancelScope(shield=True):
             await self.store.commit(changes)
@@ -967,7 +718,7 @@ class PlacementManager:
         timeout = RequestTimeoutError("the request's deadline passed")
         return [Outcome(error=timeout) if r is None else r for r in results]
 
-    async def _sync_stream(self, stream_id: int, deadline: float, also: Iterable[int] = ()) -> None:
+    async def sync_stream(self, stream_id: int, deadline: float, also: Iterable[int] = ()) -> None:
         ranges = self.store.ranges(stream_id)
         nodes = {n for rng in ranges for n in rng.nodes} | set(also)
         await self._tell_nodes(
@@ -1009,7 +760,7 @@ class PlacementManager:
         with trio.CancelScope(deadline=deadline, shield=True) as scope:
             # Shielded from the request, not from shutdown (``stop_outgoing``).
             self._outgoing.add(scope)
-            if self._stopping:
+            if self.stopping:
                 scope.cancel()
             try:
                 async with trio.open_nursery() as nursery:

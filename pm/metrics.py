@@ -88,7 +88,7 @@ class ClusterCollector(Collector):
         yield GaugeMetricFamily(
             f"{NAMESPACE}_under_replicated_ranges",
             "replicated ranges with a replica on a dead node, or on fewer nodes than they want",
-            value=manager.under_replicated(),
+            value=manager.upkeep.under_replicated(),
         )
         seals = CounterMetricFamily(
             f"{NAMESPACE}_seals", "ranges sealed, by cause", labels=["cause"]
@@ -99,7 +99,7 @@ class ClusterCollector(Collector):
         yield CounterMetricFamily(
             f"{NAMESPACE}_repairs",
             "ranges given a replica on a live node (a dead one replaced, or one they lacked)",
-            value=manager.repairs,
+            value=manager.upkeep.repairs,
         )
 
         registry = manager.registry

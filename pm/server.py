@@ -106,7 +106,7 @@ async def run_manager(manager: PlacementManager) -> None:
     restored, nodes that come back."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_liveness, manager.registry)
-        nursery.start_soon(manager.watch_nodes)
+        nursery.start_soon(manager.upkeep.watch_nodes)
         nursery.start_soon(manager.reconcile_returning_nodes)
 
 

@@ -73,9 +73,9 @@ async def test_a_full_replica_short_of_the_end_leaves_the_sealed_range(
     assert store.range(stream_id, 0) == old
     # the node that left hears of it, so it stops trying to copy the range
     assert full in {node_id for node_id, _, _ in nodes.synced[-3:]}
-    assert manager.under_replicated() == 0  # not yet looked for: no pass has run
-    await manager._find_short_handed()
-    assert manager.under_replicated() == 2
+    assert manager.upkeep.under_replicated() == 0  # not yet looked for: no pass has run
+    await manager.upkeep.find_short_handed()
+    assert manager.upkeep.under_replicated() == 2
 
 
 async def test_a_short_replica_with_room_stays_and_catches_up(
@@ -104,14 +104,14 @@ async def test_a_full_node_is_drained_when_others_have_room(
     assert all(len(ranges) == 1 for ranges in on_node.values())
     _report_free(manager, 1, MIN_FREE - 1)
     _report_free(manager, 2, 1 << 30)
-    assert await manager.drain_full_node(1, timeout=5) == 1
+    assert await manager.upkeep.drain_full_node(1, timeout=5) == 1
     [moved] = on_node[1]
     sealed, following = store.ranges(moved.stream_id)
     assert not sealed.is_open and sealed.nodes == (1,)
     assert following.is_open and following.nodes == (2,)
     assert manager.seals["full_node"] == 1
     # nothing is open there any more; the other stream was never on it
-    assert await manager.drain_full_node(1, timeout=5) == 0
+    assert await manager.upkeep.drain_full_node(1, timeout=5) == 0
     assert len(store.ranges(one if moved.stream_id == two else two)) == 1
 
 
@@ -122,7 +122,7 @@ async def test_a_full_node_keeps_its_open_ranges_when_no_other_has_room(
     manager = _manager(store, nodes, count=1)
     stream_id, first = await _stream(manager, replicas=1)
     _report_free(manager, 1, 0)
-    assert await manager.drain_full_node(1, timeout=5) == 0
+    assert await manager.upkeep.drain_full_node(1, timeout=5) == 0
     assert store.ranges(stream_id) == [first]
 
 
@@ -131,29 +131,29 @@ async def test_short_handed_ranges_are_topped_up_once_nodes_have_room(
 ) -> None:
     nodes = FakeDataNodes()
     manager = _manager(store, nodes, count=3)
-    manager._short_handed = set()  # as after the first pass of watch_nodes
+    manager.upkeep._short_handed = set()  # as after the first pass of watch_nodes
     stream_id, first = await _stream(manager)
     primary, full, other = first.nodes
     for node_id, offset in ((primary, 50), (full, 30), (other, 50)):
         nodes.replica_offsets[(stream_id, node_id)] = offset
     _report_free(manager, full, 0)
     await manager.seal_ranges([(stream_id, 0)], timeout=5)
-    assert manager.under_replicated() == 2
+    assert manager.upkeep.under_replicated() == 2
     # no node with room outside the ranges: nothing changes
-    assert await manager.restore_replication(timeout=5) == 0
-    assert manager.under_replicated() == 2
+    assert await manager.upkeep.restore_replication(timeout=5) == 0
+    assert manager.upkeep.under_replicated() == 2
 
     # a fourth node arrives: the sealed range gets it at once; the open one
     # is sealed (its next range now fits on three nodes), then topped up too
     manager.registry.heartbeat(NodeRecord(4, "127.0.0.1:9004"))
-    assert await manager.restore_replication(timeout=5) == 2
+    assert await manager.upkeep.restore_replication(timeout=5) == 2
     sealed_first, sealed_second, last = store.ranges(stream_id)
     assert sealed_first.nodes == (primary, other, 4) and not sealed_first.short_handed
     assert sorted(sealed_second.nodes) == sorted((primary, other, 4))
     assert not sealed_second.short_handed and not sealed_second.is_open
     assert last.is_open and len(last.nodes) == 3 and full not in last.nodes
-    assert manager.seals["under_replicated"] == 1 and manager.repairs == 2
-    assert manager.under_replicated() == 0
+    assert manager.seals["under_replicated"] == 1 and manager.upkeep.repairs == 2
+    assert manager.upkeep.under_replicated() == 0
     # the new replica was told of the range, and copies it from the others
     assert any(node_id == 4 for node_id, _, _ in nodes.synced)
 
@@ -174,8 +174,8 @@ async def test_a_restarted_pm_finds_its_short_handed_ranges(tmp_path: Path) -> N
     again = MetadataStore(path, map_size=64 << 20)
     try:
         restarted = _manager(again, FakeDataNodes(), count=3)
-        await restarted._find_short_handed()
-        assert restarted._short_handed == {(stream_id, 0)}
+        await restarted.upkeep.find_short_handed()
+        assert restarted.upkeep._short_handed == {(stream_id, 0)}
         [range0, _open] = again.ranges(stream_id)
         assert range0.nodes == (1,) and range0.replicas_wanted == 2
     finally:

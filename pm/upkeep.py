@@ -1,0 +1,343 @@
+"""The PM's upkeep of replicas: what it does on its own, every pass of
+``watch_nodes``, so that every range keeps the replicas its stream wants.
+
+- a replicated open range whose primary is dead is sealed (SPEC §7), so
+  its writers go on in a next range on live nodes;
+- a node dead for longer than the repair delay is replaced in every
+  replicated range it holds, by a live node that copies the range;
+- a live node that is full has its open ranges sealed, so its streams go
+  on where there is room;
+- a range on fewer nodes than it wants (``RangeRecord.short_handed``) gets
+  the replicas it lacks.
+
+It acts through the ``PlacementManager`` (``UpkeepHost``): the same seals,
+locks and commits as a client's request.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
+from typing import Final, Protocol
+
+import trio
+
+from net.ratelog import RateLimitedLog
+from sbp.errors import NoAvailableDataNodeError, ProtocolError
+
+from .liveness import NodeRegistry
+from .metadata import Change, Metadata, PutRange
+from .placement import place
+from .records import RangeRecord
+
+log = logging.getLogger(__name__)
+_seal_failures = RateLimitedLog(log, interval=60.0)
+
+#: how often the PM looks at the data nodes' liveness and load
+DEAD_NODE_CHECK_S: Final = 1.0
+
+
+class _Outcome(Protocol):
+    @property
+    def error(self) -> BaseException | None: ...
+
+
+class UpkeepHost(Protocol):
+    """What the upkeep needs of the PM: its metadata and nodes, and the
+    same seals, locks and commits as a request."""
+
+    store: Metadata
+    registry: NodeRegistry
+    seals: Counter[str]
+    stopping: bool
+
+    async def seal_ranges(
+        self, keys: Sequence[tuple[int, int]], timeout: float, *, cause: str = ...
+    ) -> Sequence[_Outcome]: ...
+
+    async def seal_one(self, stream_id: int, range_index: int, deadline: float) -> object: ...
+
+    def hold(self, stream_id: int) -> AbstractAsyncContextManager[None]: ...
+
+    async def commit(self, changes: Sequence[Change]) -> None: ...
+
+    async def sync_stream(
+        self, stream_id: int, deadline: float, also: Iterable[int] = ()
+    ) -> None: ...
+
+
+class ReplicaUpkeep:
+    """See the module docstring."""
+
+    def __init__(
+        self, pm: UpkeepHost, *, min_free_space: int = 0, repair_after: float = math.inf
+    ) -> None:
+        self._pm = pm
+        self._min_free_space = min_free_space
+        self._repair_after = repair_after
+        #: ranges whose dead replica was replaced, or that got replicas they lacked
+        self.repairs = 0
+        #: ranges on fewer nodes than they want; None until the first pass of
+        #: ``watch_nodes`` found those of the metadata
+        self._short_handed: set[tuple[int, int]] | None = None
+
+    def under_replicated(self) -> int:
+        """Replicated ranges with a replica on a dead data node, and ranges on
+        fewer nodes than they want (``RangeRecord.short_handed``)."""
+        on_dead = {
+            rng.key
+            for state in self._pm.registry.states()
+            if not state.alive
+            for rng in self._pm.store.ranges_on_node(state.node_id)
+            if len(rng.nodes) > 1
+        }
+        return len(on_dead | (self._short_handed or set()))
+
+    def track(self, rng: RangeRecord) -> None:
+        """Keep ``_short_handed`` up to date with a range just committed."""
+        if self._short_handed is None:
+            return  # the first pass of watch_nodes finds it
+        if rng.short_handed:
+            self._short_handed.add(rng.key)
+        else:
+            self._short_handed.discard(rng.key)
+
+    async def watch_nodes(self, interval: float = DEAD_NODE_CHECK_S) -> None:
+        """Run for the PM's life: every ``interval``,
+
+        - seal the replicated open ranges whose primary is dead (SPEC §7), so
+          that their writers go on in a next range, and repair the ranges of
+          nodes dead longer than the repair delay;
+        - move writes off full nodes (``drain_full_node``);
+        - give ranges left on fewer nodes than they want the replicas they
+          lack (``restore_replication``).
+
+        What cannot be done yet (too few replicas answer, no node to place
+        on) is tried again at the next pass."""
+        while True:
+            await trio.sleep(interval)
+            if self._short_handed is None:
+                await self.find_short_handed()
+            for state in self._pm.registry.states():
+                if self._pm.stopping:
+                    break
+                if state.alive:
+                    if state.is_full(self._min_free_space):
+                        await self.drain_full_node(state.node_id, timeout=interval * 4)
+                    continue
+                await self.seal_after_failure(state.node_id, timeout=interval * 4)
+                if self._pm.registry.seconds_since_seen(state) > self._repair_after:
+                    await self.repair_node(state.node_id, timeout=interval * 4)
+            if not self._pm.stopping:
+                await self.restore_replication(timeout=interval * 4)
+
+    async def find_short_handed(self) -> None:
+        """Fill ``_short_handed`` from the metadata (after a start or a change
+        of leader), one node's ranges at a time between other work; ranges
+        committed meanwhile are tracked as they are committed."""
+        found = self._short_handed = set()
+        for state in self._pm.registry.states():
+            found.update(
+                r.key for r in self._pm.store.ranges_on_node(state.node_id) if r.short_handed
+            )
+            await trio.sleep(0)
+
+    async def drain_full_node(self, node_id: int, timeout: float) -> int:
+        """A live node whose last report left it less free space than placement
+        asks for is full: its disk or its LMDB map cannot take much more. Seal
+        the open ranges it holds, so that their streams go on in ranges placed
+        on nodes with room; the seal lets a replica there that is short of the
+        end leave the range (``_full_and_short``). A range whose next one
+        cannot be placed elsewhere stays open. Returns how many were sealed."""
+        open_here = [rng.key for rng in self._pm.store.ranges_on_node(node_id) if rng.is_open]
+        if not open_here:
+            return 0
+        outcomes = await self._pm.seal_ranges(open_here, timeout, cause="full_node")
+        for (stream_id, range_index), outcome in zip(open_here, outcomes, strict=True):
+            if outcome.error is None:
+                log.warning(
+                    "stream %d range %d sealed: node %d is full", stream_id, range_index, node_id
+                )
+            else:
+                _seal_failures.warning(
+                    f"drain {stream_id} {range_index}",
+                    "stream %d range %d: node %d is full and the seal failed: %s",
+                    stream_id,
+                    range_index,
+                    node_id,
+                    outcome.error,
+                )
+        return sum(o.error is None for o in outcomes)
+
+    async def seal_after_failure(self, node_id: int, timeout: float) -> int:
+        """Seal every open range led by ``node_id`` (a dead data node) that has
+        followers, so its streams go on in a next range on live nodes.
+        Returns how many were sealed; those that could not be (too few
+        replicas answered) are left for the next call."""
+        led = [
+            rng
+            for rng in self._pm.store.ranges_on_node(node_id)
+            if rng.is_open and rng.primary == node_id and len(rng.nodes) > 1
+        ]
+        if not led:
+            return 0
+        outcomes = await self._pm.seal_ranges(
+            [rng.key for rng in led], timeout, cause="dead_primary"
+        )
+        sealed = 0
+        for rng, outcome in zip(led, outcomes, strict=True):
+            if outcome.error is None:
+                sealed += 1
+                log.warning(
+                    "stream %d range %d sealed: its primary, node %d, is dead",
+                    rng.stream_id,
+                    rng.range_index,
+                    node_id,
+                )
+            else:
+                _seal_failures.warning(
+                    f"seal {rng.key}",
+                    "stream %d range %d: its primary, node %d, is dead and the seal failed: %s",
+                    rng.stream_id,
+                    rng.range_index,
+                    node_id,
+                    outcome.error,
+                )
+        return sealed
+
+    async def repair_node(self, node_id: int, timeout: float) -> int:
+        """Replace the dead ``node_id`` in every replicated range it holds by a
+        live node, which copies the range from a surviving replica (its
+        catch-up); an open range is sealed first, so its writers go on in a
+        range placed on live nodes. Returns how many ranges were repaired."""
+        deadline = trio.current_time() + timeout
+        repaired = 0
+        for rng in self._pm.store.ranges_on_node(node_id):
+            if len(rng.nodes) <= 1 or trio.current_time() >= deadline:
+                continue  # a lone replica has nothing left to copy from
+            with trio.move_on_at(deadline):
+                try:
+                    repaired += await self._repair_range(rng, node_id, deadline)
+                except (ProtocolError, OSError) as error:
+                    _seal_failures.warning(
+                        f"repair {rng.key}",
+                        "stream %d range %d: replacing dead node %d failed: %s",
+                        rng.stream_id,
+                        rng.range_index,
+                        node_id,
+                        error,
+                    )
+        return repaired
+
+    async def _repair_range(self, rng: RangeRecord, dead: int, deadline: float) -> int:
+        if rng.is_open:
+            await self._pm.seal_one(rng.stream_id, rng.range_index, deadline)
+            self._pm.seals["repair"] += 1
+        async with self._pm.hold(rng.stream_id):
+            current = self._pm.store.range(rng.stream_id, rng.range_index)
+            if current is None or current.is_open or dead not in current.nodes:
+                return 0
+            loads = [
+                load for load in self._pm.registry.loads() if load.node_id not in current.nodes
+            ]
+            [replacement] = place(loads, 1, min_free_space=self._min_free_space)
+            # The survivors first: the first one serves reads while the new
+            # replica copies the range.
+            nodes = (*(n for n in current.nodes if n != dead), replacement)
+            await self._pm.commit([PutRange(replace(current, nodes=nodes))])
+            self._pm.registry.note_removed([dead])
+            self._pm.registry.note_hosted([replacement])
+            await self._pm.sync_stream(current.stream_id, deadline, also={dead})
+            log.warning(
+                "stream %d range %d: dead node %d replaced by node %d, which copies it",
+                current.stream_id,
+                current.range_index,
+                dead,
+                replacement,
+            )
+            self.repairs += 1
+            return 1
+
+    async def restore_replication(self, timeout: float) -> int:
+        """Give each short-handed range the replicas it lacks, on live nodes
+        with room: a sealed one gets them at once and they copy it from its
+        replicas (catch-up); an open one is sealed once its next range can be
+        placed on every replica its stream wants, and is then topped up as a
+        sealed one. Returns how many ranges got replicas."""
+        deadline = trio.current_time() + timeout
+        restored = 0
+        for stream_id, range_index in sorted(self._short_handed or ()):
+            if trio.current_time() >= deadline or self._pm.stopping:
+                break
+            with trio.move_on_at(deadline):
+                try:
+                    restored += await self._top_up(stream_id, range_index, deadline)
+                except (ProtocolError, OSError) as error:
+                    _seal_failures.warning(
+                        f"top up {stream_id} {range_index}",
+                        "stream %d range %d: adding replicas failed: %s",
+                        stream_id,
+                        range_index,
+                        error,
+                    )
+        return restored
+
+    async def _top_up(self, stream_id: int, range_index: int, deadline: float) -> int:
+        current = self._pm.store.range(stream_id, range_index)
+        stream = self._pm.store.stream(stream_id)
+        if current is None or stream is None or not current.short_handed:
+            if self._short_handed is not None:
+                self._short_handed.discard((stream_id, range_index))
+            return 0
+        if current.is_open:
+            try:
+                place(
+                    self._pm.registry.loads(),
+                    stream.replica_nums,
+                    min_free_space=self._min_free_space,
+                )
+            except NoAvailableDataNodeError:
+                return 0  # not yet: the next range would be short-handed too
+            await self._pm.seal_one(stream_id, range_index, deadline)
+            self._pm.seals["under_replicated"] += 1
+            log.warning(
+                "stream %d range %d sealed: its next range can be placed on all %d replicas",
+                stream_id,
+                range_index,
+                stream.replica_nums,
+            )
+        async with self._pm.hold(stream_id):
+            current = self._pm.store.range(stream_id, range_index)
+            if current is None or current.is_open or not current.short_handed:
+                return 0
+            candidates = [n for n in self._pm.registry.loads() if n.node_id not in current.nodes]
+            try:
+                added = place(
+                    candidates,
+                    current.replicas_wanted - len(current.nodes),
+                    min_free_space=self._min_free_space,
+                    at_least=1,
+                )
+            except NoAvailableDataNodeError:
+                return 0
+            grown = replace(current, nodes=(*current.nodes, *added))
+            if not grown.short_handed:
+                grown = replace(grown, replicas_wanted=0)
+            await self._pm.commit([PutRange(grown)])
+            self._pm.registry.note_hosted(added)
+            self.track(grown)
+            await self._pm.sync_stream(stream_id, deadline)
+            log.warning(
+                "stream %d range %d: node(s) %s added, which copy it (%d of %d replicas)",
+                stream_id,
+                range_index,
+                ", ".join(map(str, added)),
+                len(grown.nodes),
+                max(grown.replicas_wanted, len(grown.nodes)),
+            )
+            self.repairs += 1
+            return 1
