@@ -332,7 +332,6 @@ class PlacementManager:
         await self.commit(changes)
         by_node: dict[int, list[tuple[int, Sequence[RangeRecord]]]] = defaultdict(list)
         for stream, rng in created:
-            self.registry.note_hosted(rng.nodes)
             for node_id in rng.nodes:
                 by_node[node_id].append((stream.stream_id, (rng,)))
         await self._tell_nodes(
@@ -369,8 +368,6 @@ class PlacementManager:
                 await self.commit([DeleteStream(stream_id) for stream_id in doomed])
                 by_node: dict[int, list[int]] = defaultdict(list)
                 for stream_id, ranges in doomed.items():
-                    for rng in ranges:
-                        self.registry.note_removed(rng.nodes)
                     for node_id in sorted({n for rng in ranges for n in rng.nodes}):
                         by_node[node_id].append(stream_id)
                 await self._tell_nodes(
@@ -488,8 +485,6 @@ class PlacementManager:
             changes: list[Change] = [DeleteRange(r.stream_id, r.range_index) for r in dropped]
             changes.append(PutRange(first))
             await self.commit(changes)
-            for rng in dropped:
-                self.registry.note_removed(rng.nodes)
             # Nodes that hosted only dropped ranges hear of the trim too: they free them.
             await self.sync_stream(stream_id, deadline, {n for r in dropped for n in r.nodes})
             return stream, first
@@ -556,10 +551,6 @@ class PlacementManager:
                 replicas_wanted=stream.replica_nums if len(nodes) < stream.replica_nums else 0,
             )
             await self.commit([PutRange(sealed), PutRange(following)])
-            self.registry.note_hosted(nodes)
-            self.registry.note_removed(leaving)
-            self.upkeep.track(sealed)
-            self.upkeep.track(following)
             if len(nodes) < stream.replica_nums:
                 log.warning(
                     "stream %d range %d placed on %d of %d replicas (too few live nodes with room)",
@@ -694,9 +685,38 @@ class PlacementManager:
         return nodes
 
     async def commit(self, changes: Sequence[Change]) -> None:
+        """Commit ``changes`` atomically; then the state derived from the
+        ranges (each node's range count, the short-handed ranges) follows
+        them here, the one place it changes."""
+        hosting = self._hosting_before(changes)
         # Shielded: once the transaction starts, the caller must see how it ended.
         with trio.CancelScope(shield=True):
             await self.store.commit(changes)
+        for key, nodes in hosting.items():
+            self.registry.note_removed(nodes)
+            self.upkeep.forget(key)
+        for change in changes:
+            if isinstance(change, PutRange):
+                self.registry.note_hosted(change.range.nodes)
+                self.upkeep.track(change.range)
+
+    def _hosting_before(self, changes: Sequence[Change]) -> dict[tuple[int, int], tuple[int, ...]]:
+        """The nodes of every range the changes replace or remove, as they are now."""
+        hosting: dict[tuple[int, int], tuple[int, ...]] = {}
+        for change in changes:
+            if isinstance(change, PutRange | DeleteRange):
+                sid, index = (
+                    change.range.key
+                    if isinstance(change, PutRange)
+                    else (change.stream_id, change.range_index)
+                )
+                current = self.store.range(sid, index)
+                if current is not None:
+                    hosting[current.key] = current.nodes
+            elif isinstance(change, DeleteStream):
+                for rng in self.store.ranges(change.stream_id):
+                    hosting[rng.key] = rng.nodes
+        return hosting
 
     async def _each(
         self, deadline: float, items: Sequence[Callable[[], Awaitable[T]]]

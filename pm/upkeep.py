@@ -97,6 +97,11 @@ class ReplicaUpkeep:
         }
         return len(on_dead | (self._short_handed or set()))
 
+    def forget(self, key: tuple[int, int]) -> None:
+        """A range replaced or removed: ``track`` takes the new one, if any."""
+        if self._short_handed is not None:
+            self._short_handed.discard(key)
+
     def track(self, rng: RangeRecord) -> None:
         """Keep ``_short_handed`` up to date with a range just committed."""
         if self._short_handed is None:
@@ -249,8 +254,6 @@ class ReplicaUpkeep:
             # replica copies the range.
             nodes = (*(n for n in current.nodes if n != dead), replacement)
             await self._pm.commit([PutRange(replace(current, nodes=nodes))])
-            self._pm.registry.note_removed([dead])
-            self._pm.registry.note_hosted([replacement])
             await self._pm.sync_stream(current.stream_id, deadline, also={dead})
             log.warning(
                 "stream %d range %d: dead node %d replaced by node %d, which copies it",
@@ -328,8 +331,6 @@ class ReplicaUpkeep:
             if not grown.short_handed:
                 grown = replace(grown, replicas_wanted=0)
             await self._pm.commit([PutRange(grown)])
-            self._pm.registry.note_hosted(added)
-            self.track(grown)
             await self._pm.sync_stream(stream_id, deadline)
             log.warning(
                 "stream %d range %d: node(s) %s added, which copy it (%d of %d replicas)",
