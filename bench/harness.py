@@ -26,8 +26,8 @@ import psutil
 import trio
 
 from bench.storage import make_batch
-from client.cluster import Child, plan_children, start_child, stop_child, wait_for_nodes
 from client.consumer import DEFAULT_FETCH_BYTES
+from client.launcher import Child, plan_children, start_child, stop_child, wait_for_nodes
 from client.pm_client import PMClient
 from sbp import messages
 from sbp.batches import build_batch, peek_header
@@ -387,7 +387,7 @@ async def pace_asyncio(send: SendOne, workload: Workload, rate_per_s: float, loa
 
 @dataclass
 class LocalCluster:
-    """A PM and one data node as processes (``client.cluster``), on free
+    """A PM and one data node as processes (``client.launcher``), on free
     loopback ports, with their data in a temporary directory."""
 
     pm_address: str

@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 import trio
 
-from client.cluster import plan_children, start_child, stop_child, wait_for_nodes
+from client.launcher import plan_children, start_child, stop_child, wait_for_nodes
 from client.pm_client import PMClient
 from sbp import messages
 from sbp.enums import ErrorCode

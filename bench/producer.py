@@ -24,8 +24,8 @@ from pathlib import Path
 import psutil
 import trio
 
-from client.cluster import Child, plan_children, start_child, stop_child, wait_for_nodes
 from client.consumer import Consumer
+from client.launcher import Child, plan_children, start_child, stop_child, wait_for_nodes
 from client.pm_client import PMClient
 from client.producer import Producer
 from net.pool import ConnectionPool

@@ -58,7 +58,7 @@ def start_cluster(root: Path) -> tuple[subprocess.Popen[bytes], str]:
         [
             sys.executable,
             "-m",
-            "client.cluster",
+            "client.launcher",
             "--data-dir",
             str(root / "data"),
             "--nodes",

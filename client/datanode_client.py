@@ -20,6 +20,7 @@ from sbp.errors import HeaderDecodeError, raise_for_code
 
 from ._base import single
 from ._ranges import RangeCalls
+from .ordered import append_request
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +48,9 @@ class DataNodeClient(RangeCalls):
     ) -> tuple[messages.AppendResult, ...]:
         """APPEND ``(stream_id, record batch)`` pairs in one request; the
         results, in request order, each carry their own ``error_code``."""
-        infos = tuple(
-            messages.AppendInfo(stream_id=stream_id, request_index=index, batch_length=len(batch))
-            for index, (stream_id, batch) in enumerate(batches)
+        request = append_request(
+            [(stream_id, len(batch)) for stream_id, batch in batches], self.timeout_ms(timeout)
         )
-        request = messages.AppendRequest(timeout_ms=self.timeout_ms(timeout), append_requests=infos)
         payload = b"".join(batch for _, batch in batches)
         results: list[messages.AppendResult] = []
         async with self.call_streaming(

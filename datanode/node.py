@@ -485,7 +485,7 @@ class DataNode:
         if self.replicator is not None:
             self.replicator.ranges_changed(stream_id)
         if self.catch_up is not None:
-            self.catch_up.look_at(stream_id)
+            self.catch_up.stream_changed(stream_id)
 
     async def _prefetch_dropped(self, views: Sequence[tuple[int, Sequence[RangeInfo]]]) -> None:
         """Before the PM's views of streams' ranges are applied: read, on a

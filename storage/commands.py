@@ -101,13 +101,13 @@ def replica_position(state: StreamState | None, item: ReplicaBatch, node_id: int
     return max(state.next_offset, info.start_offset)
 
 
-def fill(ctx: WriteContext, items: Sequence[ReplicaBatch]) -> int:
+def catch_up(ctx: WriteContext, items: Sequence[ReplicaBatch]) -> int:
     """Catch-up: store batches of a sealed range this replica is short of,
     copied from a replica that holds them, in offset order from where this
     one's records stop. Returns how far the range is held afterwards.
-    Batches already held are skipped; one past a gap ends the fill."""
+    Batches already held are skipped; one past a gap ends the catch-up."""
     if not items:
-        raise InvalidRequestError("nothing to fill")
+        raise InvalidRequestError("nothing to catch up")
     first = items[0]
     state = ctx.current(first.stream_id)
     info = _replica_range(state, first.stream_id, first.range_index, ctx.store.node_id)

@@ -325,11 +325,11 @@ class StorageEngine:
 
         return self._command(apply)
 
-    def fill(self, items: Sequence[ReplicaBatch]) -> Future[int]:
+    def catch_up(self, items: Sequence[ReplicaBatch]) -> Future[int]:
         """Store batches a sealed range lacks here, copied from another
-        replica (``commands.fill``); how far the range is held after them."""
+        replica (``commands.catch_up``); how far the range is held after them."""
         items = list(items)
-        return self._command(lambda ctx: commands.fill(ctx, items))
+        return self._command(lambda ctx: commands.catch_up(ctx, items))
 
     def sync_ranges(self, stream_id: int, ranges: Sequence[RangeInfo]) -> Future[list[RangeInfo]]:
         """Apply the PM's view of a stream's ranges (SYNC_RANGES); see

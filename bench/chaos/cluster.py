@@ -24,7 +24,7 @@ from pathlib import Path
 
 import trio
 
-from client.cluster import Child, start_child, stop_child, wait_for_nodes
+from client.launcher import Child, start_child, stop_child, wait_for_nodes
 
 from .proxy import LinkProxy
 

@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 
 from bench.report import ScenarioResult, Target, number, table
 from bench.scenarios.options import Options
-from client.cluster import Plan, plan_children, plan_ha, start_plan, stop_plan
+from client.launcher import Plan, plan_children, plan_ha, start_plan, stop_plan
 from client.pm_client import PMClient
 from net.pool import ConnectionPool
 from sbp import messages

@@ -43,9 +43,9 @@ from bench.harness import (
 from bench.peers.limits import measure_raw_lmdb
 from bench.report import ScenarioResult, Target, number, percent, table
 from bench.scenarios.options import DEFAULT_IN_FLIGHT, Options
-from client.cluster import Child, plan_children, start_child, stop_child, wait_for_nodes
 from client.consumer import Consumer
 from client.datanode_client import DataNodeClient
+from client.launcher import Child, plan_children, start_child, stop_child, wait_for_nodes
 from client.pm_client import PMClient
 from net.pool import ConnectionPool
 from sbp import messages

@@ -33,8 +33,8 @@ from matplotlib.figure import Figure
 from bench.harness import CPUMeter, Load, Measurement, Workload, batch_64k, drive_trio
 from bench.report import ScenarioResult, Target, number, percent, table
 from bench.scenarios.options import DEFAULT_IN_FLIGHT, Options
-from client.cluster import Plan, plan_children, secure_children, start_plan, stop_plan
 from client.datanode_client import DataNodeClient
+from client.launcher import Plan, plan_children, secure_children, start_plan, stop_plan
 from client.pki import CLIENT_NAME
 from client.pm_client import PMClient
 from net.authz import AccessControl

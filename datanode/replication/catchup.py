@@ -7,7 +7,7 @@ range on this node to repair a lost one. Whenever a stream's ranges change
 here (``DataNode.ranges_changed``) and at start-up, its sealed ranges are
 looked at: each one short of its end is copied with FETCH from the other
 replicas in turn, primary first, from where this node's records stop, and
-stored through the storage writer (``StorageEngine.fill``). A replica that
+stored through the storage writer (``StorageEngine.catch_up``). A replica that
 cannot serve it is skipped; when none can, the range is tried again later.
 Until a range is whole it counts as missing a replica
 (``range_missing_replica_cnt``) and this node serves only what it holds.
@@ -60,7 +60,7 @@ class CatchUp:
         #: ranges known to be short here, by (stream_id, range_index)
         self.missing: set[tuple[int, int]] = set()
 
-    def look_at(self, stream_id: int) -> None:
+    def stream_changed(self, stream_id: int) -> None:
         """The stream's ranges changed: check them soon."""
         self._pending.add(stream_id)
         self._wake.set()
@@ -162,7 +162,7 @@ class CatchUp:
             items = _items(info, data)
             if not items:
                 return False
-            now = await wait_future(engine.fill(items))
+            now = await wait_future(engine.catch_up(items))
             if now <= held:
                 return False
             held = now

@@ -44,6 +44,7 @@ from typing import Final
 
 import trio
 
+from client.ordered import SendOrder, Turn, replicate_request
 from client.retry import retry_delay
 from net.calls import header_as
 from net.connection import Connection
@@ -73,7 +74,7 @@ COMMIT_LINGER_S: Final = 0.002
 #: how long a follower has to answer one REPLICATE
 REPLICATE_TIMEOUT_S: Final = 10.0
 #: a range sealed here that the PM has not ended after this long is sealed
-#: on the PM by this node (``Replicator._settle``); the longest wait between tries
+#: on the PM by this node (``Replicator._seal_unsettled``); the longest wait between tries
 SETTLE_AFTER_S: Final = 3.0
 SETTLE_MAX_S: Final = 30.0
 #: how long to wait for the PM before trying again to learn ack_nums
@@ -288,8 +289,7 @@ class RangePipeline:
     ) -> None:
         """Frames of batches (and the commit offset alone when nothing new
         is written) until the range stops or the connection closes."""
-        last_sent = trio.Event()
-        last_sent.set()
+        order = SendOrder()
         #: when the commit offset goes alone if no batch carries it first
         commit_due = math.inf
         while True:
@@ -301,7 +301,7 @@ class RangePipeline:
             if follower.send_offset is None:
                 # Ask where it is: an item without a batch, answered with
                 # its next offset.
-                await self._frame(follower, connection, [], b"", last_sent, trio.Event())
+                await self._frame(follower, connection, [], b"", order.turn())
                 continue
             frame = None
             if follower.in_flight < WINDOW:
@@ -311,11 +311,8 @@ class RangePipeline:
             if frame:
                 commit_due = math.inf
                 items, payload, follower.send_offset = frame
-                previous, last_sent = last_sent, trio.Event()
                 follower.in_flight += 1
-                frames.start_soon(
-                    self._frame, follower, connection, items, payload, previous, last_sent
-                )
+                frames.start_soon(self._frame, follower, connection, items, payload, order.turn())
                 continue
             if self.commit > follower.sent_commit and follower.in_flight == 0:
                 # The next frame of batches carries the commit offset: one
@@ -327,9 +324,8 @@ class RangePipeline:
                         await follower.wake.wait()
                     continue
                 commit_due = math.inf
-                previous, last_sent = last_sent, trio.Event()
                 follower.in_flight += 1
-                frames.start_soon(self._frame, follower, connection, [], b"", previous, last_sent)
+                frames.start_soon(self._frame, follower, connection, [], b"", order.turn())
                 continue
             await follower.wake.wait()
 
@@ -395,8 +391,7 @@ class RangePipeline:
         connection: Connection,
         items: list[messages.ReplicateInfo],
         payload: bytes | memoryview,
-        previous: trio.Event,
-        sent: trio.Event,
+        turn: Turn,
     ) -> None:
         """One REPLICATE: sent after the frame before it, answered on its own."""
         generation = follower.generation
@@ -407,24 +402,16 @@ class RangePipeline:
         # the time the frame leaves. Counting the newer one as sent would leave
         # an idle follower serving one commit short until the next append.
         commit = items[0].commit_offset
-        header = messages.ReplicateRequest(
-            timeout_ms=int(REPLICATE_TIMEOUT_S * 1000), replicate_requests=tuple(items)
-        )
+        header = replicate_request(items, int(REPLICATE_TIMEOUT_S * 1000))
         results: list[messages.ReplicateResult] = []
         follower.in_flight_bytes += len(payload)
         try:
-            await previous.wait()
             started = trio.current_time()
-            try:
-                async with connection.stream(
-                    Opcode.REPLICATE, header, payload, timeout=REPLICATE_TIMEOUT_S
-                ) as responses:
-                    sent.set()
-                    async for response in responses:
-                        reply = header_as(response, messages.ReplicateResponse)
-                        results.extend(reply.replicate_responses)
-            finally:
-                sent.set()
+            responses = await turn.request(
+                connection, Opcode.REPLICATE, header, payload, timeout=REPLICATE_TIMEOUT_S
+            )
+            for response in responses:
+                results.extend(header_as(response, messages.ReplicateResponse).replicate_responses)
             self.latency.observe(trio.current_time() - started)
         finally:
             follower.in_flight = max(0, follower.in_flight - 1)
@@ -508,9 +495,9 @@ class Replicator:
             for stream_id in self._replicas.fence_after_restart():
                 self.lead(stream_id)
             task_status.started()
-            await self._settle()
+            await self._seal_unsettled()
 
-    async def _settle(self) -> None:
+    async def _seal_unsettled(self) -> None:
         """Ranges sealed here by a SEAL_RANGES whose end this node was never
         told (the PM's seal ran out of answers, the PM went away mid-seal, or
         its SYNC_RANGES did not reach this node) take no appends and serve

@@ -48,14 +48,14 @@ class LocalCluster:
 
 
 def start_cluster(data_dir: Path, nodes: int = 2, extra: Sequence[str] = ()) -> LocalCluster:
-    """Start ``python -m client.cluster`` on free ports and wait until it is up."""
+    """Start ``python -m client.launcher`` on free ports and wait until it is up."""
     ready = data_dir.parent / f"{data_dir.name}.ready"
     ready.unlink(missing_ok=True)
     log_path = data_dir.parent / f"{data_dir.name}.out"
     argv = [
         sys.executable,
         "-m",
-        "client.cluster",
+        "client.launcher",
         "--port-base",
         "0",
         "--data-dir",

@@ -60,9 +60,9 @@ def test_serves_stops_cleanly_and_restarts_with_its_data(tmp_path: Path) -> None
 def test_help_and_bad_flags() -> None:
     from .procs import run_cli
 
-    usage = run_cli("client.cluster", ["--help"])
+    usage = run_cli("client.launcher", ["--help"])
     assert usage.returncode == 0 and "--port-base" in usage.stdout and "--data-dir" in usage.stdout
-    bad = run_cli("client.cluster", ["--nodes", "0"])
+    bad = run_cli("client.launcher", ["--nodes", "0"])
     assert bad.returncode == 2 and "between 1 and 64" in bad.stderr
 
 
@@ -78,7 +78,7 @@ def test_a_second_launcher_is_refused_and_leaves_nothing_behind(tmp_path: Path) 
             [
                 sys.executable,
                 "-m",
-                "client.cluster",
+                "client.launcher",
                 "--data-dir",
                 str(data_dir),
                 "--port-base",

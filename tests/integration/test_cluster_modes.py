@@ -33,7 +33,7 @@ pytestmark = pytest.mark.integration
 def launch(data_dir: Path, *flags: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """``sbp-cluster`` expected to exit by itself."""
     return subprocess.run(
-        [sys.executable, "-m", "client.cluster", "--data-dir", str(data_dir), "--nodes", "1",
+        [sys.executable, "-m", "client.launcher", "--data-dir", str(data_dir), "--nodes", "1",
          "--port-base", "0", *flags],
         capture_output=True, text=True, timeout=timeout, env=_child_env(),
         stdin=subprocess.DEVNULL, check=False,
@@ -117,7 +117,7 @@ def test_an_etcd_port_held_by_another_process_stops_the_launcher(tmp_path: Path)
         base = port - 80  # etcd-1's client port is port-base + 80
         started = time.monotonic()
         result = subprocess.run(
-            [sys.executable, "-m", "client.cluster", "--data-dir", str(tmp_path / "var"),
+            [sys.executable, "-m", "client.launcher", "--data-dir", str(tmp_path / "var"),
              "--nodes", "1", "--ha", "--port-base", str(base)],
             capture_output=True, text=True, timeout=60, env=_child_env(),
             stdin=subprocess.DEVNULL, check=False,

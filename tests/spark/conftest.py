@@ -25,7 +25,7 @@ CLUSTER_STOP_TIMEOUT_S = 30.0
 
 @pytest.fixture(scope="session")
 def pm_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A local cluster (``python -m client.cluster``, 2 data nodes, free ports)."""
+    """A local cluster (``python -m client.launcher``, 2 data nodes, free ports)."""
     root = tmp_path_factory.mktemp("sbp-cluster")
     ready = root / "ready"
     log = (root / "cluster.log").open("wb")
@@ -33,7 +33,7 @@ def pm_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         [
             sys.executable,
             "-m",
-            "client.cluster",
+            "client.launcher",
             "--data-dir",
             str(root / "data"),
             "--nodes",

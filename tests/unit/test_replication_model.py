@@ -73,7 +73,7 @@ def seal_and_check(
     for engine in engines.values():
         while (held := engine.held_end(STREAM, 0, end)) < end:
             items = replica_batches(source, held, 0)
-            engine.fill(items).result()
+            engine.catch_up(items).result()
             assert engine.held_end(STREAM, 0, end) > held, "the catch-up is stuck"
     contents = [records(engine, 0, end) for engine in engines.values()]
     assert contents[0] == contents[1] == contents[2]

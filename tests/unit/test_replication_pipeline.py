@@ -12,6 +12,7 @@ from typing import Any
 
 import trio
 
+from client.ordered import SendOrder
 from datanode.replica_state import ReplicaStates
 from datanode.replication.primary import (
     REPLICATE_SECONDS_BOUNDS,
@@ -132,12 +133,9 @@ async def test_an_idle_follower_is_told_the_commit_that_moved_while_its_frame_wa
 
     items, payload, follower.send_offset = pipeline._read_frame(0)
     assert [item.commit_offset for item in items] == [0]
-    pipeline.replicas.commits.advance(
-        STREAM, 0, 1
-    )  # the other follower answered before this frame left
-    ready = trio.Event()
-    ready.set()
-    await pipeline._frame(follower, connection, items, payload, ready, trio.Event())  # type: ignore[arg-type]
+    # the other follower answered before this frame left:
+    pipeline.replicas.commits.advance(STREAM, 0, 1)
+    await pipeline._frame(follower, connection, items, payload, SendOrder().turn())  # type: ignore[arg-type]
     assert connection.told_commit == 0
     assert follower.sent_commit == 0
     assert follower.match == 1

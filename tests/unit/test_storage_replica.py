@@ -135,7 +135,7 @@ def test_a_short_replica_serves_what_it_holds_and_catches_up(follower: StorageEn
     assert follower.held_end(STREAM, 0, 4) == 1
     # the next range is written at its own offsets meanwhile
     assert replicate(follower, item(4, b"e", index=1)) == [5]
-    filled = follower.fill([item(0, b"a"), item(1, b"b", b"c"), item(3, b"d")]).result()
+    filled = follower.catch_up([item(0, b"a"), item(1, b"b", b"c"), item(3, b"d")]).result()
     assert filled == 4
     assert follower.held_end(STREAM, 0, 4) == 4
     assert values(follower) == [b"a", b"b", b"c", b"d"]

@@ -1,0 +1,233 @@
+"""The producer's accumulator: records gathered into batches, in the order
+sent, until the sender takes them (the part of ``Producer`` that aiokafka
+calls its record accumulator).
+
+A batch is open while records go into it; it closes once it holds
+``batch_records`` records or ``batch_bytes`` bytes, or ``linger`` seconds
+after its first record, and is then encoded once (``sbp.batches``, numpy).
+Closed batches, and batches the caller encoded, wait in sequence order for
+the sender. ``buffer_bytes`` bounds the bytes not yet durable: beyond it,
+adding waits (backpressure).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections.abc import Callable
+from typing import Final
+
+import trio
+
+from sbp.batches import BATCH_HEADER_SIZE, build_batch
+from sbp.errors import SBPError
+
+#: per-record bytes a batch adds to the values: the uint32 length
+RECORD_OVERHEAD: Final = 4
+
+
+class ProducerClosedError(SBPError):
+    """``send`` on a producer that is closed or closing."""
+
+
+class PendingBatch:
+    """Records that travel together: filled while open, then encoded once.
+
+    ``done`` is set when the batch is durable (``base_offset``) or has
+    failed for good (``error``).
+    """
+
+    __slots__ = (
+        "attempts",
+        "base_offset",
+        "data",
+        "deadline",
+        "done",
+        "error",
+        "nbytes",
+        "opened_at",
+        "seq",
+        "values",
+    )
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.values: list[bytes] = []
+        self.nbytes = 0
+        self.opened_at = 0.0
+        self.data: bytearray | memoryview | None = None
+        self.deadline = math.inf
+        self.done = trio.Event()
+        self.base_offset = -1
+        self.error: BaseException | None = None
+        #: APPEND requests that carried it (more than one: it was retried)
+        self.attempts = 0
+
+    def size(self) -> int:
+        """Bytes of the encoded batch."""
+        return len(self.data) if self.data is not None else BATCH_HEADER_SIZE + self.nbytes
+
+    def resolve(self, base_offset: int) -> None:
+        self.base_offset = base_offset
+        self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+
+    async def wait(self) -> int:
+        """The base offset once durable; raises the batch's error."""
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.base_offset
+
+
+class Accumulator:
+    """See the module docstring. ``wake_sender`` is called whenever a
+    batch becomes ready."""
+
+    def __init__(
+        self,
+        *,
+        linger: float,
+        batch_bytes: int,
+        batch_records: int,
+        buffer_bytes: int,
+        delivery_timeout: float,
+        wake_sender: Callable[[], None],
+    ) -> None:
+        self.linger = linger
+        self.batch_bytes = batch_bytes
+        self.batch_records = batch_records
+        self.buffer_bytes = buffer_bytes
+        self.delivery_timeout = delivery_timeout
+        self._wake_sender = wake_sender
+        self._next_seq = 0
+        self.open: PendingBatch | None = None
+        #: closed batches waiting for the sender, oldest (lowest seq) first
+        self.ready: list[PendingBatch] = []
+        self._ready_seqs: list[int] = []
+        #: every batch not yet durable or failed, by seq
+        self.unfinished: dict[int, PendingBatch] = {}
+        #: bytes of records not yet durable (waiting or in flight)
+        self.buffered = 0
+        self.closing = False
+        self._wake_linger = trio.Event()
+        self._space = trio.Event()
+
+    def is_full(self, batch: PendingBatch) -> bool:
+        return len(batch.values) >= self.batch_records or batch.nbytes >= self.batch_bytes
+
+    def new_batch(self) -> PendingBatch:
+        """A batch with the next sequence number, counted as unfinished."""
+        if self.closing:
+            raise ProducerClosedError("the producer is closed")
+        batch = PendingBatch(self._next_seq)
+        batch.opened_at = trio.current_time()
+        self._next_seq += 1
+        self.unfinished[batch.seq] = batch
+        return batch
+
+    def open_batch(self) -> PendingBatch:
+        """The open batch; one is started (its linger clock with it) if none is."""
+        if self.open is not None:
+            return self.open
+        batch = self.new_batch()
+        self.open = batch
+        self._wake_linger.set()
+        return batch
+
+    def close_open_batch(self) -> None:
+        """Encode the open batch and queue it for the sender."""
+        batch = self.open
+        if batch is None:
+            return
+        self.open = None
+        batch.data = build_batch(batch.values, int(time.time() * 1000))
+        batch.values = []  # the encoded batch holds them now
+        self.enqueue_encoded(batch)
+
+    def enqueue_encoded(self, batch: PendingBatch) -> None:
+        """Count an encoded batch as buffered and queue it for the sender."""
+        assert batch.data is not None
+        batch.nbytes = len(batch.data)
+        batch.deadline = trio.current_time() + self.delivery_timeout
+        self.buffered += batch.nbytes
+        self.requeue(batch)
+
+    def requeue(self, batch: PendingBatch) -> None:
+        """Queue ``batch`` for the sender in its sequence place."""
+        index = bisect.bisect_left(self._ready_seqs, batch.seq)
+        self.ready.insert(index, batch)
+        self._ready_seqs.insert(index, batch.seq)
+        self._wake_sender()
+
+    def take(self, max_bytes: int) -> list[PendingBatch]:
+        """The oldest ready batches that fit ``max_bytes`` (at least one)."""
+        total = 0
+        count = 0
+        for batch in self.ready:
+            size = batch.size()
+            if count and total + size > max_bytes:
+                break
+            total += size
+            count += 1
+        taken = self.ready[:count]
+        del self.ready[:count]
+        del self._ready_seqs[:count]
+        return taken
+
+    def finish(self, batch: PendingBatch) -> None:
+        """The batch is durable or failed for good: its bytes are free."""
+        self.unfinished.pop(batch.seq, None)
+        self.buffered -= batch.nbytes
+        if self.buffered < self.buffer_bytes:
+            self._space.set()
+
+    def expire_ready(self, now: float, error: BaseException) -> None:
+        """Fail the waiting batches whose delivery deadline has passed."""
+        for batch in [b for b in self.ready if now >= b.deadline]:
+            index = self.ready.index(batch)
+            del self.ready[index]
+            del self._ready_seqs[index]
+            self.finish(batch)
+            batch.fail(error)
+
+    def fail_ready(self, error: BaseException) -> None:
+        """Fail every batch waiting for the sender."""
+        for batch in self.ready:
+            self.finish(batch)
+            batch.fail(error)
+        self.ready.clear()
+        self._ready_seqs.clear()
+
+    def fail_unfinished(self, error: BaseException) -> None:
+        """The producer closes: every batch not yet durable fails."""
+        for batch in list(self.unfinished.values()):
+            if not batch.done.is_set():
+                batch.fail(error)
+        self.unfinished.clear()
+        self.ready.clear()
+        self._ready_seqs.clear()
+        self.open = None
+
+    async def wait_for_space(self) -> None:
+        while self.buffered >= self.buffer_bytes:
+            if self.closing:
+                raise ProducerClosedError("the producer is closed")
+            self._space = trio.Event()
+            await self._space.wait()
+
+    async def linger_loop(self) -> None:
+        """Close the open batch ``linger`` seconds after it was started."""
+        while True:
+            await self._wake_linger.wait()
+            self._wake_linger = trio.Event()
+            batch = self.open
+            if batch is None:
+                continue
+            await trio.sleep_until(batch.opened_at + self.linger)
+            if self.open is batch:
+                self.close_open_batch()

@@ -1,0 +1,229 @@
+"""The producer's sender: takes the accumulator's batches to the primary of
+the stream's open range, in order, and retries what fails (the part of
+``Producer`` that aiokafka calls its sender).
+
+It packs as many ready batches as fit in ``max_request_bytes`` into one
+APPEND, with up to ``max_in_flight`` requests on the connection at a time;
+they leave in the order they were made (``client.ordered``).
+
+Failure handling: a retriable answer (RANGE_SEALED, RANGE_NOT_FOUND,
+NOT_PRIMARY, TIMEOUT, a lost connection …) stops the sender; it waits for
+the requests still in flight, lists the ranges again from the PM, backs off
+and sends the failed batches again, oldest first, until their delivery
+deadline passes. A request whose answer was lost may have been applied, so
+a retry can store a batch twice: delivery is at-least-once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+import trio
+
+from net.calls import header_as
+from net.connection import Connection
+from sbp import messages
+from sbp.enums import ErrorCode, Opcode
+from sbp.errors import ProtocolError, RangeNotFoundError, SBPError, error_for
+
+from ._base import DEADLINE_GRACE
+from ._routing import ClientContext, StreamRoutes, primary_of
+from .accumulator import Accumulator, PendingBatch
+from .ordered import SendOrder, Turn, append_request
+from .retry import is_transient, retry_delay
+
+log = logging.getLogger(__name__)
+
+#: answers after which the producer asks the PM to seal the range it wrote to
+#: (SPEC §7): too few replicas took the batch, or the primary sealed the range
+#: on a seal request whose end the PM never recorded (a seal that ran out of
+#: answers). Sealing a range the PM has sealed already only returns it.
+_SEAL_ON: Final = frozenset({ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.RANGE_SEALED})
+
+
+class Sender:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        stream_id: int,
+        accumulator: Accumulator,
+        context: ClientContext,
+        routes: StreamRoutes,
+        *,
+        max_in_flight: int,
+        max_request_bytes: int,
+        request_timeout: float,
+    ) -> None:
+        self.stream_id = stream_id
+        self._batches = accumulator
+        self._context = context
+        self._routes = routes
+        self.max_in_flight = max_in_flight
+        self.max_request_bytes = max_request_bytes
+        self.request_timeout = request_timeout
+        self._in_flight = 0
+        self._failures = 0
+        self._retrying = False
+        #: the range to seal before the next retry (it lacked replicas)
+        self._seal_wanted: int | None = None
+        self._wake = trio.Event()
+        self._order = SendOrder()
+
+    def wake(self) -> None:
+        """A batch is ready, or a request ended."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Send until cancelled."""
+        batches = self._batches
+        async with trio.open_nursery() as requests:
+            while True:
+                if not batches.ready or self._in_flight >= self.max_in_flight:
+                    await self._sleep()
+                    continue
+                if self._retrying:
+                    if self._in_flight:
+                        await self._sleep()
+                        continue
+                    await self._recover()
+                    continue
+                rng = self._routes.open_range()
+                if rng is None:
+                    await self._refresh_or_fail()
+                    continue
+                try:
+                    node = self._context.node(primary_of(rng))
+                    connection = await node.connection()
+                except (SBPError, OSError) as error:
+                    self._on_request_failed(list(batches.ready), error)
+                    continue
+                taken = batches.take(self.max_request_bytes)
+                self._in_flight += 1
+                requests.start_soon(
+                    self._request, connection, rng.range_index, taken, self._order.turn()
+                )
+
+    async def _sleep(self) -> None:
+        self._wake = trio.Event()
+        await self._wake.wait()
+
+    async def _request(
+        self,
+        connection: Connection,
+        range_index: int,
+        batches: list[PendingBatch],
+        turn: Turn,
+    ) -> None:
+        retry: list[PendingBatch] = []
+        error: BaseException | None = None
+        try:
+            header = append_request(
+                [(self.stream_id, batch.size()) for batch in batches],
+                int(self.request_timeout * 1000),
+            )
+            payload = b"".join(batch.data for batch in batches if batch.data is not None)
+            for batch in batches:
+                batch.attempts += 1
+            responses = await turn.request(
+                connection,
+                Opcode.APPEND,
+                header,
+                payload,
+                timeout=self.request_timeout + DEADLINE_GRACE,
+            )
+            results: dict[int, messages.AppendResult] = {}
+            for response in responses:
+                for item in header_as(response, messages.AppendResponse).append_responses:
+                    results[item.request_index] = item
+            for index, batch in enumerate(batches):
+                result = results.get(index)
+                if result is None:
+                    retry.append(batch)
+                    error = ProtocolError(f"no APPEND result for batch {index}")
+                elif result.error_code == ErrorCode.NONE:
+                    self._batches.finish(batch)
+                    batch.resolve(result.base_offset)
+                else:
+                    item_error = error_for(result.error_code, result.error_message)
+                    if result.error_code in _SEAL_ON:
+                        self._seal_wanted = range_index
+                    if is_transient(item_error):
+                        retry.append(batch)
+                        error = item_error
+                    else:
+                        self._batches.finish(batch)
+                        batch.fail(item_error)
+            if not retry:
+                self._failures = 0
+        except (SBPError, OSError, trio.TooSlowError) as exc:
+            if not is_transient(exc):
+                for batch in batches:
+                    self._batches.finish(batch)
+                    batch.fail(exc)
+            else:
+                retry, error = batches, exc
+        finally:
+            self._in_flight -= 1
+            self.wake()
+        if retry:
+            assert error is not None
+            self._on_request_failed(retry, error)
+
+    def _on_request_failed(self, batches: list[PendingBatch], error: BaseException) -> None:
+        """Queue ``batches`` again (in order), or fail those past their deadline."""
+        now = trio.current_time()
+        for batch in batches:
+            if batch in self._batches.ready:
+                continue
+            if now >= batch.deadline:
+                self._batches.finish(batch)
+                batch.fail(error)
+            else:
+                self._batches.requeue(batch)
+        # Batches still waiting are judged by the same deadline rule.
+        self._batches.expire_ready(now, error)
+        self._retrying = True
+        self.wake()
+
+    async def _recover(self) -> None:
+        """After a failure, with nothing in flight: back off, list the ranges
+        again. A range that could not get enough replicas to hold a batch
+        (NOT_ENOUGH_REPLICAS), or that its primary refused as sealed, is
+        sealed first (SPEC §7; idempotent on the PM): the PM ends it where
+        its acknowledged records end and opens the next one on live nodes,
+        where the batches not acknowledged are sent again, in order. A dead
+        primary is sealed by the PM itself once it misses its heartbeats."""
+        self._failures += 1
+        await trio.sleep(retry_delay(self._failures))
+        self._retrying = False
+        if self._seal_wanted is not None:
+            await self._seal(self._seal_wanted)
+            self._seal_wanted = None
+        await self._refresh_or_fail()
+
+    async def _seal(self, range_index: int) -> None:
+        try:
+            await self._context.pm.seal_range(self.stream_id, range_index)
+        except (SBPError, OSError, trio.TooSlowError) as error:
+            # Sealed already by someone else, or the PM cannot yet: the
+            # refresh that follows shows which, and the retry goes on.
+            log.info("stream %d: sealing range %d failed: %s", self.stream_id, range_index, error)
+
+    async def _refresh_or_fail(self) -> None:
+        try:
+            await self._routes.refresh()
+        except (SBPError, OSError, trio.TooSlowError) as error:
+            if not is_transient(error):
+                self._batches.fail_ready(error)
+                return
+            self._failures += 1
+            self._on_request_failed([], error)
+            return
+        if self._routes.open_range() is None:
+            # Between a seal and the next range's creation, or a deleted stream.
+            self._failures += 1
+            self._on_request_failed(
+                [], RangeNotFoundError(f"stream {self.stream_id} has no open range")
+            )
