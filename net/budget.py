@@ -113,3 +113,92 @@ class ServerBudgets:
             answers=ByteBudget(answer_bytes),
             connection_answer_bytes=min(DEFAULT_CONNECTION_ANSWER_BYTES, answer_bytes),
         )
+
+
+class ConnectionBudget:
+    """What one connection holds of its server's budgets, in one place:
+
+    - of the request budget: the frame half received (``hold_partial``) and
+      the requests being served (``request_received`` .. ``request_done``);
+    - of the answer budget: the frames queued and not yet written
+      (``hold_outgoing``), and room taken to read an answer (``answer_room``)
+      out of the connection's own share.
+
+    ``release`` gives everything back when the connection ends."""
+
+    __slots__ = ("_outgoing", "_partial", "_read_size", "_requests", "_server", "own_answers")
+
+    def __init__(self, server: ServerBudgets, read_size: int) -> None:
+        self._server = server
+        self._read_size = read_size
+        #: this connection's share of the server's answer budget
+        self.own_answers = ByteBudget(server.connection_answer_bytes)
+        self._partial = 0
+        self._requests = 0
+        self._outgoing = 0
+
+    @property
+    def requests_spent(self) -> bool:
+        return self._server.requests.spent
+
+    async def wait_requests_given_back(self) -> None:
+        await self._server.requests.wait_change()
+
+    @property
+    def holds_requests(self) -> bool:
+        """Whether a read's worth (``read_size``) of the request budget or
+        more is held here: below that a connection may read on, so a small
+        request of a client with a long poll in flight is never stuck
+        behind others' bytes."""
+        return self._partial + self._requests >= self._read_size
+
+    def hold_partial(self, holding: int) -> None:
+        """Count the memory held for a frame not yet whole."""
+        self._server.requests.add(holding - self._partial)
+        self._partial = holding
+
+    def request_received(self, nbytes: int) -> int:
+        """A whole request is being served; its charge, for ``request_done``."""
+        self._server.requests.add(nbytes)
+        self._requests += nbytes
+        return nbytes
+
+    def request_done(self, charge: int) -> None:
+        if charge and self._requests:  # not yet given back by ``release``
+            self._server.requests.give(charge)
+            self._requests -= charge
+
+    def hold_outgoing(self, outgoing: int) -> None:
+        """Count the bytes queued to send."""
+        self._server.answers.add(outgoing - self._outgoing)
+        self._outgoing = outgoing
+
+    @asynccontextmanager
+    async def answer_room(self, nbytes: int) -> AsyncIterator[None]:
+        """Hold ``nbytes`` of this connection's share and of the server's
+        answer budget while an answer is read and queued."""
+        server = self._server.answers
+        async with self.own_answers.hold(nbytes):
+            small = self.own_answers.used + self._outgoing <= SMALL_ANSWER_BYTES
+            if small and server.try_take(nbytes, SMALL_ANSWER_RESERVE):
+                # A connection holding next to nothing does not wait for the
+                # server's budget while its reserve lasts: peers that do not
+                # read (and hold the budget) cannot starve a small FETCH of
+                # a client that does.
+                try:
+                    yield
+                finally:
+                    server.give(nbytes)
+            else:
+                async with server.hold(nbytes):
+                    yield
+
+    def release(self) -> None:
+        """The connection ended: its half frame is dropped and its handler
+        tasks have ended (an answer queued later finds the connection closed
+        and gives nothing back twice)."""
+        self.hold_partial(0)
+        self._server.requests.give(self._requests)
+        self._requests = 0
+        self._server.answers.give(self._outgoing)
+        self._outgoing = 0

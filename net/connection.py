@@ -53,7 +53,7 @@ from sbp.observer import NULL_OBSERVER, ConnectionObserver
 
 from .acl import ANONYMOUS
 from .address import peer_name
-from .budget import ByteBudget, ServerBudgets
+from .budget import ConnectionBudget, ServerBudgets
 from .calls import Caller
 from .limits import CLIENT_LIMITS, ConnectionLimits
 from .ratelog import RateLimitedLog
@@ -216,15 +216,8 @@ class Connection:
         self._writing = False
         self._finished = trio.Event()
         self.last_received = 0.0
-        self.budgets = budgets
-        #: this connection's share of the server's answer budget
-        self.answer_budget = ByteBudget(budgets.connection_answer_bytes) if budgets else None
-        #: bytes of the request budget held: a frame half received, and the
-        #: requests being served (each responder knows its own)
-        self._partial_charge = 0
-        self._request_charge = 0
-        #: bytes of the answer budget held by frames queued and not yet written
-        self._outgoing_charge = 0
+        #: what this connection holds of the server's byte budgets
+        self.budget = ConnectionBudget(budgets, RECEIVE_CHUNK) if budgets else None
 
     # -- public state ---------------------------------------------------------
 
@@ -287,7 +280,8 @@ class Connection:
                 nursery.cancel_scope.cancel()
         finally:
             self._mark_closed(self._close_reason or "connection ended")
-            self._give_back_budgets()
+            if self.budget is not None:
+                self.budget.release()
             await trio.aclose_forcefully(self._stream)
             self._finished.set()
             self._observer.connection_closed()
@@ -371,8 +365,8 @@ class Connection:
     def _answer_queued(self, responder: Responder, end: bool) -> bool:
         """Bookkeeping once an answer frame is queued or written; False when
         the connection is gone."""
-        if self.budgets is not None:
-            self._charge_outgoing()
+        if self.budget is not None:
+            self.budget.hold_outgoing(self._engine.outgoing_bytes)
         if end:
             self._request_done(responder)
         return not self._closed
@@ -383,10 +377,8 @@ class Connection:
             await self._room.park()
 
     def _request_done(self, responder: Responder) -> None:
-        if responder.charge and self.budgets is not None:
-            if self._request_charge:  # not yet given back by a close
-                self.budgets.requests.give(responder.charge)
-                self._request_charge -= responder.charge
+        if responder.charge and self.budget is not None:
+            self.budget.request_done(responder.charge)
             responder.charge = 0
         self._observer.request_finished(
             responder.opcode, trio.current_time() - responder.started, responder.error_code
@@ -415,8 +407,8 @@ class Connection:
                     await self._send(frames)
                 finally:
                     self._writing = False
-                if self.budgets is not None:
-                    self._charge_outgoing()
+                if self.budget is not None:
+                    self.budget.hold_outgoing(engine.outgoing_bytes)
                 if self._room and engine.outgoing_bytes <= engine.high_water:
                     self._room.unpark_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -465,12 +457,13 @@ class Connection:
                     break
             if events:
                 continue
-            if self.budgets is not None and self.budgets.requests.spent and self._holds_requests:
+            budget = self.budget
+            if budget is not None and budget.requests_spent and budget.holds_requests:
                 # The server holds its budget of request bytes, a read's
                 # worth of them ours: read on once some are given back. A
                 # peer that hangs up meanwhile is noticed within a second.
                 with trio.move_on_after(_BUDGET_RECHECK_S):
-                    await self.budgets.requests.wait_change()
+                    await budget.wait_requests_given_back()
                 if sock is not None and _peer_hung_up(sock):
                     self._set_reason(f"{self.peer} closed the connection")
                     return
@@ -488,8 +481,8 @@ class Connection:
             if not nbytes:
                 self._set_reason(f"{self.peer} closed the connection")
                 return
-            if self.budgets is not None:
-                self._charge_partial(engine.holding)
+            if self.budget is not None:
+                self.budget.hold_partial(engine.holding)
             self.last_received = trio.current_time()
             self.idle.note()
 
@@ -499,10 +492,10 @@ class Connection:
         requests, or none, holds 4 KiB, not 64)."""
         engine = self._engine
         target = engine.receive_buffer()
-        if self.budgets is not None:
+        if self.budget is not None:
             # counted before the read waits, so that readers after this one
             # see the room it just took
-            self._charge_partial(engine.holding)
+            self.budget.hold_partial(engine.holding)
         nbytes = await sock.recv_into(target)
         return nbytes, engine.received(nbytes)
 
@@ -530,10 +523,8 @@ class Connection:
         assert self._handler is not None  # the engine answers when there is none
         request = Request(self, event, self.last_received)
         responder = Responder(self, event.opcode, event.stream_id)
-        if self.budgets is not None:
-            responder.charge = len(event.header) + len(event.payload)
-            self.budgets.requests.add(responder.charge)
-            self._request_charge += responder.charge
+        if self.budget is not None:
+            responder.charge = self.budget.request_received(len(event.header) + len(event.payload))
         try:
             work = self._handler.start(request, responder)
         except ProtocolError as exc:
@@ -548,45 +539,6 @@ class Connection:
         if work is not None:
             assert self._nursery is not None
             self._nursery.start_soon(serve_in_task, work, request, responder)
-
-    # -- the request budget ----------------------------------------------------
-
-    @property
-    def answers_queued(self) -> int:
-        """Bytes of answers queued on this connection and not yet written."""
-        return self._outgoing_charge
-
-    @property
-    def _holds_requests(self) -> bool:
-        """Whether this connection holds a read's worth of the request budget
-        or more (below that it may read on: a small request of a client
-        with a long poll in flight is never stuck behind others' bytes)."""
-        return self._partial_charge + self._request_charge >= RECEIVE_CHUNK
-
-    def _charge_partial(self, holding: int) -> None:
-        """Count the memory held for a frame not yet whole against the budget."""
-        assert self.budgets is not None
-        self.budgets.requests.add(holding - self._partial_charge)
-        self._partial_charge = holding
-
-    def _charge_outgoing(self) -> None:
-        """Count the bytes queued to send against the answer budget."""
-        assert self.budgets is not None
-        outgoing = self._engine.outgoing_bytes
-        self.budgets.answers.add(outgoing - self._outgoing_charge)
-        self._outgoing_charge = outgoing
-
-    def _give_back_budgets(self) -> None:
-        """A finished connection holds nothing: its half frame is dropped and
-        its handler tasks have ended (an answer queued later finds the
-        connection closed and gives nothing back twice)."""
-        if self.budgets is None:
-            return
-        self._charge_partial(0)
-        self.budgets.requests.give(self._request_charge)
-        self._request_charge = 0
-        self.budgets.answers.give(self._outgoing_charge)
-        self._outgoing_charge = 0
 
     # -- closing --------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from sbp.enums import ErrorCode, Opcode
 from sbp.errors import ConnectionClosed, ProtocolError, wire_code
 from sbp.frames import Buffer
 
-from .budget import SMALL_ANSWER_BYTES, SMALL_ANSWER_RESERVE, ByteBudget, ServerBudgets
+from .budget import ConnectionBudget
 
 M = TypeVar("M", bound=messages.Message)
 
@@ -77,13 +77,7 @@ class Answering(Protocol):
     async def wait_room(self) -> None: ...
 
     @property
-    def budgets(self) -> ServerBudgets | None: ...
-
-    @property
-    def answer_budget(self) -> ByteBudget | None: ...
-
-    @property
-    def answers_queued(self) -> int: ...
+    def budget(self) -> ConnectionBudget | None: ...
 
 
 class Request:
@@ -208,25 +202,13 @@ class Responder:
         (from then on the queued bytes count, until written). A handler
         reading large answers (FETCH) reads inside this."""
         connection = self._connection
-        own, budgets = connection.answer_budget, connection.budgets
         await connection.wait_room()
-        if own is None or budgets is None:
+        budget = connection.budget
+        if budget is None:
             yield
             return
-        async with own.hold(nbytes):
-            small = own.used + connection.answers_queued <= SMALL_ANSWER_BYTES
-            if small and budgets.answers.try_take(nbytes, SMALL_ANSWER_RESERVE):
-                # A connection holding next to nothing does not wait for the
-                # server's budget while its reserve lasts: peers that do not
-                # read (and hold the budget) cannot starve a small FETCH of
-                # a client that does.
-                try:
-                    yield
-                finally:
-                    budgets.answers.give(nbytes)
-            else:
-                async with budgets.answers.hold(nbytes):
-                    yield
+        async with budget.answer_room(nbytes):
+            yield
 
     def send_error_nowait(
         self, code: ErrorCode, message: str = "", *, leader_addr: str = ""
