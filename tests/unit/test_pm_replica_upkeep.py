@@ -156,6 +156,12 @@ async def test_short_handed_ranges_are_topped_up_once_nodes_have_room(
     assert manager.upkeep.under_replicated() == 0
     # the new replica was told of the range, and copies it from the others
     assert any(node_id == 4 for node_id, _, _ in nodes.synced)
+    # each node's range count followed every commit: the metadata agrees
+    hosted = {s.node_id: s.hosted_ranges for s in manager.cluster()}
+    assert hosted == {
+        node_id: len(store.ranges_on_node(node_id)) for node_id in (primary, full, other, 4)
+    }
+    assert hosted[full] == 0 and hosted[4] == 3
 
 
 async def test_a_restarted_pm_finds_its_short_handed_ranges(tmp_path: Path) -> None:
