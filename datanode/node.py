@@ -11,10 +11,10 @@ on it and its answers back to the wire, and decide nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import trio
 
@@ -514,7 +514,7 @@ def _frees(engine: StorageEngine, stream_id: int, infos: Sequence[RangeInfo]) ->
     return not infos or min(info.start_offset for info in infos) > first
 
 
-def _below(offset: int) -> Any:
+def _below(offset: int) -> Callable[[int, IndexEntry], bool]:
     """A ``prefetch_chunks`` stop: at the first chunk that ends past ``offset``."""
 
     def stop(end_offset: int, _entry: IndexEntry) -> bool:
