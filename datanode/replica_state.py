@@ -82,9 +82,6 @@ class CommitOffsets:
         self._waiters.notify(stream_id)
         return True
 
-    def __len__(self) -> int:
-        return len(self._offsets)
-
 
 class ReplicaStates:
     """The state of every range replica this node holds; see the module docstring."""

@@ -232,10 +232,6 @@ class GroupCommitWriter:
     def start(self) -> None:
         self._thread.start()
 
-    @property
-    def on_writer_thread(self) -> bool:
-        return threading.current_thread() is self._thread
-
     def submit(self, op: WriteOp) -> None:
         with self._lock:
             if self._closed:
