@@ -27,7 +27,7 @@ import trio
 
 from bench.storage import make_batch
 from client.consumer import DEFAULT_FETCH_BYTES
-from client.launcher import Child, plan_children, start_child, stop_child, wait_for_nodes
+from client.launcher import Plan, plan_children, running_plan
 from client.pm_client import PMClient
 from sbp import messages
 from sbp.batches import build_batch, peek_header
@@ -427,20 +427,9 @@ async def local_cluster(sync: str, parent: Path) -> AsyncIterator[LocalCluster]:
     """Start a one-node cluster with data node ``--sync`` ``sync``; stop it after."""
     data_dir = Path(tempfile.mkdtemp(prefix=f"cluster-{sync}-", dir=parent))
     pm, nodes = plan_children(data_dir, 1, "127.0.0.1", 0, sync, sys.executable)
-    children: list[Child] = [pm, *nodes]
-    async with trio.open_nursery() as nursery:
-        try:
-            await start_child(pm, nursery)
-            await start_child(nodes[0], nursery, ("--pm", pm.address))
-            if await wait_for_nodes(pm.address, 1, 30) < 1:
-                raise RuntimeError(f"the data node did not join the PM; logs in {data_dir}")
-            assert nodes[0].process is not None
-            yield LocalCluster(pm.address, nodes[0].address, nodes[0].process.pid, data_dir)
-        finally:
-            with trio.CancelScope(shield=True):
-                for child in reversed(children):
-                    await stop_child(child)
-            nursery.cancel_scope.cancel()
+    async with running_plan(Plan([], [pm], nodes), data_dir):
+        assert nodes[0].process is not None
+        yield LocalCluster(pm.address, nodes[0].address, nodes[0].process.pid, data_dir)
     shutil.rmtree(data_dir, ignore_errors=True)
 
 

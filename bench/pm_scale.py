@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 import trio
 
-from client.launcher import plan_children, start_child, stop_child, wait_for_nodes
+from client.launcher import Plan, plan_children, running_plan
 from client.pm_client import PMClient
 from sbp import messages
 from sbp.enums import ErrorCode
@@ -114,32 +114,20 @@ async def _create(pm: PMClient, count: int, replicas: int) -> list[int]:
 
 async def run(total: int, samples: int, replicas: int, data_dir: Path) -> dict[str, object]:
     pm_child, nodes = plan_children(data_dir, NODES, "127.0.0.1", 0, "always", sys.executable)
-    async with trio.open_nursery() as nursery:
-        try:
-            await start_child(pm_child, nursery)
-            async with trio.open_nursery() as starting:
-                for node in nodes:
-                    starting.start_soon(start_child, node, nursery, ("--pm", pm_child.address))
-            if await wait_for_nodes(pm_child.address, NODES, 30.0) < NODES:
-                raise RuntimeError(f"data nodes did not register; logs in {data_dir / 'logs'}")
-            assert pm_child.process is not None
-            pid = pm_child.process.pid
-            async with PMClient(pm_child.address, timeout=60) as pm:
-                ids = await _create(pm, FIRST_POINT, replicas)
-                first = await _measure(pm, pid, ids, samples)
-                print(_describe(first), flush=True)
-                start = time.perf_counter()
-                ids += await _create(pm, total - len(ids), replicas)
-                elapsed = time.perf_counter() - start
-                rate = (total - FIRST_POINT) / elapsed
-                print(f"created {total - FIRST_POINT:,} more streams at {rate:,.0f}/s", flush=True)
-                last = await _measure(pm, pid, ids, samples)
-                print(_describe(last), flush=True)
-        finally:
-            async with trio.open_nursery() as stopping:
-                for child in (*nodes, pm_child):
-                    stopping.start_soon(stop_child, child)
-            nursery.cancel_scope.cancel()
+    async with running_plan(Plan([], [pm_child], nodes), data_dir):
+        assert pm_child.process is not None
+        pid = pm_child.process.pid
+        async with PMClient(pm_child.address, timeout=60) as pm:
+            ids = await _create(pm, FIRST_POINT, replicas)
+            first = await _measure(pm, pid, ids, samples)
+            print(_describe(first), flush=True)
+            start = time.perf_counter()
+            ids += await _create(pm, total - len(ids), replicas)
+            elapsed = time.perf_counter() - start
+            rate = (total - FIRST_POINT) / elapsed
+            print(f"created {total - FIRST_POINT:,} more streams at {rate:,.0f}/s", flush=True)
+            last = await _measure(pm, pid, ids, samples)
+            print(_describe(last), flush=True)
     return {
         "replicas": replicas,
         "frame_streams": FRAME_STREAMS,

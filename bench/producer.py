@@ -25,7 +25,7 @@ import psutil
 import trio
 
 from client.consumer import Consumer
-from client.launcher import Child, plan_children, start_child, stop_child, wait_for_nodes
+from client.launcher import Plan, plan_children, running_plan
 from client.pm_client import PMClient
 from client.producer import Producer
 from net.pool import ConnectionPool
@@ -123,73 +123,63 @@ async def run(args: argparse.Namespace) -> list[Result]:
         pm_child, node_children = plan_children(
             Path(tmp), 1, "127.0.0.1", 0, "always", sys.executable
         )
-        children: list[Child] = [pm_child, *node_children]
-        async with trio.open_nursery() as nursery:
-            try:
-                await start_child(pm_child, nursery)
-                await start_child(node_children[0], nursery, ("--pm", pm_child.address))
-                await wait_for_nodes(pm_child.address, 1, 20.0)
-                assert node_children[0].process is not None
-                cpu = NodeCpu(node_children[0].process.pid)
-                async with ConnectionPool() as pool:
-                    pm = PMClient(pm_child.address, pool=pool)
+        async with running_plan(Plan([], [pm_child], node_children), Path(tmp)):
+            assert node_children[0].process is not None
+            cpu = NodeCpu(node_children[0].process.pid)
+            async with ConnectionPool() as pool:
+                pm = PMClient(pm_child.address, pool=pool)
 
-                    async def best(label: str, in_flight: int, per_record: bool) -> int:
-                        runs = []
-                        stream_id = 0
-                        sent = per_record_values if per_record else values
-                        for _ in range(args.runs):
-                            stream = (await pm.create_stream(1)).stream
-                            assert stream is not None
-                            stream_id = stream.stream_id
-                            cpu.start()
-                            seconds = await produce(
-                                pm,
-                                pool,
-                                stream_id,
-                                sent,
-                                per_record=per_record,
-                                max_in_flight=in_flight,
-                            )
-                            runs.append(
-                                Result(
-                                    label,
-                                    len(sent),
-                                    len(sent) * args.value_bytes,
-                                    seconds,
-                                    cpu.share(seconds),
-                                )
-                            )
-                        results.append(min(runs, key=lambda r: r.seconds))
-                        print(results[-1].line(), flush=True)
-                        return stream_id
-
-                    await best("produce send_many, 1 request in flight", 1, False)
-                    stream_id = await best("produce send_many, 4 requests in flight", 4, False)
-                    await best("produce send() per record, 1 in flight", 1, True)
-
-                    reads = []
+                async def best(label: str, in_flight: int, per_record: bool) -> int:
+                    runs = []
+                    stream_id = 0
+                    sent = per_record_values if per_record else values
                     for _ in range(args.runs):
+                        stream = (await pm.create_stream(1)).stream
+                        assert stream is not None
+                        stream_id = stream.stream_id
                         cpu.start()
-                        records, nbytes, seconds = await consume(pm, pool, stream_id)
-                        if records != args.records or nbytes != data_bytes:
-                            raise AssertionError(f"read {records} records, {nbytes} bytes")
-                        reads.append(
+                        seconds = await produce(
+                            pm,
+                            pool,
+                            stream_id,
+                            sent,
+                            per_record=per_record,
+                            max_in_flight=in_flight,
+                        )
+                        runs.append(
                             Result(
-                                "consume catch-up from offset 0",
-                                records,
-                                nbytes,
+                                label,
+                                len(sent),
+                                len(sent) * args.value_bytes,
                                 seconds,
                                 cpu.share(seconds),
                             )
                         )
-                    results.append(min(reads, key=lambda r: r.seconds))
+                    results.append(min(runs, key=lambda r: r.seconds))
                     print(results[-1].line(), flush=True)
-            finally:
-                with trio.CancelScope(shield=True):
-                    for child in reversed(children):
-                        await stop_child(child)
-                nursery.cancel_scope.cancel()
+                    return stream_id
+
+                await best("produce send_many, 1 request in flight", 1, False)
+                stream_id = await best("produce send_many, 4 requests in flight", 4, False)
+                await best("produce send() per record, 1 in flight", 1, True)
+
+                reads = []
+                for _ in range(args.runs):
+                    cpu.start()
+                    records, nbytes, seconds = await consume(pm, pool, stream_id)
+                    if records != args.records or nbytes != data_bytes:
+                        raise AssertionError(f"read {records} records, {nbytes} bytes")
+                    reads.append(
+                        Result(
+                            "consume catch-up from offset 0",
+                            records,
+                            nbytes,
+                            seconds,
+                            cpu.share(seconds),
+                        )
+                    )
+                results.append(min(reads, key=lambda r: r.seconds))
+                print(results[-1].line(), flush=True)
     return results
 
 

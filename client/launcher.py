@@ -20,68 +20,33 @@ launcher's death, even by SIGKILL (``SBP_EXIT_WITH_PARENT``).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import signal
 import ssl
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import trio
 
-from net.address import free_ports, port_free
+from net.address import free_ports
 from net.dirlock import locked_dir
-from net.service import PARENT_ENV, ServiceError
+from net.service import ServiceError
 from net.tls import TLSSettings
 
+from .children import READY_TIMEOUT_S, Child, ClusterError, start_child, stop_child, wait_for_nodes
 from .pki import LocalCA, local_cluster_pki
 
 DEFAULT_PORT_BASE = 7400
 DEFAULT_NODES = 3
-READY_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 15.0
-LISTENING_PREFIX = "listening on "
 LOCK_FILE = "cluster.lock"
 #: a dead child is started again after this, doubling per quick death up to the cap
 RESTART_BACKOFF_S = 1.0
 RESTART_BACKOFF_MAX_S = 30.0
 #: a child that ran this long before it died starts the backoff afresh
 RESTART_RESET_S = 60.0
-
-
-class ClusterError(Exception):
-    """A child failed to start; the message says which and where its log is."""
-
-
-@dataclass
-class Child:
-    """One server process of the cluster."""
-
-    name: str
-    argv: list[str]
-    log_path: Path
-    address: str = ""
-    process: trio.Process | None = field(default=None, repr=False)
-    #: the arguments it was last started with beyond ``argv`` (kept for restarts)
-    extra_args: tuple[str, ...] = ()
-    started_at: float = 0.0
-    #: prints "listening on HOST:PORT" once ready (the SBP servers); else
-    #: (etcd) ready once ``address`` takes connections
-    announces: bool = True
-    #: the fixed ports it listens on, checked free before it starts (etcd)
-    ports: tuple[int, ...] = ()
-
-    @property
-    def host(self) -> str:
-        return self.address.rpartition(":")[0]
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.returncode is None
 
 
 def _port(base: int, offset: int) -> int:
@@ -221,124 +186,6 @@ def plan_ha(
     return Plan(members, pms, data_nodes)
 
 
-async def _wait_listening(child: Child) -> bool:
-    """Until ``child.address`` takes a connection (or the child exits)."""
-    host, _, port = child.address.rpartition(":")
-    with trio.move_on_after(READY_TIMEOUT_S):
-        while child.process is not None and child.process.returncode is None:
-            try:
-                stream = await trio.open_tcp_stream(host, int(port))
-            except OSError:
-                await trio.sleep(0.1)
-                continue
-            await stream.aclose()
-            return True
-    return False
-
-
-async def start_child(child: Child, nursery: trio.Nursery, extra_args: Sequence[str] = ()) -> None:
-    """Start a child and wait for the line that gives its bound address.
-
-    The child's stdout is read for ``listening on HOST:PORT``; everything it
-    writes (stdout and stderr) also goes to its log file.
-    """
-    child.log_path.parent.mkdir(parents=True, exist_ok=True)
-    if not child.announces:
-        # it is taken for up once its port answers: a port some other process
-        # holds (an etcd left from an earlier run) would answer for it
-        busy = [port for port in child.ports if not port_free(child.host, port)]
-        if busy:
-            raise ClusterError(
-                f"{child.name} cannot listen on {child.host} port "
-                f"{', '.join(map(str, busy))}: in use by another process "
-                f"(`ss -ltnp` names it; an etcd left from an earlier run?)"
-            )
-    log = child.log_path.open("ab", buffering=0)
-    child.extra_args = tuple(extra_args)
-    argv = [*child.argv, *extra_args]
-    child.process = await trio.lowlevel.open_process(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=log,
-        start_new_session=True,
-        # the child drains and exits once this launcher is gone, however it went
-        env={**os.environ, PARENT_ENV: str(os.getpid())},
-    )
-    child.started_at = trio.current_time()
-    assert child.process.stdout is not None
-    if not child.announces:
-        nursery.start_soon(_copy_output, child, log)
-        if await _wait_listening(child) and child.process.returncode is None:
-            return
-        code = child.process.poll()
-        why = f"exited with status {code}" if code is not None else "did not open its port"
-        raise ClusterError(f"{child.name} {why} (log: {child.log_path})")
-    ready = trio.Event()
-
-    async def pump_output() -> None:
-        assert child.process is not None and child.process.stdout is not None
-        pending = b""
-        async for chunk in child.process.stdout:
-            log.write(chunk)
-            if ready.is_set():
-                continue
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                text = line.decode("utf-8", "replace").strip()
-                if text.startswith(LISTENING_PREFIX) and not ready.is_set():
-                    child.address = text[len(LISTENING_PREFIX) :].split()[0]
-                    ready.set()
-        log.close()
-
-    nursery.start_soon(pump_output)
-    with trio.move_on_after(READY_TIMEOUT_S):
-        while not ready.is_set():
-            if child.process.returncode is not None:
-                break
-            with trio.move_on_after(0.1):
-                await ready.wait()
-    if not ready.is_set():
-        code = child.process.poll()
-        why = f"exited with status {code}" if code is not None else "did not report its address"
-        last = _last_log_line(child.log_path)
-        raise ClusterError(
-            f"{child.name} {why}" + (f": {last}" if last else "") + f" (log: {child.log_path})"
-        )
-
-
-async def _copy_output(child: Child, log: IO[bytes]) -> None:
-    assert child.process is not None and child.process.stdout is not None
-    async for chunk in child.process.stdout:
-        log.write(chunk)
-    log.close()
-
-
-def _last_log_line(path: Path) -> str:
-    """The last non-empty line a child wrote (its one-line error, usually)."""
-    try:
-        with path.open("rb") as log:
-            log.seek(0, 2)
-            log.seek(max(0, log.tell() - 4096))
-            lines = [line.strip() for line in log.read().decode("utf-8", "replace").splitlines()]
-    except OSError:
-        return ""
-    lines = [line for line in lines if line]
-    return lines[-1] if lines else ""
-
-
-async def stop_child(child: Child) -> int | None:
-    """SIGTERM, wait for a graceful exit, SIGKILL as a last resort."""
-    process = child.process
-    if process is None or process.returncode is not None:
-        return None if process is None else process.returncode
-    process.send_signal(signal.SIGTERM)
-    with trio.move_on_after(STOP_TIMEOUT_S):
-        return await process.wait()
-    process.kill()
-    return await process.wait()
-
-
 def secure_children(plan: Plan, pki: Path, acl_file: Path | None) -> ssl.SSLContext:
     """Mutual TLS for every child (``--tls``): the local CA and certificates
     under ``pki`` (made once, kept), the PM's and the data nodes' names
@@ -367,27 +214,6 @@ def secure_children(plan: Plan, pki: Path, acl_file: Path | None) -> ssl.SSLCont
             pm.argv += ["--etcd-key", str(own.key)]
     # The launcher is the cluster's own tooling: it asks the PM as the PM would.
     return TLSSettings(ca=ca, cert=issued["pm"].cert, key=issued["pm"].key).client_context()
-
-
-async def wait_for_nodes(
-    pm_address: str, expected: int, timeout: float, tls: ssl.SSLContext | None = None
-) -> int:
-    """Wait until the PM sees ``expected`` live data nodes; returns how many it saw."""
-    from client.pm_client import PMClient
-
-    alive = 0
-    with trio.move_on_after(timeout):
-        async with PMClient(pm_address, tls=tls) as pm:
-            while True:
-                try:
-                    statuses = await pm.describe_cluster(timeout=2.0)
-                    alive = sum(1 for status in statuses if status.alive)
-                except Exception:  # the PM may still be starting up
-                    alive = 0
-                if alive >= expected:
-                    return alive
-                await trio.sleep(0.2)
-    return alive
 
 
 def _banner(plan: Plan, data_dir: Path, tls: bool) -> str:
@@ -477,11 +303,17 @@ async def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
             try:
                 with trio.CancelScope() as running:
                     nursery.start_soon(_cancel_on_signal, signals, running)
-                    await start_plan(plan, nursery, data_dir, tls)
+                    what = f"{len(plan.pms)} PMs on {len(plan.etcd)} etcd members"
+                    what = what if plan.etcd else "PM"
+                    print(
+                        f"starting {what} and {len(plan.data_nodes)} data nodes under {data_dir} …",
+                        flush=True,
+                    )
+                    await start_plan(plan, data_dir, tls)
                     print(_banner(plan, data_dir, tls is not None), flush=True)
                     if args.ready_file:
                         Path(args.ready_file).write_text(plan.pm_addresses + "\n")
-                    await _supervise(children, nursery, restart=not args.no_restart)
+                    await _supervise(children, restart=not args.no_restart)
             except ClusterError as error:
                 print(f"sbp-cluster: {error}", file=sys.stderr, flush=True)
                 return 1
@@ -536,15 +368,13 @@ async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope
         return
 
 
-async def start_plan(
-    plan: Plan, nursery: trio.Nursery, data_dir: Path, tls: ssl.SSLContext | None
-) -> None:
+async def start_plan(plan: Plan, data_dir: Path, tls: ssl.SSLContext | None) -> None:
+    """Start etcd, the PMs, then the data nodes, and wait until the PM sees
+    every data node alive."""
     data_nodes = plan.data_nodes
-    what = f"{len(plan.pms)} PMs on {len(plan.etcd)} etcd members" if plan.etcd else "PM"
-    print(f"starting {what} and {len(data_nodes)} data nodes under {data_dir} …", flush=True)
-    await _start_together(plan.etcd, nursery)
-    await _start_together(plan.pms, nursery)
-    await _start_together(data_nodes, nursery, ("--pm", plan.pm_addresses))
+    await _start_together(plan.etcd)
+    await _start_together(plan.pms)
+    await _start_together(data_nodes, ("--pm", plan.pm_addresses))
     alive = await wait_for_nodes(plan.pm_addresses, len(data_nodes), READY_TIMEOUT_S, tls)
     if alive < len(data_nodes):
         raise ClusterError(
@@ -553,14 +383,26 @@ async def start_plan(
         )
 
 
-async def _start_together(
-    children: list[Child], nursery: trio.Nursery, extra_args: Sequence[str] = ()
-) -> None:
+@asynccontextmanager
+async def running_plan(
+    plan: Plan, data_dir: Path, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[Plan]:
+    """The plan's cluster, started and ready inside the block and stopped
+    (gracefully) however the block ends: what the benchmarks run on."""
+    try:
+        await start_plan(plan, data_dir, tls)
+        yield plan
+    finally:
+        with trio.CancelScope(shield=True):
+            await stop_plan(plan)
+
+
+async def _start_together(children: list[Child], extra_args: tuple[str, ...] = ()) -> None:
     """Start the children at once; the first that fails is the error."""
     try:
         async with trio.open_nursery() as starting:
             for child in children:
-                starting.start_soon(start_child, child, nursery, extra_args)
+                starting.start_soon(start_child, child, extra_args)
     except BaseExceptionGroup as group:
         failed, _ = group.split(ClusterError)
         if failed is None:
@@ -571,7 +413,7 @@ async def _start_together(
         raise first from None
 
 
-async def _supervise(children: list[Child], nursery: trio.Nursery, *, restart: bool) -> None:
+async def _supervise(children: list[Child], *, restart: bool) -> None:
     """Until cancelled: start a child that dies again after a backoff, or,
     without ``restart``, return when the first one dies."""
     async with trio.open_nursery() as watchers:
@@ -598,7 +440,7 @@ async def _supervise(children: list[Child], nursery: trio.Nursery, *, restart: b
                     await trio.sleep(delay)
                     delay = min(delay * 2, RESTART_BACKOFF_MAX_S)
                     try:
-                        await start_child(child, nursery, child.extra_args)
+                        await start_child(child, child.extra_args)
                     except ClusterError as error:
                         print(f"sbp-cluster: {error}", file=sys.stderr, flush=True)
                         continue

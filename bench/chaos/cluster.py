@@ -24,7 +24,7 @@ from pathlib import Path
 
 import trio
 
-from client.launcher import Child, start_child, stop_child, wait_for_nodes
+from client.children import Child, start_child, stop_child, wait_for_nodes
 
 from .proxy import LinkProxy
 
@@ -162,7 +162,7 @@ class ChaosCluster:
     async def _start(self, server: Server) -> None:
         assert self._nursery is not None
         extra = () if server is self.pm else self._node_args(server.name)
-        await start_child(server.child, self._nursery, extra)
+        await start_child(server.child, extra)
         for proxy in server.ingress:
             proxy.retarget(server.child.address)
         server.stopped = False

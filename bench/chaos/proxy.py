@@ -106,7 +106,10 @@ class LinkProxy:
             )
 
     async def _serve(self, caller: trio.SocketStream) -> None:
-        if self._cut:
+        # cut, or the server it fronts has not said where it listens yet
+        # (it registers with the PM under this proxy's address a moment
+        # before that): refused, as a server that is not up refuses
+        if self._cut or not self.target:
             _reset(caller)
             return
         host, _, port = self.target.rpartition(":")

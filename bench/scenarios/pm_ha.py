@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 
 from bench.report import ScenarioResult, Target, number, table
 from bench.scenarios.options import Options
-from client.launcher import Plan, plan_children, plan_ha, start_plan, stop_plan
+from client.launcher import Plan, plan_children, plan_ha, running_plan
 from client.pm_client import PMClient
 from net.pool import ConnectionPool
 from sbp import messages
@@ -44,14 +44,8 @@ async def cluster(parent: Path, backend: str) -> AsyncIterator[Plan]:
     else:
         pm, nodes = plan_children(data_dir, *planned)
         plan = Plan([], [pm], nodes)
-    async with trio.open_nursery() as nursery:
-        try:
-            await start_plan(plan, nursery, data_dir, None)
-            yield plan
-        finally:
-            with trio.CancelScope(shield=True):
-                await stop_plan(plan)
-            nursery.cancel_scope.cancel()
+    async with running_plan(plan, data_dir):
+        yield plan
 
 
 async def _rates(plan: Plan, seconds: float) -> tuple[float, float]:

@@ -45,7 +45,7 @@ from bench.report import ScenarioResult, Target, number, percent, table
 from bench.scenarios.options import DEFAULT_IN_FLIGHT, Options
 from client.consumer import Consumer
 from client.datanode_client import DataNodeClient
-from client.launcher import Child, plan_children, start_child, stop_child, wait_for_nodes
+from client.launcher import Plan, plan_children, running_plan
 from client.pm_client import PMClient
 from net.pool import ConnectionPool
 from sbp import messages
@@ -71,21 +71,9 @@ class Cluster:
 async def three_node_cluster(parent: Path) -> AsyncIterator[Cluster]:
     data_dir = Path(tempfile.mkdtemp(prefix="replication-", dir=parent))
     pm, nodes = plan_children(data_dir, NODES, "127.0.0.1", 0, "always", sys.executable)
-    children: list[Child] = [pm, *nodes]
-    async with trio.open_nursery() as nursery:
-        try:
-            await start_child(pm, nursery)
-            for node in nodes:
-                await start_child(node, nursery, ("--pm", pm.address))
-            if await wait_for_nodes(pm.address, NODES, 30) < NODES:
-                raise RuntimeError(f"the data nodes did not join the PM; logs in {data_dir}")
-            pids = [node.process.pid for node in nodes if node.process is not None]
-            yield Cluster(pm.address, pids)
-        finally:
-            with trio.CancelScope(shield=True):
-                for child in reversed(children):
-                    await stop_child(child)
-            nursery.cancel_scope.cancel()
+    async with running_plan(Plan([], [pm], nodes), data_dir):
+        pids = [node.process.pid for node in nodes if node.process is not None]
+        yield Cluster(pm.address, pids)
 
 
 async def _lag_sampler(

@@ -34,7 +34,7 @@ from bench.harness import CPUMeter, Load, Measurement, Workload, batch_64k, driv
 from bench.report import ScenarioResult, Target, number, percent, table
 from bench.scenarios.options import DEFAULT_IN_FLIGHT, Options
 from client.datanode_client import DataNodeClient
-from client.launcher import Plan, plan_children, secure_children, start_plan, stop_plan
+from client.launcher import Plan, plan_children, running_plan, secure_children
 from client.pki import CLIENT_NAME
 from client.pm_client import PMClient
 from net.authz import AccessControl
@@ -96,16 +96,10 @@ async def one_node_cluster(parent: Path, config: str) -> AsyncIterator[OneNode]:
             ca=pki / "ca.pem", cert=pki / f"{CLIENT_NAME}.pem", key=pki / f"{CLIENT_NAME}.key"
         )
         tls = client.client_context()
-    async with trio.open_nursery() as nursery:
-        try:
-            await start_plan(plan, nursery, data_dir, launcher)
-            process = nodes[0].process
-            assert process is not None
-            yield OneNode(config, pm.address, process.pid, tls)
-        finally:
-            with trio.CancelScope(shield=True):
-                await stop_plan(plan)
-            nursery.cancel_scope.cancel()
+    async with running_plan(plan, data_dir, launcher):
+        process = nodes[0].process
+        assert process is not None
+        yield OneNode(config, pm.address, process.pid, tls)
 
 
 async def _measure(cluster: OneNode, in_flight: int, options: Options) -> Measurement:

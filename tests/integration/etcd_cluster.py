@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import subprocess
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
+from client.children import Child, kill_child, start_child
 from net.address import free_ports
 from pm.etcd import Etcd, EtcdError
 
@@ -25,7 +25,7 @@ class Member:
     peer_port: int
     data_dir: Path
     log_path: Path
-    process: trio.Process | None = None
+    child: Child | None = None
 
     @property
     def client_url(self) -> str:
@@ -35,20 +35,26 @@ class Member:
     def peer_url(self) -> str:
         return f"http://127.0.0.1:{self.peer_port}"
 
+    @property
+    def process(self) -> trio.Process | None:
+        return None if self.child is None else self.child.process
+
 
 @dataclass
 class EtcdCluster:
     members: list[Member]
     initial_cluster: str
     token: str
-    started: list[trio.Process] = field(default_factory=list)
 
     @property
     def endpoints(self) -> list[str]:
         return [m.client_url for m in self.members]
 
     async def start(self, member: Member, *, state: str = "new") -> None:
-        member.log_path.parent.mkdir(parents=True, exist_ok=True)
+        """Start ``member`` through the launcher's ``start_child`` (up once its
+        client port answers), with short heartbeats so that elections take
+        a second. Not behind ``client.with_parent``: a test's SIGKILL must
+        reach etcd itself."""
         argv = [
             "etcd",
             *("--name", member.name, "--data-dir", str(member.data_dir)),
@@ -60,16 +66,18 @@ class EtcdCluster:
             *("--initial-cluster-state", state, "--initial-cluster-token", self.token),
             *("--heartbeat-interval", "50", "--election-timeout", "500"),
         ]
-        with member.log_path.open("ab") as log:
-            member.process = await trio.lowlevel.open_process(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-        self.started.append(member.process)
+        member.child = Child(
+            member.name,
+            argv,
+            member.log_path,
+            address=f"127.0.0.1:{member.client_port}",
+            announces=False,
+        )
+        await start_child(member.child, timeout=READY_TIMEOUT_S)
 
     async def kill(self, member: Member) -> None:
-        if member.process is not None and member.process.returncode is None:
-            member.process.kill()
-            await member.process.wait()
+        if member.child is not None:
+            await kill_child(member.child)
 
     async def wait_ready(self) -> None:
         """Until a write goes through (a leader is elected)."""

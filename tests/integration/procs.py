@@ -1,10 +1,10 @@
 """Servers as real processes, started exactly as a user starts them.
 
-``start_server("datanode", [...])`` runs ``python -m datanode ...`` with
-stdout and stderr going to files, waits for the ``listening on HOST:PORT``
-line and returns a ``ServerProcess`` with the bound address. The PM's tests
-use the same helpers with ``"pm"``. ``RawConnection`` talks to a server in
-exact bytes, for wire-layout and bad-frame tests.
+``start_server("datanode", [...])`` runs ``python -m datanode ...`` through
+the launcher's ``start_child`` (the one way every cluster here starts a
+server), waits for its ``listening on HOST:PORT`` line and returns a
+``ServerProcess`` with the bound address. ``RawConnection`` talks to a
+server in exact bytes, for wire-layout and bad-frame tests.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import trio
 
-from net.service import LISTENING_PREFIX, METRICS_PREFIX
+from client.children import Child, kill_child, signal_child, start_child
 from sbp import messages
 from sbp.frames import Frame, FrameDecoder, FrameEvent, encode_frame
 
@@ -27,64 +27,62 @@ from sbp.frames import Frame, FrameDecoder, FrameEvent, encode_frame
 START_TIMEOUT_S = 20.0
 #: how long a server gets to exit after SIGTERM
 STOP_TIMEOUT_S = 20.0
-_POLL_S = 0.02
-
-
-class ServerStartError(AssertionError):
-    """The server exited or stayed silent instead of reporting its address."""
 
 
 @dataclass
 class ServerProcess:
-    """One running server and where its output goes."""
+    """One running server; its output (stdout and stderr) goes to one log."""
 
     module: str
-    argv: list[str]
-    process: trio.Process
-    stdout_path: Path
-    stderr_path: Path
-    address: str = ""
-    metrics_address: str | None = None
+    child: Child
+
+    @property
+    def process(self) -> trio.Process:
+        assert self.child.process is not None
+        return self.child.process
+
+    @property
+    def address(self) -> str:
+        return self.child.address
+
+    @property
+    def metrics_address(self) -> str | None:
+        return self.child.metrics_address
 
     @property
     def host(self) -> str:
-        return self.address.rpartition(":")[0]
+        return self.child.host
 
     @property
     def port(self) -> int:
-        return int(self.address.rpartition(":")[2])
+        return self.child.port
 
     @property
     def running(self) -> bool:
-        return self.process.returncode is None
+        return self.child.running
 
-    def stdout(self) -> str:
-        return self.stdout_path.read_text(errors="replace")
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
+    def log(self) -> str:
+        return self.child.log()
 
     async def terminate(self, timeout: float = STOP_TIMEOUT_S) -> int:
-        """SIGTERM and wait for the exit code (SIGKILL if it outlives ``timeout``)."""
+        """SIGTERM and wait for the exit code (an error if it outlives ``timeout``)."""
         return await self.stop(signal.SIGTERM, timeout)
 
     async def stop(self, signum: int, timeout: float = STOP_TIMEOUT_S) -> int:
-        if self.process.returncode is None:
-            self.process.send_signal(signum)
-        with trio.move_on_after(timeout):
-            return await self.process.wait()
-        self.process.kill()
-        await self.process.wait()
-        raise AssertionError(
-            f"{self.module} did not exit within {timeout:g} s of signal {signum}; "
-            f"stderr:\n{self.stderr()[-4000:]}"
-        )
+        code = await signal_child(self.child, signum, timeout)
+        assert code is not None
+        if code == -signal.SIGKILL and signum != signal.SIGKILL:
+            raise AssertionError(
+                f"{self.module} did not exit within {timeout:g} s of signal {signum}; "
+                f"log:\n{self.log()[-4000:]}"
+            )
+        return code
 
     async def kill(self) -> int:
         """SIGKILL: no chance to clean up (a crash)."""
-        if self.process.returncode is None:
-            self.process.kill()
-        return await self.process.wait()
+        code = await kill_child(self.child)
+        assert code is not None
+        return code
 
 
 def python_command(module: str, args: Sequence[str]) -> list[str]:
@@ -105,38 +103,12 @@ async def start_server(
     name: str | None = None,
     timeout: float = START_TIMEOUT_S,
 ) -> ServerProcess:
-    """Run ``python -m <module> <args>`` and wait for its ``listening on`` line."""
-    log_dir.mkdir(parents=True, exist_ok=True)
+    """Run ``python -m <module> <args>`` and wait for its ``listening on`` line
+    (``ClusterError`` with its last log line if it exits instead)."""
     label = name or module
-    stdout_path = log_dir / f"{label}.stdout"
-    stderr_path = log_dir / f"{label}.stderr"
-    argv = python_command(module, args)
-    with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
-        process = await trio.lowlevel.open_process(
-            argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=_child_env()
-        )
-    server = ServerProcess(module, argv, process, stdout_path, stderr_path)
-    with trio.move_on_after(timeout):
-        while True:
-            for line in server.stdout().splitlines():
-                if line.startswith(METRICS_PREFIX):
-                    server.metrics_address = line[len(METRICS_PREFIX) :].strip()
-                elif line.startswith(LISTENING_PREFIX):
-                    server.address = line[len(LISTENING_PREFIX) :].strip()
-            if server.address:
-                return server
-            if process.returncode is not None or process.poll() is not None:
-                raise ServerStartError(
-                    f"{label} exited with status {process.returncode} before listening; "
-                    f"stderr:\n{server.stderr()[-4000:]}"
-                )
-            await trio.sleep(_POLL_S)
-    process.kill()
-    await process.wait()
-    raise ServerStartError(
-        f"{label} did not print its address within {timeout:g} s; "
-        f"stderr:\n{server.stderr()[-4000:]}"
-    )
+    child = Child(label, python_command(module, args), log_dir / f"{label}.log")
+    await start_child(child, timeout=timeout)
+    return ServerProcess(module, child)
 
 
 def run_cli(

@@ -110,7 +110,7 @@ def test_storage_full_says_what_was_stored(tmp_path: Path) -> None:
             stats = await trio.to_thread.run_sync(
                 lambda: sbp_json(pm, "read", str(stream), "--stats")
             )
-            return result, node.stderr(), stats["records"]
+            return result, node.log(), stats["records"]
 
     result, node_log, count = trio.run(scenario)
     assert result.returncode == 1

@@ -156,7 +156,7 @@ async def test_a_node_refuses_a_pm_of_an_older_term_and_says_why_once(tmp_path: 
         [rng] = await cluster.pm_client().list_stream_ranges(stream_id)
         assert rng.is_open and isinstance(rng, messages.Range)
         for node in cluster.nodes.values():
-            assert node.stderr().count("Likely cause: one PM keeping its metadata in LMDB") == 1
+            assert node.log().count("Likely cause: one PM keeping its metadata in LMDB") == 1
 
 
 def test_ha_with_tls_puts_etcd_behind_mutual_tls_too(tmp_path: Path) -> None:

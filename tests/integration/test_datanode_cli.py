@@ -161,5 +161,5 @@ async def test_config_file_under_flags(tmp_path: Path, datanodes: DataNodes) -> 
     assert response.header.data_node == messages.DataNode(
         node_id=3, advertise_addr="flag.example:2"
     )
-    assert "sync never" in node.stderr()
-    assert "DEBUG" in node.stderr()
+    assert "sync never" in node.log()
+    assert "DEBUG" in node.log()

@@ -79,7 +79,7 @@ async def test_a_client_that_never_reads_holds_a_bounded_share(datanodes: DataNo
     await slow.aclose()
     assert grown < 120 * MiB, f"the node grew by {grown / MiB:.0f} MiB"
     assert slowest < 2.0
-    assert "Traceback" not in node.stderr()
+    assert "Traceback" not in node.log()
 
 
 async def test_half_sent_frames_are_held_to_the_request_budget(datanodes: DataNodes) -> None:
@@ -120,7 +120,7 @@ async def test_half_sent_frames_are_held_to_the_request_budget(datanodes: DataNo
         header, payload = append_request([(1, build_batch([b"y" * (12 * MiB)], base_timestamp=1))])
         response = await client.request(Opcode.APPEND, header, payload, timeout=30)
         assert [r.error_code for r in response.header.append_responses] == [0]
-    assert "Traceback" not in node.stderr()
+    assert "Traceback" not in node.log()
 
 
 async def test_ranges_with_unusable_followers_leave_the_node_serving(
@@ -157,4 +157,4 @@ async def test_ranges_with_unusable_followers_leave_the_node_serving(
         await trio.sleep(4)
         await client.ping(timeout=5)
     assert node.running
-    assert "Traceback" not in node.stderr()
+    assert "Traceback" not in node.log()

@@ -394,7 +394,7 @@ async def test_unframeable_input_gets_goaway_and_close(
     assert not goaways[0].is_response
     assert messages.GoAway.decode(goaways[0].header).error_code == code
     # Logged (at most once per 10 s per kind: a flood of them is one line).
-    assert f"WARNING net.connection: {code.name} from " in node.stderr()
+    assert f"WARNING net.connection: {code.name} from " in node.log()
     # Another connection is unaffected, and new ones are accepted.
     await assert_alive(bystander)
     await bystander.aclose()

@@ -217,7 +217,7 @@ async def _create_then_sigterm(pm: ServerProcess, nowhere: str) -> None:
             with trio.fail_after(20):
                 code = await pm.process.wait()
             nursery.cancel_scope.cancel()
-        assert code == 0, pm.stderr()
+        assert code == 0, pm.log()
         assert trio.current_time() - started < 10
 
 

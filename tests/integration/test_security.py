@@ -272,7 +272,7 @@ async def test_plain_text_and_unacceptable_certificates_are_refused(tmp_path: Pa
         # and the servers go on serving the principals they accept
         async with cluster.pm_as("alice") as alice:
             assert (await alice.create_stream(1)).stream is not None
-        assert "TLS handshake with" in cluster.pm.stderr()
+        assert "TLS handshake with" in cluster.pm.log()
 
 
 async def test_sighup_reloads_the_acl_file_and_a_bad_file_changes_nothing(
@@ -299,7 +299,7 @@ async def test_sighup_reloads_the_acl_file_and_a_bad_file_changes_nothing(
             )
             cluster.acl_path.write_text('{"acls": [ {"principal": "bob"')
             cluster.signal_all(signal.SIGHUP)
-            await eventually(lambda: "ACL file refused" in cluster.nodes[0].stderr(), timeout=10)
+            await eventually(lambda: "ACL file refused" in cluster.nodes[0].log(), timeout=10)
             (kept,) = await bob.append([(1, batch)])
             assert kept.error_code == ErrorCode.NONE  # the previous entries stay in force
         assert cluster.pm.running and cluster.nodes[0].running
