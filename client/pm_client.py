@@ -162,6 +162,25 @@ class PMClient(RangeCalls):
         return header.data_nodes
 
 
+    # -- producers ------------------------------------------------------------
+
+    async def init_producer(
+        self, name: str = "", epoch: int = -1, *, timeout: float | None = None
+    ) -> tuple[int, int]:
+        """INIT_PRODUCER (SPEC §10): ``(producer_id, epoch)`` for idempotent
+        appends. An empty ``name`` gets a new id at epoch 0; a name keeps its
+        id, and epoch -1 fences the instance before it. ``ProducerFencedError``
+        when ``epoch`` is below the one the PM holds."""
+        request = messages.InitProducerRequest(
+            timeout_ms=self.timeout_ms(timeout), producer_name=name, producer_epoch=epoch
+        )
+        header = await self.call_for(
+            messages.InitProducerResponse, Opcode.INIT_PRODUCER, request, timeout=timeout
+        )
+        raise_for_code(header.error_code, header.error_message)
+        return header.producer_id, header.producer_epoch
+
+
 class _StreamListing:
     """Pages through GET_STREAMS with empty ``stream_ids`` (SPEC §3): each
     page starts after the last id of the one before; a short page is the last."""

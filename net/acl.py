@@ -139,6 +139,15 @@ class Acl:
             return any(self.allows(principal, implying, stream_id) for implying in _IMPLY_DESCRIBE)
         return False
 
+    def allows_some_stream(self, principal: str, operation: str) -> bool:
+        """Whether ``operation`` is allowed on at least one stream (INIT_PRODUCER
+        asks this of APPEND, SPEC §10): an allow that a deny of every
+        stream does not take back."""
+        denied, allowed = self._rules_for(principal, operation)
+        if any(r.every_stream for r in denied):
+            return False
+        return any(not r.cluster for r in allowed)
+
     def _rules_for(
         self, principal: str, operation: str
     ) -> tuple[tuple[Resource, ...], tuple[Resource, ...]]:

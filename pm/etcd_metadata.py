@@ -16,7 +16,9 @@ encodings, so that ``sbp-pm migrate`` copies them as they are:
 ``streams/<stream_id:020>``             replica_nums, retention, epoch, acks
 ``ranges/<stream_id:020>/<index:010>``  start, end, epoch, node ids
 ``nodes/<node_id:010>``                 advertise address
+``producers/<name>``                    producer id, epoch (SPEC §10)
 ``meta/next_stream_id``                 the lowest id never handed out
+``meta/next_producer_id``               the lowest producer id never handed out
 =====================================  ====================================
 
 etcd limits a transaction's operations (``--max-txn-ops``, 128 by default):
@@ -36,6 +38,7 @@ from sbp.errors import NotLeaderError, RequestTimeoutError
 
 from .etcd import Etcd, EtcdUnavailable, TxnResult, delete_op, delete_prefix_op, put_op
 from .metadata import (
+    FIRST_PRODUCER_ID,
     FIRST_STREAM_ID,
     U64,
     Change,
@@ -43,15 +46,19 @@ from .metadata import (
     DeleteStream,
     MetadataCounts,
     PutNode,
+    PutProducer,
     PutRange,
     PutStream,
+    RaiseNextProducerId,
     RaiseNextStreamId,
+    encode_producer,
     encode_range,
     encode_stream,
+    producer_from_value,
     range_from_value,
     stream_from_value,
 )
-from .records import NodeRecord, RangeRecord, StreamRecord
+from .records import NodeRecord, ProducerRecord, RangeRecord, StreamRecord
 
 #: operations per transaction, below etcd's default limit of 128
 MAX_TXN_OPS: Final = 120
@@ -88,6 +95,8 @@ class EtcdMetadataStore:
         self._by_node: dict[int, set[tuple[int, int]]] = {}
         self._nodes: dict[int, NodeRecord] = {}
         self._next_stream_id = FIRST_STREAM_ID
+        self._producers: dict[str, ProducerRecord] = {}
+        self._next_producer_id = FIRST_PRODUCER_ID
 
     # -- keys ----------------------------------------------------------------------
 
@@ -104,6 +113,13 @@ class EtcdMetadataStore:
     def _next_id_key(self) -> bytes:
         return self._prefix + b"meta/next_stream_id"
 
+    def _producer_key(self, name: str) -> bytes:
+        return self._prefix + b"producers/" + name.encode()
+
+    @property
+    def _next_producer_id_key(self) -> bytes:
+        return self._prefix + b"meta/next_producer_id"
+
     # -- loading ---------------------------------------------------------------------
 
     async def load(self) -> None:
@@ -114,6 +130,7 @@ class EtcdMetadataStore:
         streams = self._prefix + b"streams/"
         ranges = self._prefix + b"ranges/"
         nodes = self._prefix + b"nodes/"
+        producers = self._prefix + b"producers/"
         for kv in kvs:
             if kv.key.startswith(streams):
                 stream_id = int(kv.key[len(streams) :])
@@ -124,8 +141,13 @@ class EtcdMetadataStore:
             elif kv.key.startswith(nodes):
                 node_id = int(kv.key[len(nodes) :])
                 self._nodes[node_id] = NodeRecord(node_id, kv.value.decode())
+            elif kv.key.startswith(producers):
+                name = kv.key[len(producers) :].decode()
+                self._producers[name] = producer_from_value(name, kv.value)
             elif kv.key == self._next_id_key:
                 self._next_stream_id = int(U64.unpack(kv.value)[0])
+            elif kv.key == self._next_producer_id_key:
+                self._next_producer_id = int(U64.unpack(kv.value)[0])
 
     def close(self) -> None:
         """Nothing to close: the etcd client belongs to the caller."""
@@ -163,6 +185,15 @@ class EtcdMetadataStore:
 
     def next_stream_id(self) -> int:
         return self._next_stream_id
+
+    def producer(self, name: str) -> ProducerRecord | None:
+        return self._producers.get(name)
+
+    def producers(self) -> list[ProducerRecord]:
+        return [self._producers[name] for name in sorted(self._producers)]
+
+    def next_producer_id(self) -> int:
+        return self._next_producer_id
 
     def counts(self) -> MetadataCounts:
         return MetadataCounts(
@@ -222,6 +253,12 @@ class EtcdMetadataStore:
                 if value <= self._next_stream_id:
                     return []
                 return [put_op(self._next_id_key, U64.pack(value))]
+            case PutProducer(producer):
+                return [put_op(self._producer_key(producer.name), encode_producer(producer))]
+            case RaiseNextProducerId(value):
+                if value <= self._next_producer_id:
+                    return []
+                return [put_op(self._next_producer_id_key, U64.pack(value))]
         raise TypeError(f"unknown change {change!r}")
 
     def _apply(self, change: Change) -> None:
@@ -241,6 +278,10 @@ class EtcdMetadataStore:
                 self._nodes[node.node_id] = node
             case RaiseNextStreamId(value):
                 self._next_stream_id = max(self._next_stream_id, value)
+            case PutProducer(producer):
+                self._producers[producer.name] = producer
+            case RaiseNextProducerId(value):
+                self._next_producer_id = max(self._next_producer_id, value)
 
     def _remember_stream(self, stream: StreamRecord) -> None:
         if stream.stream_id not in self._streams:
@@ -270,7 +311,7 @@ def _groups(changes: Sequence[Change]) -> Iterable[list[Change]]:
     with very many ranges is cut), and the raised next stream id goes in
     the first."""
     units: list[list[Change]] = [[c] for c in changes if isinstance(c, RaiseNextStreamId)]
-    units += [[c] for c in changes if isinstance(c, PutNode)]
+    units += [[c] for c in changes if isinstance(c, PutNode | PutProducer | RaiseNextProducerId)]
     by_stream: dict[int, list[Change]] = {}
     for change in changes:
         if isinstance(change, PutStream):

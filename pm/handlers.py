@@ -20,7 +20,12 @@ from net.request import Request, Responder, request_timeout
 from net.server import Dispatcher
 from sbp import messages
 from sbp.enums import ClientRole, ErrorCode, Opcode
-from sbp.errors import InvalidRequestError, ProtocolError
+from sbp.errors import (
+    AuthorizationFailedError,
+    InvalidRequestError,
+    ProducerFencedError,
+    ProtocolError,
+)
 
 from .liveness import NodeState
 from .manager import Outcome, PlacementManager
@@ -88,6 +93,7 @@ class PMHandlers:
             (Opcode.LIST_RANGES, self.list_ranges),
             (Opcode.SEAL_RANGES, self.seal_ranges),
             (Opcode.DESCRIBE_RANGES, self.describe_ranges),
+            (Opcode.INIT_PRODUCER, self.init_producer),
         ):
             dispatcher.register(opcode, handler)
         return dispatcher
@@ -122,6 +128,30 @@ class PMHandlers:
             raise denied
         statuses = tuple(self._status(state) for state in self._manager.cluster())
         await responder.send(messages.DescribeClusterResponse(data_nodes=statuses))
+
+    # -- producers ------------------------------------------------------------
+
+    async def init_producer(self, request: Request, responder: Responder) -> None:
+        """Refusals of this producer (a fenced epoch, a bad name, a principal
+        that may append nowhere) are the response's error code; a deposed
+        PM's NOT_LEADER and etcd's TIMEOUT stay SYSTEM_ERRORs, which the
+        client follows and retries as for every other request."""
+        header = request.header_as(messages.InitProducerRequest)
+        try:
+            denied = self._access.check_some_stream(request.principal, "APPEND")
+            if denied is not None:
+                raise denied
+            record = await self._manager.producers.init(header.producer_name, header.producer_epoch)
+        except (AuthorizationFailedError, InvalidRequestError, ProducerFencedError) as error:
+            await responder.send(
+                messages.InitProducerResponse(error_code=error.code, error_message=error.message)
+            )
+            return
+        await responder.send(
+            messages.InitProducerResponse(
+                producer_id=record.producer_id, producer_epoch=record.epoch
+            )
+        )
 
     def _require_cluster(self, request: Request, what: str) -> None:
         """Requests without items: refused whole (a SYSTEM_ERROR)."""

@@ -67,6 +67,7 @@ from .metadata import (
     RaiseNextStreamId,
 )
 from .placement import place
+from .producers import ProducerIds
 from .reconcile import ReconcilePlan
 from .records import NodeRecord, RangeRecord, StreamRecord
 from .upkeep import ReplicaUpkeep
@@ -167,6 +168,8 @@ class PlacementManager:
         self._reconciling: set[int] = set()
         #: the replicas' upkeep: dead primaries, repairs, full nodes, short-handed ranges
         self.upkeep = ReplicaUpkeep(self, min_free_space=min_free_space, repair_after=repair_after)
+        #: idempotent producers' ids and epochs (INIT_PRODUCER)
+        self.producers = ProducerIds(store, self.commit)
 
     # -- data nodes -----------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""The PM's metadata in LMDB: streams, ranges, data nodes, the next stream id.
+"""The PM's metadata in LMDB: streams, ranges, data nodes, named producers,
+the next stream and producer ids.
 
 Layout (one LMDB environment, named databases, every integer big-endian so
 that byte order is numeric order for the non-negative ids used as keys):
@@ -14,7 +15,9 @@ database       key                              value
 ``by_node``    node_id (i), stream_id (q),      empty: the index behind LIST_RANGES
                range_index (i)                  by data node
 ``nodes``      node_id (i)                      advertise address, UTF-8
-``meta``       name                             schema version, next stream id
+``producers``  producer name, UTF-8             producer_id (q), epoch (i)
+``meta``       name                             schema version, next stream id,
+                                                next producer id
 =============  ===============================  ==================================
 
 Durability: every ``apply`` is one write transaction committed with a sync
@@ -36,7 +39,7 @@ from typing import Any, Final, Protocol
 import lmdb
 import trio
 
-from .records import NodeRecord, RangeRecord, StreamRecord
+from .records import NodeRecord, ProducerRecord, RangeRecord, StreamRecord
 
 SCHEMA_VERSION: Final = 1
 #: LMDB reserves the map as sparse address space; the file grows only with data.
@@ -58,8 +61,12 @@ U64: Final = struct.Struct(">Q")
 
 _META_SCHEMA: Final = b"schema_version"
 _META_NEXT_STREAM_ID: Final = b"next_stream_id"
+_META_NEXT_PRODUCER_ID: Final = b"next_producer_id"
+_PRODUCER_VALUE: Final = struct.Struct(">qi")
 #: stream ids start at 1; 0 means "not yet assigned" on the wire
 FIRST_STREAM_ID: Final = 1
+#: producer ids start at 1; 0 on an APPEND item means "not idempotent"
+FIRST_PRODUCER_ID: Final = 1
 
 
 class MetadataError(Exception):
@@ -104,7 +111,28 @@ class RaiseNextStreamId:
     value: int
 
 
-Change = PutStream | DeleteStream | PutRange | DeleteRange | PutNode | RaiseNextStreamId
+@dataclass(frozen=True, slots=True)
+class PutProducer:
+    producer: ProducerRecord
+
+
+@dataclass(frozen=True, slots=True)
+class RaiseNextProducerId:
+    """Record that producer ids below ``value`` are taken; never lowers it."""
+
+    value: int
+
+
+Change = (
+    PutStream
+    | DeleteStream
+    | PutRange
+    | DeleteRange
+    | PutNode
+    | RaiseNextStreamId
+    | PutProducer
+    | RaiseNextProducerId
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +155,9 @@ class Metadata(Protocol):
     def ranges_on_node(self, node_id: int) -> list[RangeRecord]: ...
     def nodes(self) -> list[NodeRecord]: ...
     def next_stream_id(self) -> int: ...
+    def producer(self, name: str) -> ProducerRecord | None: ...
+    def producers(self) -> list[ProducerRecord]: ...
+    def next_producer_id(self) -> int: ...
     def counts(self) -> MetadataCounts: ...
     def range_counts_by_node(self) -> dict[int, int]: ...
     async def commit(self, changes: Sequence[Change]) -> None: ...
@@ -153,6 +184,15 @@ def stream_from_value(stream_id: int, value: bytes) -> StreamRecord:
         return StreamRecord(stream_id, replica_nums, retention, epoch)
     replica_nums, retention, epoch, acks = _STREAM_VALUE_ACKS.unpack(value)
     return StreamRecord(stream_id, replica_nums, retention, epoch, acks)
+
+
+def encode_producer(producer: ProducerRecord) -> bytes:
+    return _PRODUCER_VALUE.pack(producer.producer_id, producer.epoch)
+
+
+def producer_from_value(name: str, value: bytes) -> ProducerRecord:
+    producer_id, epoch = _PRODUCER_VALUE.unpack(value)
+    return ProducerRecord(name, producer_id, epoch)
 
 
 def encode_range(rng: RangeRecord) -> bytes:
@@ -197,6 +237,7 @@ class MetadataStore:
         self._by_node = self._env.open_db(b"by_node")
         self._nodes = self._env.open_db(b"nodes")
         self._meta = self._env.open_db(b"meta")
+        self._producers = self._env.open_db(b"producers")
         self._check_schema()
         # One writer at a time: LMDB serialises write transactions anyway, and
         # a limiter keeps waiting writers off worker threads.
@@ -311,6 +352,24 @@ class MetadataStore:
             value = txn.get(_META_NEXT_STREAM_ID, db=self._meta)
         return FIRST_STREAM_ID if value is None else int(U64.unpack(value)[0])
 
+    def producer(self, name: str) -> ProducerRecord | None:
+        with self._read() as txn:
+            value = txn.get(name.encode(), db=self._producers)
+        return None if value is None else producer_from_value(name, value)
+
+    def producers(self) -> list[ProducerRecord]:
+        with self._read() as txn:
+            return [
+                producer_from_value(key.decode(), value)
+                for key, value in txn.cursor(db=self._producers)
+            ]
+
+    def next_producer_id(self) -> int:
+        """The lowest producer id never handed out."""
+        with self._read() as txn:
+            value = txn.get(_META_NEXT_PRODUCER_ID, db=self._meta)
+        return FIRST_PRODUCER_ID if value is None else int(U64.unpack(value)[0])
+
     def counts(self) -> MetadataCounts:
         """Entry counts, read from LMDB's page statistics (no scan)."""
         with self._read() as txn:
@@ -361,9 +420,16 @@ class MetadataStore:
             case PutNode(node):
                 txn.put(_NODE_KEY.pack(node.node_id), node.address.encode(), db=self._nodes)
             case RaiseNextStreamId(value):
-                stored = txn.get(_META_NEXT_STREAM_ID, db=self._meta)
-                if stored is None or U64.unpack(stored)[0] < value:
-                    txn.put(_META_NEXT_STREAM_ID, U64.pack(value), db=self._meta)
+                self._raise(txn, _META_NEXT_STREAM_ID, value)
+            case PutProducer(producer):
+                txn.put(producer.name.encode(), encode_producer(producer), db=self._producers)
+            case RaiseNextProducerId(value):
+                self._raise(txn, _META_NEXT_PRODUCER_ID, value)
+
+    def _raise(self, txn: Any, key: bytes, value: int) -> None:
+        stored = txn.get(key, db=self._meta)
+        if stored is None or U64.unpack(stored)[0] < value:
+            txn.put(key, U64.pack(value), db=self._meta)
 
     def _put_range(self, txn: Any, rng: RangeRecord) -> None:
         key = _RANGE_KEY.pack(rng.stream_id, rng.range_index)

@@ -32,8 +32,10 @@ from .metadata import (
     MetadataError,
     MetadataStore,
     PutNode,
+    PutProducer,
     PutRange,
     PutStream,
+    RaiseNextProducerId,
     RaiseNextStreamId,
 )
 from .server import LOCK_FILE
@@ -130,6 +132,8 @@ async def migrate(
 def _everything(source: MetadataStore) -> list[Change]:
     changes: list[Change] = [PutNode(node) for node in source.nodes()]
     changes.append(RaiseNextStreamId(source.next_stream_id()))
+    changes.append(RaiseNextProducerId(source.next_producer_id()))
+    changes += [PutProducer(producer) for producer in source.producers()]
     start_after = 0
     while page := source.streams(start_after=start_after, limit=PAGE):
         for stream in page:

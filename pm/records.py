@@ -27,6 +27,16 @@ class StreamRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class ProducerRecord:
+    """A named idempotent producer (SPEC §10): its id never changes, its
+    epoch only grows. Unnamed producers have no record, only an id."""
+
+    name: str
+    producer_id: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class RangeRecord(RangeSpan):
     """One range of a stream, ``[start_offset, end_offset)``.
 

@@ -23,6 +23,7 @@ class Opcode(IntEnum):
     TRIM_STREAMS = 0x3005
     REPORT_METRICS = 0x4001
     DESCRIBE_CLUSTER = 0x4002
+    INIT_PRODUCER = 0x5001
 
 
 #: every opcode value a receiver knows; anything else is an unknown opcode
@@ -72,6 +73,9 @@ class ErrorCode(IntEnum):
     EPOCH_FENCED = 108
     NOT_ENOUGH_REPLICAS = 109
     OUT_OF_ORDER = 110
+    PRODUCER_FENCED = 111
+    OUT_OF_ORDER_SEQUENCE = 112
+    UNKNOWN_PRODUCER = 113
     NO_AVAILABLE_DATA_NODE = 200
     DATA_NODE_NOT_FOUND = 201
 

@@ -136,6 +136,34 @@ class OutOfOrderError(ProtocolError):
         self.next_offset = next_offset
 
 
+class ProducerFencedError(ProtocolError):
+    """A newer epoch of this producer has appended to the stream, or the PM
+    has handed one out (SPEC §10): this instance must stop."""
+
+    code = ErrorCode.PRODUCER_FENCED
+
+
+class OutOfOrderSequenceError(ProtocolError):
+    """A batch whose sequence is neither the next one nor one the stream
+    holds (SPEC §10): the producer has lost track of what is stored."""
+
+    code = ErrorCode.OUT_OF_ORDER_SEQUENCE
+
+    def __init__(
+        self, message: str = "", *, code: ErrorCode | int | None = None, next_sequence: int = -1
+    ) -> None:
+        super().__init__(message, code=code)
+        #: the sequence the stream expects next from this producer
+        self.next_sequence = next_sequence
+
+
+class UnknownProducerError(ProtocolError):
+    """No state for this producer on the stream (never seen, or expired)
+    and a sequence that is not 0 (SPEC §10)."""
+
+    code = ErrorCode.UNKNOWN_PRODUCER
+
+
 class AuthenticationFailedError(ProtocolError):
     code = ErrorCode.AUTHENTICATION_FAILED
 
@@ -192,6 +220,9 @@ _BY_CODE: dict[int, type[ProtocolError]] = {
         EpochFencedError,
         NotEnoughReplicasError,
         OutOfOrderError,
+        ProducerFencedError,
+        OutOfOrderSequenceError,
+        UnknownProducerError,
         NoAvailableDataNodeError,
         DataNodeNotFoundError,
     )

@@ -205,6 +205,9 @@ class AppendInfo(Message):
     stream_id: int = fb.int64(0)
     request_index: int = fb.int32(1)
     batch_length: int = fb.int32(2)  # bytes of this item's batch in the payload
+    producer_id: int = fb.int64(3)  # 0: not idempotent (SPEC §10)
+    producer_epoch: int = fb.int32(4)
+    base_sequence: int = fb.int64(5)  # the sequence of the batch's first record
 
 
 @fb.table
@@ -225,6 +228,7 @@ class AppendResult(Message):
     stream_append_time_ms: int = fb.int64(3)
     error_code: ErrorCode | int = _error_code_field(4)
     error_message: str = fb.string(5)
+    next_sequence: int = fb.int64(6, default=-1)  # with OUT_OF_ORDER_SEQUENCE (SPEC §10)
 
 
 @fb.table
@@ -279,6 +283,9 @@ class ReplicateInfo(Message):
     base_offset: int = fb.int64(3)
     batch_length: int = fb.int32(4)  # 0: the item only carries commit_offset
     commit_offset: int = fb.int64(5)  # the primary's commit offset
+    producer_id: int = fb.int64(6)  # as the APPEND carried them (SPEC §10)
+    producer_epoch: int = fb.int32(7)
+    base_sequence: int = fb.int64(8)
 
 
 @fb.table
@@ -602,6 +609,27 @@ class DescribeClusterResponse(Message):
     error_message: str = fb.string(3)
 
 
+@fb.table
+@dataclass(frozen=True, slots=True)
+class InitProducerRequest(Message):
+    """SPEC §10. An empty name gets a new id; epoch -1 asks for the stored
+    epoch + 1, E >= 0 for max(stored, E)."""
+
+    timeout_ms: int = fb.int32(0)
+    producer_name: str = fb.string(1)
+    producer_epoch: int = fb.int32(2, default=-1)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class InitProducerResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    producer_id: int = fb.int64(1)
+    producer_epoch: int = fb.int32(2)
+    error_code: ErrorCode | int = _error_code_field(3)
+    error_message: str = fb.string(4)
+
+
 # --------------------------------------------------------------------------- registry
 
 _REQUEST_TYPES: dict[int, type[Message]] = {
@@ -621,6 +649,7 @@ _REQUEST_TYPES: dict[int, type[Message]] = {
     Opcode.TRIM_STREAMS: TrimStreamsRequest,
     Opcode.REPORT_METRICS: ReportMetricsRequest,
     Opcode.DESCRIBE_CLUSTER: DescribeClusterRequest,
+    Opcode.INIT_PRODUCER: InitProducerRequest,
 }
 
 _RESPONSE_TYPES: dict[int, type[Message]] = {
@@ -639,6 +668,7 @@ _RESPONSE_TYPES: dict[int, type[Message]] = {
     Opcode.TRIM_STREAMS: TrimStreamsResponse,
     Opcode.REPORT_METRICS: ReportMetricsResponse,
     Opcode.DESCRIBE_CLUSTER: DescribeClusterResponse,
+    Opcode.INIT_PRODUCER: InitProducerResponse,
 }
 
 

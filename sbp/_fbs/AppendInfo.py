@@ -46,8 +46,29 @@ class AppendInfo(object):
             return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
         return 0
 
+    # AppendInfo
+    def ProducerId(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
+    # AppendInfo
+    def ProducerEpoch(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+    # AppendInfo
+    def BaseSequence(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
 def AppendInfoStart(builder: flatbuffers.Builder):
-    builder.StartObject(3)
+    builder.StartObject(6)
 
 def Start(builder: flatbuffers.Builder):
     AppendInfoStart(builder)
@@ -70,6 +91,24 @@ def AppendInfoAddBatchLength(builder: flatbuffers.Builder, batchLength: int):
 def AddBatchLength(builder: flatbuffers.Builder, batchLength: int):
     AppendInfoAddBatchLength(builder, batchLength)
 
+def AppendInfoAddProducerId(builder: flatbuffers.Builder, producerId: int):
+    builder.PrependInt64Slot(3, producerId, 0)
+
+def AddProducerId(builder: flatbuffers.Builder, producerId: int):
+    AppendInfoAddProducerId(builder, producerId)
+
+def AppendInfoAddProducerEpoch(builder: flatbuffers.Builder, producerEpoch: int):
+    builder.PrependInt32Slot(4, producerEpoch, 0)
+
+def AddProducerEpoch(builder: flatbuffers.Builder, producerEpoch: int):
+    AppendInfoAddProducerEpoch(builder, producerEpoch)
+
+def AppendInfoAddBaseSequence(builder: flatbuffers.Builder, baseSequence: int):
+    builder.PrependInt64Slot(5, baseSequence, 0)
+
+def AddBaseSequence(builder: flatbuffers.Builder, baseSequence: int):
+    AppendInfoAddBaseSequence(builder, baseSequence)
+
 def AppendInfoEnd(builder: flatbuffers.Builder) -> int:
     return builder.EndObject()
 
@@ -85,10 +124,16 @@ class AppendInfoT(object):
         streamId = 0,
         requestIndex = 0,
         batchLength = 0,
+        producerId = 0,
+        producerEpoch = 0,
+        baseSequence = 0,
     ):
         self.streamId = streamId  # type: int
         self.requestIndex = requestIndex  # type: int
         self.batchLength = batchLength  # type: int
+        self.producerId = producerId  # type: int
+        self.producerEpoch = producerEpoch  # type: int
+        self.baseSequence = baseSequence  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -114,6 +159,9 @@ class AppendInfoT(object):
         self.streamId = appendInfo.StreamId()
         self.requestIndex = appendInfo.RequestIndex()
         self.batchLength = appendInfo.BatchLength()
+        self.producerId = appendInfo.ProducerId()
+        self.producerEpoch = appendInfo.ProducerEpoch()
+        self.baseSequence = appendInfo.BaseSequence()
 
     # AppendInfoT
     def Pack(self, builder):
@@ -121,5 +169,8 @@ class AppendInfoT(object):
         AppendInfoAddStreamId(builder, self.streamId)
         AppendInfoAddRequestIndex(builder, self.requestIndex)
         AppendInfoAddBatchLength(builder, self.batchLength)
+        AppendInfoAddProducerId(builder, self.producerId)
+        AppendInfoAddProducerEpoch(builder, self.producerEpoch)
+        AppendInfoAddBaseSequence(builder, self.baseSequence)
         appendInfo = AppendInfoEnd(builder)
         return appendInfo

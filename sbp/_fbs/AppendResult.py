@@ -68,8 +68,15 @@ class AppendResult(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
+    # AppendResult
+    def NextSequence(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return -1
+
 def AppendResultStart(builder: flatbuffers.Builder):
-    builder.StartObject(6)
+    builder.StartObject(7)
 
 def Start(builder: flatbuffers.Builder):
     AppendResultStart(builder)
@@ -110,6 +117,12 @@ def AppendResultAddErrorMessage(builder: flatbuffers.Builder, errorMessage: int)
 def AddErrorMessage(builder: flatbuffers.Builder, errorMessage: int):
     AppendResultAddErrorMessage(builder, errorMessage)
 
+def AppendResultAddNextSequence(builder: flatbuffers.Builder, nextSequence: int):
+    builder.PrependInt64Slot(6, nextSequence, -1)
+
+def AddNextSequence(builder: flatbuffers.Builder, nextSequence: int):
+    AppendResultAddNextSequence(builder, nextSequence)
+
 def AppendResultEnd(builder: flatbuffers.Builder) -> int:
     return builder.EndObject()
 
@@ -128,6 +141,7 @@ class AppendResultT(object):
         streamAppendTimeMs = 0,
         errorCode = 0,
         errorMessage = None,
+        nextSequence = -1,
     ):
         self.streamId = streamId  # type: int
         self.requestIndex = requestIndex  # type: int
@@ -135,6 +149,7 @@ class AppendResultT(object):
         self.streamAppendTimeMs = streamAppendTimeMs  # type: int
         self.errorCode = errorCode  # type: int
         self.errorMessage = errorMessage  # type: Optional[str]
+        self.nextSequence = nextSequence  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -163,6 +178,7 @@ class AppendResultT(object):
         self.streamAppendTimeMs = appendResult.StreamAppendTimeMs()
         self.errorCode = appendResult.ErrorCode()
         self.errorMessage = appendResult.ErrorMessage()
+        self.nextSequence = appendResult.NextSequence()
 
     # AppendResultT
     def Pack(self, builder):
@@ -176,5 +192,6 @@ class AppendResultT(object):
         AppendResultAddErrorCode(builder, self.errorCode)
         if self.errorMessage is not None:
             AppendResultAddErrorMessage(builder, errorMessage)
+        AppendResultAddNextSequence(builder, self.nextSequence)
         appendResult = AppendResultEnd(builder)
         return appendResult

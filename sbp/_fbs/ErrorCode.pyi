@@ -33,6 +33,9 @@ class ErrorCode(object):
   EPOCH_FENCED = cast(int, ...)
   NOT_ENOUGH_REPLICAS = cast(int, ...)
   OUT_OF_ORDER = cast(int, ...)
+  PRODUCER_FENCED = cast(int, ...)
+  OUT_OF_ORDER_SEQUENCE = cast(int, ...)
+  UNKNOWN_PRODUCER = cast(int, ...)
   NO_AVAILABLE_DATA_NODE = cast(int, ...)
   DATA_NODE_NOT_FOUND = cast(int, ...)
 

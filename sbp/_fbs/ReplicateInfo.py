@@ -67,8 +67,29 @@ class ReplicateInfo(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return 0
 
+    # ReplicateInfo
+    def ProducerId(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
+    # ReplicateInfo
+    def ProducerEpoch(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+    # ReplicateInfo
+    def BaseSequence(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
 def ReplicateInfoStart(builder: flatbuffers.Builder):
-    builder.StartObject(6)
+    builder.StartObject(9)
 
 def Start(builder: flatbuffers.Builder):
     ReplicateInfoStart(builder)
@@ -109,6 +130,24 @@ def ReplicateInfoAddCommitOffset(builder: flatbuffers.Builder, commitOffset: int
 def AddCommitOffset(builder: flatbuffers.Builder, commitOffset: int):
     ReplicateInfoAddCommitOffset(builder, commitOffset)
 
+def ReplicateInfoAddProducerId(builder: flatbuffers.Builder, producerId: int):
+    builder.PrependInt64Slot(6, producerId, 0)
+
+def AddProducerId(builder: flatbuffers.Builder, producerId: int):
+    ReplicateInfoAddProducerId(builder, producerId)
+
+def ReplicateInfoAddProducerEpoch(builder: flatbuffers.Builder, producerEpoch: int):
+    builder.PrependInt32Slot(7, producerEpoch, 0)
+
+def AddProducerEpoch(builder: flatbuffers.Builder, producerEpoch: int):
+    ReplicateInfoAddProducerEpoch(builder, producerEpoch)
+
+def ReplicateInfoAddBaseSequence(builder: flatbuffers.Builder, baseSequence: int):
+    builder.PrependInt64Slot(8, baseSequence, 0)
+
+def AddBaseSequence(builder: flatbuffers.Builder, baseSequence: int):
+    ReplicateInfoAddBaseSequence(builder, baseSequence)
+
 def ReplicateInfoEnd(builder: flatbuffers.Builder) -> int:
     return builder.EndObject()
 
@@ -127,6 +166,9 @@ class ReplicateInfoT(object):
         baseOffset = 0,
         batchLength = 0,
         commitOffset = 0,
+        producerId = 0,
+        producerEpoch = 0,
+        baseSequence = 0,
     ):
         self.streamId = streamId  # type: int
         self.rangeIndex = rangeIndex  # type: int
@@ -134,6 +176,9 @@ class ReplicateInfoT(object):
         self.baseOffset = baseOffset  # type: int
         self.batchLength = batchLength  # type: int
         self.commitOffset = commitOffset  # type: int
+        self.producerId = producerId  # type: int
+        self.producerEpoch = producerEpoch  # type: int
+        self.baseSequence = baseSequence  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -162,6 +207,9 @@ class ReplicateInfoT(object):
         self.baseOffset = replicateInfo.BaseOffset()
         self.batchLength = replicateInfo.BatchLength()
         self.commitOffset = replicateInfo.CommitOffset()
+        self.producerId = replicateInfo.ProducerId()
+        self.producerEpoch = replicateInfo.ProducerEpoch()
+        self.baseSequence = replicateInfo.BaseSequence()
 
     # ReplicateInfoT
     def Pack(self, builder):
@@ -172,5 +220,8 @@ class ReplicateInfoT(object):
         ReplicateInfoAddBaseOffset(builder, self.baseOffset)
         ReplicateInfoAddBatchLength(builder, self.batchLength)
         ReplicateInfoAddCommitOffset(builder, self.commitOffset)
+        ReplicateInfoAddProducerId(builder, self.producerId)
+        ReplicateInfoAddProducerEpoch(builder, self.producerEpoch)
+        ReplicateInfoAddBaseSequence(builder, self.baseSequence)
         replicateInfo = ReplicateInfoEnd(builder)
         return replicateInfo

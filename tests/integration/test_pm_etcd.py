@@ -14,8 +14,9 @@ from pm.etcd import Etcd
 from pm.etcd_metadata import MAX_TXN_OPS, EtcdMetadataStore
 from pm.leadership import Leadership
 from pm.metadata import Change, DeleteStream, PutNode, PutRange, PutStream, RaiseNextStreamId
-from pm.records import NodeRecord, RangeRecord, StreamRecord
-from sbp.errors import NotLeaderError
+from pm.producers import ProducerIds
+from pm.records import NodeRecord, ProducerRecord, RangeRecord, StreamRecord
+from sbp.errors import NotLeaderError, ProducerFencedError
 
 from ..eventually import eventually
 from .etcd_cluster import etcd_cluster
@@ -122,4 +123,19 @@ async def test_metadata_round_trips_and_large_commits_are_cut(tmp_path: Path) ->
                 assert view.range_counts_by_node()[1] == count - 1
                 assert [s.stream_id for s in view.streams(start_after=5, limit=3)] == [6, 7, 8]
                 assert view.nodes() == [NodeRecord(1, "127.0.0.1:7401")]
+
+            # INIT_PRODUCER's ids and epochs (SPEC §10), as a new leader reads them
+            producers = ProducerIds(store, store.commit)
+            assert (await producers.init("", -1)).producer_id == 1
+            assert (await producers.init("billing", -1)) == ProducerRecord("billing", 2, 0)
+            assert (await producers.init("billing", -1)).epoch == 1
+            with pytest.raises(ProducerFencedError):
+                await producers.init("billing", 0)
+            successor = EtcdMetadataStore(etcd, PREFIX, leadership.guard)
+            await successor.load()
+            assert successor.producers() == [ProducerRecord("billing", 2, 1)]
+            assert successor.next_producer_id() == 3
+            again = ProducerIds(successor, successor.commit)
+            assert (await again.init("billing", -1)) == ProducerRecord("billing", 2, 2)
+            assert (await again.init("", -1)).producer_id == 3
             nursery.cancel_scope.cancel()

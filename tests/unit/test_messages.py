@@ -33,6 +33,7 @@ REQUESTS = {
     Opcode.TRIM_STREAMS: m.TrimStreamsRequest,
     Opcode.REPORT_METRICS: m.ReportMetricsRequest,
     Opcode.DESCRIBE_CLUSTER: m.DescribeClusterRequest,
+    Opcode.INIT_PRODUCER: m.InitProducerRequest,
 }
 RESPONSES = {
     Opcode.PING: None,
@@ -52,6 +53,7 @@ RESPONSES = {
     Opcode.TRIM_STREAMS: m.TrimStreamsResponse,
     Opcode.REPORT_METRICS: m.ReportMetricsResponse,
     Opcode.DESCRIBE_CLUSTER: m.DescribeClusterResponse,
+    Opcode.INIT_PRODUCER: m.InitProducerResponse,
 }
 
 
