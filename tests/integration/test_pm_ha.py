@@ -312,6 +312,8 @@ async def test_an_lmdb_pms_metadata_moves_to_etcd(tmp_path: Path) -> None:
             await pm.create_stream(1)
         await pm.seal_range(2, 0)
         before = {s: await pm.list_stream_ranges(s) for s in (1, 2, 3)}
+        assert await pm.init_producer() == (1, 0)
+        assert await pm.init_producer("billing", 4) == (2, 4)
         assert old.pm is not None and await old.pm.terminate() == 0
     lmdb_dir = tmp_path / "lmdb" / "pm"
     async with etcd_cluster(tmp_path) as etcd, ConnectionPool() as pool:
@@ -340,6 +342,9 @@ async def test_an_lmdb_pms_metadata_moves_to_etcd(tmp_path: Path) -> None:
             assert [s.stream_id for s in await pm.get_streams_page()] == [1, 2, 3]
             statuses = await pm.describe_cluster()
             assert [s.data_node.node_id for s in statuses] == [1]
+            # producers keep their ids and epochs; new ids go on above the old
+            assert await pm.init_producer("billing", -1) == (2, 5)
+            assert await pm.init_producer() == (3, 0)
         finally:
             with trio.CancelScope(shield=True):
                 await new.kill()
