@@ -15,6 +15,7 @@ from .model import (
     ReplicaInfo,
     StorageStats,
 )
+from .producers import ProducerStamp
 
 __all__ = [
     "DEFAULT_MAP_SIZE",
@@ -22,6 +23,7 @@ __all__ = [
     "AppendOutcome",
     "AppendResult",
     "Expired",
+    "ProducerStamp",
     "RangeInfo",
     "ReplicaBatch",
     "ReplicaInfo",

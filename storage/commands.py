@@ -77,7 +77,8 @@ def replicate(ctx: WriteContext, item: ReplicaBatch) -> int:
             f"here, not {item.base_offset}",
             next_offset=next_offset,
         )
-    ctx.add_batch(ctx.for_update(item.stream_id), item.base_offset, item.batch, item.record_count)
+    state = ctx.for_update(item.stream_id)
+    ctx.add_batch(state, item.base_offset, item.batch, item.record_count, producer=item.producer)
     return item.base_offset + item.record_count
 
 
@@ -218,6 +219,7 @@ def delete_stream(ctx: WriteContext, stream_id: int) -> None:
     state = StreamState(stream_id) if state is None else state.copy()
     ctx.pending[stream_id] = state
     ctx.forget_chunks(stream_id)
+    ctx.drop_producers(stream_id)
     state.ranges = tuple(dataclasses.replace(r, deleted=True) for r in state.ranges)
     for info in state.ranges:
         ctx.save_range(info)

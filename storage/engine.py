@@ -48,6 +48,7 @@ from .model import (
     hosts,
 )
 from .page_cache import WrittenPageDropper
+from .producers import DEFAULT_EXPIRY_MS, ProducerStamp, ProducerState, decode_stamp
 from .transaction import Store, WriteContext, is_dropped
 from .writer import (
     DEFAULT_MAX_GROUP_BYTES,
@@ -109,6 +110,7 @@ class StorageEngine:
         max_group_bytes: int = DEFAULT_MAX_GROUP_BYTES,
         max_group_ops: int = DEFAULT_MAX_GROUP_OPS,
         page_cache_window: int = DEFAULT_PAGE_CACHE_WINDOW,
+        producer_expiry_ms: int = DEFAULT_EXPIRY_MS,
     ) -> None:
         if page_cache_window < 0:
             raise ValueError(f"page_cache_window must be >= 0, not {page_cache_window}")
@@ -147,6 +149,7 @@ class StorageEngine:
                 map_size=map_size,
                 page_size=page_size,
                 append_limit_pages=max(0, map_size - reserve) // page_size,
+                producer_expiry_ms=producer_expiry_ms,
             )
             self._recover()
         except BaseException:
@@ -217,6 +220,9 @@ class StorageEngine:
                 if last_batch_end and _holds_dropped_chunks(index, state):
                     store.unfreed.add(stream_id)
             store.streams = streams
+            for key, value in txn.cursor(db=store.dbs[layout.PRODUCERS_DB]):
+                stream_id, producer_id = BATCH_KEY.unpack(key)
+                store.producers.setdefault(stream_id, {})[producer_id] = ProducerState(value)
             batches = txn.cursor(db=store.dbs[layout.BATCHES_DB])
             store.last_batch_key = batches.key() if batches.last() else b""
             store.stored_bytes = _counter(txn, store, layout.STORED_BYTES_KEY)
@@ -524,6 +530,30 @@ class StorageEngine:
         """The stream's next offset as of the last commit (None if unknown). Thread-safe."""
         state = self._store.streams.get(stream_id)
         return None if state is None else state.next_offset
+
+    def producer_stamps(self, stream_id: int, start: int, end: int) -> dict[int, ProducerStamp]:
+        """The producer stamps of the stream's idempotent batches based in
+        ``[start, end)``, by base offset (what REPLICATE carries, SPEC §10).
+        Thread-safe."""
+        stamps: dict[int, ProducerStamp] = {}
+        with self._store.env.begin(buffers=False) as txn:
+            cursor = txn.cursor(db=self._store.dbs[layout.SEQUENCES_DB])
+            if not cursor.set_range(layout.batch_key(stream_id, start)):
+                return stamps
+            for key, value in cursor:
+                key_stream, base_offset = BATCH_KEY.unpack(key)
+                if key_stream != stream_id or base_offset >= end:
+                    break
+                stamps[base_offset] = decode_stamp(value)
+        return stamps
+
+    def producers(self, stream_id: int) -> dict[int, ProducerState]:
+        """The stream's idempotent producers as of the last commit. Thread-safe."""
+        return dict(self._store.producers.get(stream_id, {}))
+
+    def producers_tracked(self) -> int:
+        """How many (stream, producer) states this node keeps. Thread-safe."""
+        return sum(len(table) for table in list(self._store.producers.values()))
 
     def first_offset(self, stream_id: int) -> int | None:
         """The lowest readable offset of the stream (None if unknown). Thread-safe."""

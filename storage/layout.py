@@ -12,6 +12,11 @@ database       key                         value
 ``ranges``     stream_id u64, index u32    JSON range record (``RangeInfo``)
 ``streams``    stream_id u64               JSON stream record (first offset, deleted, retention)
 ``meta``       name                        engine-wide counters, format version, PM term
+``sequences``  stream_id u64, base u64     producer id i64, epoch i32, base sequence
+                                           i64 of an idempotent batch (SPEC §10)
+``producers``  stream_id u64, producer u64  last append ms i64, then its last batches:
+                                           epoch i32, base sequence i64, record
+                                           count i32, base offset i64 each
 =============  ==========================  ==========================================
 
 A group commit writes each stream's appends as one value (a chunk) keyed by
@@ -40,7 +45,9 @@ INDEX_DB: Final = b"index"
 RANGES_DB: Final = b"ranges"
 STREAMS_DB: Final = b"streams"
 META_DB: Final = b"meta"
-ALL_DBS: Final = (BATCHES_DB, INDEX_DB, RANGES_DB, STREAMS_DB, META_DB)
+SEQUENCES_DB: Final = b"sequences"
+PRODUCERS_DB: Final = b"producers"
+ALL_DBS: Final = (BATCHES_DB, INDEX_DB, RANGES_DB, STREAMS_DB, META_DB, SEQUENCES_DB, PRODUCERS_DB)
 
 FORMAT_VERSION: Final = 2
 #: formats this code opens (format 1 is upgraded in place: see the module doc)

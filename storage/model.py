@@ -25,6 +25,8 @@ from sbp.errors import (
 from sbp.ranges import RangeSpan
 from sbp.stats import BucketCounts
 
+from .producers import ProducerStamp
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicaInfo:
@@ -190,6 +192,8 @@ class ReplicaBatch:
     base_offset: int
     batch: Buffer
     record_count: int
+    #: an idempotent producer's fields, as the APPEND carried them (SPEC §10)
+    producer: ProducerStamp | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,10 +212,12 @@ class Expired:
 
 
 class AppendItem(NamedTuple):
-    """One batch to append: a whole, single record batch (SPEC §4)."""
+    """One batch to append: a whole, single record batch (SPEC §4), and the
+    fields of an idempotent producer, if one sent it (SPEC §10)."""
 
     stream_id: int
     batch: Buffer
+    producer: ProducerStamp | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +227,9 @@ class AppendResult:
     base_offset: int
     record_count: int
     append_time_ms: int
+    #: an idempotent producer's resend: stored before at ``base_offset``,
+    #: nothing written now
+    duplicate: bool = False
 
 
 #: one per submitted item: the result, or the error that item failed with

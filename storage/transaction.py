@@ -33,6 +33,17 @@ from sbp.errors import (
 from . import layout
 from .layout import BATCH_KEY, IndexEntry, batch_key, range_key, stream_key
 from .model import AppendResult, RangeInfo, StreamState
+from .producers import (
+    DEFAULT_EXPIRY_MS,
+    ProducerStamp,
+    ProducerState,
+    SequenceEntry,
+    decide,
+    encode_stamp,
+)
+
+#: producer id -> state, for one stream
+ProducerTable = dict[int, ProducerState]
 
 
 @dataclass(slots=True)
@@ -72,6 +83,10 @@ class Store:
     #: the stream whose chunk was freed last; the next transaction's
     #: free_dropped starts with the stream after it
     free_after: int = -1
+    #: idempotent producers per stream (SPEC §10), published like ``streams``
+    producers: dict[int, ProducerTable] = field(default_factory=dict)
+    #: a producer silent this long on a stream is forgotten there
+    producer_expiry_ms: int = DEFAULT_EXPIRY_MS
 
     def pages_in_use(self, txn: Any) -> int:
         """Pages the databases occupy as ``txn`` sees them (free pages excluded)."""
@@ -135,6 +150,9 @@ class WriteContext:
         self.free_after = store.free_after
         #: bytes of batches this transaction stores
         self._stored_here = 0
+        #: producer states this transaction changed (None: gone), by stream
+        self._producers: dict[int, dict[int, ProducerState | None]] = {}
+        self._sequences = store.dbs[layout.SEQUENCES_DB]
 
     # -- stream states ----------------------------------------------------
 
@@ -178,11 +196,19 @@ class WriteContext:
 
     # -- batches ----------------------------------------------------------
 
-    def append(self, stream_id: int, batch: Buffer, record_count: int) -> AppendResult:
+    def append(
+        self,
+        stream_id: int,
+        batch: Buffer,
+        record_count: int,
+        producer: ProducerStamp | None = None,
+    ) -> AppendResult:
         """Append one batch to the stream's open range; the wire error if refused.
 
         ``batch`` is already validated (``sbp.batches.validate_batch``) and holds
-        ``record_count`` records.
+        ``record_count`` records. With a ``producer`` (SPEC §10) the batch is
+        decided by ``producers.decide`` first: a resend is answered with the
+        offset it was stored at (``duplicate``), and nothing is written.
         """
         target = self._append_targets.get(stream_id)
         if target is None:
@@ -199,10 +225,20 @@ class WriteContext:
                     "here: its followers may hold batches this node does not; the PM must seal it"
                 )
             self._append_targets[stream_id] = target
+        if producer is not None:
+            stored = decide(
+                self.producer(stream_id, producer.producer_id),
+                producer,
+                record_count,
+                self.now_ms,
+                self.store.producer_expiry_ms,
+            )
+            if stored is not None:
+                return AppendResult(stored.base_offset, record_count, self.now_ms, duplicate=True)
         self.appended_ranges.add((stream_id, target.range_index))
         state = self.for_update(stream_id)
         base_offset = max(state.next_offset, target.start_offset)
-        self.add_batch(state, base_offset, batch, record_count)
+        self.add_batch(state, base_offset, batch, record_count, producer=producer)
         return AppendResult(base_offset, record_count, self.now_ms)
 
     def add_batch(
@@ -213,10 +249,12 @@ class WriteContext:
         record_count: int,
         *,
         advance: bool = True,
+        producer: ProducerStamp | None = None,
     ) -> None:
         """Store one validated batch at ``base_offset`` of ``state`` (a copy
         from ``for_update``); ``advance`` moves the stream's next offset past
-        it (not for a batch filled in below it, by a catch-up)."""
+        it (not for a batch filled in below it, by a catch-up). A
+        ``producer``'s stamp is stored beside it and its state moves on."""
         stream_id = state.stream_id
         if base_offset + record_count > MAX_RECORD_OFFSET:  # the next offset must fit too
             raise OffsetOutOfRangeError(
@@ -238,6 +276,80 @@ class WriteContext:
             state.next_offset = base_offset + record_count
         self.stored_bytes += size
         self.stored_batches += 1
+        if producer is not None:
+            self._record_producer(stream_id, producer, base_offset, record_count)
+
+    # -- producers (SPEC §10) ------------------------------------------------
+
+    def producer(self, stream_id: int, producer_id: int) -> ProducerState | None:
+        """The producer's state on the stream as this transaction sees it."""
+        changed = self._producers.get(stream_id)
+        if changed is not None and producer_id in changed:
+            return changed[producer_id]
+        return self.store.producers.get(stream_id, {}).get(producer_id)
+
+    def producer_table(self, stream_id: int) -> ProducerTable:
+        """Every producer's state on the stream, this transaction included."""
+        table = dict(self.store.producers.get(stream_id, {}))
+        for producer_id, state in self._producers.get(stream_id, {}).items():
+            if state is None:
+                table.pop(producer_id, None)
+            else:
+                table[producer_id] = state
+        return table
+
+    def _set_producer(self, stream_id: int, producer_id: int, state: ProducerState | None) -> None:
+        self._producers.setdefault(stream_id, {})[producer_id] = state
+
+    def _record_producer(
+        self, stream_id: int, stamp: ProducerStamp, base_offset: int, record_count: int
+    ) -> None:
+        entry = SequenceEntry(stamp.epoch, stamp.base_sequence, record_count, base_offset)
+        state = self.producer(stream_id, stamp.producer_id)
+        expired = (
+            state is not None and self.now_ms - state.last_append_ms > self.store.producer_expiry_ms
+        )
+        state = (
+            ProducerState.first(entry, self.now_ms)
+            if state is None or expired
+            else state.with_batch(entry, self.now_ms)
+        )
+        self._set_producer(stream_id, stamp.producer_id, state)
+        self.txn.put(batch_key(stream_id, base_offset), encode_stamp(stamp), db=self._sequences)
+
+    def _drop_producers_from(self, stream_id: int, offset: int) -> None:
+        """The stream's producers as of ``offset``: their batches at and
+        above it are gone (``drop_from``), and so are their stamps."""
+        for producer_id, state in self.producer_table(stream_id).items():
+            if state.holds_above(offset):
+                self._set_producer(stream_id, producer_id, state.below(offset))
+        self._delete_stamps(stream_id, offset, layout.MAX_OFFSET_KEY)
+
+    def drop_producers(self, stream_id: int) -> None:
+        """Forget every producer of the stream (it is deleted, or gone from here)."""
+        for producer_id in self.producer_table(stream_id):
+            self._set_producer(stream_id, producer_id, None)
+
+    def _delete_stamps(self, stream_id: int, start: int, end: int) -> None:
+        """Delete the producer stamps of batches based in ``[start, end)``."""
+        cursor = self.txn.cursor(db=self._sequences)
+        if not cursor.set_range(batch_key(stream_id, start)):
+            return
+        while key := cursor.key():  # empty once the cursor ran off the end
+            key_stream, base_offset = BATCH_KEY.unpack(key)
+            if key_stream != stream_id or base_offset >= end:
+                return
+            cursor.delete()  # and moves on to the next key
+
+    def _write_producers(self) -> None:
+        db = self.store.dbs[layout.PRODUCERS_DB]
+        for stream_id, changed in self._producers.items():
+            for producer_id, state in changed.items():
+                key = batch_key(stream_id, producer_id)
+                if state is None:
+                    self.txn.delete(key, db=db)
+                else:
+                    self.txn.put(key, state.value, db=db)
 
     def held_end(self, stream_id: int, start: int, end: int) -> int:
         """How far from ``start`` this node holds the stream's records without
@@ -250,6 +362,7 @@ class WriteContext:
         excess past a sealed end, never acknowledged); a chunk that straddles
         ``offset`` keeps its batches below it. Returns the batches dropped."""
         self.write_appends()
+        self._drop_producers_from(stream_id, offset)
         cursor = self.txn.cursor(db=self._index)
         doomed: list[tuple[int, IndexEntry]] = []
         if layout.seek_floor(cursor, batch_key(stream_id, offset)):
@@ -369,10 +482,11 @@ class WriteContext:
         self.stored_bytes -= entry.size
         self.stored_batches -= entry.batches
 
-    def _delete_chunk(self, stream_id: int, base_offset: int) -> None:
+    def _delete_chunk(self, stream_id: int, base_offset: int, record_count: int) -> None:
         key = batch_key(stream_id, base_offset)
         self.txn.delete(key, db=self._batches)
         self.txn.delete(key, db=self._index)
+        self._delete_stamps(stream_id, base_offset, base_offset + record_count)
 
     def _mark_unfreed(self, stream_id: int, unfreed: bool) -> None:
         """Add the stream to, or take it from, the streams with chunks to free
@@ -405,10 +519,11 @@ class WriteContext:
 
     def drop_chunks(self, stream_id: int) -> None:
         """Delete every chunk of the stream now (the PM forgot it here)."""
+        self.drop_producers(stream_id)
         forgotten_below = self._forgotten_below(stream_id)
         doomed = list(self.index_entries(stream_id))
         for base_offset, entry in doomed:  # not while the cursor walks the index
-            self._delete_chunk(stream_id, base_offset)
+            self._delete_chunk(stream_id, base_offset, entry.record_count)
             if base_offset + entry.record_count > forgotten_below:
                 self._uncount(entry)
 
@@ -460,7 +575,7 @@ class WriteContext:
         base_offset, entry = oldest
         if not is_dropped(self.current(stream_id), base_offset + entry.record_count):
             return None
-        self._delete_chunk(stream_id, base_offset)
+        self._delete_chunk(stream_id, base_offset, entry.record_count)
         return entry.size
 
     def publish(self) -> None:
@@ -477,10 +592,17 @@ class WriteContext:
         store.used_pages_bound = self.used_pages
         store.unfreed = self.unfreed
         store.free_after = self.free_after
+        for stream_id in self._producers:
+            table = self.producer_table(stream_id)
+            if table:
+                store.producers[stream_id] = table
+            else:
+                store.producers.pop(stream_id, None)
 
     def finish(self) -> None:
         """Write what the transaction still holds: the appends and the counters."""
         self.write_appends()
+        self._write_producers()
         if self.unfreed and self._stored_here:
             self.free_dropped(self._stored_here)
         meta = self.store.dbs[layout.META_DB]

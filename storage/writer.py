@@ -120,12 +120,14 @@ class AppendOp(WriteOp):
     def apply(self, ctx: WriteContext) -> None:
         outcomes: list[AppendOutcome] = []
         self.outcomes = outcomes
-        for (stream_id, batch), checked in zip(self.items, self.checked, strict=True):
+        for item, checked in zip(self.items, self.checked, strict=True):
             if isinstance(checked, ProtocolError):
                 outcomes.append(checked)
                 continue
             try:
-                outcome: AppendOutcome = ctx.append(stream_id, batch, checked)
+                outcome: AppendOutcome = ctx.append(
+                    item.stream_id, item.batch, checked, item.producer
+                )
             except ProtocolError as error:
                 outcome = error
             outcomes.append(outcome)

@@ -12,13 +12,14 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
 from sbp.batches import batch_spans, build_batch, decode_batches, peek_header
 from sbp.errors import StreamDeletedError
-from storage import StorageEngine
+from storage import AppendItem, AppendOutcome, AppendResult, ProducerStamp, StorageEngine
 
 STREAM = 1
 MAP_SIZE = 256 * 1024 * 1024
@@ -263,3 +264,52 @@ def test_freeing_deleted_streams_under_appends_survives_sigkill(
     with StorageEngine(path, map_size=MAP_SIZE, node_id=1) as engine:
         engine.append(2, build_batch([b"x" * 500_000], 0)).result()
         assert all(engine.prefetch_chunks(s) == 0 for s in deleted)
+
+
+# The same child as an idempotent producer (SPEC §10): every batch stamped
+# with producer 7, epoch 0, its first record's sequence, which is its offset;
+# a restarted child goes on from the sequence the stored state says is next.
+PRODUCER_CHILD = CHILD.replace(
+    "seq = engine.stats().stored_batches\n",
+    "seq = engine.stats().stored_batches\n"
+    "from storage import ProducerStamp\n"
+    "held = engine.producers(1).get(7)\n"
+    "sequence = [held.last.next_sequence if held is not None else 0]\n",
+).replace(
+    "    engine.submit([AppendItem(1, batch)], acked(batch))\n",
+    "    stamp = ProducerStamp(7, 0, sequence[0])\n"
+    "    sequence[0] += 1 + seq % 5\n"
+    "    engine.submit([AppendItem(1, batch, stamp)], acked(batch))\n",
+)
+
+
+def test_producer_state_is_durable_with_its_batches_through_sigkill(tmp_path: Path) -> None:
+    """After each kill the stored stamps and the producer's state agree with
+    the batches exactly: each batch's stamp is there with it, the next
+    sequence is the next offset, and the last batch sent again is a resend."""
+    rng = random.Random(20261127)
+    path = tmp_path / "data"
+    for _round in range(12):
+        acks = run_child_and_kill(path, rng, PRODUCER_CHILD)
+        with StorageEngine(path, map_size=MAP_SIZE, node_id=1) as engine:
+            next_offset = engine.next_offset(STREAM)
+            assert next_offset is not None and next_offset > 0
+            payload = engine.read(STREAM, 0, 1 << 40)
+            stamps = engine.producer_stamps(STREAM, 0, next_offset)
+            spans = list(batch_spans(payload))
+            bases = [peek_header(payload, start).base_offset for start, _ in spans]
+            assert stamps == {base: ProducerStamp(7, 0, base) for base in bases}
+            state = engine.producers(STREAM)[7]
+            assert state.last.next_sequence == next_offset
+            for offset, _count, _digest in acks:
+                assert offset in stamps  # acknowledged: stored with its stamp
+            start, end = spans[-1]
+            last = bytes(payload[start:end])
+            done: Future[list[AppendOutcome]] = Future()
+            engine.submit(
+                [AppendItem(STREAM, last, ProducerStamp(7, 0, bases[-1]))], done.set_result
+            )
+            (outcome,) = done.result(10)
+            assert isinstance(outcome, AppendResult) and outcome.duplicate
+            assert outcome.base_offset == bases[-1]
+            assert engine.next_offset(STREAM) == next_offset
