@@ -327,3 +327,31 @@ def test_overlapping_fields_written_by_someone_else_still_decode() -> None:
     stream_id = (5 << 32) | 7
     forged = struct.pack("<IHHHHHxxiq", 16, 10, 12, 4, 4, 0, 12, stream_id)
     assert m.AppendInfo.decode(forged) == m.AppendInfo(stream_id=stream_id, request_index=7)
+
+
+def test_headers_without_the_producer_fields_decode_with_their_defaults() -> None:
+    """A writer that omits SPEC §10's fields (an older one, or one that
+    leaves defaults out) is read as not idempotent: producer_id 0 and
+    next_sequence -1 (bytes from before the fields existed)."""
+    appended = m.AppendResponse.decode(
+        bytes.fromhex(
+            "0c00000008000c000400080008000000000000000400000002000000180000004c00000010002800"
+            "04001c000c00140020000000100000002a00000000000000dc0500000000000000a8da769b010000"
+            "0000000000000000000000001000280004001c000c00140020002400100000002b00000000000000"
+            "000000000000000000000000000000000100000066000000040000001400000072616e6765203433"
+            "2f30206973207365616c656400"
+        )
+    )
+    assert [r.next_sequence for r in appended.append_responses] == [-1, -1]
+    assert appended.append_responses[0].base_offset == 1500
+    replicated = m.ReplicateRequest.decode(
+        bytes.fromhex(
+            "0c00000008000c000400080008000000881300000400000002000000180000004400000010002c00"
+            "040024000c00140028001c00100000002a000000000000000100000000000000dc05000000000000"
+            "dc05000000000000000000003100000000000000400000002b000000000000000100000000000000"
+            "00000000000000004d000000000000000200000000000000"
+        )
+    )
+    first = replicated.replicate_requests[0]
+    assert (first.base_offset, first.commit_offset) == (1500, 1500)
+    assert (first.producer_id, first.producer_epoch, first.base_sequence) == (0, 0, 0)

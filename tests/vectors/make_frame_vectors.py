@@ -111,6 +111,17 @@ VECTORS = [
                m.AppendResult(42, 0, 1500, TIMESTAMP_MS),
                m.AppendResult(43, 1, 0, 0, ErrorCode.RANGE_SEALED, "range 43/0 is sealed"),
            ))),
+    Vector("append_request_idempotent", "an idempotent producer's batch (SPEC §10)",
+           Opcode.APPEND, Flags.NONE, 16,
+           m.AppendRequest(5000, (
+               m.AppendInfo(42, 0, len(APPEND_BATCHES[0]), 9, 3, 120),
+           )),
+           APPEND_BATCHES[0]),
+    Vector("append_response_out_of_order_sequence", "a gap in the producer's sequences",
+           Opcode.APPEND, RESPONSE, 16,
+           m.AppendResponse(0, (
+               m.AppendResult(42, 0, 0, 0, ErrorCode.OUT_OF_ORDER_SEQUENCE, "expected 118", 118),
+           ))),
     Vector("replicate_request", "a primary sends one stamped batch, then the commit offset alone",
            Opcode.REPLICATE, Flags.NONE, 4,
            m.ReplicateRequest(5000, (
@@ -233,6 +244,10 @@ VECTORS = [
                    NODE_1, disk_free_space=500 << 30, range_active_cnt=12), 12),
                m.DataNodeStatus(NODE_2, False, TIMESTAMP_MS - 60_000, None, 3),
            ))),
+    Vector("init_producer_request", "a named producer fencing its older instance (epoch -1)",
+           Opcode.INIT_PRODUCER, Flags.NONE, 17, m.InitProducerRequest(1000, "billing", -1)),
+    Vector("init_producer_response", "its id and the epoch now in force",
+           Opcode.INIT_PRODUCER, RESPONSE, 17, m.InitProducerResponse(0, 9, 4)),
 ]  # fmt: skip
 
 
