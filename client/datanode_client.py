@@ -17,6 +17,7 @@ from net.calls import Response, header_as
 from sbp import messages
 from sbp.enums import Opcode
 from sbp.errors import HeaderDecodeError, raise_for_code
+from sbp.producer_stamp import ProducerStamp
 
 from ._base import single
 from ._ranges import RangeCalls
@@ -45,11 +46,18 @@ class DataNodeClient(RangeCalls):
         batches: Sequence[tuple[int, bytes | memoryview]],
         *,
         timeout: float | None = None,
+        producers: Sequence[ProducerStamp | None] | None = None,
     ) -> tuple[messages.AppendResult, ...]:
         """APPEND ``(stream_id, record batch)`` pairs in one request; the
-        results, in request order, each carry their own ``error_code``."""
+        results, in request order, each carry their own ``error_code``.
+        ``producers``: per batch, an idempotent producer's fields (SPEC §10)."""
+        stamps = producers if producers is not None else [None] * len(batches)
         request = append_request(
-            [(stream_id, len(batch)) for stream_id, batch in batches], self.timeout_ms(timeout)
+            [
+                (stream_id, len(batch), stamp)
+                for (stream_id, batch), stamp in zip(batches, stamps, strict=True)
+            ],
+            self.timeout_ms(timeout),
         )
         payload = b"".join(batch for _, batch in batches)
         results: list[messages.AppendResult] = []
@@ -63,10 +71,17 @@ class DataNodeClient(RangeCalls):
         return tuple(results)
 
     async def append_batch(
-        self, stream_id: int, batch: bytes | memoryview, *, timeout: float | None = None
+        self,
+        stream_id: int,
+        batch: bytes | memoryview,
+        *,
+        timeout: float | None = None,
+        producer: ProducerStamp | None = None,
     ) -> messages.AppendResult:
-        """Append one record batch; returns its result (``base_offset``) or raises."""
-        result = single(await self.append([(stream_id, batch)], timeout=timeout), "APPEND")
+        """Append one record batch (as ``producer``'s, if given); returns its
+        result (``base_offset``) or raises."""
+        appended = await self.append([(stream_id, batch)], timeout=timeout, producers=[producer])
+        result = single(appended, "APPEND")
         raise_for_code(result.error_code, result.error_message)
         return result
 

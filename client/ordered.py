@@ -20,6 +20,7 @@ from net.calls import Response
 from net.connection import Connection
 from sbp import messages
 from sbp.enums import Opcode
+from sbp.producer_stamp import ProducerStamp
 
 
 class SendOrder:
@@ -65,15 +66,30 @@ class Turn:
             self._sent.set()
 
 
-def append_request(items: Sequence[tuple[int, int]], timeout_ms: int) -> messages.AppendRequest:
-    """An APPEND of ``(stream_id, batch_length)`` items, numbered in order;
-    the payload is their batches end to end."""
+def append_request(
+    items: Sequence[tuple[int, int] | tuple[int, int, ProducerStamp | None]], timeout_ms: int
+) -> messages.AppendRequest:
+    """An APPEND of ``(stream_id, batch_length[, producer stamp])`` items,
+    numbered in order; the payload is their batches end to end."""
     return messages.AppendRequest(
         timeout_ms=timeout_ms,
-        append_requests=tuple(
-            messages.AppendInfo(stream_id=stream_id, request_index=index, batch_length=length)
-            for index, (stream_id, length) in enumerate(items)
-        ),
+        append_requests=tuple(_append_info(index, item) for index, item in enumerate(items)),
+    )
+
+
+def _append_info(
+    index: int, item: tuple[int, int] | tuple[int, int, ProducerStamp | None]
+) -> messages.AppendInfo:
+    stamp = item[2] if len(item) == 3 else None
+    if stamp is None:
+        return messages.AppendInfo(stream_id=item[0], request_index=index, batch_length=item[1])
+    return messages.AppendInfo(
+        stream_id=item[0],
+        request_index=index,
+        batch_length=item[1],
+        producer_id=stamp.producer_id,
+        producer_epoch=stamp.epoch,
+        base_sequence=stamp.base_sequence,
     )
 
 

@@ -161,7 +161,6 @@ class PMClient(RangeCalls):
         raise_for_code(header.error_code, header.error_message)
         return header.data_nodes
 
-
     # -- producers ------------------------------------------------------------
 
     async def init_producer(

@@ -153,10 +153,16 @@ class Appends:
         replicator = self._replicator
         assert replicator is not None
         for item, outcome in zip(ticket.to_store, outcomes, strict=True):
-            if isinstance(outcome, AppendResult) and replicator.replicates(item.stream_id):
+            if (
+                isinstance(outcome, AppendResult)
+                and not outcome.duplicate
+                and replicator.replicates(item.stream_id)
+            ):
                 pipeline = replicator.pipeline_for(item.stream_id, outcome.base_offset)
                 if pipeline is not None:
-                    pipeline.applied(outcome.base_offset, outcome.record_count, item.batch)
+                    pipeline.applied(
+                        outcome.base_offset, outcome.record_count, item.batch, item.producer
+                    )
 
     def durable(self, ticket: AppendTicket, stored: list[AppendOutcome]) -> None:
         """-> DURABLE, on trio's thread: count, wake the FETCHes waiting on
@@ -168,10 +174,18 @@ class Appends:
         for item, outcome in zip(ticket.items, outcomes, strict=True):
             if isinstance(outcome, ProtocolError):
                 counters.append_items_failed += 1
-                if outcome.code == ErrorCode.STORAGE_FULL:
+                if outcome.code == ErrorCode.PRODUCER_FENCED:
+                    counters.producers_fenced += 1
+                elif outcome.code == ErrorCode.OUT_OF_ORDER_SEQUENCE:
+                    counters.out_of_order_sequences += 1
+                elif outcome.code == ErrorCode.UNKNOWN_PRODUCER:
+                    counters.unknown_producers += 1
+                elif outcome.code == ErrorCode.STORAGE_FULL:
                     _storage_full.warning(
                         "STORAGE_FULL", "APPEND to stream %d refused: %s", item.stream_id, outcome
                     )
+            elif outcome.duplicate:
+                counters.duplicates_answered += 1
             else:
                 counters.appended_records += outcome.record_count
                 counters.appended_bytes += len(item.batch)
@@ -207,12 +221,20 @@ class Appends:
         found: list[RangePipeline | None] = []
         for stream_id, outcome in zip(ticket.stream_ids, outcomes, strict=True):
             pipeline = None
-            if isinstance(outcome, AppendResult):
+            if isinstance(outcome, AppendResult) and not self._settled(stream_id, outcome):
                 pipeline = replicator.pipeline_for(stream_id, outcome.base_offset)
                 if pipeline is not None:
                     pipeline.new_data()
             found.append(pipeline)
         return found
+
+    def _settled(self, stream_id: int, outcome: AppendResult) -> bool:
+        """A resend of a batch in a range the PM sealed with it inside: it is
+        in the stream for good, with nothing left to wait for (SPEC §10)."""
+        if not outcome.duplicate:
+            return False
+        info = self._engine.range_at(stream_id, outcome.base_offset)
+        return info is not None and info.end_is_final
 
 
 class AppendTicket:

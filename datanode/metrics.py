@@ -54,6 +54,11 @@ class NodeCounters:
     retention_runs: int = 0
     retention_freed_records: int = 0
     retention_freed_bytes: int = 0
+    #: idempotent producers' resends answered with their first offset (SPEC §10)
+    duplicates_answered: int = 0
+    producers_fenced: int = 0
+    out_of_order_sequences: int = 0
+    unknown_producers: int = 0
 
     def snapshot(self) -> NodeCounters:
         return NodeCounters(*(getattr(self, f.name) for f in fields(self)))
@@ -117,7 +122,14 @@ class _CountersCollector(Collector):
             ("retention_runs", "passes applying the streams' retention periods", c.retention_runs),
             ("retention_freed_records", "records dropped by retention", c.retention_freed_records),
             ("retention_freed_bytes", "stored bytes freed by retention", c.retention_freed_bytes),
-        ):
+            ("duplicates_answered",
+             "idempotent resends answered with the offset they were stored at, not stored again",
+             c.duplicates_answered),
+            ("producers_fenced", "APPEND items refused PRODUCER_FENCED", c.producers_fenced),
+            ("out_of_order_sequences", "APPEND items refused OUT_OF_ORDER_SEQUENCE",
+             c.out_of_order_sequences),
+            ("unknown_producers", "APPEND items refused UNKNOWN_PRODUCER", c.unknown_producers),
+        ):  # fmt: skip
             yield CounterMetricFamily(f"{NAMESPACE}_{name}", text, value=value)
         storage = self._storage()
         yield CounterMetricFamily(
@@ -141,6 +153,8 @@ class _CountersCollector(Collector):
             ("storage_pending_appends", "appends waiting for the next group commit",
              storage.appends_waiting),
             ("storage_streams", "streams known to the storage engine", storage.streams),
+            ("producers", "idempotent producers tracked, counted once per stream they append to",
+             storage.producers),
             ("storage_streams_freeing",
              "streams with deleted or trimmed chunks that later appends have not all freed",
              storage.streams_freeing),

@@ -4,6 +4,8 @@ No sockets and no event loop here (a test enforces it): the data node adapts
 ``StorageEngine`` to trio. See docs/storage.md.
 """
 
+from sbp.producer_stamp import ProducerStamp
+
 from .engine import DEFAULT_MAP_SIZE, StorageEngine, SyncMode
 from .model import (
     AppendItem,
@@ -15,7 +17,6 @@ from .model import (
     ReplicaInfo,
     StorageStats,
 )
-from .producers import ProducerStamp
 
 __all__ = [
     "DEFAULT_MAP_SIZE",

@@ -551,10 +551,6 @@ class StorageEngine:
         """The stream's idempotent producers as of the last commit. Thread-safe."""
         return dict(self._store.producers.get(stream_id, {}))
 
-    def producers_tracked(self) -> int:
-        """How many (stream, producer) states this node keeps. Thread-safe."""
-        return sum(len(table) for table in list(self._store.producers.values()))
-
     def first_offset(self, stream_id: int) -> int | None:
         """The lowest readable offset of the stream (None if unknown). Thread-safe."""
         state = self._store.streams.get(stream_id)
@@ -642,6 +638,7 @@ class StorageEngine:
             streams=len(streams),
             ranges=sum(len(s.ranges) for s in streams),
             streams_freeing=len(store.unfreed),
+            producers=sum(len(table) for table in list(store.producers.values())),
             commit_seconds=writer.commit_seconds.snapshot(),
             sync_seconds=writer.sync_seconds.snapshot(),
             group_sizes=writer.group_sizes.snapshot(),

@@ -22,10 +22,9 @@ from sbp.errors import (
     RangeSealedError,
     StreamDeletedError,
 )
+from sbp.producer_stamp import ProducerStamp
 from sbp.ranges import RangeSpan
 from sbp.stats import BucketCounts
-
-from .producers import ProducerStamp
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +270,8 @@ class StorageStats:
     #: streams with dropped chunks (deleted, or trimmed away) that later
     #: appends have not all freed yet
     streams_freeing: int
+    #: (stream, idempotent producer) states kept (SPEC §10)
+    producers: int
     #: whole group commits: writing the group and committing it
     commit_seconds: BucketCounts
     #: the commit call alone: with sync ``always`` the fsyncs, the durability point

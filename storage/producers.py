@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from sbp.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownProducerError
+from sbp.producer_stamp import ProducerStamp
+
+__all__ = ["ProducerStamp", "ProducerState", "SequenceEntry", "decide"]
 
 #: batches kept per (stream, producer): SPEC §10 asks for at least 64
 KEPT_BATCHES: Final = 64
@@ -32,14 +35,6 @@ DEFAULT_EXPIRY_MS: Final = 7 * 24 * 3600 * 1000
 _LAST_APPEND: Final = struct.Struct(">q")
 _ENTRY: Final = struct.Struct(">iqiq")  # epoch, base sequence, record count, base offset
 _STAMP: Final = struct.Struct(">qiq")  # producer id, epoch, base sequence
-
-
-class ProducerStamp(NamedTuple):
-    """The producer fields of one APPEND or REPLICATE item."""
-
-    producer_id: int
-    epoch: int
-    base_sequence: int
 
 
 def encode_stamp(stamp: ProducerStamp) -> bytes:

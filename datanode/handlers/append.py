@@ -8,7 +8,8 @@ from collections.abc import Awaitable
 from net.request import Request, Responder
 from sbp import messages
 from sbp.enums import ErrorCode
-from sbp.errors import ProtocolError
+from sbp.errors import OutOfOrderSequenceError, ProtocolError
+from sbp.producer_stamp import ProducerStamp
 from storage.model import AppendItem, AppendOutcome
 
 from ..items import failed, split_payload
@@ -27,7 +28,10 @@ class AppendHandler:
         header = request.header_as(messages.AppendRequest)
         infos = header.append_requests
         views = split_payload([info.batch_length for info in infos], request.payload)
-        items = [AppendItem(info.stream_id, view) for info, view in zip(infos, views, strict=True)]
+        items = [
+            AppendItem(info.stream_id, view, producer_stamp(info))
+            for info, view in zip(infos, views, strict=True)
+        ]
 
         def answer(outcomes: list[AppendOutcome] | None) -> None:
             if responder.done:
@@ -48,6 +52,13 @@ class AppendHandler:
         )
 
 
+def producer_stamp(info: messages.AppendInfo) -> ProducerStamp | None:
+    """The item's idempotent producer fields (SPEC §10); None without a producer."""
+    if info.producer_id == 0:
+        return None
+    return ProducerStamp(info.producer_id, info.producer_epoch, info.base_sequence)
+
+
 def _result(info: messages.AppendInfo, outcome: AppendOutcome) -> messages.AppendResult:
     if isinstance(outcome, ProtocolError):
         return failed(
@@ -56,6 +67,9 @@ def _result(info: messages.AppendInfo, outcome: AppendOutcome) -> messages.Appen
             stream_id=info.stream_id,
             request_index=info.request_index,
             base_offset=-1,
+            next_sequence=(
+                outcome.next_sequence if isinstance(outcome, OutOfOrderSequenceError) else -1
+            ),
         )
     return messages.AppendResult(
         stream_id=info.stream_id,

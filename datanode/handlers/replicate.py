@@ -19,6 +19,7 @@ from net.request import Request, Responder
 from sbp import messages
 from sbp.batches import validate_batch
 from sbp.errors import InvalidRecordBatchError, InvalidRequestError, OutOfOrderError, ProtocolError
+from sbp.producer_stamp import ProducerStamp
 from storage.model import ReplicaBatch
 
 from ..items import check_stream_id, failed, split_payload
@@ -86,7 +87,14 @@ def _check(info: messages.ReplicateInfo, view: memoryview) -> ReplicaBatch | Pro
             count = batch.record_count
     except ProtocolError as error:
         return error
-    return ReplicaBatch(info.stream_id, info.range_index, info.epoch, info.base_offset, view, count)
+    stamp = (
+        ProducerStamp(info.producer_id, info.producer_epoch, info.base_sequence)
+        if info.producer_id and count
+        else None
+    )
+    return ReplicaBatch(
+        info.stream_id, info.range_index, info.epoch, info.base_offset, view, count, stamp
+    )
 
 
 def _failed(info: messages.ReplicateInfo, error: ProtocolError) -> messages.ReplicateResult:

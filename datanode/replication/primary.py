@@ -54,6 +54,7 @@ from sbp import messages
 from sbp.batches import Buffer, batch_spans, peek_header, stamp_base_offset
 from sbp.enums import ErrorCode, Opcode
 from sbp.errors import ConnectionClosed, ProtocolError, SBPError, error_for
+from sbp.producer_stamp import ProducerStamp
 from sbp.replication import commit_offset, effective_acks
 from sbp.stats import Buckets
 from storage.model import RangeInfo
@@ -66,6 +67,8 @@ _unreachable = RateLimitedLog(logger, interval=30.0)
 
 #: REPLICATE frames in flight per follower, and the batch bytes of one
 WINDOW: Final = 8
+#: the producer fields of a batch no idempotent producer sent
+NO_PRODUCER: Final = ProducerStamp(0, 0, 0)
 FRAME_BYTES: Final = 1 << 20
 #: how long a moved commit offset waits for a frame of batches to carry it
 #: before it is sent alone: followers serve FETCH up to it, so this is how
@@ -154,8 +157,11 @@ class RangePipeline:
         #: (end offset, callback) of the items waiting, in offset order
         self._waiting: collections.deque[tuple[int, CommitCallback]] = collections.deque()
         #: batches written here whose commit is still syncing, in offset
-        #: order: (base offset, end offset, the batch with its offset stamped)
-        self._ahead: collections.deque[tuple[int, int, bytearray]] = collections.deque()
+        #: order: (base offset, end offset, the batch with its offset
+        #: stamped, its producer's fields)
+        self._ahead: collections.deque[tuple[int, int, bytearray, ProducerStamp | None]] = (
+            collections.deque()
+        )
         self._stopped = trio.Event()
 
     @property
@@ -184,7 +190,13 @@ class RangePipeline:
             follower.wake.set()
         self._recompute()
 
-    def applied(self, base_offset: int, record_count: int, batch: Buffer) -> None:
+    def applied(
+        self,
+        base_offset: int,
+        record_count: int,
+        batch: Buffer,
+        producer: ProducerStamp | None = None,
+    ) -> None:
         """A batch is written here and its commit is syncing: the followers
         may take it now, from memory. Only a batch that continues what is
         durable or already held here is kept (one that comes after its own
@@ -195,7 +207,7 @@ class RangePipeline:
             return
         stamped = bytearray(batch)
         stamp_base_offset(stamped, base_offset)
-        ahead.append((base_offset, base_offset + record_count, stamped))
+        ahead.append((base_offset, base_offset + record_count, stamped, producer))
         self.new_data()
 
     def _durable(self) -> int:
@@ -337,12 +349,12 @@ class RangePipeline:
         items: list[messages.ReplicateInfo] = []
         pieces: list[bytearray] = []
         size = 0
-        for base_offset, end_offset, batch in self._ahead:
+        for base_offset, end_offset, batch, producer in self._ahead:
             if end_offset <= offset:
                 continue
             if base_offset != offset or (items and size + len(batch) > FRAME_BYTES):
                 break
-            items.append(self._item(base_offset, len(batch)))
+            items.append(self._item(base_offset, len(batch), producer))
             pieces.append(batch)
             size += len(batch)
             offset = end_offset
@@ -366,16 +378,26 @@ class RangePipeline:
             )
             self.stop()
             return [], memoryview(b""), offset
-        items = []
-        for start, end in batch_spans(data):
-            header = peek_header(data, start)
-            items.append(self._item(header.base_offset, end - start))
-            offset = header.base_offset + header.record_count
-        return items, memoryview(data), offset
+        headers = [(peek_header(data, start), end - start) for start, end in batch_spans(data)]
+        if not headers:
+            return [], memoryview(data), offset
+        last = headers[-1][0]
+        stamps = self.engine.producer_stamps(
+            self.stream_id, offset, last.base_offset + last.record_count
+        )
+        items = [
+            self._item(header.base_offset, length, stamps.get(header.base_offset))
+            for header, length in headers
+        ]
+        return items, memoryview(data), last.base_offset + last.record_count
 
-    def _item(self, base_offset: int, batch_length: int = 0) -> messages.ReplicateInfo:
-        """One REPLICATE item of this range; without a batch it carries only
-        the commit offset."""
+    def _item(
+        self, base_offset: int, batch_length: int = 0, producer: ProducerStamp | None = None
+    ) -> messages.ReplicateInfo:
+        """One REPLICATE item of this range, with the producer fields its
+        APPEND had; without a batch it carries only the commit offset."""
+        if producer is None:
+            producer = NO_PRODUCER
         return messages.ReplicateInfo(
             stream_id=self.stream_id,
             range_index=self.range_index,
@@ -383,6 +405,9 @@ class RangePipeline:
             base_offset=base_offset,
             batch_length=batch_length,
             commit_offset=self.commit,
+            producer_id=producer.producer_id,
+            producer_epoch=producer.epoch,
+            base_sequence=producer.base_sequence,
         )
 
     async def _frame(

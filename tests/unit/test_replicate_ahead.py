@@ -20,6 +20,7 @@ from sbp.batches import build_batch
 from sbp.errors import ProtocolError, RangeSealedError
 from storage import RangeInfo, ReplicaInfo, StorageEngine
 from storage.model import AppendItem, AppendOutcome, AppendResult
+from storage.producers import ProducerStamp
 
 from ..eventually import eventually
 from .test_replication_pipeline import STREAM, FakeEngine, FakeFollower, pipeline_of
@@ -74,7 +75,29 @@ def test_only_a_batch_that_continues_what_is_held_is_kept_in_memory() -> None:
     assert next_offset == 4 and len(payload) == 2 * len(batch)
     engine.append(1)
     pipeline.new_data()  # offset 2 is durable: it leaves the memory
-    assert [base for base, _, _ in pipeline._ahead] == [3]
+    assert [base for base, *_ in pipeline._ahead] == [3]
+
+
+def test_the_producer_fields_go_with_each_batch_from_memory_and_from_storage() -> None:
+    """REPLICATE carries the APPEND's producer fields (SPEC §10): a durable
+    batch's from its stored stamp, a batch still syncing from memory, and a
+    batch without a producer with zeros."""
+    engine = FakeEngine()
+    engine.append(2, ProducerStamp(9, 1, 40))
+    engine.append(1)
+    pipeline = pipeline_of(engine)
+    pipeline.applied(3, 2, build_batch([b"v", b"w"], 0), ProducerStamp(9, 1, 43))
+    stored = pipeline._next_frame(0)
+    assert stored is not None
+    assert [
+        (i.base_offset, i.producer_id, i.producer_epoch, i.base_sequence) for i in stored[0]
+    ] == [
+        (0, 9, 1, 40),
+        (2, 0, 0, 0),
+    ]
+    ahead = pipeline._next_frame(3)
+    assert ahead is not None
+    assert [(i.producer_id, i.base_sequence) for i in ahead[0]] == [(9, 43)]
 
 
 class _FailingCommit:

@@ -27,6 +27,7 @@ from sbp.batches import build_batch, peek_header, stamp_base_offset
 from sbp.enums import Opcode
 from sbp.stats import Buckets
 from storage import RangeInfo, ReplicaBatch, ReplicaInfo, StorageEngine
+from storage.producers import ProducerStamp
 
 from ..eventually import eventually
 
@@ -39,12 +40,19 @@ class FakeEngine:
     def __init__(self) -> None:
         self.batches: list[bytearray] = []
         self.next = 0
+        #: producer stamps by base offset (SPEC §10)
+        self.stamps: dict[int, ProducerStamp] = {}
 
-    def append(self, records: int) -> None:
+    def append(self, records: int, stamp: ProducerStamp | None = None) -> None:
         batch = build_batch([b"v"] * records, 0)
         stamp_base_offset(batch, self.next)
         self.batches.append(batch)
+        if stamp is not None:
+            self.stamps[self.next] = stamp
         self.next += records
+
+    def producer_stamps(self, stream_id: int, start: int, end: int) -> dict[int, ProducerStamp]:
+        return {base: s for base, s in self.stamps.items() if start <= base < end}
 
     def next_offset(self, stream_id: int) -> int:
         return self.next

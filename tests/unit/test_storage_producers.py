@@ -149,7 +149,7 @@ def test_the_state_survives_a_reopen(tmp_path: Path) -> None:
         fenced = _append(engine, b"a", ProducerStamp(PID, 2, 0))
         assert isinstance(fenced, ProducerFencedError)
         assert engine.producer_stamps(1, 0, 10) == {0: ProducerStamp(PID, 3, 0)}
-        assert engine.producers_tracked() == 1
+        assert engine.stats().producers == 1
 
 
 def test_a_follower_keeps_the_stamps_and_drops_them_with_an_excess(tmp_path: Path) -> None:
@@ -176,4 +176,4 @@ def test_a_follower_keeps_the_stamps_and_drops_them_with_an_excess(tmp_path: Pat
 def test_deleting_the_stream_forgets_its_producers(engine: StorageEngine) -> None:
     _append(engine, b"a", ProducerStamp(PID, 0, 0))
     engine.delete_stream(1).result()
-    assert engine.producers(1) == {} and engine.producers_tracked() == 0
+    assert engine.producers(1) == {} and engine.stats().producers == 0

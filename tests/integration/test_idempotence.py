@@ -1,0 +1,125 @@
+"""Idempotent appends against real processes (SPEC §10): the PM hands out the
+producer's id, the data node stores each batch once however often it is
+sent, and the followers' state lets the next primary answer a resend after
+the old one was killed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from client.consumer import Consumer
+from sbp.batches import build_batch
+from sbp.enums import ErrorCode
+from sbp.errors import OutOfOrderSequenceError, ProducerFencedError
+from sbp.producer_stamp import ProducerStamp
+
+from ..eventually import eventually
+from .pm_cluster import pm_cluster, primary_address, read_stream
+
+pytestmark = [pytest.mark.integration, pytest.mark.deadline(120)]
+
+
+async def _read(pm_address: str, stream_id: int, count: int) -> list[bytes]:
+    """The stream's first ``count`` values, as a consumer reads them (from
+    any live replica)."""
+    values: list[bytes] = []
+    with trio.fail_after(30):
+        async with Consumer(pm_address, stream_id, from_offset=0) as consumer:
+            async for record in consumer.records():
+                values.append(record.value)
+                if len(values) == count:
+                    return values
+    return values
+
+
+def _batch(*values: bytes) -> bytes:
+    return bytes(build_batch(list(values), base_timestamp=1))
+
+
+async def test_resends_are_stored_once_through_a_primarys_death(tmp_path: Path) -> None:
+    async with pm_cluster(tmp_path, (1, 2, 3)) as cluster:
+        pm = cluster.pm_client()
+        producer_id, epoch = await pm.init_producer()
+        created = await pm.create_stream(3, ack_nums=2)
+        assert created.range is not None and epoch == 0
+        stream_id = created.range.stream_id
+        primary = cluster.node_client(primary_address(created.range))
+
+        first = await primary.append_batch(
+            stream_id, _batch(b"a", b"b"), producer=ProducerStamp(producer_id, 0, 0)
+        )
+        again = await primary.append_batch(
+            stream_id, _batch(b"a", b"b"), producer=ProducerStamp(producer_id, 0, 0)
+        )
+        assert (first.base_offset, again.base_offset) == (0, 0)
+        assert again.error_code == ErrorCode.NONE
+        second = await primary.append_batch(
+            stream_id, _batch(b"c"), producer=ProducerStamp(producer_id, 0, 2)
+        )
+        assert second.base_offset == 2
+        with pytest.raises(OutOfOrderSequenceError) as gap:
+            await primary.append_batch(
+                stream_id, _batch(b"x"), producer=ProducerStamp(producer_id, 0, 9)
+            )
+        assert gap.value.code == ErrorCode.OUT_OF_ORDER_SEQUENCE
+        (wire,) = await primary.append(
+            [(stream_id, _batch(b"x"))], producers=[ProducerStamp(producer_id, 0, 9)]
+        )
+        assert wire.next_sequence == 3  # the answer names the sequence expected
+        # a new epoch starts at 0 and fences the old one
+        bumped = await primary.append_batch(
+            stream_id, _batch(b"d"), producer=ProducerStamp(producer_id, 1, 0)
+        )
+        assert bumped.base_offset == 3
+        with pytest.raises(ProducerFencedError):
+            await primary.append_batch(
+                stream_id, _batch(b"y"), producer=ProducerStamp(producer_id, 0, 3)
+            )
+
+        # The primary dies; the PM seals range 0 at 4 and opens range 1 on
+        # the two followers, which hold the producer's state from REPLICATE.
+        victim = next(node for node in cluster.nodes.values() if node.address == primary.address)
+        await victim.kill()
+        ranges = await eventually(
+            lambda: pm.list_stream_ranges(stream_id),
+            until=lambda found: len(found) == 2 and found[1].is_open,
+            timeout=30,
+        )
+        assert ranges[0].end_offset == 4
+        successor = cluster.node_client(primary_address(ranges[1]))
+        resent = await successor.append_batch(
+            stream_id, _batch(b"d"), producer=ProducerStamp(producer_id, 1, 0)
+        )
+        assert resent.base_offset == 3  # answered where range 0 holds it
+        after = await successor.append_batch(
+            stream_id, _batch(b"e"), producer=ProducerStamp(producer_id, 1, 1)
+        )
+        assert after.base_offset == 4
+        assert await _read(cluster.pm_address, stream_id, 5) == [b"a", b"b", b"c", b"d", b"e"]
+
+
+async def test_producer_state_outlives_a_data_node_restart(tmp_path: Path) -> None:
+    async with pm_cluster(tmp_path, (1,)) as cluster:
+        pm = cluster.pm_client()
+        producer_id, _ = await pm.init_producer("restarts")
+        created = await pm.create_stream(1)
+        assert created.range is not None
+        stream_id = created.range.stream_id
+        node = cluster.nodes[1]
+        client = cluster.node_client(node.address)
+        stamp = ProducerStamp(producer_id, 0, 0)
+        assert (await client.append_batch(stream_id, _batch(b"a"), producer=stamp)).base_offset == 0
+        assert await node.terminate() == 0
+        restarted = await cluster.start_node(1)
+        await cluster.wait_alive({1})
+        client = cluster.node_client(restarted.address)
+        again = await client.append_batch(stream_id, _batch(b"a"), producer=stamp)
+        assert again.base_offset == 0
+        assert await read_stream(cluster, stream_id) == [b"a"]
+        # and the PM, restarted, keeps the name's id and moves its epoch on
+        assert cluster.pm is not None and await cluster.pm.terminate() == 0
+        await cluster.start_pm(cluster.pm_address)
+        assert await cluster.pm_client().init_producer("restarts") == (producer_id, 1)
