@@ -85,6 +85,20 @@ class DataNodeClient(RangeCalls):
         raise_for_code(result.error_code, result.error_message)
         return result
 
+    async def producer_state(
+        self, stream_id: int, as_of_offset: int, *, timeout: float | None = None
+    ) -> tuple[messages.ProducerSnapshot, ...]:
+        """PRODUCER_STATE (implementation-private, between data nodes): the
+        stream's idempotent producers as of ``as_of_offset`` on that node."""
+        request = messages.ProducerStateRequest(
+            timeout_ms=self.timeout_ms(timeout), stream_id=stream_id, as_of_offset=as_of_offset
+        )
+        header = await self.call_for(
+            messages.ProducerStateResponse, Opcode.PRODUCER_STATE, request, timeout=timeout
+        )
+        raise_for_code(header.error_code, header.error_message)
+        return header.producers
+
     @asynccontextmanager
     async def fetch(
         self,

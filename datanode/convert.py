@@ -1,10 +1,16 @@
-"""Between the wire's ``sbp.messages.Range`` and the storage engine's ``RangeInfo``."""
+"""Between the wire's messages and the storage engine's records: ranges
+(``sbp.messages.Range``, ``RangeInfo``) and producer state
+(``ProducerSnapshot``, ``ProducerState``)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from sbp import messages
 from sbp.ranges import check_range
 from storage.model import RangeInfo, ReplicaInfo
+from storage.producers import ProducerState, SequenceEntry
+from storage.transaction import ProducerTable
 
 
 def range_to_info(wire: messages.Range) -> RangeInfo:
@@ -50,3 +56,28 @@ def info_to_range(info: RangeInfo, commit_offset: int | None = None) -> messages
         epoch=info.epoch,
         commit_offset=commit_offset,
     )
+
+
+def table_to_snapshots(table: ProducerTable) -> tuple[messages.ProducerSnapshot, ...]:
+    return tuple(
+        messages.ProducerSnapshot(
+            producer_id=producer_id,
+            last_append_ms=state.last_append_ms,
+            batches=tuple(messages.ProducerBatch(*entry) for entry in state.entries()),
+        )
+        for producer_id, state in sorted(table.items())
+    )
+
+
+def snapshots_to_table(snapshots: Sequence[messages.ProducerSnapshot]) -> ProducerTable:
+    return {
+        snapshot.producer_id: ProducerState.of(
+            [
+                SequenceEntry(b.epoch, b.base_sequence, b.record_count, b.base_offset)
+                for b in snapshot.batches
+            ],
+            snapshot.last_append_ms,
+        )
+        for snapshot in snapshots
+        if snapshot.batches
+    }

@@ -33,8 +33,8 @@ from storage.layout import IndexEntry
 from storage.model import AppendItem, RangeInfo, ReplicaBatch
 
 from .appends import Answer, Appends, AppendTicket
-from .convert import info_to_range, range_to_info
-from .items import check_stream_id, outcomes, wait_future
+from .convert import info_to_range, range_to_info, table_to_snapshots
+from .items import check_stream_id, failed, outcomes, wait_future
 from .metrics import DataNodeMetrics
 from .pm_link import PMLink
 from .replica_state import ReplicaStates
@@ -232,6 +232,21 @@ class DataNode:
             raise
 
     # -- REPLICATE --------------------------------------------------------------------
+
+    def producer_snapshot(
+        self, principal: str, stream_id: int, as_of: int
+    ) -> messages.ProducerStateResponse:
+        """PRODUCER_STATE: the stream's producer state as of ``as_of``, for a
+        replica of the range that starts there (data nodes only, SPEC §9)."""
+        try:
+            denied = self.access.check_internal(principal, "PRODUCER_STATE")
+            if denied is not None:
+                raise denied
+            check_stream_id(stream_id)
+            table = self.engine.producer_snapshot(stream_id, as_of)
+        except ProtocolError as error:
+            return failed(messages.ProducerStateResponse, error)
+        return messages.ProducerStateResponse(producers=table_to_snapshots(table))
 
     def may_replicate(self, principal: str) -> ProtocolError | None:
         """Only a range's primary, a data node, may send REPLICATE (SPEC §9)."""

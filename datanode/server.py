@@ -67,7 +67,9 @@ def build_dispatcher(node: DataNode, max_frame_bytes: int) -> Dispatcher:
     dispatcher.register(Opcode.SEAL_RANGES, ranges.seal_ranges)
     dispatcher.register(Opcode.SYNC_RANGES, ranges.sync_ranges)
     dispatcher.register(Opcode.DESCRIBE_RANGES, ranges.describe_ranges)
-    dispatcher.register(Opcode.DELETE_STREAMS, StreamHandlers(node).delete_streams)
+    streams = StreamHandlers(node)
+    dispatcher.register(Opcode.DELETE_STREAMS, streams.delete_streams)
+    dispatcher.register(Opcode.PRODUCER_STATE, streams.producer_state)
     return dispatcher
 
 

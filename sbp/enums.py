@@ -24,6 +24,8 @@ class Opcode(IntEnum):
     REPORT_METRICS = 0x4001
     DESCRIBE_CLUSTER = 0x4002
     INIT_PRODUCER = 0x5001
+    #: implementation-private (data node to data node): not in SPEC §2
+    PRODUCER_STATE = 0x7001
 
 
 #: every opcode value a receiver knows; anything else is an unknown opcode

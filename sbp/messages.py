@@ -611,6 +611,42 @@ class DescribeClusterResponse(Message):
 
 @fb.table
 @dataclass(frozen=True, slots=True)
+class ProducerStateRequest(Message):
+    """Implementation-private: a stream's producer state as of an offset."""
+
+    timeout_ms: int = fb.int32(0)
+    stream_id: int = fb.int64(1)
+    as_of_offset: int = fb.int64(2)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class ProducerBatch(Message):
+    epoch: int = fb.int32(0)
+    base_sequence: int = fb.int64(1)
+    record_count: int = fb.int32(2)
+    base_offset: int = fb.int64(3)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class ProducerSnapshot(Message):
+    producer_id: int = fb.int64(0)
+    last_append_ms: int = fb.int64(1)
+    batches: tuple[ProducerBatch, ...] = fb.vector(2, ProducerBatch)  # oldest first
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class ProducerStateResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+    producers: tuple[ProducerSnapshot, ...] = fb.vector(3, ProducerSnapshot)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
 class InitProducerRequest(Message):
     """SPEC §10. An empty name gets a new id; epoch -1 asks for the stored
     epoch + 1, E >= 0 for max(stored, E)."""
@@ -650,6 +686,7 @@ _REQUEST_TYPES: dict[int, type[Message]] = {
     Opcode.REPORT_METRICS: ReportMetricsRequest,
     Opcode.DESCRIBE_CLUSTER: DescribeClusterRequest,
     Opcode.INIT_PRODUCER: InitProducerRequest,
+    Opcode.PRODUCER_STATE: ProducerStateRequest,
 }
 
 _RESPONSE_TYPES: dict[int, type[Message]] = {
@@ -669,6 +706,7 @@ _RESPONSE_TYPES: dict[int, type[Message]] = {
     Opcode.REPORT_METRICS: ReportMetricsResponse,
     Opcode.DESCRIBE_CLUSTER: DescribeClusterResponse,
     Opcode.INIT_PRODUCER: InitProducerResponse,
+    Opcode.PRODUCER_STATE: ProducerStateResponse,
 }
 
 

@@ -24,7 +24,7 @@ from sbp.errors import (
 from . import layout
 from .layout import stream_key
 from .model import Expired, RangeInfo, ReplicaBatch, StreamState, hosts
-from .transaction import WriteContext
+from .transaction import ProducerTable, WriteContext
 
 
 def _live_stream(ctx: WriteContext, stream_id: int) -> StreamState:
@@ -126,8 +126,25 @@ def catch_up(ctx: WriteContext, items: Sequence[ReplicaBatch]) -> int:
         if item.base_offset != held or held + item.record_count > info.end_offset:
             break
         ctx.add_batch(state, held, item.batch, item.record_count, advance=False)
+        if 0 <= state.producers_from <= held:
+            # copied without its producer's fields: the table is not whole
+            # past here until it is taken in from a replica (SPEC §10)
+            state.producers_from = -1
+            ctx.refresh_producers_ready(state)
+            ctx.save_stream(state)
         held += item.record_count
     return held
+
+
+def take_in_producers(
+    ctx: WriteContext, stream_id: int, as_of: int, inherited: ProducerTable | None
+) -> bool:
+    """Take in the stream's producer state as of ``as_of`` (the open range's
+    start) from another replica, or go on without it (None); whether the
+    primary may now decide idempotent appends."""
+    state = _live_stream(ctx, stream_id)
+    ctx.take_in_producers(state, as_of, inherited)
+    return state.producers_ready
 
 
 def _replica_range(
@@ -281,6 +298,9 @@ def sync_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> l
     first_start = merged[0].start_offset
     if existing is None:
         state.first_offset = first_start
+        # a stream first heard of at its open first range holds no batch
+        # anywhere yet; else the ranges before were written elsewhere
+        state.producers_from = first_start if merged[0].is_open else -1
     elif first_start > state.first_offset:
         ctx.forget_chunks(stream_id, first_start)
         state.first_offset = first_start
@@ -289,9 +309,11 @@ def sync_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> l
         # never served; the next range starts at that end.
         ctx.drop_from(stream_id, excess_from)
         state.next_offset = excess_from
+        state.producers_from = min(state.producers_from, excess_from)
     last = merged[-1]
     floor = last.start_offset if last.end_offset == OPEN_END_OFFSET else last.end_offset
     state.next_offset = max(state.next_offset, state.first_offset, floor)
     state.ranges = tuple(merged)
+    ctx.refresh_producers_ready(state)
     ctx.save_stream(state)
     return [state.live(r) for r in merged]

@@ -14,6 +14,7 @@ it without blocking its event loop; a test or tool calls ``.result()``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import struct
 import threading
@@ -49,7 +50,7 @@ from .model import (
 )
 from .page_cache import WrittenPageDropper
 from .producers import DEFAULT_EXPIRY_MS, ProducerStamp, ProducerState, decode_stamp
-from .transaction import Store, WriteContext, is_dropped
+from .transaction import ProducerTable, Store, WriteContext, is_dropped, producers_whole
 from .writer import (
     DEFAULT_MAX_GROUP_BYTES,
     DEFAULT_MAX_GROUP_OPS,
@@ -199,6 +200,12 @@ class StorageEngine:
                     next_offset=record.first_offset,
                     deleted=record.deleted,
                     retention_period_ms=record.retention_period_ms,
+                    # a record from before idempotent producers: none wrote here
+                    producers_from=(
+                        record.first_offset
+                        if record.producers_from is None
+                        else record.producers_from
+                    ),
                 )
             for key, value in txn.cursor(db=store.dbs[layout.RANGES_DB]):
                 info = layout.decode_range(key, value)
@@ -219,6 +226,12 @@ class StorageEngine:
                 state.next_offset = max(floor, last_batch_end)
                 if last_batch_end and _holds_dropped_chunks(index, state):
                     store.unfreed.add(stream_id)
+                if state.ranges and state.ranges[-1].is_open:
+                    state.producers_ready = producers_whole(
+                        state.producers_from,
+                        state.ranges[-1].start_offset,
+                        functools.partial(layout.held_end, index, stream_id),
+                    )
             store.streams = streams
             for key, value in txn.cursor(db=store.dbs[layout.PRODUCERS_DB]):
                 stream_id, producer_id = BATCH_KEY.unpack(key)
@@ -546,6 +559,43 @@ class StorageEngine:
                     break
                 stamps[base_offset] = decode_stamp(value)
         return stamps
+
+    def producer_snapshot(self, stream_id: int, as_of: int) -> ProducerTable:
+        """The stream's producer state as of ``as_of`` (for the replica of the
+        range that starts there), or ``RangeNotFoundError`` when this node's
+        table is not whole up to there. Thread-safe."""
+        state = self._state(stream_id)
+        with self._store.env.begin(buffers=False) as txn:
+            index = txn.cursor(db=self._store.dbs[layout.INDEX_DB])
+            held = functools.partial(layout.held_end, index, stream_id)
+            whole = producers_whole(state.producers_from, as_of, held)
+        if not whole:
+            raise RangeNotFoundError(
+                f"stream {stream_id}: this node's producer state is not whole up to {as_of}"
+            )
+        snapshot: ProducerTable = {}
+        for producer_id, producer in self._store.producers.get(stream_id, {}).items():
+            kept = producer.below(as_of)
+            if kept is not None:
+                snapshot[producer_id] = kept
+        return snapshot
+
+    def take_in_producers(
+        self, stream_id: int, as_of: int, inherited: ProducerTable | None
+    ) -> Future[bool]:
+        """Take in the stream's producer state as of its open range's start
+        from another replica (``producer_snapshot`` there), or go on without
+        it (None); the future says whether this node may now decide the
+        stream's idempotent appends (``commands.take_in_producers``)."""
+        return self._command(
+            lambda ctx: commands.take_in_producers(ctx, stream_id, as_of, inherited)
+        )
+
+    def producers_ready(self, stream_id: int) -> bool:
+        """Whether the producer table is whole as of the open range's start
+        (True for a stream unknown here). Thread-safe."""
+        state = self._store.streams.get(stream_id)
+        return state is None or state.producers_ready
 
     def producers(self, stream_id: int) -> dict[int, ProducerState]:
         """The stream's idempotent producers as of the last commit. Thread-safe."""

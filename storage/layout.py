@@ -138,6 +138,7 @@ def encode_stream(record: StreamRecord) -> bytes:
             "first_offset": record.first_offset,
             "deleted": record.deleted,
             "retention_period_ms": record.retention_period_ms,
+            "producers_from": record.producers_from,
         },
         separators=(",", ":"),
     ).encode()
@@ -149,6 +150,7 @@ def decode_stream(value: bytes) -> StreamRecord:
         first_offset=record["first_offset"],
         deleted=record["deleted"],
         retention_period_ms=record["retention_period_ms"],
+        producers_from=record.get("producers_from"),
     )
 
 

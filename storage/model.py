@@ -74,6 +74,8 @@ class StreamRecord(NamedTuple):
     first_offset: int
     deleted: bool
     retention_period_ms: int
+    #: ``StreamState.producers_from``; None in records written before it existed
+    producers_from: int | None = None
 
 
 @dataclass(slots=True)
@@ -87,12 +89,22 @@ class StreamState:
     retention_period_ms: int = 0
     #: sorted by range_index; every range of the stream the PM told this node about
     ranges: tuple[RangeInfo, ...] = ()
+    #: the producer table (SPEC §10) holds every idempotent batch of the
+    #: stream below this offset, and every batch stored here at or above it
+    #: came with its producer's fields (by APPEND or REPLICATE, not by
+    #: catch-up); -1: not known to be whole anywhere
+    producers_from: int = 0
+    #: whether the table is whole as of the open range's start, so that its
+    #: primary may decide idempotent appends (derived, not stored)
+    producers_ready: bool = True
 
     def copy(self) -> StreamState:
         return dataclasses.replace(self)
 
     def record(self) -> StreamRecord:
-        return StreamRecord(self.first_offset, self.deleted, self.retention_period_ms)
+        return StreamRecord(
+            self.first_offset, self.deleted, self.retention_period_ms, self.producers_from
+        )
 
     def live(self, info: RangeInfo) -> RangeInfo:
         """``info`` with its next_offset filled in."""

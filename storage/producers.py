@@ -25,7 +25,7 @@ from typing import Final, NamedTuple
 from sbp.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownProducerError
 from sbp.producer_stamp import ProducerStamp
 
-__all__ = ["ProducerStamp", "ProducerState", "SequenceEntry", "decide"]
+__all__ = ["ProducerStamp", "ProducerState", "SequenceEntry", "decide", "merge"]
 
 #: batches kept per (stream, producer): SPEC §10 asks for at least 64
 KEPT_BATCHES: Final = 64
@@ -71,6 +71,12 @@ class ProducerState:
     def first(cls, entry: SequenceEntry, now_ms: int) -> ProducerState:
         return cls(_LAST_APPEND.pack(now_ms) + _ENTRY.pack(*entry))
 
+    @classmethod
+    def of(cls, entries: list[SequenceEntry], last_append_ms: int) -> ProducerState:
+        """A state of ``entries`` (oldest first; the last ``KEPT_BATCHES`` kept)."""
+        kept = entries[-KEPT_BATCHES:]
+        return cls(_LAST_APPEND.pack(last_append_ms) + b"".join(_ENTRY.pack(*e) for e in kept))
+
     @property
     def last_append_ms(self) -> int:
         return int(_LAST_APPEND.unpack_from(self.value)[0])
@@ -99,6 +105,20 @@ class ProducerState:
 
     def holds_above(self, offset: int) -> bool:
         return self.last.end_offset > offset
+
+
+def merge(
+    inherited: ProducerState | None, local: ProducerState | None, as_of: int
+) -> ProducerState | None:
+    """A producer's state once a replica takes in the state as of ``as_of``
+    from another replica: the batches below ``as_of`` are the other's, those
+    at and above it (this replica's own range, received by REPLICATE) stay."""
+    entries = [e for e in inherited.entries() if e.end_offset <= as_of] if inherited else []
+    entries += [e for e in local.entries() if e.base_offset >= as_of] if local else []
+    if not entries:
+        return None
+    last_ms = max(state.last_append_ms for state in (inherited, local) if state is not None)
+    return ProducerState.of(entries, last_ms)
 
 
 def decide(

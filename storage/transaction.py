@@ -17,7 +17,7 @@ or drop batches, so it must find them in LMDB); see ``storage.layout``.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ from .producers import (
     SequenceEntry,
     decide,
     encode_stamp,
+    merge,
 )
 
 #: producer id -> state, for one stream
@@ -226,6 +227,12 @@ class WriteContext:
                 )
             self._append_targets[stream_id] = target
         if producer is not None:
+            current = self.current(stream_id)
+            if current is None or not current.producers_ready:
+                raise RangeNotFoundError(
+                    f"stream {stream_id}: this node is still taking in the producer state "
+                    f"of the ranges before range {target.range_index}; try again"
+                )
             stored = decide(
                 self.producer(stream_id, producer.producer_id),
                 producer,
@@ -324,6 +331,34 @@ class WriteContext:
             if state.holds_above(offset):
                 self._set_producer(stream_id, producer_id, state.below(offset))
         self._delete_stamps(stream_id, offset, layout.MAX_OFFSET_KEY)
+
+    def refresh_producers_ready(self, state: StreamState) -> None:
+        """Whether the producer table is whole as of the open range's start:
+        it holds every batch below ``producers_from``, and this node holds,
+        with their producer fields, every batch from there to that start."""
+        last = state.ranges[-1] if state.ranges else None
+        if last is None or not last.is_open:
+            state.producers_ready = True
+            return
+        state.producers_ready = producers_whole(
+            state.producers_from,
+            last.start_offset,
+            lambda start, end: self.held_end(state.stream_id, start, end),
+        )
+
+    def take_in_producers(
+        self, state: StreamState, as_of: int, inherited: ProducerTable | None
+    ) -> None:
+        """Merge the producer state as of ``as_of`` from another replica into
+        this one's (None: none could be had; go on with what is here)."""
+        if inherited is not None:
+            local = self.producer_table(state.stream_id)
+            for producer_id in set(inherited) | set(local):
+                merged = merge(inherited.get(producer_id), local.get(producer_id), as_of)
+                self._set_producer(state.stream_id, producer_id, merged)
+        state.producers_from = as_of
+        self.refresh_producers_ready(state)
+        self.save_stream(state)
 
     def drop_producers(self, stream_id: int) -> None:
         """Forget every producer of the stream (it is deleted, or gone from here)."""
@@ -612,6 +647,14 @@ class WriteContext:
             self.txn.put(
                 layout.STORED_BATCHES_KEY, layout.COUNTER.pack(self.stored_batches), db=meta
             )
+
+
+def producers_whole(producers_from: int, start: int, held_end: Callable[[int, int], int]) -> bool:
+    """Whether a table kept from ``producers_from`` is whole as of ``start``,
+    given how far from an offset this node holds the stream without a gap."""
+    if producers_from < 0 or producers_from > start:
+        return False
+    return producers_from == start or held_end(producers_from, start) == start
 
 
 def is_dropped(state: StreamState | None, chunk_end: int) -> bool:

@@ -1,4 +1,6 @@
-"""DELETE_STREAMS on the wire: each stream to ``DataNode.delete``, each answered alone."""
+"""DELETE_STREAMS on the wire: each stream to ``DataNode.delete``, each
+answered alone; PRODUCER_STATE (between data nodes): a stream's producer
+state from ``DataNode.producer_snapshot``."""
 
 from __future__ import annotations
 
@@ -30,3 +32,9 @@ class StreamHandlers:
             for stream_id, failure in zip(stream_ids, deleted, strict=True)
         )
         await responder.send(messages.DeleteStreamsResponse(delete_responses=results))
+
+    async def producer_state(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.ProducerStateRequest)
+        await responder.send(
+            self._node.producer_snapshot(request.principal, header.stream_id, header.as_of_offset)
+        )

@@ -11,6 +11,15 @@ stored through the storage writer (``StorageEngine.catch_up``). A replica that
 cannot serve it is skipped; when none can, the range is tried again later.
 Until a range is whole it counts as missing a replica
 (``range_missing_replica_cnt``) and this node serves only what it holds.
+
+The same pass takes in what the node lacks of the stream's idempotent
+producers (SPEC §10): a replica of the open range whose producer table is
+not whole as of the range's start (it did not hold the range before, or
+copied some of it here without the producers' fields) asks a replica of
+the range that ends there (PRODUCER_STATE) and merges the answer. Until
+then its primary refuses idempotent appends (RANGE_NOT_FOUND, retriable).
+When no replica of that range can tell it after ``PRODUCER_STATE_ATTEMPTS``
+passes, it goes on with what it has, and says so in its log.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from sbp.enums import ErrorCode
 from sbp.errors import ProtocolError, SBPError, error_for
 from storage.model import RangeInfo, ReplicaBatch, hosts
 
+from ..convert import snapshots_to_table
 from ..items import wait_future
 from ..replica_state import ReplicaState, ReplicaStates
 from ..waiters import StreamWaiters
@@ -43,6 +53,8 @@ COPY_BYTES: Final = 4 << 20
 COPY_TIMEOUT_S: Final = 30.0
 #: the longest wait before a range no peer could serve is tried again
 RETRY_MAX_S: Final = 10.0
+#: passes at taking in a stream's producer state before going on without it
+PRODUCER_STATE_ATTEMPTS: Final = 5
 
 
 class CatchUp:
@@ -59,6 +71,8 @@ class CatchUp:
         self._wake = trio.Event()
         #: ranges known to be short here, by (stream_id, range_index)
         self.missing: set[tuple[int, int]] = set()
+        #: streams whose producer state is still to be taken in: passes so far
+        self._producer_passes: dict[int, int] = {}
 
     def stream_changed(self, stream_id: int) -> None:
         """The stream's ranges changed: check them soon."""
@@ -72,10 +86,11 @@ class CatchUp:
         while True:
             if not self._pending:
                 self._wake = trio.Event()
-                if self.missing:
+                if self.missing or self._producer_passes:
                     with trio.move_on_after(retry_delay(failures, cap=RETRY_MAX_S)):
                         await self._wake.wait()
                     self._pending.update(stream_id for stream_id, _ in self.missing)
+                    self._pending.update(self._producer_passes)
                 else:
                     await self._wake.wait()
                 continue
@@ -97,7 +112,72 @@ class CatchUp:
                 self.missing.discard(key)
             else:
                 whole = False
+        if not await self._take_in_producers(stream_id):
+            whole = False
         return whole
+
+    async def _take_in_producers(self, stream_id: int) -> bool:
+        """Take in the producer state as of the open range's start, if this
+        node's is not whole there; False when it is to be tried again."""
+        engine = self._engine
+        info = engine.open_range(stream_id)
+        if engine.producers_ready(stream_id) or info is None:
+            self._producer_passes.pop(stream_id, None)
+            return True
+        as_of = info.start_offset
+        try:
+            before = engine.describe_range(stream_id, info.range_index - 1)
+        except ProtocolError:  # the first range, or forgotten meanwhile
+            before = None
+        peers = (
+            [
+                r.address
+                for r in sorted(before.replicas, key=lambda r: not r.is_primary)
+                if r.node_id != self._replicas.node_id
+            ]
+            if before is not None and before.end_offset == as_of
+            else []
+        )
+        for address in peers:
+            peer = DataNodeClient(address, pool=self._pool, timeout=COPY_TIMEOUT_S)
+            try:
+                snapshots = await peer.producer_state(stream_id, as_of)
+            except (SBPError, OSError, ValueError, trio.TooSlowError) as error:
+                _no_source.warning(
+                    f"producers {stream_id} from {address}",
+                    "producer state of stream %d as of %d from %s: %s",
+                    stream_id,
+                    as_of,
+                    address,
+                    error or type(error).__name__,
+                )
+                continue
+            await wait_future(
+                engine.take_in_producers(stream_id, as_of, snapshots_to_table(snapshots))
+            )
+            logger.info(
+                "stream %d: producer state of %d producers as of %d taken in from %s",
+                stream_id,
+                len(snapshots),
+                as_of,
+                address,
+            )
+            self._producer_passes.pop(stream_id, None)
+            return True
+        passes = self._producer_passes.get(stream_id, 0) + 1
+        self._producer_passes[stream_id] = passes
+        if peers and passes < PRODUCER_STATE_ATTEMPTS:
+            return False
+        logger.warning(
+            "stream %d: no replica of the range before %d could give its producer state; "
+            "going on without it (a producer that resumes there may be answered "
+            "UNKNOWN_PRODUCER)",
+            stream_id,
+            as_of,
+        )
+        await wait_future(engine.take_in_producers(stream_id, as_of, None))
+        self._producer_passes.pop(stream_id, None)
+        return True
 
     def _short_ranges(self, stream_id: int) -> list[RangeInfo]:
         engine = self._engine

@@ -123,3 +123,42 @@ async def test_producer_state_outlives_a_data_node_restart(tmp_path: Path) -> No
         assert cluster.pm is not None and await cluster.pm.terminate() == 0
         await cluster.start_pm(cluster.pm_address)
         assert await cluster.pm_client().init_producer("restarts") == (producer_id, 1)
+
+
+async def test_the_next_range_on_another_node_takes_in_the_producer_state(
+    tmp_path: Path,
+) -> None:
+    """Range 1 is placed on a node that never held range 0 (SPEC §10,
+    across ranges): it takes in the state as of range 0's end from range 0's
+    replica, and answers resends and continuations as range 0's primary would."""
+    async with pm_cluster(tmp_path, (1, 2)) as cluster:
+        pm = cluster.pm_client()
+        producer_id, _ = await pm.init_producer()
+        created = await pm.create_stream(1)
+        assert created.range is not None
+        stream_id = created.range.stream_id
+        first = cluster.node_client(primary_address(created.range))
+        for sequence, value in enumerate((b"a", b"b", b"c")):
+            stamp = ProducerStamp(producer_id, 0, sequence)
+            await first.append_batch(stream_id, _batch(value), producer=stamp)
+        await pm.seal_range(stream_id, 0)
+        ranges = await pm.list_stream_ranges(stream_id)
+        assert ranges[0].end_offset == 3
+        assert primary_address(ranges[1]) != primary_address(ranges[0])  # the other node
+        second = cluster.node_client(primary_address(ranges[1]))
+
+        # refused (retriable) until it has taken the state in: then the resend
+        # of the last batch of range 0 is answered where range 0 holds it
+        resent = await eventually(
+            lambda: second.append(
+                [(stream_id, _batch(b"c"))], producers=[ProducerStamp(producer_id, 0, 2)]
+            ),
+            until=lambda results: results[0].error_code != ErrorCode.RANGE_NOT_FOUND,
+            timeout=20,
+        )
+        assert (resent[0].error_code, resent[0].base_offset) == (ErrorCode.NONE, 2)
+        after = await second.append_batch(
+            stream_id, _batch(b"d"), producer=ProducerStamp(producer_id, 0, 3)
+        )
+        assert after.base_offset == 3
+        assert await read_stream(cluster, stream_id) == [b"a", b"b", b"c", b"d"]

@@ -34,6 +34,7 @@ REQUESTS = {
     Opcode.REPORT_METRICS: m.ReportMetricsRequest,
     Opcode.DESCRIBE_CLUSTER: m.DescribeClusterRequest,
     Opcode.INIT_PRODUCER: m.InitProducerRequest,
+    Opcode.PRODUCER_STATE: m.ProducerStateRequest,
 }
 RESPONSES = {
     Opcode.PING: None,
@@ -54,6 +55,7 @@ RESPONSES = {
     Opcode.REPORT_METRICS: m.ReportMetricsResponse,
     Opcode.DESCRIBE_CLUSTER: m.DescribeClusterResponse,
     Opcode.INIT_PRODUCER: m.InitProducerResponse,
+    Opcode.PRODUCER_STATE: m.ProducerStateResponse,
 }
 
 

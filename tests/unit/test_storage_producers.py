@@ -11,10 +11,22 @@ from pathlib import Path
 import pytest
 
 from sbp.batches import build_batch
-from sbp.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownProducerError
+from sbp.errors import (
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+    RangeNotFoundError,
+    UnknownProducerError,
+)
 from storage import AppendItem, AppendOutcome, AppendResult, ReplicaBatch, StorageEngine
 from storage.model import RangeInfo, ReplicaInfo
-from storage.producers import KEPT_BATCHES, ProducerStamp, ProducerState, SequenceEntry, decide
+from storage.producers import (
+    KEPT_BATCHES,
+    ProducerStamp,
+    ProducerState,
+    SequenceEntry,
+    decide,
+    merge,
+)
 
 NOW = 1_000_000
 EXPIRY = 60_000
@@ -177,3 +189,48 @@ def test_deleting_the_stream_forgets_its_producers(engine: StorageEngine) -> Non
     _append(engine, b"a", ProducerStamp(PID, 0, 0))
     engine.delete_stream(1).result()
     assert engine.producers(1) == {} and engine.stats().producers == 0
+
+
+def test_a_replica_new_to_the_stream_takes_in_the_state_before_deciding(tmp_path: Path) -> None:
+    """Range 1 on a node that held nothing of range 0: idempotent appends are
+    refused (retriable) until the state as of range 1's start is taken in;
+    then a resend of range 0's last batch is answered where range 0 holds it."""
+    one = (ReplicaInfo(1, "a:1", True),)
+    two = (ReplicaInfo(2, "b:1", True),)
+    with StorageEngine(tmp_path / "one", map_size=64 << 20, node_id=1, clock=lambda: NOW) as old:
+        old.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=one)]).result()
+        for sequence in range(3):
+            stamp = ProducerStamp(PID, 0, sequence * 2)
+            old.submit([AppendItem(1, build_batch([b"x", b"y"], 1), stamp)], lambda _: None)
+        old.sync_ranges(1, [RangeInfo(1, 0, 0, 6, replicas=one)]).result()
+        snapshot = old.producer_snapshot(1, 6)
+        assert snapshot[PID].last == SequenceEntry(0, 4, 2, 4)
+        with pytest.raises(RangeNotFoundError, match="not whole up to 7"):
+            old.producer_snapshot(1, 7)
+    ranges = [RangeInfo(1, 0, 0, 6, replicas=one), RangeInfo(1, 1, 6, replicas=two)]
+    with StorageEngine(tmp_path / "two", map_size=64 << 20, node_id=2, clock=lambda: NOW) as new:
+        new.sync_ranges(1, ranges).result()
+        assert not new.producers_ready(1)
+        refused = _append(new, b"x", ProducerStamp(PID, 0, 4))
+        assert isinstance(refused, RangeNotFoundError) and refused.code.retriable
+        assert _append(new, b"plain", None) == AppendResult(6, 2, NOW)  # not idempotent: served
+        assert new.take_in_producers(1, 6, snapshot).result()
+        assert _append(new, b"x", ProducerStamp(PID, 0, 4)) == AppendResult(
+            4, 2, NOW, duplicate=True
+        )
+        assert _append(new, b"z", ProducerStamp(PID, 0, 6)) == AppendResult(8, 2, NOW)
+    with StorageEngine(tmp_path / "two", map_size=64 << 20, node_id=2, clock=lambda: NOW) as new:
+        assert new.producers_ready(1)  # known whole across a restart
+
+
+def test_taking_in_keeps_the_batches_this_replica_holds_above_the_start() -> None:
+    inherited = _state((0, 0, 5, 0), (0, 5, 5, 5))
+    local = _state((0, 5, 5, 5), (0, 10, 2, 10))  # its own range starts at 10
+    merged = merge(inherited, local, 10)
+    assert merged is not None
+    assert merged.entries() == [
+        SequenceEntry(0, 0, 5, 0),
+        SequenceEntry(0, 5, 5, 5),
+        SequenceEntry(0, 10, 2, 10),
+    ]
+    assert merge(None, None, 10) is None

@@ -248,6 +248,15 @@ VECTORS = [
            Opcode.INIT_PRODUCER, Flags.NONE, 17, m.InitProducerRequest(1000, "billing", -1)),
     Vector("init_producer_response", "its id and the epoch now in force",
            Opcode.INIT_PRODUCER, RESPONSE, 17, m.InitProducerResponse(0, 9, 4)),
+    Vector("producer_state_request", "(private) a stream's producers as of offset 4000",
+           Opcode.PRODUCER_STATE, Flags.NONE, 18, m.ProducerStateRequest(1000, 42, 4000)),
+    Vector("producer_state_response", "(private) one producer with its two last batches",
+           Opcode.PRODUCER_STATE, RESPONSE, 18,
+           m.ProducerStateResponse(0, ErrorCode.NONE, "", (
+               m.ProducerSnapshot(9, TIMESTAMP_MS, (
+                   m.ProducerBatch(2, 100, 10, 3980), m.ProducerBatch(2, 110, 10, 3990),
+               )),
+           ))),
 ]  # fmt: skip
 
 
