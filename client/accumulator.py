@@ -8,6 +8,10 @@ after its first record, and is then encoded once (``sbp.batches``, numpy).
 Closed batches, and batches the caller encoded, wait in sequence order for
 the sender. ``buffer_bytes`` bounds the bytes not yet durable: beyond it,
 adding waits (backpressure).
+
+For an idempotent producer (SPEC §10) each batch gets its sequence when it
+is queued the first time: the count of records queued before it. It keeps
+that sequence for every retry.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Final
 
 import trio
 
-from sbp.batches import BATCH_HEADER_SIZE, build_batch
+from sbp.batches import BATCH_HEADER_SIZE, build_batch, peek_header
 from sbp.errors import SBPError
 
 #: per-record bytes a batch adds to the values: the uint32 length
@@ -41,6 +45,7 @@ class PendingBatch:
     __slots__ = (
         "attempts",
         "base_offset",
+        "base_sequence",
         "data",
         "deadline",
         "done",
@@ -63,6 +68,8 @@ class PendingBatch:
         self.error: BaseException | None = None
         #: APPEND requests that carried it (more than one: it was retried)
         self.attempts = 0
+        #: an idempotent producer's sequence of its first record; -1: none
+        self.base_sequence = -1
 
     def size(self) -> int:
         """Bytes of the encoded batch."""
@@ -97,6 +104,7 @@ class Accumulator:
         buffer_bytes: int,
         delivery_timeout: float,
         wake_sender: Callable[[], None],
+        idempotent: bool = False,
     ) -> None:
         self.linger = linger
         self.batch_bytes = batch_bytes
@@ -104,6 +112,9 @@ class Accumulator:
         self.buffer_bytes = buffer_bytes
         self.delivery_timeout = delivery_timeout
         self._wake_sender = wake_sender
+        self.idempotent = idempotent
+        #: the sequence the next queued batch's first record gets
+        self.next_sequence = 0
         self._next_seq = 0
         self.open: PendingBatch | None = None
         #: closed batches waiting for the sender, oldest (lowest seq) first
@@ -154,6 +165,9 @@ class Accumulator:
         assert batch.data is not None
         batch.nbytes = len(batch.data)
         batch.deadline = trio.current_time() + self.delivery_timeout
+        if self.idempotent:
+            batch.base_sequence = self.next_sequence
+            self.next_sequence += peek_header(batch.data).record_count
         self.buffered += batch.nbytes
         self.requeue(batch)
 
@@ -164,13 +178,20 @@ class Accumulator:
         self._ready_seqs.insert(index, batch.seq)
         self._wake_sender()
 
-    def take(self, max_bytes: int) -> list[PendingBatch]:
-        """The oldest ready batches that fit ``max_bytes`` (at least one)."""
+    def take(self, max_bytes: int, window: int | None = None) -> list[PendingBatch]:
+        """The oldest ready batches that fit ``max_bytes`` (at least one);
+        with a ``window``, only batches fewer than that many places after
+        the oldest batch not yet durable (what an idempotent producer may
+        have unanswered, so that a resend is of a batch the stream still
+        remembers)."""
         total = 0
         count = 0
+        oldest = next(iter(self.unfinished), 0)
         for batch in self.ready:
             size = batch.size()
             if count and total + size > max_bytes:
+                break
+            if window is not None and batch.seq - oldest >= window:
                 break
             total += size
             count += 1

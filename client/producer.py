@@ -6,13 +6,16 @@ linger, backpressure) and the sender that takes them to the stream's
 primary and retries what fails (``client.sender``: requests in flight,
 failure handling, at-least-once delivery).
 
-Ordering: with ``max_in_flight=1`` (the default) one stream's records are
-stored in the order they were sent, across seals and retries, because the
-data node applies one request's batches in one commit and a request goes
-only after the one before it was answered. With more requests in flight, a
-batch behind a failed one may be stored before the failed one's retry (the
-failed one's range was sealed and the next range opened on the same node
-while it travelled): more throughput per stream, order only without failures.
+Delivery: idempotent by default (SPEC §10). The producer gets an id from
+the PM (INIT_PRODUCER) and numbers its records; every batch is stored once
+however often it is sent, across lost answers, retries, seals, failovers and
+restarts of the servers, and the records are stored in the order sent with
+``max_in_flight`` requests in flight (5 by default). ``name=`` gives a
+service a stable producer id: starting it again fences the instance before
+it, whose next append fails ``ProducerFencedError``. ``idempotent=False``
+gives at-least-once delivery: a batch whose answer was lost may be stored
+twice, and records keep their order only with ``max_in_flight=1`` (its
+default then).
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ DEFAULT_MAX_REQUEST_BYTES: Final = 8 << 20
 DEFAULT_BUFFER_BYTES: Final = 64 << 20
 DEFAULT_DELIVERY_TIMEOUT: Final = 60.0
 DEFAULT_REQUEST_TIMEOUT: Final = 10.0
+#: requests in flight of an idempotent producer (order holds with many)
+DEFAULT_IDEMPOTENT_IN_FLIGHT: Final = 5
 
 
 class RecordTooLargeError(SBPError, ValueError):
@@ -172,17 +177,27 @@ class Producer:
         batch_bytes: int = DEFAULT_BATCH_BYTES,
         batch_records: int = DEFAULT_BATCH_RECORDS,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-        max_in_flight: int = 1,
+        max_in_flight: int | None = None,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         delivery_timeout: float = DEFAULT_DELIVERY_TIMEOUT,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        idempotent: bool = True,
+        name: str = "",
     ) -> None:
+        if max_in_flight is None:
+            max_in_flight = DEFAULT_IDEMPOTENT_IN_FLIGHT if idempotent else 1
         if batch_records < 1 or batch_bytes < 1 or max_in_flight < 1:
             raise ValueError("batch_records, batch_bytes and max_in_flight must be at least 1")
+        if name and not idempotent:
+            raise ValueError("a producer name is for idempotent producers (idempotent=True)")
         self.stream_id = stream_id
         self.max_request_bytes = max_request_bytes
         self.max_in_flight = max_in_flight
         self.request_timeout = request_timeout
+        self.idempotent = idempotent
+        self.name = name
+        #: (producer id, epoch) from the PM, once started (idempotent only)
+        self.producer: tuple[int, int] | None = None
         self._context = ClientContext(pm, pool, request_timeout, tls)
         self._sender: Sender | None = None
         self._batches = Accumulator(
@@ -192,6 +207,7 @@ class Producer:
             buffer_bytes=buffer_bytes,
             delivery_timeout=delivery_timeout,
             wake_sender=self._wake_sender,
+            idempotent=idempotent,
         )
         self._stack = AsyncExitStack()
         self._nursery: trio.Nursery | None = None
@@ -205,6 +221,8 @@ class Producer:
     async def __aenter__(self) -> Self:
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(self._context)
+            if self.idempotent:
+                self.producer = await self._context.pm.init_producer(self.name)
             self._sender = Sender(
                 self.stream_id,
                 self._batches,
@@ -213,6 +231,7 @@ class Producer:
                 max_in_flight=self.max_in_flight,
                 max_request_bytes=self.max_request_bytes,
                 request_timeout=self.request_timeout,
+                producer=self.producer,
             )
             self._nursery = await stack.enter_async_context(trio.open_nursery())
             self._nursery.start_soon(self._sender.run)
@@ -244,7 +263,9 @@ class Producer:
 
     async def send(self, value: bytes) -> RecordHandle:
         """Add one record; returns at once unless the buffer is full. Raises
-        ``RecordTooLargeError`` for a record no request could carry."""
+        ``RecordTooLargeError`` for a record no request could carry, and
+        ``ProducerFencedError`` once a newer instance of this producer runs."""
+        self._check_fenced()
         self._check_record_size(len(value))
         if self._batches.buffered >= self._batches.buffer_bytes:
             await self._batches.wait_for_space()
@@ -262,6 +283,7 @@ class Producer:
         """Add records in order; the work per record is a length and a slice.
         Raises ``RecordTooLargeError``, with none of them added, when one is
         larger than a request may carry."""
+        self._check_fenced()
         count = len(values)
         if count == 0:
             return RecordsHandle([], 0)
@@ -304,6 +326,7 @@ class Producer:
         to the data node) and ``RecordTooLargeError`` (a ``ValueError``) for
         one larger than ``max_request_bytes``.
         """
+        self._check_fenced()
         data = memoryview(batch).cast("B")
         header = validate_batch(data, verify_crc=False)
         if len(data) > self.max_request_bytes:
@@ -336,6 +359,10 @@ class Producer:
         """The largest record value a request can carry: alone in its batch,
         after the batch header and its length word."""
         return self.max_request_bytes - BATCH_HEADER_SIZE - RECORD_OVERHEAD
+
+    def _check_fenced(self) -> None:
+        if self._sender is not None and self._sender.fenced is not None:
+            raise self._sender.fenced
 
     def _check_record_size(self, largest: int) -> None:
         if largest > self.max_record_bytes:

@@ -10,8 +10,20 @@ Failure handling: a retriable answer (RANGE_SEALED, RANGE_NOT_FOUND,
 NOT_PRIMARY, TIMEOUT, a lost connection …) stops the sender; it waits for
 the requests still in flight, lists the ranges again from the PM, backs off
 and sends the failed batches again, oldest first, until their delivery
-deadline passes. A request whose answer was lost may have been applied, so
-a retry can store a batch twice: delivery is at-least-once.
+deadline passes.
+
+An idempotent producer (SPEC §10) sends each batch with its id, epoch and
+sequence, the same on every retry: a batch whose answer was lost is stored
+once, and answered with where it was stored when sent again. At most
+``IDEMPOTENT_WINDOW`` batches are unanswered at a time, the batches the data
+node remembers per producer. A batch that reaches the node before one sent
+ahead of it (which failed, and is sent again first) is refused
+OUT_OF_ORDER_SEQUENCE with a lower expected sequence and goes again after
+it, so order holds with many requests in flight. Otherwise OUT_OF_ORDER_SEQUENCE, UNKNOWN_PRODUCER and
+PRODUCER_FENCED fail the batch: the producer has lost track of what is
+stored, or a newer instance of it runs, and it never sends the records
+under new sequences by itself. Without idempotence a retry can store a
+batch twice: delivery is at-least-once.
 """
 
 from __future__ import annotations
@@ -25,7 +37,14 @@ from net.calls import header_as
 from net.connection import Connection
 from sbp import messages
 from sbp.enums import ErrorCode, Opcode
-from sbp.errors import ProtocolError, RangeNotFoundError, SBPError, error_for
+from sbp.errors import (
+    ProducerFencedError,
+    ProtocolError,
+    RangeNotFoundError,
+    SBPError,
+    error_for,
+)
+from sbp.producer_stamp import ProducerStamp
 
 from ._base import DEADLINE_GRACE
 from ._routing import ClientContext, StreamRoutes, primary_of
@@ -40,6 +59,9 @@ log = logging.getLogger(__name__)
 #: on a seal request whose end the PM never recorded (a seal that ran out of
 #: answers). Sealing a range the PM has sealed already only returns it.
 _SEAL_ON: Final = frozenset({ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.RANGE_SEALED})
+#: batches an idempotent producer has unanswered at most: what the data node
+#: remembers of each producer (SPEC §10 asks it to keep at least 64)
+IDEMPOTENT_WINDOW: Final = 64
 
 
 class Sender:
@@ -55,8 +77,13 @@ class Sender:
         max_in_flight: int,
         max_request_bytes: int,
         request_timeout: float,
+        producer: tuple[int, int] | None = None,
     ) -> None:
         self.stream_id = stream_id
+        #: (producer id, epoch) of an idempotent producer
+        self.producer = producer
+        #: set once a newer instance of this producer fenced this one
+        self.fenced: ProducerFencedError | None = None
         self._batches = accumulator
         self._context = context
         self._routes = routes
@@ -99,7 +126,11 @@ class Sender:
                 except (SBPError, OSError) as error:
                     self._on_request_failed(list(batches.ready), error)
                     continue
-                taken = batches.take(self.max_request_bytes)
+                window = IDEMPOTENT_WINDOW if self.producer is not None else None
+                taken = batches.take(self.max_request_bytes, window)
+                if not taken:  # the oldest unanswered batch holds the window
+                    await self._sleep()
+                    continue
                 self._in_flight += 1
                 requests.start_soon(
                     self._request, connection, rng.range_index, taken, self._order.turn()
@@ -120,7 +151,7 @@ class Sender:
         error: BaseException | None = None
         try:
             header = append_request(
-                [(self.stream_id, batch.size()) for batch in batches],
+                [(self.stream_id, batch.size(), self._stamp(batch)) for batch in batches],
                 int(self.request_timeout * 1000),
             )
             payload = b"".join(batch.data for batch in batches if batch.data is not None)
@@ -149,10 +180,12 @@ class Sender:
                     item_error = error_for(result.error_code, result.error_message)
                     if result.error_code in _SEAL_ON:
                         self._seal_wanted = range_index
-                    if is_transient(item_error):
+                    if is_transient(item_error) or self._behind_a_retry(batch, result):
                         retry.append(batch)
                         error = item_error
                     else:
+                        if isinstance(item_error, ProducerFencedError):
+                            self.fenced = item_error
                         self._batches.finish(batch)
                         batch.fail(item_error)
             if not retry:
@@ -170,6 +203,23 @@ class Sender:
         if retry:
             assert error is not None
             self._on_request_failed(retry, error)
+
+    def _stamp(self, batch: PendingBatch) -> ProducerStamp | None:
+        if self.producer is None:
+            return None
+        producer_id, epoch = self.producer
+        return ProducerStamp(producer_id, epoch, batch.base_sequence)
+
+    def _behind_a_retry(self, batch: PendingBatch, result: messages.AppendResult) -> bool:
+        """An OUT_OF_ORDER_SEQUENCE answer to a batch that reached the node
+        ahead of an older one of this producer (which failed, or was still
+        on its way): the node expects a sequence below this batch's, and
+        only this producer's older batches hold those. The batch goes again
+        after them, with the same sequence, until its delivery deadline."""
+        return (
+            result.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE
+            and 0 <= result.next_sequence < batch.base_sequence
+        )
 
     def _on_request_failed(self, batches: list[PendingBatch], error: BaseException) -> None:
         """Queue ``batches`` again (in order), or fail those past their deadline."""

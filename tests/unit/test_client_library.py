@@ -16,7 +16,16 @@ from net.server import Dispatcher, Request, Responder, Server
 from sbp import messages as m
 from sbp.batches import build_batch, peek_header, stamp_base_offset
 from sbp.enums import ErrorCode, Opcode
-from sbp.errors import InvalidRecordBatchError, NotPrimaryError, StreamDeletedError
+from sbp.errors import (
+    InvalidRecordBatchError,
+    NotPrimaryError,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+    ProtocolError,
+    StreamDeletedError,
+)
+from sbp.producer_stamp import ProducerStamp
+from storage.producers import ProducerState, SequenceEntry, decide
 
 STREAM = 1
 
@@ -48,6 +57,12 @@ class FakeCluster:
         self.refuse_once: set[int] = set()
         #: seconds each FETCH takes to answer (a node at work)
         self.fetch_delay = 0.0
+        #: idempotent producers (SPEC §10), decided as the data node decides
+        self.producers: dict[int, ProducerState] = {}
+        self.stamps: list[tuple[int, int, int]] = []
+        self.producer_epoch = 0
+        #: APPEND requests stored whose answer is then lost (answered TIMEOUT)
+        self.lose_answers = 0
 
     def dispatcher(self) -> Dispatcher:
         dispatcher = Dispatcher("fake")
@@ -55,7 +70,14 @@ class FakeCluster:
         dispatcher.register(Opcode.CREATE_STREAMS, self.create_streams)
         dispatcher.register(Opcode.APPEND, self.append)
         dispatcher.register(Opcode.FETCH, self.fetch)
+        dispatcher.register(Opcode.INIT_PRODUCER, self.init_producer)
         return dispatcher
+
+    async def init_producer(self, request: Request, responder: Responder) -> None:
+        request.header_as(m.InitProducerRequest)
+        await responder.send(
+            m.InitProducerResponse(producer_id=1, producer_epoch=self.producer_epoch)
+        )
 
     def ranges(self) -> tuple[m.Range, ...]:
         node = m.DataNode(node_id=1, advertise_addr=self.address)
@@ -104,14 +126,49 @@ class FakeCluster:
                     )
                 )
                 continue
+            count = peek_header(batch).record_count
+            if info.producer_id:
+                stamp = ProducerStamp(info.producer_id, info.producer_epoch, info.base_sequence)
+                self.stamps.append(stamp)
+                try:
+                    stored = decide(self.producers.get(info.producer_id), stamp, count, 0, 1 << 60)
+                except ProtocolError as error:
+                    next_sequence = getattr(error, "next_sequence", -1)
+                    results.append(
+                        m.AppendResult(
+                            request_index=info.request_index,
+                            base_offset=-1,
+                            error_code=error.code,
+                            next_sequence=next_sequence,
+                        )
+                    )
+                    continue
+                if stored is not None:
+                    results.append(
+                        m.AppendResult(
+                            request_index=info.request_index, base_offset=stored.base_offset
+                        )
+                    )
+                    continue
+                entry = SequenceEntry(stamp.epoch, stamp.base_sequence, count, self.next_offset)
+                held = self.producers.get(info.producer_id)
+                self.producers[info.producer_id] = (
+                    ProducerState.first(entry, 0) if held is None else held.with_batch(entry, 0)
+                )
             stamp_base_offset(batch, self.next_offset)
             results.append(
                 m.AppendResult(request_index=info.request_index, base_offset=self.next_offset)
             )
-            self.next_offset += peek_header(batch).record_count
+            self.next_offset += count
             self.batches.append(batch)
         self.appended.set()
         self.appended = trio.Event()
+        if self.lose_answers:
+            self.lose_answers -= 1
+            results = [
+                m.AppendResult(request_index=r.request_index, error_code=ErrorCode.TIMEOUT)
+                for r in results
+            ]
         await responder.send(m.AppendResponse(append_responses=tuple(results)))
 
     async def fetch(self, request: Request, responder: Responder) -> None:
@@ -468,3 +525,58 @@ def test_reads_go_to_the_primary_first_or_to_the_followers_first() -> None:
         replica_for_read(rng, attempt, prefer_followers=True).node_id for attempt in range(4)
     ]
     assert followers_first == [1, 3, 2, 1]
+
+
+# -- idempotent producers (SPEC §10) --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("idempotent", "stored", "first"), [(True, 1, 0), (False, 2, 3)], ids=["idempotent", "not"]
+)
+async def test_a_batch_whose_answer_was_lost_is_stored_once_when_idempotent(
+    fake: FakeCluster, idempotent: bool, stored: int, first: int
+) -> None:
+    fake.lose_answers = 1  # stored, answered TIMEOUT: the producer sends it again
+    async with Producer(fake.address, STREAM, idempotent=idempotent) as producer:
+        handle = await producer.send_many(values(3))
+        offsets = await handle.offsets()
+    assert offsets.tolist() == [first, first + 1, first + 2]  # where the last copy went
+    assert len(fake.batches) == stored
+    if idempotent:
+        assert producer.producer == (1, 0)
+        assert fake.stamps == [ProducerStamp(1, 0, 0), ProducerStamp(1, 0, 0)]
+    else:
+        assert fake.stamps == []  # no producer fields on the wire
+
+
+async def test_sequences_count_records_in_the_order_sent(fake: FakeCluster) -> None:
+    async with Producer(fake.address, STREAM, batch_records=4) as producer:
+        await producer.send_many(values(10))
+        await producer.send_batch(build_batch(values(3), 0))
+    assert [s.base_sequence for s in fake.stamps] == [0, 4, 8, 10]
+    assert fake.next_offset == 13
+
+
+async def test_out_of_order_with_nothing_in_front_fails_and_is_not_resent(
+    fake: FakeCluster,
+) -> None:
+    """The stream expects sequence 100 of this producer (it lost track): the
+    batch fails with the error, and is never sent under another sequence."""
+    fake.producers[1] = ProducerState.first(SequenceEntry(0, 90, 10, 0), 0)
+    with pytest.raises(OutOfOrderSequenceError) as raised:
+        async with Producer(fake.address, STREAM) as producer:
+            handle = await producer.send(b"x")
+            await handle.offset()
+    assert raised.value.code == ErrorCode.OUT_OF_ORDER_SEQUENCE
+    assert fake.stamps == [ProducerStamp(1, 0, 0)]
+    assert fake.next_offset == 0
+
+
+async def test_a_fenced_producer_fails_and_refuses_more_records(fake: FakeCluster) -> None:
+    fake.producers[1] = ProducerState.first(SequenceEntry(3, 0, 1, 0), 0)  # epoch 3 wrote
+    async with Producer(fake.address, STREAM) as producer:
+        handle = await producer.send(b"x")
+        with pytest.raises(ProducerFencedError):
+            await handle.offset()
+        with pytest.raises(ProducerFencedError, match="epoch 0 is fenced: epoch 3"):
+            await producer.send(b"y")
