@@ -139,6 +139,7 @@ class FakeCluster:
                             request_index=info.request_index,
                             base_offset=-1,
                             error_code=error.code,
+                            error_message=error.message,
                             next_sequence=next_sequence,
                         )
                     )
