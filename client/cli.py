@@ -247,7 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="append lines of input as records",
         description=(
             "Append each line of FILE (or stdin) as one record; line ends are not stored. "
-            "Prints the offsets given to the first and last record."
+            "Prints the offsets given to the first and last record. Each record is stored "
+            "once however often the cluster's answers are lost (an idempotent producer). "
+            "To run the same input again after an interruption without storing twice, "
+            "give every run the same --producer-name and --resume: the stream says how "
+            "many records that producer stored, and those lines are skipped."
         ),
     )
     append.add_argument("stream_id", type=_stream_id, metavar="STREAM")
@@ -256,6 +260,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--progress",
         action="store_true",
         help="show progress on stderr even when it is not a terminal",
+    )
+    append.add_argument(
+        "--producer-name",
+        metavar="NAME",
+        default="",
+        help="append as the named producer: it keeps its id, and a new run fences one "
+        "still running",
+    )
+    append.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --producer-name: continue the named producer's last run over the same "
+        "input, skipping the lines the stream already holds from it",
     )
     _command(append, "cli_append", "cmd_append")
 

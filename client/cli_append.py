@@ -10,6 +10,12 @@ stops reading, waits for what was read to be stored (a second Ctrl-C gives
 up at once), reports it and exits 130. On a failure the command says which
 offsets were stored before it, so that nobody appends the same input twice
 to find out.
+
+Each record is stored once however often the cluster's answers are lost
+(an idempotent producer, SPEC §10). Across runs, ``--producer-name NAME
+--resume`` continues NAME's last run at the same epoch: the stream says how
+many records that run stored (``Producer.resume``), those input lines are
+skipped, and the rest is stored once, for the same input.
 """
 
 from __future__ import annotations
@@ -55,10 +61,30 @@ class LineReader:
         self.eof = False
         #: the complete lines returned so far (names a line refused)
         self._lines_done = 0
+        #: lines read past those ``skip`` skipped, and their bytes
+        self._carry: tuple[list[bytes], int] | None = None
+
+    async def skip(self, count: int) -> int:
+        """Read past the first ``count`` lines; how many there were (fewer
+        when the input ends first)."""
+        skipped = 0
+        while skipped < count:
+            lines, _ = await self.next_lines()
+            if not lines:
+                break
+            take = min(count - skipped, len(lines))
+            skipped += take
+            if take < len(lines):
+                rest = lines[take:]
+                self._carry = (rest, sum(len(line) + 1 for line in rest))
+        return skipped
 
     async def next_lines(self) -> tuple[list[bytes], int]:
         """The lines completed by the next read and the bytes they took;
         ``([], 0)`` once the input has ended (``eof``)."""
+        if self._carry is not None:
+            carried, self._carry = self._carry, None
+            return carried
         while not self.eof:
             data = await trio.to_thread.run_sync(
                 os.read, self._fd, READ_CHUNK_BYTES, abandon_on_cancel=True
@@ -104,6 +130,8 @@ class Tally:
     last_offset: int | None = None
     failed: int = 0
     failure: BaseException | None = None
+    #: input lines a resumed run skipped: the stream held them already
+    skipped: int = 0
 
     async def follow(
         self,
@@ -150,6 +178,8 @@ def _open_input(path: str | None) -> tuple[int, int | None, bool]:
 async def cmd_append(env: Env) -> int:
     """Append each input line as one record."""
     args = env.args
+    if args.resume and not args.producer_name:
+        raise UsageError("--resume needs --producer-name: the producer whose run to continue")
     fd, total, close = _open_input(args.file)
     progress = Progress(env.err, args.progress or env.err.isatty(), total_bytes=total)
     tally = Tally()
@@ -167,8 +197,20 @@ async def cmd_append(env: Env) -> int:
                 # --timeout bounds each wait for the cluster: a batch not
                 # stored within it fails the append
                 delivery_timeout=args.timeout,
+                name=args.producer_name,
+                # a resumed run keeps the epoch (and so the sequences) of the run before
+                epoch=0 if args.resume else -1,
             ) as producer:
                 reader = LineReader(fd, producer.max_record_bytes)
+                if args.resume:
+                    skip = await producer.resume()
+                    tally.skipped = await reader.skip(skip)
+                    if tally.skipped < skip:
+                        raise UsageError(
+                            f"the stream holds {skip} records of producer "
+                            f"{args.producer_name!r}'s last run, the input only "
+                            f"{tally.skipped} lines: is it the same input?"
+                        )
                 send, receive = trio.open_memory_channel[tuple[RecordsHandle, int, int]](math.inf)
                 reading = trio.CancelScope()
 
@@ -230,6 +272,7 @@ def _summarize(env: Env, tally: Tally, seconds: float, interrupted: bool) -> int
         "last_offset": tally.last_offset,
         "seconds": round(seconds, 3),
         "interrupted": interrupted,
+        "skipped": tally.skipped,
     }
     if env.json:
         env.emit_json(summary)
@@ -239,8 +282,15 @@ def _summarize(env: Env, tally: Tally, seconds: float, interrupted: bool) -> int
             f"to stream {stream_id}, offsets {tally.first_offset}..{tally.last_offset}, "
             f"in {seconds:.2f} s"
         )
+    elif tally.skipped:
+        env.emit(f"nothing appended to stream {stream_id}: it holds all of the input")
     else:
         env.emit(f"no input: nothing appended to stream {stream_id}")
+    if tally.skipped and not env.json:
+        env.emit(
+            f"skipped the first {fmt.plural(tally.skipped, 'line')}: "
+            "the stream holds them from the producer's last run"
+        )
     if interrupted:
         print("sbp: interrupted; what was read before is stored", file=env.err)
         return EXIT_INTERRUPTED

@@ -31,12 +31,15 @@ import numpy.typing as npt
 import trio
 
 from net.pool import ConnectionPool
-from sbp.batches import BATCH_HEADER_SIZE, Buffer, validate_batch
-from sbp.errors import SBPError
+from sbp.batches import BATCH_HEADER_SIZE, Buffer, build_batch, validate_batch
+from sbp.enums import ErrorCode
+from sbp.errors import RangeNotFoundError, SBPError, error_for
+from sbp.producer_stamp import ProducerStamp
 
-from ._routing import ClientContext, StreamRoutes
+from ._routing import ClientContext, StreamRoutes, primary_of
 from .accumulator import RECORD_OVERHEAD, Accumulator, PendingBatch, ProducerClosedError
 from .pm_client import PMClient
+from .retry import until_deadline
 from .sender import Sender
 
 __all__ = [
@@ -59,6 +62,10 @@ DEFAULT_DELIVERY_TIMEOUT: Final = 60.0
 DEFAULT_REQUEST_TIMEOUT: Final = 10.0
 #: requests in flight of an idempotent producer (order holds with many)
 DEFAULT_IDEMPOTENT_IN_FLIGHT: Final = 5
+#: the sequence ``resume`` asks about: past any a producer reaches, so the
+#: data node refuses it and says which sequence it expects
+RESUME_PROBE_SEQUENCE: Final = 1 << 62
+_PROBE_BATCH: Final = bytes(build_batch([b""], 0))
 
 
 class RecordTooLargeError(SBPError, ValueError):
@@ -183,6 +190,7 @@ class Producer:
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         idempotent: bool = True,
         name: str = "",
+        epoch: int = -1,
     ) -> None:
         if max_in_flight is None:
             max_in_flight = DEFAULT_IDEMPOTENT_IN_FLIGHT if idempotent else 1
@@ -196,6 +204,9 @@ class Producer:
         self.request_timeout = request_timeout
         self.idempotent = idempotent
         self.name = name
+        #: asked of INIT_PRODUCER: -1 the next epoch (fencing the instance
+        #: before), E >= 0 at least E (the same E again continues it)
+        self.epoch = epoch
         #: (producer id, epoch) from the PM, once started (idempotent only)
         self.producer: tuple[int, int] | None = None
         self._context = ClientContext(pm, pool, request_timeout, tls)
@@ -222,7 +233,7 @@ class Producer:
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(self._context)
             if self.idempotent:
-                self.producer = await self._context.pm.init_producer(self.name)
+                self.producer = await self._context.pm.init_producer(self.name, self.epoch)
             self._sender = Sender(
                 self.stream_id,
                 self._batches,
@@ -258,6 +269,41 @@ class Producer:
             # The caller's exception propagates as it is, not wrapped in the
             # ExceptionGroup of our nursery: the stack exits as if all went well.
             await self._stack.__aexit__(None, None, None)
+
+    async def resume(self) -> int:
+        """How many records of this producer and epoch the stream holds (the
+        sequence it expects next), which the next record sent then gets: a
+        named producer that runs again at the same epoch over the same input
+        skips that many records and stores the rest once. Call it before
+        anything is sent. Asks the open range's primary with a batch it can
+        never store (a sequence far past any), retrying as the producer does."""
+        if self.producer is None or self._sender is None:
+            raise ProducerClosedError("resume() needs a started idempotent producer")
+        if self._batches.unfinished or self._batches.next_sequence:
+            raise ProducerClosedError("resume() comes before anything is sent")
+        producer_id, epoch = self.producer
+        probe = ProducerStamp(producer_id, epoch, RESUME_PROBE_SEQUENCE)
+        routes = StreamRoutes(self._context.pm, self.stream_id)
+
+        async def ask() -> int:
+            await routes.refresh()
+            rng = routes.open_range()
+            if rng is None:
+                raise RangeNotFoundError(f"stream {self.stream_id} has no open range")
+            node = self._context.node(primary_of(rng))
+            (result,) = await node.append(
+                [(self.stream_id, _PROBE_BATCH)], producers=[probe], timeout=self.request_timeout
+            )
+            if result.error_code == ErrorCode.UNKNOWN_PRODUCER:
+                return 0  # this epoch never appended to the stream
+            if result.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE:
+                return int(result.next_sequence)
+            raise error_for(result.error_code, result.error_message or "probe was stored")
+
+        with trio.fail_after(self._batches.delivery_timeout):
+            held = await until_deadline(ask, f"resuming producer {producer_id}")
+        self._batches.next_sequence = held
+        return held
 
     # -- sending --------------------------------------------------------------
 

@@ -16,14 +16,14 @@ An idempotent producer (SPEC §10) sends each batch with its id, epoch and
 sequence, the same on every retry: a batch whose answer was lost is stored
 once, and answered with where it was stored when sent again. At most
 ``IDEMPOTENT_WINDOW`` batches are unanswered at a time, the batches the data
-node remembers per producer. A batch that reaches the node before one sent
-ahead of it (which failed, and is sent again first) is refused
+node remembers per producer. A batch that reaches the node ahead of an
+older one (which failed, and is sent again first) is refused
 OUT_OF_ORDER_SEQUENCE with a lower expected sequence and goes again after
-it, so order holds with many requests in flight. Otherwise OUT_OF_ORDER_SEQUENCE, UNKNOWN_PRODUCER and
-PRODUCER_FENCED fail the batch: the producer has lost track of what is
-stored, or a newer instance of it runs, and it never sends the records
-under new sequences by itself. Without idempotence a retry can store a
-batch twice: delivery is at-least-once.
+it, so order holds with many requests in flight. Any other
+OUT_OF_ORDER_SEQUENCE, UNKNOWN_PRODUCER and PRODUCER_FENCED fail the batch:
+the producer has lost track of what is stored, or a newer instance of it
+runs, and it never sends the records under new sequences by itself. Without
+idempotence a retry can store a batch twice: delivery is at-least-once.
 """
 
 from __future__ import annotations

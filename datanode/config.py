@@ -29,6 +29,7 @@ from net.settings import (
 from net.tls import ServerSecurity
 from sbp.constants import DEFAULT_MAX_FRAME_LENGTH
 from storage.engine import DEFAULT_PAGE_CACHE_WINDOW
+from storage.producers import DEFAULT_EXPIRY_MS
 
 PROG: Final = "sbp-datanode"
 
@@ -110,6 +111,14 @@ OPTIONS: Final = (
         default=str(DEFAULT_RETENTION_INTERVAL_MS),
         metavar="MS",
     ),
+    Option(
+        "producer-expiry-ms",
+        "forget an idempotent producer's state on a stream once it has not appended there "
+        "this long; its next batch must then start at sequence 0 (SPEC §10)",
+        positive_int,
+        default=str(DEFAULT_EXPIRY_MS),
+        metavar="MS",
+    ),
 )
 
 DESCRIPTION: Final = """\
@@ -147,6 +156,7 @@ class DataNodeConfig:
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_MS / 1000
     metrics_interval_s: float = DEFAULT_METRICS_REPORT_MS / 1000
     retention_interval_s: float = DEFAULT_RETENTION_INTERVAL_MS / 1000
+    producer_expiry_ms: int = DEFAULT_EXPIRY_MS
     #: TLS, mutual TLS and the ACL file (SPEC §9)
     security: ServerSecurity = field(default_factory=ServerSecurity)
     log_level: str = "info"
@@ -186,6 +196,7 @@ def parse_config(argv: Sequence[str] | None = None) -> DataNodeConfig:
         heartbeat_interval_s=values["heartbeat_interval_ms"] / 1000,
         metrics_interval_s=values["metrics_interval_ms"] / 1000,
         retention_interval_s=values["retention_interval_ms"] / 1000,
+        producer_expiry_ms=values["producer_expiry_ms"],
         security=security_settings(values),
         log_level=values["log_level"],
     )

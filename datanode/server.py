@@ -96,6 +96,7 @@ def open_engine(config: DataNodeConfig) -> StorageEngine:
             sync="always" if config.sync else "never",
             node_id=config.node_id,
             page_cache_window=config.page_cache_window,
+            producer_expiry_ms=config.producer_expiry_ms,
         )
     except (OSError, lmdb.Error) as error:
         raise ServiceError(f"cannot open storage in {config.data_dir}: {error}") from None

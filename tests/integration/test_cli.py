@@ -270,3 +270,33 @@ def test_help_explains_every_command() -> None:
         assert exited.value.code == 0, command
         assert out.getvalue().startswith("usage: sbp"), command
         assert len(out.getvalue().splitlines()) >= 4, command
+
+
+def test_append_resumed_after_an_interruption_stores_the_input_once(
+    cluster: LocalCluster,
+) -> None:
+    """``--producer-name N --resume``: a run that stored the first 3,000 lines
+    and stopped, then the whole input again: the second run skips what the
+    stream holds from N's run and stores the rest, each line once."""
+    pm = cluster.pm_address
+    stream = new_stream(pm)
+    values = [f"line {i}" for i in range(5_000)]
+    flags = ("--producer-name", f"loader-{stream}", "--resume")
+    first = sbp(pm, "--json", "append", str(stream), *flags, stdin=lines(values[:3_000]))
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["skipped"] == 0
+    again = sbp(pm, "append", str(stream), *flags, stdin=lines(values))
+    assert again.returncode == 0, again.stderr
+    assert "appended 2,000 records" in again.stdout
+    assert "offsets 3000..4999" in again.stdout
+    assert "skipped the first 3,000 lines" in again.stdout
+    done = sbp(pm, "append", str(stream), *flags, stdin=lines(values))
+    assert "it holds all of the input" in done.stdout
+    assert sbp(pm, "read", str(stream)).stdout.splitlines() == values
+
+    refused = sbp(pm, "append", str(stream), "--resume", stdin=lines(values))
+    assert refused.returncode == 2
+    assert (
+        refused.stderr.strip()
+        == "sbp: --resume needs --producer-name: the producer whose run to continue"
+    )
