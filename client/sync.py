@@ -320,6 +320,12 @@ class SyncProducer:
     def send(self, value: bytes) -> SyncRecordHandle:
         return SyncRecordHandle(self._client, self._client.run(self.producer.send, value))
 
+    def resume(self) -> int:
+        """``Producer.resume``: the records of this producer and epoch the
+        stream holds, which the next record sent follows."""
+        held: int = self._client.run(self.producer.resume)
+        return held
+
     def send_many(self, values: Sequence[bytes]) -> SyncRecordsHandle:
         return SyncRecordsHandle(self._client, self._client.run(self.producer.send_many, values))
 

@@ -19,6 +19,7 @@ See docs/spark.md for every option.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -290,19 +291,29 @@ class SBPWriter(DataSourceArrowWriter):
     """Appends the ``value`` column to ``stream``, in record batches of up to
     ``batchMaxBytes`` of values, each task in its partition's row order.
 
-    Delivery is at-least-once. Every batch is durable once its APPEND is
-    answered, before Spark commits the job, and nothing can take it back: a
-    task that fails, is retried, or runs speculatively may leave its records
-    in the stream twice, and an aborted job may leave some of its records.
+    Each row is stored once (``spark_jobs.writer``): a task that fails and is
+    retried, or runs speculatively, leaves each of its rows in the stream
+    once, given the same input rows in the same order. Every batch is
+    durable once its APPEND is answered, before Spark commits the job, and
+    nothing can take it back: an aborted job may leave some of its records.
     """
 
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
+        #: this write job, made on the driver: every attempt of a task shares it
+        self.job = uuid.uuid4().hex
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AppendCommitMessage:
-        from .writer import append_values
+        from pyspark import TaskContext
 
-        return AppendCommitMessage(self.options.stream, append_values(self.options, iterator))
+        from .writer import append_values, producer_name
+
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        span = append_values(
+            self.options, iterator, name=producer_name(self.job, partition), epoch=0
+        )
+        return AppendCommitMessage(self.options.stream, span)
 
     def commit(self, messages: list[Any]) -> None:
         """The records are already durable; only note what the job appended."""

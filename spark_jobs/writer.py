@@ -1,16 +1,25 @@
-"""One write task's rows appended to a stream.
+"""One write task's rows appended to a stream, exactly once.
 
 The ``value`` column of each Arrow batch Spark hands over is cut into record
 batches with numpy (``arrow.column_to_batches``) and given, as built, to one
-``Producer`` of the client library: it sends them in order to the primary of
-the stream's open range and, on RANGE_SEALED, RANGE_NOT_FOUND, NOT_PRIMARY or
-a lost connection, lists the ranges again and resends. A batch whose answer
-was lost may be stored twice: appends are at-least-once.
+idempotent ``Producer`` of the client library (SPEC §10): it sends them in
+order to the primary of the stream's open range, resends on a sealed or
+moved range or a lost answer, and the data node stores each batch once.
+
+Each task appends as a producer of its own name, the same for every attempt
+of the task (``producer_name``): the write job's id (or the streaming
+query's) and the partition, at an epoch every attempt shares (0 for a batch
+job, the micro-batch id for a streaming query). An attempt first asks the
+stream how many records that producer stored (``Producer.resume``) and skips
+that many rows of its input: a retried or speculative attempt, or a
+micro-batch replayed after a driver restart, stores the rest once. This
+holds if the attempt's input is the same rows in the same order, which
+Spark's own exactly-once sinks assume too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -23,26 +32,43 @@ from .options import WriteOptions
 
 @dataclass
 class AppendedSpan:
-    """Offsets a task appended: ``[first_offset, last_offset]`` and how many records."""
+    """Offsets a task appended: ``[first_offset, last_offset]``, how many
+    records, and how many rows it skipped because the stream held them from
+    an earlier attempt."""
 
     records: int = 0
     batches: int = 0
     first_offset: int = -1
     last_offset: int = -1
+    skipped: int = 0
 
 
-def append_values(options: WriteOptions, arrow_batches: Iterable[pa.RecordBatch]) -> AppendedSpan:
+def producer_name(job: str, partition: int) -> str:
+    """The producer of one task: the same for every attempt of it."""
+    return f"spark/{job}/{partition}"
+
+
+def append_values(
+    options: WriteOptions,
+    arrow_batches: Iterable[pa.RecordBatch],
+    *,
+    name: str,
+    epoch: int = 0,
+) -> AppendedSpan:
     """Append the ``value`` column of ``arrow_batches`` to ``options.stream``,
-    in order; returns once every record is durable."""
+    in order, as producer ``name`` at ``epoch``, after the rows the stream
+    holds from that producer already; returns once every record is durable."""
     span = AppendedSpan()
     first: SyncRecordsHandle | None = None
     last: SyncRecordsHandle | None = None
     with (
         SyncClient(options.pm, timeout=options.timeout, tls=options.tls) as client,
-        # one request at a time keeps the task's records in row order across retries
-        client.producer(options.stream, request_timeout=options.timeout) as producer,
+        client.producer(
+            options.stream, request_timeout=options.timeout, name=name, epoch=epoch
+        ) as producer,
     ):
-        for arrow_batch in arrow_batches:
+        span.skipped = producer.resume()
+        for arrow_batch in _after(arrow_batches, span.skipped):
             column = value_column(arrow_batch)
             for batch, count in column_to_batches(column, options.batch_max_bytes):
                 last = producer.send_batch(batch)
@@ -54,3 +80,13 @@ def append_values(options: WriteOptions, arrow_batches: Iterable[pa.RecordBatch]
             span.first_offset = int(first.offsets()[0])
             span.last_offset = int(last.offsets()[-1])
     return span
+
+
+def _after(arrow_batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    """The batches without their first ``rows`` rows."""
+    for batch in arrow_batches:
+        if rows >= batch.num_rows:
+            rows -= batch.num_rows
+            continue
+        yield batch.slice(rows) if rows else batch
+        rows = 0

@@ -8,7 +8,8 @@ Violations (each one makes the run fail):
 ``lost``            an acknowledged value is not at its offset (and was not trimmed)
 ``two-values``      two values acknowledged, or read, at one offset
 ``gap``             offsets missing between the first and last stored ones
-``duplicate``       a value stored twice that was never sent twice (not retried)
+``duplicate``       a value stored twice: with idempotent producers (SPEC §10) any
+                    value; without, one that was never sent twice (not retried)
 ``backwards``       a consumer was handed an offset not above the one before
 ``dirty-read``      a consumer read a value at an offset that holds another at the end
 ``range-chain``     a range does not start where the one before it ended
@@ -17,8 +18,9 @@ Violations (each one makes the run fail):
                     back for that range's offsets (streams with more than one replica)
 ==================  ===================================================================
 
-Duplicates of values that were sent more than once are allowed
-(at-least-once delivery) and counted.
+With idempotent producers (the default) every ``unknown`` outcome must end
+up stored once or not at all. Without them (``--at-least-once``),
+duplicates of values that were sent more than once are allowed and counted.
 """
 
 from __future__ import annotations
@@ -146,7 +148,8 @@ def _check_stream(
         if origin is None:
             verdict.add("phantom", f"stream {stream_id}: {value!r} at {offsets[0]} never sent")
         elif len(offsets) > 1:
-            if origin.attempts > 1 or origin.status == "unknown":
+            retried = origin.attempts > 1 or origin.status == "unknown"
+            if retried and not history.idempotent:
                 verdict.allowed_duplicates += len(offsets) - 1
             else:
                 verdict.add("duplicate", f"stream {stream_id}: {value!r} at {offsets}, sent once")

@@ -58,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--replicas", type=int, default=1, help="replicas of each stream (default: 1)"
     )
     parser.add_argument(
+        "--at-least-once",
+        action="store_true",
+        help="producers without idempotence: a value sent again may be stored twice "
+        "(counted, not a violation); by default any value stored twice is one",
+    )
+    parser.add_argument(
         "--small-map-node",
         default="node-3",
         metavar="NAME",
@@ -133,7 +139,9 @@ def _faults(args: argparse.Namespace, seed: int, root: Path) -> int:
         nodes=args.nodes,
         kinds=kinds,
         small_map_node=small,
-        workload=WorkloadSettings(producers=args.producers, replicas=args.replicas),
+        workload=WorkloadSettings(
+            producers=args.producers, replicas=args.replicas, idempotent=not args.at_least_once
+        ),
     )
     schedule = plan(settings)
     print(f"chaos: seed {seed}, {args.duration:.0f} s, {len(schedule)} faults scheduled:")

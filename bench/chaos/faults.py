@@ -16,6 +16,10 @@ kind                      what happens to the target, for the fault's duration
 ``slow-link``             one link delays every chunk by 50 to 300 ms
 ``corrupt-link``          one link throws bytes away for half a second: every
                           connection on it turns to garbage mid-frame
+``drop-answers``          the link to a node carries requests but loses every
+                          answer, then resets its connections: the requests
+                          were served, their clients never hear (what
+                          idempotent producers are for)
 ========================  ==========================================================
 
 A full disk is not scheduled: one node runs with a small LMDB map
@@ -41,6 +45,7 @@ KINDS = (
     "partition-clients-pm",
     "slow-link",
     "corrupt-link",
+    "drop-answers",
 )
 
 
@@ -81,6 +86,9 @@ def draw_schedule(
             target = rng.choice(nodes)
         elif kind == "partition-clients-pm":
             target = "clients->pm"
+        elif kind == "drop-answers":
+            target = f"->{rng.choice(nodes)}"
+            duration = rng.uniform(0.5, 2.0)
         else:
             target = rng.choice(links)
             if kind == "slow-link":
@@ -157,6 +165,13 @@ class Injector:
                 link = self._link(fault.target)
                 link.set(Mode.DROP, down=False)
                 await trio.sleep(fault.duration)
+                link.heal()
+                return ""
+            case "drop-answers":
+                link = self._link(fault.target)
+                link.set(Mode.DROP, up=False)
+                await trio.sleep(fault.duration)
+                link.cut()  # the connections are mid-frame now: reset them
                 link.heal()
                 return ""
         raise ValueError(f"unknown fault kind {fault.kind!r}")

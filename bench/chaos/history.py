@@ -57,6 +57,8 @@ class History:
     #: side operations: (time, what, stream, result)
     operations: list[tuple[float, str, int, str]] = field(default_factory=list)
     streams: list[int] = field(default_factory=list)
+    #: the producers were idempotent: nothing may be stored twice
+    idempotent: bool = True
 
     def record_trim(self, stream_id: int, offset: int) -> None:
         self.trimmed_to[stream_id] = max(offset, self.trimmed_to.get(stream_id, 0))

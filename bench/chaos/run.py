@@ -82,7 +82,7 @@ def plan(settings: RunSettings) -> list[Fault]:
 
 async def run(settings: RunSettings, root: Path) -> RunResult:
     schedule = plan(settings)
-    history = History()
+    history = History(idempotent=settings.workload.idempotent)
     cluster = ChaosCluster(root, settings.nodes, small_map_node=settings.small_map_node)
     wall_start = time.monotonic()
     async with trio.open_nursery() as nursery:

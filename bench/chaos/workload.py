@@ -41,6 +41,8 @@ class WorkloadSettings:
     max_streams: int = 8
     request_timeout_s: float = 2.0
     delivery_timeout_s: float = 20.0
+    #: idempotent producers (SPEC §10): a value stored twice is a violation
+    idempotent: bool = True
 
 
 class Workload:
@@ -124,6 +126,7 @@ class Workload:
                             linger=0.002,
                             request_timeout=settings.request_timeout_s,
                             delivery_timeout=settings.delivery_timeout_s,
+                            idempotent=settings.idempotent,
                         ) as producer,
                         trio.open_nursery() as settling,
                     ):

@@ -81,6 +81,7 @@ def ops(pm_address: str) -> Iterator[StreamOps]:
 def spark() -> Iterator[SparkSession]:
     from spark_jobs.session import spark_session
 
-    session = spark_session("sbp-tests")
+    # local[2, 2]: a failed task is tried once more, as on a cluster
+    session = spark_session("sbp-tests", master="local[2,2]")
     yield session
     session.stop()

@@ -55,11 +55,27 @@ def test_a_gap_in_offsets() -> None:
     assert "first 1" in verdict.examples["gap"][0]
 
 
-def test_duplicates_are_allowed_only_for_values_sent_again() -> None:
-    sent_again = check(history(ack("a", 1, attempts=2)), [stored((0, "a"), (1, "a"))])
+def test_at_least_once_allows_duplicates_only_of_values_sent_again() -> None:
+    h = history(ack("a", 1, attempts=2))
+    h.idempotent = False
+    sent_again = check(h, [stored((0, "a"), (1, "a"))])
     assert sent_again.ok and sent_again.allowed_duplicates == 1
-    sent_once = check(history(ack("a", 1)), [stored((0, "a"), (1, "a"))])
+    h = history(ack("a", 1))
+    h.idempotent = False
+    sent_once = check(h, [stored((0, "a"), (1, "a"))])
     assert sent_once.violations["duplicate"] == 1
+
+
+def test_idempotent_producers_may_store_nothing_twice() -> None:
+    """SPEC §10: a value sent again, or whose outcome is unknown, is stored
+    once or not at all; twice is a violation however often it was sent."""
+    sent_again = check(history(ack("a", 1, attempts=3)), [stored((0, "a"), (1, "a"))])
+    assert sent_again.violations["duplicate"] == 1 and sent_again.allowed_duplicates == 0
+    unknown = Outcome(S, b"b", "unknown", -1, 2, 0.0, 1.0)
+    once = check(history(unknown), [stored((0, "b"))])
+    assert once.ok and once.unknown_stored == 1
+    twice = check(history(unknown), [stored((0, "b"), (1, "b"))])
+    assert twice.violations["duplicate"] == 1
 
 
 def test_reads_that_go_backwards_or_were_later_lost() -> None:
