@@ -182,7 +182,9 @@ class Sender:
                         self._seal_wanted = range_index
                     if is_transient(item_error) or self._behind_a_retry(batch, result):
                         retry.append(batch)
-                        error = item_error
+                        # the first is the cause: the batches behind it were
+                        # refused because it was not stored
+                        error = error or item_error
                     else:
                         if isinstance(item_error, ProducerFencedError):
                             self.fenced = item_error

@@ -91,31 +91,31 @@ def test_stream_option_is_checked(spark: SparkSession, ops: StreamOps) -> None:
 def test_tasks_that_fail_once_each_store_every_row_once(
     spark: SparkSession, ops: StreamOps
 ) -> None:
-    """Each task's first attempt dies part way, after some of its batches are
-    stored; the retry skips what the stream holds from the task's producer
-    and stores the rest: every row once, each task's rows in order."""
-    from pyspark import TaskContext
-    from pyspark.sql.functions import udf
+    """Each task's first attempt dies part way, after hundreds of its batches
+    are stored (more than the 64 a producer's state keeps, so resending them
+    is not enough); the retry skips what the stream holds from the task's
+    producer and stores the rest: every row once."""
+    from collections.abc import Iterator
 
-    @udf("string")
-    def fail_first_attempt(value: str) -> str:
+    from pyspark import TaskContext
+
+    def fail_first_attempt(rows: Iterator[tuple[str]]) -> Iterator[tuple[str]]:
         context = TaskContext.get()
-        if context is not None and context.attemptNumber() == 0 and value.endswith(":700"):
-            raise RuntimeError("the first attempt dies here")
-        return value
+        for position, row in enumerate(rows):
+            if context is not None and context.attemptNumber() == 0 and position == 15_000:
+                raise RuntimeError("the first attempt dies here")
+            yield row
 
     # small Arrow batches reach the writer while the first attempt still runs
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
-    stream = ops.create_stream()
-    rows = [(f"{task}:{i}",) for task in range(2) for i in range(1000)]
-    df = spark.createDataFrame(rows, "v string").repartition(2, "v").sortWithinPartitions("v")
-    write(
-        df.select(fail_first_attempt("v").alias("value")),
-        ops.pm_address,
-        stream,
-        batchMaxBytes="500",  # many small batches: several stored before the failure
-    )
-    spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    try:
+        stream = ops.create_stream()
+        rows = [(f"{task}:{i:05d}",) for task in range(2) for i in range(20_000)]
+        failing = spark.sparkContext.parallelize(rows, 2).mapPartitions(fail_first_attempt)
+        write(spark.createDataFrame(failing, "value string"), ops.pm_address, stream,
+              batchMaxBytes="200")  # fmt: skip
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     stored = [v.decode() for v in ops.read_all(stream)]
     assert sorted(stored) == sorted(v for (v,) in rows)  # every row, once
-    assert len(stored) == len(set(stored)) == 2000
+    assert len(stored) == len(set(stored)) == 40_000
