@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from client.consumer import Consumer
+from client.producer import Producer
 from sbp.batches import build_batch
 from sbp.enums import ErrorCode
 from sbp.errors import OutOfOrderSequenceError, ProducerFencedError
@@ -162,3 +163,45 @@ async def test_the_next_range_on_another_node_takes_in_the_producer_state(
         )
         assert after.base_offset == 3
         assert await read_stream(cluster, stream_id) == [b"a", b"b", b"c", b"d"]
+
+
+async def test_an_idempotent_producer_writes_through_a_primary_kill_exactly_once(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL the primary of an R = 3 stream while a producer with 16
+    requests in flight writes: it goes on by itself, and the stream holds
+    every value once, in the order sent."""
+    async with pm_cluster(tmp_path, (1, 2, 3)) as cluster:
+        pm = cluster.pm_client()
+        created = await pm.create_stream(3, ack_nums=2)
+        assert created.range is not None
+        stream_id = created.range.stream_id
+        victim = next(
+            node
+            for node in cluster.nodes.values()
+            if node.address == primary_address(created.range)
+        )
+        sent: list[bytes] = []
+        async with Producer(
+            cluster.pm_address,
+            stream_id,
+            max_in_flight=16,
+            batch_records=20,
+            linger=0.001,
+            request_timeout=2.0,
+        ) as producer:
+            handles = []
+            for i in range(6000):
+                value = b"value-%05d" % i
+                sent.append(value)
+                handles.append(await producer.send(value))
+                if i == 2000:
+                    await victim.kill()
+                if i % 50 == 0:
+                    await trio.sleep(0.005)
+            await producer.flush()
+            offsets = [await handle.offset() for handle in handles]
+        assert offsets == list(range(6000))  # in the order sent, none twice
+        assert await _read(cluster.pm_address, stream_id, 6000) == sent
+        ranges = await pm.list_stream_ranges(stream_id)
+        assert len(ranges) >= 2  # it did go on in a range after the kill
