@@ -24,6 +24,7 @@ from sbp.errors import (
 from . import layout
 from .layout import stream_key
 from .model import Expired, RangeInfo, ReplicaBatch, StreamState, hosts
+from .producers import check_stamp
 from .transaction import ProducerTable, WriteContext
 
 
@@ -67,6 +68,8 @@ def replicate(ctx: WriteContext, item: ReplicaBatch) -> int:
     past the next offset is OutOfOrderError carrying the next offset to
     resend from.
     """
+    if item.producer is not None:
+        check_stamp(item.producer)
     current = ctx.current(item.stream_id)
     next_offset = replica_position(current, item, ctx.store.node_id)
     if item.record_count == 0 or item.base_offset + item.record_count <= next_offset:

@@ -22,7 +22,12 @@ import struct
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
-from sbp.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownProducerError
+from sbp.errors import (
+    InvalidRequestError,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+    UnknownProducerError,
+)
 from sbp.producer_stamp import ProducerStamp
 
 __all__ = ["ProducerStamp", "ProducerState", "SequenceEntry", "decide", "merge"]
@@ -35,6 +40,25 @@ DEFAULT_EXPIRY_MS: Final = 7 * 24 * 3600 * 1000
 _LAST_APPEND: Final = struct.Struct(">q")
 _ENTRY: Final = struct.Struct(">iqiq")  # epoch, base sequence, record count, base offset
 _STAMP: Final = struct.Struct(">qiq")  # producer id, epoch, base sequence
+
+
+#: the largest producer id, epoch and sequence the stored keys and values hold
+_MAX_ID: Final = (1 << 63) - 1
+_MAX_EPOCH: Final = (1 << 31) - 1
+
+
+def check_stamp(stamp: ProducerStamp) -> None:
+    """Refuse producer fields no producer sends (``InvalidRequestError``),
+    before they reach a key or a value of the store."""
+    if not (
+        0 < stamp.producer_id <= _MAX_ID
+        and 0 <= stamp.epoch <= _MAX_EPOCH
+        and 0 <= stamp.base_sequence <= _MAX_ID
+    ):
+        raise InvalidRequestError(
+            f"producer fields out of range: id {stamp.producer_id}, epoch {stamp.epoch}, "
+            f"base_sequence {stamp.base_sequence}"
+        )
 
 
 def encode_stamp(stamp: ProducerStamp) -> bytes:

@@ -34,7 +34,7 @@ from typing import Final, Generic, TypeVar
 
 import lmdb
 
-from sbp.batches import Buffer, validate_batch
+from sbp.batches import validate_batch
 from sbp.errors import ProtocolError, ShuttingDownError, StorageFullError, UnknownServerError
 from sbp.stats import Buckets
 
@@ -45,6 +45,7 @@ from .model import (
     AppendOutcome,
 )
 from .page_cache import WrittenPageDropper
+from .producers import check_stamp
 from .transaction import Store, WriteContext
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ class AppendOp(WriteOp):
         self.appends = len(items)
         self.size = sum(len(item.batch) for item in items)
         #: per item, its record count, or the error that refuses the batch
-        self.checked = [_record_count(item.batch) for item in items]
+        self.checked = [_checked(item) for item in items]
         self.outcomes: list[AppendOutcome] = []
 
     def apply(self, ctx: WriteContext) -> None:
@@ -149,9 +150,12 @@ class AppendOp(WriteOp):
         self.callback(own + [error] * (len(self.items) - len(own)))
 
 
-def _record_count(batch: Buffer) -> int | ProtocolError:
+def _checked(item: AppendItem) -> int | ProtocolError:
+    """The item's record count, or the error refusing it alone."""
     try:
-        return validate_batch(batch).record_count
+        if item.producer is not None:
+            check_stamp(item.producer)
+        return validate_batch(item.batch).record_count
     except ProtocolError as error:
         return error
 

@@ -84,6 +84,22 @@ def templates(stream_id: int, node: messages.DataNode) -> list[tuple[int, bytes,
             ),
             batch,
         ),
+        (  # an idempotent producer's batch (SPEC §10)
+            messages.AppendRequest(
+                timeout_ms=1000,
+                append_requests=(
+                    messages.AppendInfo(
+                        stream_id=stream_id + 1000,
+                        request_index=0,
+                        batch_length=len(batch),
+                        producer_id=7,
+                        producer_epoch=1,
+                        base_sequence=0,
+                    ),
+                ),
+            ),
+            batch,
+        ),
         (
             messages.FetchRequest(
                 max_wait_ms=0,
@@ -116,6 +132,8 @@ def templates(stream_id: int, node: messages.DataNode) -> list[tuple[int, bytes,
         ),
         (messages.GetStreamsRequest(stream_ids=(stream_id,)), b""),
         (messages.DescribeClusterRequest(), b""),
+        (messages.InitProducerRequest(producer_name="", producer_epoch=-1), b""),
+        (messages.ProducerStateRequest(stream_id=stream_id, as_of_offset=0), b""),
     ]
     return [(_opcode_of(message), message.encode(), payload) for message, payload in requests]
 

@@ -12,6 +12,7 @@ import pytest
 
 from sbp.batches import build_batch
 from sbp.errors import (
+    InvalidRequestError,
     OutOfOrderSequenceError,
     ProducerFencedError,
     RangeNotFoundError,
@@ -234,3 +235,22 @@ def test_taking_in_keeps_the_batches_this_replica_holds_above_the_start() -> Non
         SequenceEntry(0, 10, 2, 10),
     ]
     assert merge(None, None, 10) is None
+
+
+@pytest.mark.parametrize(
+    "stamp",
+    [ProducerStamp(-1, 0, 0), ProducerStamp(PID, -1, 0), ProducerStamp(PID, 0, -5)],
+    ids=["negative id", "negative epoch", "negative sequence"],
+)
+def test_producer_fields_out_of_range_fail_their_item_alone(
+    engine: StorageEngine, stamp: ProducerStamp
+) -> None:
+    """Checked before the writer: the other items of the group still commit."""
+    done: Future[list[AppendOutcome]] = Future()
+    good = build_batch([b"fine"], base_timestamp=1)
+    engine.submit(
+        [AppendItem(1, build_batch([b"bad"], 1), stamp), AppendItem(1, good)], done.set_result
+    )
+    bad, fine = done.result(10)
+    assert isinstance(bad, InvalidRequestError) and "out of range" in bad.message
+    assert fine == AppendResult(0, 1, NOW)
