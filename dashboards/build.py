@@ -247,6 +247,42 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
         ),
     ),
     (
+        "Idempotent producers",
+        (
+            Panel(
+                "Producers tracked",
+                "Idempotent producers whose state each node keeps, once per stream they "
+                "append to (SPEC §10).",
+                "none",
+                ((f"sbp_datanode_producers{{{NODE}}}", "{{instance}}"),),
+            ),
+            Panel(
+                "Resends and refusals/s",
+                "Resends answered with the offset they were stored at (not stored again), and "
+                "items refused as fenced, out of order or of an unknown producer, per node.",
+                "ops",
+                (
+                    (
+                        f"sum by (instance) (rate(sbp_datanode_duplicates_answered_total{{{NODE}}}{RATE}))",
+                        "resent {{instance}}",
+                    ),
+                    (
+                        f"sum by (instance) (rate(sbp_datanode_producers_fenced_total{{{NODE}}}{RATE}))",
+                        "fenced {{instance}}",
+                    ),
+                    (
+                        f"sum by (instance) (rate(sbp_datanode_out_of_order_sequences_total{{{NODE}}}{RATE}))",
+                        "out of order {{instance}}",
+                    ),
+                    (
+                        f"sum by (instance) (rate(sbp_datanode_unknown_producers_total{{{NODE}}}{RATE}))",
+                        "unknown {{instance}}",
+                    ),
+                ),
+            ),
+        ),
+    ),
+    (
         "Storage",
         (
             Panel(
