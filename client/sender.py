@@ -19,7 +19,8 @@ once, and answered with where it was stored when sent again. At most
 node remembers per producer. A batch that reaches the node ahead of an
 older one (which failed, and is sent again first) is refused
 OUT_OF_ORDER_SEQUENCE with a lower expected sequence and goes again after
-it, so order holds with many requests in flight. Any other
+it, so order holds with many requests in flight; so is UNKNOWN_PRODUCER
+while the producer's first batches have not reached the node. Any other
 OUT_OF_ORDER_SEQUENCE, UNKNOWN_PRODUCER and PRODUCER_FENCED fail the batch:
 the producer has lost track of what is stored, or a newer instance of it
 runs, and it never sends the records under new sequences by itself. Without
@@ -213,15 +214,21 @@ class Sender:
         return ProducerStamp(producer_id, epoch, batch.base_sequence)
 
     def _behind_a_retry(self, batch: PendingBatch, result: messages.AppendResult) -> bool:
-        """An OUT_OF_ORDER_SEQUENCE answer to a batch that reached the node
-        ahead of an older one of this producer (which failed, or was still
-        on its way): the node expects a sequence below this batch's, and
-        only this producer's older batches hold those. The batch goes again
-        after them, with the same sequence, until its delivery deadline."""
-        return (
-            result.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE
-            and 0 <= result.next_sequence < batch.base_sequence
-        )
+        """An OUT_OF_ORDER_SEQUENCE (or UNKNOWN_PRODUCER) answer to a batch
+        that reached the node ahead of an older one of this producer (which
+        failed, or was still on its way): the node expects a sequence below
+        this batch's, and only this producer's older batches hold those. The
+        batch goes again after them, with the same sequence, until its
+        delivery deadline."""
+        if result.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE:
+            return 0 <= result.next_sequence < batch.base_sequence
+        if result.error_code == ErrorCode.UNKNOWN_PRODUCER:
+            # the node has no state yet: the first batches have not reached it
+            # (a data node serves one connection's requests in order, so an
+            # older batch not answered yet is one that did not get there)
+            oldest = next(iter(self._batches.unfinished.values()), None)
+            return oldest is not None and oldest.seq < batch.seq
+        return False
 
     def _on_request_failed(self, batches: list[PendingBatch], error: BaseException) -> None:
         """Queue ``batches`` again (in order), or fail those past their deadline."""

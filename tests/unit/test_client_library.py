@@ -14,7 +14,7 @@ from client import Consumer, PMClient, Producer, Record, SyncClient
 from net.pool import ConnectionPool
 from net.server import Dispatcher, Request, Responder, Server
 from sbp import messages as m
-from sbp.batches import build_batch, peek_header, stamp_base_offset
+from sbp.batches import build_batch, decode_batches, peek_header, stamp_base_offset
 from sbp.enums import ErrorCode, Opcode
 from sbp.errors import (
     InvalidRecordBatchError,
@@ -581,3 +581,22 @@ async def test_a_fenced_producer_fails_and_refuses_more_records(fake: FakeCluste
             await handle.offset()
         with pytest.raises(ProducerFencedError, match="epoch 0 is fenced: epoch 3"):
             await producer.send(b"y")
+
+
+async def test_batches_refused_behind_a_failed_first_one_are_sent_again_after_it(
+    fake: FakeCluster,
+) -> None:
+    """The first request fails (nothing stored); the ones in flight behind it
+    reach a node with no state for the producer (UNKNOWN_PRODUCER) or a gap
+    (OUT_OF_ORDER_SEQUENCE): they go again after it, every record once, in order."""
+    fake.append_faults = [ErrorCode.TIMEOUT]
+    async with Producer(
+        fake.address, STREAM, batch_records=1, max_in_flight=5, max_request_bytes=64
+    ) as producer:  # one batch per request
+        handle = await producer.send_many(values(6))
+        offsets = await handle.offsets()
+    assert offsets.tolist() == list(range(6))
+    sent = [stamp.base_sequence for stamp in fake.stamps]
+    assert sent.count(1) > 1  # refused behind the first, then sent again
+    stored = [v for batch in fake.batches for v in decode_batches(batch).to_list()]
+    assert stored == values(6)
