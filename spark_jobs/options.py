@@ -63,7 +63,7 @@ WRITE_OPTIONS: Final = ("pm", "stream", "batchMaxBytes", "timeoutMs", *TLS_OPTIO
 #: Kafka's offsets per trigger are records per trigger)
 KAFKA_ALIASES: Final = {"maxOffsetsPerTrigger": "maxRecordsPerTrigger"}
 #: keys Spark itself may pass along with the user's options
-_SPARK_KEYS: Final = frozenset({"path"})
+_SPARK_KEYS: Final = frozenset({"path", "checkpointlocation"})
 
 
 def canonical_options(options: Mapping[str, str], known: Iterable[str]) -> dict[str, str]:

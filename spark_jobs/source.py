@@ -28,6 +28,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamArrowWriter,
     DataSourceStreamReader,
     InputPartition,
     WriterCommitMessage,
@@ -136,15 +137,23 @@ class SBPDataSource(DataSource):
         return SBPStreamReader(ReadOptions.parse(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> SBPWriter:
-        if overwrite:
-            raise SBPOptionError("sbp streams are append-only: write with .mode('append')")
-        field = next((f for f in schema.fields if f.name == "value"), None)
-        if field is None or not isinstance(field.dataType, BinaryType | StringType):
-            raise SBPOptionError(
-                "writing to sbp needs a column 'value' of type binary or string; "
-                f"the DataFrame has '{schema.simpleString()}'"
-            )
+        _check_writable(schema, overwrite)
         return SBPWriter(WriteOptions.parse(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> SBPStreamWriter:
+        _check_writable(schema, overwrite)
+        return SBPStreamWriter(WriteOptions.parse(self.options))
+
+
+def _check_writable(schema: StructType, overwrite: bool) -> None:
+    if overwrite:
+        raise SBPOptionError("sbp streams are append-only: write with .mode('append')")
+    field = next((f for f in schema.fields if f.name == "value"), None)
+    if field is None or not isinstance(field.dataType, BinaryType | StringType):
+        raise SBPOptionError(
+            "writing to sbp needs a column 'value' of type binary or string; "
+            f"the DataFrame has '{schema.simpleString()}'"
+        )
 
 
 class SBPBatchReader(DataSourceReader):
@@ -332,4 +341,51 @@ class SBPWriter(DataSourceArrowWriter):
             "write to stream %d aborted; %d records appended by finished tasks remain",
             self.options.stream,
             sum(span.records for span in spans),
+        )
+
+
+class SBPStreamWriter(DataSourceStreamArrowWriter):
+    """A streaming query's sink: each micro-batch's ``value`` column
+    appended to ``stream``, each row once.
+
+    Each task appends as a producer named by the query (its id, kept in the
+    checkpoint across restarts) and the partition, at the micro-batch id as
+    its epoch (``spark_jobs.writer``). A micro-batch run again after a driver
+    restart, or a retried task, skips the rows the stream holds from that
+    producer and epoch: nothing is written twice, given the same input,
+    which Spark's replay from its offset log provides.
+    """
+
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> AppendCommitMessage:
+        from pyspark import TaskContext
+
+        from .writer import append_values, producer_name
+
+        context = TaskContext.get()
+        assert context is not None, "a stream writer runs in a Spark task"
+        batch_id = int(context.getLocalProperty("streaming.sql.batchId") or 0)
+        query = context.getLocalProperty("sql.streaming.queryId") or "query"
+        name = producer_name(f"stream-{query}", context.partitionId())
+        span = append_values(self.options, iterator, name=name, epoch=batch_id)
+        return AppendCommitMessage(self.options.stream, span)
+
+    def commit(self, messages: list[Any], batchId: int) -> None:
+        spans = [m.span for m in messages if isinstance(m, AppendCommitMessage)]
+        log.info(
+            "micro-batch %d: appended %d records to stream %d (%d rows were there already)",
+            batchId,
+            sum(span.records for span in spans),
+            self.options.stream,
+            sum(span.skipped for span in spans),
+        )
+
+    def abort(self, messages: list[Any], batchId: int) -> None:
+        log.warning(
+            "micro-batch %d to stream %d aborted; what its finished tasks appended stays, "
+            "and its replay does not append it again",
+            batchId,
+            self.options.stream,
         )

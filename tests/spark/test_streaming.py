@@ -131,3 +131,48 @@ def test_continuous_query_picks_up_new_records(
         (first, 2, b"a2"),
         (second, 0, b"b0"),
     ]
+
+
+def test_a_micro_batch_run_again_after_a_restart_writes_nothing_twice(
+    spark: SparkSession, ops: StreamOps, tmp_path: Path
+) -> None:
+    """The sbp sink: a query that wrote micro-batch 1 and died before Spark
+    recorded its commit (its commit file removed here, as a driver killed at
+    that moment leaves it) runs it again on restart, from the same input;
+    the stream holds every row once."""
+    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    source.mkdir()
+    stream = ops.create_stream()
+
+    def run() -> None:
+        query = (
+            spark.readStream.format("text")
+            .option("maxFilesPerTrigger", "1")
+            .load(str(source))
+            .writeStream.format("sbp")
+            .option("pm", ops.pm_address)
+            .option("stream", str(stream))
+            .option("checkpointLocation", str(checkpoint))
+            # hundreds of batches a micro-batch: more than a producer's 64 kept
+            .option("batchMaxBytes", "50")
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    first = [f"a{i}" for i in range(3000)]
+    second = [f"b{i}" for i in range(3000)]
+    (source / "1.txt").write_text("\n".join(first) + "\n")
+    (source / "2.txt").write_text("\n".join(second) + "\n")
+    run()
+    assert sorted(ops.read_all(stream)) == sorted(v.encode() for v in first + second)
+    for name in ("1", ".1.crc"):  # micro-batch 1 written, not committed
+        (checkpoint / "commits" / name).unlink(missing_ok=True)
+    run()  # runs micro-batch 1 again, from its logged offsets
+    third = [f"c{i}" for i in range(3000)]
+    (source / "3.txt").write_text("\n".join(third) + "\n")
+    run()
+    stored = ops.read_all(stream)
+    assert sorted(stored) == sorted(v.encode() for v in first + second + third)
+    assert len(stored) == len(set(stored)) == 9000
