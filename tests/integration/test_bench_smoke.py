@@ -295,3 +295,22 @@ def test_reuse_refuses_a_rate_of_zero() -> None:
     assert run.returncode == 2
     assert "--rate and --seconds must be positive" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_idempotence_compares_on_and_off_and_sizes_the_producer_state(tmp_path: Path) -> None:
+    out = tmp_path / "idempotence.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.idempotence", "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=SCENARIO_TIMEOUT_S,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for workload in ("batches_64k", "records_100b"):
+        figures = result[workload]
+        assert figures["off_mb_per_s"] > 0 and figures["on_mb_per_s"] > 0
+        assert figures["ratio"] > 0
+    producers = result["producers"]
+    assert producers["count"] == 200
+    assert producers["state_on_disk_mb"] > 0
