@@ -83,6 +83,8 @@ class RetentionKeeper:
             if trio.current_time() >= next_full:
                 self._nudged.clear()
                 await self.apply(None)
+                # producers silent past the expiry go on the same schedule
+                await wait_future(self._engine.forget_idle_producers())
                 next_full = trio.current_time() + self._interval
             elif self._nudged:
                 nudged, self._nudged = self._nudged, set()

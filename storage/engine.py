@@ -391,6 +391,11 @@ class StorageEngine:
         ids = None if stream_ids is None else list(stream_ids)
         return self._command(lambda ctx: commands.expire_streams(ctx, ids))
 
+    def forget_idle_producers(self) -> Future[int]:
+        """Forget the idempotent producers silent on a stream past the
+        producer expiry (SPEC §10); how many (stream, producer) states went."""
+        return self._command(lambda ctx: ctx.forget_idle_producers())
+
     def raise_pm_term(self, term: int) -> Future[int]:
         """Record ``term`` as the highest PM term seen, unless a higher one
         is; the highest, after (SPEC §8)."""

@@ -360,6 +360,18 @@ class WriteContext:
         self.refresh_producers_ready(state)
         self.save_stream(state)
 
+    def forget_idle_producers(self) -> int:
+        """Forget every producer silent past the expiry, on every stream
+        (its next batch starts again at sequence 0); how many went."""
+        cutoff = self.now_ms - self.store.producer_expiry_ms
+        forgotten = 0
+        for stream_id in list(self.store.producers):
+            for producer_id, state in self.producer_table(stream_id).items():
+                if state.last_append_ms < cutoff:
+                    self._set_producer(stream_id, producer_id, None)
+                    forgotten += 1
+        return forgotten
+
     def drop_producers(self, stream_id: int) -> None:
         """Forget every producer of the stream (it is deleted, or gone from here)."""
         for producer_id in self.producer_table(stream_id):

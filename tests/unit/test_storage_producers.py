@@ -254,3 +254,22 @@ def test_producer_fields_out_of_range_fail_their_item_alone(
     bad, fine = done.result(10)
     assert isinstance(bad, InvalidRequestError) and "out of range" in bad.message
     assert fine == AppendResult(0, 1, NOW)
+
+
+def test_producers_silent_past_the_expiry_are_forgotten(tmp_path: Path) -> None:
+    now = [NOW]
+    with StorageEngine(
+        tmp_path / "data", map_size=64 << 20, clock=lambda: now[0], producer_expiry_ms=EXPIRY
+    ) as engine:
+        engine.sync_ranges(1, [RangeInfo(1, 0, 0)]).result()
+        _append(engine, b"a", ProducerStamp(PID, 0, 0))
+        _append(engine, b"b", ProducerStamp(PID + 1, 0, 0))
+        now[0] += EXPIRY // 2
+        _append(engine, b"c", ProducerStamp(PID + 1, 0, 2))  # this one goes on
+        now[0] += EXPIRY // 2 + 1
+        assert engine.forget_idle_producers().result() == 1
+        assert list(engine.producers(1)) == [PID + 1]
+        # the forgotten one starts again at 0, as SPEC §10 says
+        assert isinstance(_append(engine, b"d", ProducerStamp(PID, 0, 2)), UnknownProducerError)
+    with StorageEngine(tmp_path / "data", map_size=64 << 20, clock=lambda: now[0]) as engine:
+        assert list(engine.producers(1)) == [PID + 1]  # forgotten on disk too
