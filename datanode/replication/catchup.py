@@ -18,8 +18,9 @@ not whole as of the range's start (it did not hold the range before, or
 copied some of it here without the producers' fields) asks a replica of
 the range that ends there (PRODUCER_STATE) and merges the answer. Until
 then its primary refuses idempotent appends (RANGE_NOT_FOUND, retriable).
-When no replica of that range can tell it after ``PRODUCER_STATE_ATTEMPTS``
-passes, it goes on with what it has, and says so in its log.
+When every replica of that range answers that its own state is not whole
+there, or none can be reached in ``PRODUCER_STATE_ATTEMPTS`` passes, it goes
+on with what it has, and says so in its log.
 """
 
 from __future__ import annotations
@@ -138,11 +139,14 @@ class CatchUp:
             if before is not None and before.end_offset == as_of
             else []
         )
+        not_whole = 0
         for address in peers:
             peer = DataNodeClient(address, pool=self._pool, timeout=COPY_TIMEOUT_S)
             try:
                 snapshots = await peer.producer_state(stream_id, as_of)
             except (SBPError, OSError, ValueError, trio.TooSlowError) as error:
+                if isinstance(error, ProtocolError) and error.code == ErrorCode.RANGE_NOT_FOUND:
+                    not_whole += 1
                 _no_source.warning(
                     f"producers {stream_id} from {address}",
                     "producer state of stream %d as of %d from %s: %s",
@@ -166,7 +170,8 @@ class CatchUp:
             return True
         passes = self._producer_passes.get(stream_id, 0) + 1
         self._producer_passes[stream_id] = passes
-        if peers and passes < PRODUCER_STATE_ATTEMPTS:
+        # every replica answered that it cannot tell: asking again does not help
+        if peers and not_whole < len(peers) and passes < PRODUCER_STATE_ATTEMPTS:
             return False
         logger.warning(
             "stream %d: no replica of the range before %d could give its producer state; "
