@@ -115,6 +115,8 @@ class Accumulator:
         self.idempotent = idempotent
         #: the sequence the next queued batch's first record gets
         self.next_sequence = 0
+        #: why the sequences have a gap (a batch that carried one failed)
+        self.sequence_broken: BaseException | None = None
         self._next_seq = 0
         self.open: PendingBatch | None = None
         #: closed batches waiting for the sender, oldest (lowest seq) first
@@ -207,22 +209,46 @@ class Accumulator:
         if self.buffered < self.buffer_bytes:
             self._space.set()
 
+    def failed(self, batch: PendingBatch, error: BaseException) -> None:
+        """The batch failed for good. A batch that carried a sequence leaves
+        a gap in the producer's sequences: ``sequence_broken`` says why."""
+        self.finish(batch)
+        batch.fail(error)
+        if batch.base_sequence >= 0 and self.sequence_broken is None:
+            self.sequence_broken = error
+
     def expire_ready(self, now: float, error: BaseException) -> None:
         """Fail the waiting batches whose delivery deadline has passed."""
         for batch in [b for b in self.ready if now >= b.deadline]:
             index = self.ready.index(batch)
             del self.ready[index]
             del self._ready_seqs[index]
-            self.finish(batch)
-            batch.fail(error)
+            self.failed(batch, error)
 
     def fail_ready(self, error: BaseException) -> None:
         """Fail every batch waiting for the sender."""
-        for batch in self.ready:
-            self.finish(batch)
-            batch.fail(error)
+        for batch in list(self.ready):
+            self.failed(batch, error)
         self.ready.clear()
         self._ready_seqs.clear()
+
+    def restart_sequences(self, error: BaseException) -> None:
+        """After a gap (``sequence_broken``), for a new producer id or epoch:
+        the waiting batches that were sent before fail with ``error`` (they
+        may or may not be stored, and cannot go again under new sequences),
+        and those never sent get new sequences from 0, in order."""
+        for batch in [b for b in self.ready if b.attempts]:
+            index = self.ready.index(batch)
+            del self.ready[index]
+            del self._ready_seqs[index]
+            self.finish(batch)
+            batch.fail(error)
+        self.next_sequence = 0
+        for batch in self.ready:
+            assert batch.data is not None
+            batch.base_sequence = self.next_sequence
+            self.next_sequence += peek_header(batch.data).record_count
+        self.sequence_broken = None
 
     def fail_unfinished(self, error: BaseException) -> None:
         """The producer closes: every batch not yet durable fails."""

@@ -243,6 +243,8 @@ class Producer:
                 max_request_bytes=self.max_request_bytes,
                 request_timeout=self.request_timeout,
                 producer=self.producer,
+                # pinned to an epoch (resume): a lost batch stops it instead
+                new_epoch=self._new_epoch if self.idempotent and self.epoch < 0 else None,
             )
             self._nursery = await stack.enter_async_context(trio.open_nursery())
             self._nursery.start_soon(self._sender.run)
@@ -269,6 +271,9 @@ class Producer:
             # The caller's exception propagates as it is, not wrapped in the
             # ExceptionGroup of our nursery: the stack exits as if all went well.
             await self._stack.__aexit__(None, None, None)
+
+    async def _new_epoch(self) -> tuple[int, int]:
+        return await self._context.pm.init_producer(self.name, -1)
 
     async def resume(self) -> int:
         """How many records of this producer and epoch the stream holds (the

@@ -30,6 +30,7 @@ idempotence a retry can store a batch twice: delivery is at-least-once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 import trio
@@ -79,12 +80,17 @@ class Sender:
         max_request_bytes: int,
         request_timeout: float,
         producer: tuple[int, int] | None = None,
+        new_epoch: Callable[[], Awaitable[tuple[int, int]]] | None = None,
     ) -> None:
         self.stream_id = stream_id
         #: (producer id, epoch) of an idempotent producer
         self.producer = producer
-        #: set once a newer instance of this producer fenced this one
-        self.fenced: ProducerFencedError | None = None
+        #: a new producer id or epoch, to start the sequences again after a gap;
+        #: None for a producer pinned to its epoch, which stops instead
+        self._new_epoch = new_epoch
+        #: set once a newer instance of this producer fenced this one, or a
+        #: producer pinned to its epoch lost a batch: nothing more is sent
+        self.fenced: BaseException | None = None
         self._batches = accumulator
         self._context = context
         self._routes = routes
@@ -108,6 +114,12 @@ class Sender:
         batches = self._batches
         async with trio.open_nursery() as requests:
             while True:
+                if self.producer is not None and batches.sequence_broken is not None:
+                    if self._in_flight:
+                        await self._sleep()
+                    else:
+                        await self._restart_sequences(batches.sequence_broken)
+                    continue
                 if not batches.ready or self._in_flight >= self.max_in_flight:
                     await self._sleep()
                     continue
@@ -189,15 +201,13 @@ class Sender:
                     else:
                         if isinstance(item_error, ProducerFencedError):
                             self.fenced = item_error
-                        self._batches.finish(batch)
-                        batch.fail(item_error)
+                        self._batches.failed(batch, item_error)
             if not retry:
                 self._failures = 0
         except (SBPError, OSError, trio.TooSlowError) as exc:
             if not is_transient(exc):
                 for batch in batches:
-                    self._batches.finish(batch)
-                    batch.fail(exc)
+                    self._batches.failed(batch, exc)
             else:
                 retry, error = batches, exc
         finally:
@@ -206,6 +216,37 @@ class Sender:
         if retry:
             assert error is not None
             self._on_request_failed(retry, error)
+
+    async def _restart_sequences(self, error: BaseException) -> None:
+        """A batch that carried a sequence failed for good, so the stream
+        expects a sequence no later batch has. Start again under a new
+        producer id or epoch: batches sent before fail (they may be stored,
+        and are never sent under new sequences), those never sent get new
+        sequences. A producer pinned to its epoch (``resume`` semantics)
+        stops instead: the rest fails, and ``send`` raises the error."""
+        if self._new_epoch is None or isinstance(error, ProducerFencedError):
+            self.fenced = error
+            self._batches.fail_ready(error)
+            self._batches.sequence_broken = None
+            return
+        try:
+            self.producer = await self._new_epoch()
+        except (SBPError, OSError, trio.TooSlowError) as failure:
+            if not is_transient(failure):
+                self.fenced = failure
+                self._batches.fail_ready(failure)
+                self._batches.sequence_broken = None
+                return
+            self._failures += 1
+            await trio.sleep(retry_delay(self._failures))
+            return
+        log.info(
+            "stream %d: sequences start again as producer %d epoch %d after: %s",
+            self.stream_id,
+            *self.producer,
+            error,
+        )
+        self._batches.restart_sequences(error)
 
     def _stamp(self, batch: PendingBatch) -> ProducerStamp | None:
         if self.producer is None:
@@ -237,8 +278,7 @@ class Sender:
             if batch in self._batches.ready:
                 continue
             if now >= batch.deadline:
-                self._batches.finish(batch)
-                batch.fail(error)
+                self._batches.failed(batch, error)
             else:
                 self._batches.requeue(batch)
         # Batches still waiting are judged by the same deadline rule.

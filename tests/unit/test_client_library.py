@@ -22,10 +22,13 @@ from sbp.errors import (
     OutOfOrderSequenceError,
     ProducerFencedError,
     ProtocolError,
+    RequestTimeoutError,
     StreamDeletedError,
 )
 from sbp.producer_stamp import ProducerStamp
 from storage.producers import ProducerState, SequenceEntry, decide
+
+from ..eventually import eventually
 
 STREAM = 1
 
@@ -61,6 +64,7 @@ class FakeCluster:
         self.producers: dict[int, ProducerState] = {}
         self.stamps: list[tuple[int, int, int]] = []
         self.producer_epoch = 0
+        self.producer_ids = 0
         #: APPEND requests stored whose answer is then lost (answered TIMEOUT)
         self.lose_answers = 0
 
@@ -75,8 +79,10 @@ class FakeCluster:
 
     async def init_producer(self, request: Request, responder: Responder) -> None:
         request.header_as(m.InitProducerRequest)
+        self.producer_ids += 1  # unnamed: a new id each time, as the PM gives
+        epoch = self.producer_epoch
         await responder.send(
-            m.InitProducerResponse(producer_id=1, producer_epoch=self.producer_epoch)
+            m.InitProducerResponse(producer_id=self.producer_ids, producer_epoch=epoch)
         )
 
     def ranges(self) -> tuple[m.Range, ...]:
@@ -600,3 +606,37 @@ async def test_batches_refused_behind_a_failed_first_one_are_sent_again_after_it
     assert sent.count(1) > 1  # refused behind the first, then sent again
     stored = [v for batch in fake.batches for v in decode_batches(batch).to_list()]
     assert stored == values(6)
+
+
+async def test_after_a_batch_fails_for_good_the_producer_goes_on_under_a_new_id(
+    fake: FakeCluster,
+) -> None:
+    """A lost batch leaves a gap in the sequences the stream expects: the
+    producer takes a new id and numbers what it sends next from 0, instead
+    of being refused for ever after."""
+    fake.always_fail = ErrorCode.TIMEOUT
+    async with Producer(fake.address, STREAM, delivery_timeout=0.3) as producer:
+        lost = await producer.send(b"lost")
+        with pytest.raises(RequestTimeoutError):
+            await lost.offset()
+        fake.always_fail = None
+        kept = await producer.send(b"kept")
+        assert await kept.offset() == 0
+    assert fake.stamps[-1] == ProducerStamp(2, 0, 0)
+    assert [v for batch in fake.batches for v in decode_batches(batch).to_list()] == [b"kept"]
+
+
+async def test_a_producer_pinned_to_its_epoch_stops_after_a_lost_batch(
+    fake: FakeCluster,
+) -> None:
+    """With ``epoch`` given (resume semantics) it never numbers again: the
+    next send raises the error that lost the batch."""
+    fake.always_fail = ErrorCode.TIMEOUT
+    async with Producer(fake.address, STREAM, delivery_timeout=0.3, epoch=0) as producer:
+        lost = await producer.send(b"lost")
+        with pytest.raises(RequestTimeoutError):
+            await lost.offset()
+        fake.always_fail = None
+        await eventually(lambda: producer._sender is not None and producer._sender.fenced)
+        with pytest.raises(RequestTimeoutError):
+            await producer.send(b"never")
