@@ -345,6 +345,10 @@ class WriteContext:
             last.start_offset,
             lambda start, end: self.held_end(state.stream_id, start, end),
         )
+        if state.producers_ready:
+            # whole there: the next check walks the index from here, not
+            # from further back (what is stored from here on came stamped)
+            state.producers_from = last.start_offset
 
     def take_in_producers(
         self, state: StreamState, as_of: int, inherited: ProducerTable | None
