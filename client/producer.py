@@ -66,6 +66,8 @@ DEFAULT_IDEMPOTENT_IN_FLIGHT: Final = 5
 #: data node refuses it and says which sequence it expects
 RESUME_PROBE_SEQUENCE: Final = 1 << 62
 _PROBE_BATCH: Final = bytes(build_batch([b""], 0))
+#: how long the stream must hold still before ``resume`` trusts its answer
+RESUME_SETTLE_S: Final = 0.5
 
 
 class RecordTooLargeError(SBPError, ValueError):
@@ -281,7 +283,9 @@ class Producer:
         named producer that runs again at the same epoch over the same input
         skips that many records and stores the rest once. Call it before
         anything is sent. Asks the open range's primary with a batch it can
-        never store (a sequence far past any), retrying as the producer does."""
+        never store (a sequence far past any), retrying as the producer does,
+        until two answers half a second apart agree: an earlier instance's
+        requests still on their way are stored first."""
         if self.producer is None or self._sender is None:
             raise ProducerClosedError("resume() needs a started idempotent producer")
         if self._batches.unfinished or self._batches.next_sequence:
@@ -305,8 +309,17 @@ class Producer:
                 return int(result.next_sequence)
             raise error_for(result.error_code, result.error_message or "probe was stored")
 
+        # An attempt before this one may still have requests on their way
+        # (a Spark task attempt that died while they travelled): the answer
+        # counts once two asks RESUME_SETTLE_S apart agree.
         with trio.fail_after(self._batches.delivery_timeout):
             held = await until_deadline(ask, f"resuming producer {producer_id}")
+            while True:
+                await trio.sleep(RESUME_SETTLE_S)
+                again = await until_deadline(ask, f"resuming producer {producer_id}")
+                if again == held:
+                    break
+                held = again
         self._batches.next_sequence = held
         return held
 

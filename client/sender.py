@@ -264,11 +264,11 @@ class Sender:
         if result.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE:
             return 0 <= result.next_sequence < batch.base_sequence
         if result.error_code == ErrorCode.UNKNOWN_PRODUCER:
-            # the node has no state yet: the first batches have not reached it
-            # (a data node serves one connection's requests in order, so an
-            # older batch not answered yet is one that did not get there)
-            oldest = next(iter(self._batches.unfinished.values()), None)
-            return oldest is not None and oldest.seq < batch.seq
+            # no state for this producer there: none of its older batches had
+            # reached the node when this one did; once they have, this one
+            # is stored (if the state is gone for good, it fails at its
+            # deadline and the sequences start again)
+            return batch.base_sequence > 0
         return False
 
     def _on_request_failed(self, batches: list[PendingBatch], error: BaseException) -> None:
