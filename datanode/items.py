@@ -11,8 +11,10 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
+from sbp import messages
 from sbp.enums import ErrorCode
 from sbp.errors import InvalidRequestError, ProtocolError, RequestTimeoutError
+from sbp.producer_stamp import ProducerStamp
 from storage.layout import MAX_STREAM_ID
 
 T = TypeVar("T")
@@ -105,3 +107,11 @@ async def outcomes(
         except ProtocolError as error:
             done.append(error)
     return done
+
+
+def producer_stamp(info: messages.AppendInfo | messages.ReplicateInfo) -> ProducerStamp | None:
+    """An APPEND or REPLICATE item's idempotent producer fields (SPEC §10);
+    None without a producer."""
+    if info.producer_id == 0:
+        return None
+    return ProducerStamp(info.producer_id, info.producer_epoch, info.base_sequence)

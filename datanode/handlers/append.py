@@ -9,10 +9,9 @@ from net.request import Request, Responder
 from sbp import messages
 from sbp.enums import ErrorCode
 from sbp.errors import OutOfOrderSequenceError, ProtocolError
-from sbp.producer_stamp import ProducerStamp
 from storage.model import AppendItem, AppendOutcome
 
-from ..items import failed, split_payload
+from ..items import failed, producer_stamp, split_payload
 from ..node import DataNode
 
 
@@ -50,13 +49,6 @@ class AppendHandler:
             request.received_at,
             answer,
         )
-
-
-def producer_stamp(info: messages.AppendInfo) -> ProducerStamp | None:
-    """The item's idempotent producer fields (SPEC §10); None without a producer."""
-    if info.producer_id == 0:
-        return None
-    return ProducerStamp(info.producer_id, info.producer_epoch, info.base_sequence)
 
 
 def _result(info: messages.AppendInfo, outcome: AppendOutcome) -> messages.AppendResult:

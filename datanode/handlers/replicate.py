@@ -19,10 +19,9 @@ from net.request import Request, Responder
 from sbp import messages
 from sbp.batches import validate_batch
 from sbp.errors import InvalidRecordBatchError, InvalidRequestError, OutOfOrderError, ProtocolError
-from sbp.producer_stamp import ProducerStamp
 from storage.model import ReplicaBatch
 
-from ..items import check_stream_id, failed, split_payload
+from ..items import check_stream_id, failed, producer_stamp, split_payload
 from ..node import DataNode
 
 
@@ -87,11 +86,7 @@ def _check(info: messages.ReplicateInfo, view: memoryview) -> ReplicaBatch | Pro
             count = batch.record_count
     except ProtocolError as error:
         return error
-    stamp = (
-        ProducerStamp(info.producer_id, info.producer_epoch, info.base_sequence)
-        if info.producer_id and count
-        else None
-    )
+    stamp = producer_stamp(info) if count else None
     return ReplicaBatch(
         info.stream_id, info.range_index, info.epoch, info.base_offset, view, count, stamp
     )
