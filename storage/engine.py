@@ -569,12 +569,7 @@ class StorageEngine:
         """The stream's producer state as of ``as_of`` (for the replica of the
         range that starts there), or ``RangeNotFoundError`` when this node's
         table is not whole up to there. Thread-safe."""
-        state = self._state(stream_id)
-        with self._store.env.begin(buffers=False) as txn:
-            index = txn.cursor(db=self._store.dbs[layout.INDEX_DB])
-            held = functools.partial(layout.held_end, index, stream_id)
-            whole = producers_whole(state.producers_from, as_of, held)
-        if not whole:
+        if not self.producers_whole_at(stream_id, as_of):
             raise RangeNotFoundError(
                 f"stream {stream_id}: this node's producer state is not whole up to {as_of}"
             )
@@ -585,12 +580,22 @@ class StorageEngine:
                 snapshot[producer_id] = kept
         return snapshot
 
+    def producers_whole_at(self, stream_id: int, as_of: int) -> bool:
+        """Whether this node's producer table of the stream is whole as of
+        ``as_of``: it holds the effect of every batch below it. Thread-safe."""
+        state = self._state(stream_id)
+        with self._store.env.begin(buffers=False) as txn:
+            index = txn.cursor(db=self._store.dbs[layout.INDEX_DB])
+            held = functools.partial(layout.held_end, index, stream_id)
+            return producers_whole(state.producers_from, as_of, held)
+
     def take_in_producers(
         self, stream_id: int, as_of: int, inherited: ProducerTable | None
     ) -> Future[bool]:
-        """Take in the stream's producer state as of its open range's start
-        from another replica (``producer_snapshot`` there), or go on without
-        it (None); the future says whether this node may now decide the
+        """Take in the stream's producer state as of ``as_of`` (its open
+        range's start, or the end of a sealed range just copied here) from
+        another replica (``producer_snapshot`` there), or go on without it
+        (None); the future says whether this node may now decide the
         stream's idempotent appends (``commands.take_in_producers``)."""
         return self._command(
             lambda ctx: commands.take_in_producers(ctx, stream_id, as_of, inherited)

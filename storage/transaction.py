@@ -354,7 +354,19 @@ class WriteContext:
         self, state: StreamState, as_of: int, inherited: ProducerTable | None
     ) -> None:
         """Merge the producer state as of ``as_of`` from another replica into
-        this one's (None: none could be had; go on with what is here)."""
+        this one's (None: none could be had; go on with what is here).
+        A table already whole there, or kept from further on, is left as
+        it is: taking in never moves ``producers_from`` back."""
+        whole = producers_whole(
+            state.producers_from,
+            as_of,
+            lambda start, end: self.held_end(state.stream_id, start, end),
+        )
+        if whole or (inherited is not None and state.producers_from > as_of):
+            if not state.producers_ready:
+                self.refresh_producers_ready(state)
+                self.save_stream(state)
+            return
         if inherited is not None:
             local = self.producer_table(state.stream_id)
             for producer_id in set(inherited) | set(local):

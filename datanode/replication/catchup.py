@@ -13,14 +13,19 @@ Until a range is whole it counts as missing a replica
 (``range_missing_replica_cnt``) and this node serves only what it holds.
 
 The same pass takes in what the node lacks of the stream's idempotent
-producers (SPEC §10): a replica of the open range whose producer table is
-not whole as of the range's start (it did not hold the range before, or
-copied some of it here without the producers' fields) asks a replica of
-the range that ends there (PRODUCER_STATE) and merges the answer. Until
-then its primary refuses idempotent appends (RANGE_NOT_FOUND, retriable).
-When every replica of that range answers that its own state is not whole
-there, or none can be reached in ``PRODUCER_STATE_ATTEMPTS`` passes, it goes
-on with what it has, and says so in its log.
+producers (SPEC §10). FETCH carries no producer fields, so a range copied
+here leaves this node's producer table not whole from where the copy
+began; once the range is whole here, the node asks the range's other
+replicas for the state as of its end (PRODUCER_STATE) and merges the
+first answer, so that it can give that state to the range after even when
+the replicas it copied from are gone. A replica of the open range whose
+table is not whole as of the range's start (it did not hold the range
+before, or that take-in failed) asks a replica of the range that ends
+there in the same way. Until then its primary refuses idempotent appends
+(RANGE_NOT_FOUND, retriable). When every replica of that range answers
+that its own state is not whole there, or none can be reached in
+``PRODUCER_STATE_ATTEMPTS`` passes, it goes on with what it has, and says
+so in its log.
 """
 
 from __future__ import annotations
@@ -111,11 +116,24 @@ class CatchUp:
             self.missing.add(key)
             if await self._copy_range(info):
                 self.missing.discard(key)
+                await self._take_in_producers_at_end(info)
             else:
                 whole = False
         if not await self._take_in_producers(stream_id):
             whole = False
         return whole
+
+    async def _take_in_producers_at_end(self, info: RangeInfo) -> None:
+        """A sealed range was just copied here without its producers'
+        fields: take in the producer state as of its end from a replica
+        that has it, so that this node can give it to the range after (if
+        none can, this node's state stays not whole there)."""
+        try:
+            if self._engine.producers_whole_at(info.stream_id, info.end_offset):
+                return
+        except ProtocolError:  # forgotten meanwhile
+            return
+        await self._ask_producer_state(info.stream_id, info.end_offset, info)
 
     async def _take_in_producers(self, stream_id: int) -> bool:
         """Take in the producer state as of the open range's start, if this
@@ -127,20 +145,41 @@ class CatchUp:
             return True
         as_of = info.start_offset
         try:
-            before = engine.describe_range(stream_id, info.range_index - 1)
+            before: RangeInfo | None = engine.describe_range(stream_id, info.range_index - 1)
         except ProtocolError:  # the first range, or forgotten meanwhile
             before = None
-        peers = (
-            [
-                r.address
-                for r in sorted(before.replicas, key=lambda r: not r.is_primary)
-                if r.node_id != self._replicas.node_id
-            ]
-            if before is not None and before.end_offset == as_of
-            else []
+        if before is not None and before.end_offset != as_of:
+            before = None
+        taken, not_whole = await self._ask_producer_state(stream_id, as_of, before)
+        if taken:
+            self._producer_passes.pop(stream_id, None)
+            return True
+        peers = 0 if before is None else len(self._peers(before))
+        passes = self._producer_passes.get(stream_id, 0) + 1
+        self._producer_passes[stream_id] = passes
+        # every replica answered that it cannot tell: asking again does not help
+        if peers and not_whole < peers and passes < PRODUCER_STATE_ATTEMPTS:
+            return False
+        logger.warning(
+            "stream %d: no replica of the range before %d could give its producer state; "
+            "going on without it (a producer that resumes there may be answered "
+            "UNKNOWN_PRODUCER)",
+            stream_id,
+            as_of,
         )
+        await wait_future(engine.take_in_producers(stream_id, as_of, None))
+        self._producer_passes.pop(stream_id, None)
+        return True
+
+    async def _ask_producer_state(
+        self, stream_id: int, as_of: int, holder: RangeInfo | None
+    ) -> tuple[bool, int]:
+        """Ask the other replicas of ``holder`` (the range that ends at
+        ``as_of``), primary first, for the producer state as of ``as_of``
+        and take in the first answer: whether one was taken in, and how
+        many replicas answered that their own state is not whole there."""
         not_whole = 0
-        for address in peers:
+        for address in [] if holder is None else self._peers(holder):
             peer = DataNodeClient(address, pool=self._pool, timeout=COPY_TIMEOUT_S)
             try:
                 snapshots = await peer.producer_state(stream_id, as_of)
@@ -157,7 +196,7 @@ class CatchUp:
                 )
                 continue
             await wait_future(
-                engine.take_in_producers(stream_id, as_of, snapshots_to_table(snapshots))
+                self._engine.take_in_producers(stream_id, as_of, snapshots_to_table(snapshots))
             )
             logger.info(
                 "stream %d: producer state of %d producers as of %d taken in from %s",
@@ -166,23 +205,16 @@ class CatchUp:
                 as_of,
                 address,
             )
-            self._producer_passes.pop(stream_id, None)
-            return True
-        passes = self._producer_passes.get(stream_id, 0) + 1
-        self._producer_passes[stream_id] = passes
-        # every replica answered that it cannot tell: asking again does not help
-        if peers and not_whole < len(peers) and passes < PRODUCER_STATE_ATTEMPTS:
-            return False
-        logger.warning(
-            "stream %d: no replica of the range before %d could give its producer state; "
-            "going on without it (a producer that resumes there may be answered "
-            "UNKNOWN_PRODUCER)",
-            stream_id,
-            as_of,
-        )
-        await wait_future(engine.take_in_producers(stream_id, as_of, None))
-        self._producer_passes.pop(stream_id, None)
-        return True
+            return True, not_whole
+        return False, not_whole
+
+    def _peers(self, info: RangeInfo) -> list[str]:
+        """The addresses of the range's other replicas, primary first."""
+        return [
+            r.address
+            for r in sorted(info.replicas, key=lambda r: not r.is_primary)
+            if r.node_id != self._replicas.node_id
+        ]
 
     def _short_ranges(self, stream_id: int) -> list[RangeInfo]:
         engine = self._engine
@@ -205,12 +237,7 @@ class CatchUp:
         return short
 
     async def _copy_range(self, info: RangeInfo) -> bool:
-        peers = [
-            r.address
-            for r in sorted(info.replicas, key=lambda r: not r.is_primary)
-            if r.node_id != self._replicas.node_id
-        ]
-        for address in peers:
+        for address in self._peers(info):
             try:
                 if await self._copy_from(address, info):
                     return True

@@ -12,13 +12,15 @@ import trio
 
 from client.consumer import Consumer
 from client.producer import Producer
+from net.pool import ConnectionPool
+from sbp import messages
 from sbp.batches import build_batch
 from sbp.enums import ErrorCode
-from sbp.errors import OutOfOrderSequenceError, ProducerFencedError
+from sbp.errors import OutOfOrderSequenceError, ProducerFencedError, RangeNotFoundError
 from sbp.producer_stamp import ProducerStamp
 
 from ..eventually import eventually
-from .pm_cluster import pm_cluster, primary_address, read_stream
+from .pm_cluster import PMCluster, pm_cluster, primary_address, read_stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.deadline(120)]
 
@@ -205,3 +207,72 @@ async def test_an_idempotent_producer_writes_through_a_primary_kill_exactly_once
         assert await _read(cluster.pm_address, stream_id, 6000) == sent
         ranges = await pm.list_stream_ranges(stream_id)
         assert len(ranges) >= 2  # it did go on in a range after the kill
+
+
+async def test_a_repaired_replica_can_give_the_producer_state_after_its_range(
+    tmp_path: Path,
+) -> None:
+    """A replica placed to repair a sealed range copies it with FETCH, which
+    carries no producer fields; it then takes in the state as of the range's
+    end from the range's other replica, so that it can give it to the range
+    after once the replicas it copied from are gone."""
+    async with ConnectionPool() as pool:
+        cluster = PMCluster(tmp_path, pool)
+        try:
+            await cluster.start_pm("127.0.0.1:0", "--repair-after-ms", "1000")
+            await cluster.start_nodes((1, 2, 3, 4, 5))
+            pm = cluster.pm_client()
+            producer_id, _ = await pm.init_producer()
+            created = await pm.create_stream(2, ack_nums=2)
+            assert created.range is not None
+            rng = created.range
+            stream_id = rng.stream_id
+            primary = cluster.node_client(primary_address(rng))
+            for sequence, value in enumerate((b"a", b"b", b"c")):
+                stamp = ProducerStamp(producer_id, 0, sequence)
+                await primary.append_batch(stream_id, _batch(value), producer=stamp)
+            await pm.seal_range(stream_id, 0)
+            ranges = await pm.list_stream_ranges(stream_id)
+            holders = [{r.data_node.node_id for r in each.replica_nodes} for each in ranges]
+            # placement spreads ranges: range 1 lies on two other nodes, so
+            # the follower of range 0 can die without touching the open range
+            assert not holders[0] & holders[1]
+            [follower] = [r.data_node.node_id for r in rng.replica_nodes if not r.is_primary]
+            await cluster.nodes[follower].kill()
+
+            def repaired(ranges: list[messages.Range]) -> bool:
+                ids = {r.data_node.node_id for r in ranges[0].replica_nodes}
+                return follower not in ids and len(ids) == 2
+
+            ranges = await eventually(
+                lambda: pm.list_stream_ranges(stream_id), until=repaired, timeout=30
+            )
+            [newcomer] = [
+                r.data_node.advertise_addr
+                for r in ranges[0].replica_nodes
+                if r.data_node.node_id not in holders[0]
+            ]
+            # the newcomer holds no part of the open range, and still gives
+            # the state as of range 0's end, as its other replica does
+            assert newcomer not in {r.data_node.advertise_addr for r in ranges[1].replica_nodes}
+            expected = await primary.producer_state(stream_id, 3)
+
+            async def state_given() -> tuple[messages.ProducerSnapshot, ...] | None:
+                try:
+                    return await cluster.node_client(newcomer).producer_state(stream_id, 3)
+                except RangeNotFoundError:  # still copying range 0, or taking in its end
+                    return None
+
+            given = await eventually(state_given, until=bool, timeout=20)
+            assert given is not None
+            assert given == expected
+            [snapshot] = given
+            assert snapshot.producer_id == producer_id
+            assert [(b.base_sequence, b.base_offset) for b in snapshot.batches] == [
+                (0, 0),
+                (1, 1),
+                (2, 2),
+            ]
+        finally:
+            with trio.CancelScope(shield=True):
+                await cluster.stop_all()

@@ -224,6 +224,38 @@ def test_a_replica_new_to_the_stream_takes_in_the_state_before_deciding(tmp_path
         assert new.producers_ready(1)  # known whole across a restart
 
 
+def test_a_range_copied_without_stamps_is_whole_once_its_end_is_taken_in(
+    tmp_path: Path,
+) -> None:
+    """A replica that copied sealed range 0 (catch-up carries no producer
+    fields) cannot give the state as of its end until it takes it in from
+    a replica that can; taking in never moves its table back."""
+    one = (ReplicaInfo(1, "a:1", True), ReplicaInfo(2, "b:1", False))
+    with StorageEngine(tmp_path / "one", map_size=64 << 20, node_id=1, clock=lambda: NOW) as old:
+        old.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=one)]).result()
+        batches = []
+        for sequence in range(3):
+            batch = build_batch([b"x", b"y"], 1)
+            batches.append(batch)
+            old.submit([AppendItem(1, batch, ProducerStamp(PID, 0, sequence * 2))], lambda _: None)
+        old.sync_ranges(1, [RangeInfo(1, 0, 0, 6, replicas=one)]).result()
+        snapshot = old.producer_snapshot(1, 6)
+    sealed = [RangeInfo(1, 0, 0, 6, replicas=one)]
+    with StorageEngine(tmp_path / "two", map_size=64 << 20, node_id=2, clock=lambda: NOW) as copy:
+        copy.sync_ranges(1, sealed).result()
+        items = [ReplicaBatch(1, 0, 0, i * 2, batch, 2) for i, batch in enumerate(batches)]
+        assert copy.catch_up(items).result() == 6
+        assert not copy.producers_whole_at(1, 6)
+        with pytest.raises(RangeNotFoundError, match="not whole up to 6"):
+            copy.producer_snapshot(1, 6)
+        copy.take_in_producers(1, 6, snapshot).result()
+        assert copy.producers_whole_at(1, 6)
+        assert copy.producer_snapshot(1, 6) == snapshot
+        # an older state offered later changes nothing
+        copy.take_in_producers(1, 2, {}).result()
+        assert copy.producer_snapshot(1, 6) == snapshot
+
+
 def test_taking_in_keeps_the_batches_this_replica_holds_above_the_start() -> None:
     inherited = _state((0, 0, 5, 0), (0, 5, 5, 5))
     local = _state((0, 5, 5, 5), (0, 10, 2, 10))  # its own range starts at 10
