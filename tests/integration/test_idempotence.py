@@ -240,7 +240,7 @@ async def test_a_repaired_replica_can_give_the_producer_state_after_its_range(
             [follower] = [r.data_node.node_id for r in rng.replica_nodes if not r.is_primary]
             await cluster.nodes[follower].kill()
 
-            def repaired(ranges: list[messages.Range]) -> bool:
+            def repaired(ranges: tuple[messages.Range, ...]) -> bool:
                 ids = {r.data_node.node_id for r in ranges[0].replica_nodes}
                 return follower not in ids and len(ids) == 2
 
