@@ -179,6 +179,78 @@ class PMClient(RangeCalls):
         raise_for_code(header.error_code, header.error_message)
         return header.producer_id, header.producer_epoch
 
+    # -- consumer groups (SPEC §11) ---------------------------------------------
+
+    async def commit_offsets(
+        self,
+        group: str,
+        offsets: Sequence[messages.GroupOffset],
+        *,
+        timeout: float | None = None,
+    ) -> tuple[messages.GroupOffsetResult, ...]:
+        """COMMIT_OFFSETS: store the group's next offsets, all at once; one
+        result per item (its own error code when it was refused)."""
+        request = messages.CommitOffsetsRequest(
+            timeout_ms=self.timeout_ms(timeout), group=group, offsets=tuple(offsets)
+        )
+        header = await self.call_for(
+            messages.CommitOffsetsResponse, Opcode.COMMIT_OFFSETS, request, timeout=timeout
+        )
+        return header.commit_responses
+
+    async def commit_offset(
+        self,
+        group: str,
+        stream_id: int,
+        offset: int,
+        metadata: str = "",
+        *,
+        timeout: float | None = None,
+    ) -> messages.GroupOffsetResult:
+        """Commit one position; raises its error."""
+        item = messages.GroupOffset(stream_id=stream_id, offset=offset, metadata=metadata)
+        result = single(await self.commit_offsets(group, [item], timeout=timeout), "COMMIT_OFFSETS")
+        raise_for_code(result.error_code, result.error_message)
+        return result
+
+    async def fetch_offsets(
+        self, group: str, stream_ids: Sequence[int] = (), *, timeout: float | None = None
+    ) -> tuple[messages.GroupOffsetResult, ...]:
+        """FETCH_OFFSETS: the group's positions (all of them when no stream
+        is named; offset -1 where it has none), with each stream's end and
+        the lag. ``GroupNotFoundError`` for an unknown group."""
+        request = messages.FetchOffsetsRequest(
+            timeout_ms=self.timeout_ms(timeout), group=group, stream_ids=tuple(stream_ids)
+        )
+        header = await self.call_for(
+            messages.FetchOffsetsResponse, Opcode.FETCH_OFFSETS, request, timeout=timeout
+        )
+        raise_for_code(header.error_code, header.error_message)
+        return header.fetch_responses
+
+    async def list_groups(
+        self, *, timeout: float | None = None
+    ) -> tuple[messages.GroupListing, ...]:
+        """LIST_GROUPS: every group, with the streams it has positions on."""
+        request = messages.ListGroupsRequest(timeout_ms=self.timeout_ms(timeout))
+        header = await self.call_for(
+            messages.ListGroupsResponse, Opcode.LIST_GROUPS, request, timeout=timeout
+        )
+        raise_for_code(header.error_code, header.error_message)
+        return header.groups
+
+    async def delete_groups(
+        self, groups: Sequence[str], *, timeout: float | None = None
+    ) -> tuple[messages.DeleteGroupResult, ...]:
+        """DELETE_GROUPS: forget whole groups; one result per group."""
+        request = messages.DeleteGroupsRequest(
+            timeout_ms=self.timeout_ms(timeout), groups=tuple(groups)
+        )
+        header = await self.call_for(
+            messages.DeleteGroupsResponse, Opcode.DELETE_GROUPS, request, timeout=timeout
+        )
+        return header.delete_responses
+
 
 class _StreamListing:
     """Pages through GET_STREAMS with empty ``stream_ids`` (SPEC §3): each

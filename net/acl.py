@@ -12,8 +12,9 @@ The file::
     ]}
 
 - ``resource`` is ``cluster``, ``streams:*``, ``streams:N`` or ``streams:N-M``
-  (inclusive). ``CLUSTER`` is the one operation on ``cluster``; the others are
-  on streams.
+  (inclusive). ``CLUSTER`` is an operation on ``cluster`` only; ``DELETE``
+  on ``cluster`` deletes consumer groups (SPEC §11); the others are on
+  streams.
 - Deny wins; nothing is allowed without an allow entry.
 - ``DESCRIBE`` of a stream is implied by any other operation allowed on it
   (as in Kafka: who may read or write a stream may look it up), unless
@@ -39,6 +40,9 @@ ANONYMOUS: Final = "ANONYMOUS"
 
 OPERATIONS: Final = ("APPEND", "FETCH", "CREATE", "DELETE", "ALTER", "DESCRIBE", "CLUSTER")
 EFFECTS: Final = ("allow", "deny")
+#: the operations on the resource ``cluster``: CLUSTER, and DELETE of
+#: consumer groups (SPEC §11)
+CLUSTER_OPERATIONS: Final = frozenset({"CLUSTER", "DELETE"})
 #: the operations that let a principal describe a stream as well
 _IMPLY_DESCRIBE: Final = ("APPEND", "FETCH", "DELETE", "ALTER")
 _ENTRY_KEYS: Final = frozenset({"principal", "operations", "resource", "effect"})
@@ -139,6 +143,13 @@ class Acl:
             return any(self.allows(principal, implying, stream_id) for implying in _IMPLY_DESCRIBE)
         return False
 
+    def allows_on_cluster(self, principal: str, operation: str) -> bool:
+        """Whether ``operation`` is allowed on the resource ``cluster``."""
+        denied, allowed = self._rules_for(principal, operation)
+        if any(r.cluster for r in denied):
+            return False
+        return any(r.cluster for r in allowed)
+
     def allows_some_stream(self, principal: str, operation: str) -> bool:
         """Whether ``operation`` is allowed on at least one stream (INIT_PRODUCER
         asks this of APPEND, SPEC §10): an allow that a deny of every
@@ -228,8 +239,13 @@ def _entry(number: int, raw: Any) -> Entry:
         resource = parse_resource(raw["resource"])
     except ValueError as error:
         raise AclError(f"{where}: {error}") from None
-    if resource.cluster != ("CLUSTER" in names) or (resource.cluster and set(names) != {"CLUSTER"}):
-        raise AclError(f"{where}: CLUSTER is the one operation on the resource cluster")
+    if ("CLUSTER" in names and not resource.cluster) or (
+        resource.cluster and not set(names) <= CLUSTER_OPERATIONS
+    ):
+        raise AclError(
+            f"{where}: the resource cluster takes CLUSTER and DELETE (of consumer groups), "
+            "and CLUSTER no other resource"
+        )
     effect = raw["effect"]
     if effect not in EFFECTS:
         raise AclError(f"{where}: effect must be allow or deny, not {effect!r}")

@@ -138,6 +138,15 @@ class AccessControl:
             or acl.allows(principal, operation, stream_id)
         )
 
+    def check_on_cluster(self, principal: str, operation: str) -> AuthorizationFailedError | None:
+        """None when ``operation`` is allowed on the resource ``cluster``."""
+        acl = self._acl
+        if acl is None or principal in CLUSTER_PRINCIPALS:
+            return None
+        if acl.allows_on_cluster(principal, operation):
+            return None
+        return self._deny(principal, operation, "cluster")
+
     def check_some_stream(self, principal: str, operation: str) -> AuthorizationFailedError | None:
         """None when ``operation`` is allowed on at least one stream."""
         acl = self._acl

@@ -36,6 +36,8 @@ PROG: Final = "sbp-pm"
 DEFAULT_NODE_TIMEOUT_MS: Final = 5000
 #: ten minutes: a node restarted after a crash or an upgrade is back well within it
 DEFAULT_REPAIR_AFTER_MS: Final = 600_000
+DEFAULT_END_OFFSETS_INTERVAL_MS: Final = 10_000
+DEFAULT_LAG_METRICS_MAX_SERIES: Final = 1_000
 DEFAULT_LEASE_TTL_MS: Final = 3000
 
 
@@ -129,6 +131,22 @@ OPTIONS: Final = (
         metavar="MS",
     ),
     Option(
+        "end-offsets-interval-ms",
+        "how often the PM asks the primaries for the end offset of every stream a consumer "
+        "group has a position on (the lag in FETCH_OFFSETS and on /metrics)",
+        positive_int,
+        default=str(DEFAULT_END_OFFSETS_INTERVAL_MS),
+        metavar="MS",
+    ),
+    Option(
+        "lag-metrics-max-series",
+        "consumer group lag on /metrics: at most this many (group, stream) pairs, the "
+        "furthest behind first",
+        positive_int,
+        default=str(DEFAULT_LAG_METRICS_MAX_SERIES),
+        metavar="N",
+    ),
+    Option(
         "min-free-space",
         "data nodes reporting less free space than this (free disk, or room left in their "
         "LMDB map when that is less) get no new ranges, e.g. 1GiB",
@@ -216,6 +234,8 @@ class PMConfig:
     metrics_listen: tuple[str, int] | None = None
     node_timeout_s: float = DEFAULT_NODE_TIMEOUT_MS / 1000
     repair_after_s: float = DEFAULT_REPAIR_AFTER_MS / 1000
+    end_offsets_interval_s: float = DEFAULT_END_OFFSETS_INTERVAL_MS / 1000
+    lag_metrics_max_series: int = DEFAULT_LAG_METRICS_MAX_SERIES
     min_free_space: int = 1 << 20
     map_size: int = DEFAULT_MAP_SIZE
     max_frame_bytes: int = DEFAULT_MAX_FRAME_LENGTH
@@ -257,6 +277,8 @@ def parse_config(argv: Sequence[str] | None = None) -> PMConfig:
         metrics_listen=values["metrics_listen"],
         node_timeout_s=values["node_timeout_ms"] / 1000,
         repair_after_s=values["repair_after_ms"] / 1000,
+        end_offsets_interval_s=values["end_offsets_interval_ms"] / 1000,
+        lag_metrics_max_series=values["lag_metrics_max_series"],
         min_free_space=values["min_free_space"],
         map_size=values["map_size"],
         max_frame_bytes=values["max_frame_bytes"],

@@ -128,6 +128,28 @@ class DataNodeLink:
         )
         return int(described.next_offset)
 
+    async def ends_of_open_ranges(
+        self, node_id: int, ranges: Sequence[RangeRecord]
+    ) -> dict[int, int]:
+        """The live next offset of each of these open ranges the node is
+        primary of, by stream id (DESCRIBE_RANGES in batches); ranges it
+        cannot describe are left out."""
+        found: dict[int, int] = {}
+        for start in range(0, len(ranges), MAX_STREAMS_PER_REQUEST):
+            chunk = [
+                messages.RangeId(stream_id=r.stream_id, range_index=r.range_index)
+                for r in ranges[start : start + MAX_STREAMS_PER_REQUEST]
+            ]
+            results = await self._call(
+                node_id,
+                "DESCRIBE_RANGES",
+                lambda node, timeout: node.describe_ranges(chunk, timeout=timeout),  # noqa: B023
+            )
+            for result in results:
+                if result.error_code == ErrorCode.NONE and result.range is not None:
+                    found[result.stream_id] = int(result.range.next_offset)
+        return found
+
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
         for start in range(0, len(stream_ids), MAX_STREAMS_PER_REQUEST):
             chunk = stream_ids[start : start + MAX_STREAMS_PER_REQUEST]

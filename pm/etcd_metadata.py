@@ -17,6 +17,7 @@ encodings, so that ``sbp-pm migrate`` copies them as they are:
 ``ranges/<stream_id:020>/<index:010>``  start, end, epoch, node ids
 ``nodes/<node_id:010>``                 advertise address
 ``producers/<name>``                    producer id, epoch (SPEC §10)
+``groups/<group, hex>/<stream_id:020>`` offset, commit time, metadata (SPEC §11)
 ``meta/next_stream_id``                 the lowest id never handed out
 ``meta/next_producer_id``               the lowest producer id never handed out
 =====================================  ====================================
@@ -42,23 +43,27 @@ from .metadata import (
     FIRST_STREAM_ID,
     U64,
     Change,
+    DeleteGroup,
     DeleteRange,
     DeleteStream,
     MetadataCounts,
+    PutGroupOffsets,
     PutNode,
     PutProducer,
     PutRange,
     PutStream,
     RaiseNextProducerId,
     RaiseNextStreamId,
+    encode_group_offset,
     encode_producer,
     encode_range,
     encode_stream,
+    group_offset_from_value,
     producer_from_value,
     range_from_value,
     stream_from_value,
 )
-from .records import NodeRecord, ProducerRecord, RangeRecord, StreamRecord
+from .records import GroupOffsetRecord, NodeRecord, ProducerRecord, RangeRecord, StreamRecord
 
 #: operations per transaction, below etcd's default limit of 128
 MAX_TXN_OPS: Final = 120
@@ -97,6 +102,8 @@ class EtcdMetadataStore:
         self._next_stream_id = FIRST_STREAM_ID
         self._producers: dict[str, ProducerRecord] = {}
         self._next_producer_id = FIRST_PRODUCER_ID
+        #: group -> stream id -> position
+        self._groups: dict[str, dict[int, GroupOffsetRecord]] = {}
 
     # -- keys ----------------------------------------------------------------------
 
@@ -120,6 +127,13 @@ class EtcdMetadataStore:
     def _next_producer_id_key(self) -> bytes:
         return self._prefix + b"meta/next_producer_id"
 
+    def _group_prefix(self, group: str) -> bytes:
+        # hex: a group name may hold any character, "/" included
+        return self._prefix + b"groups/" + group.encode().hex().encode() + b"/"
+
+    def _group_key(self, group: str, stream_id: int) -> bytes:
+        return self._group_prefix(group) + b"%020d" % stream_id
+
     # -- loading ---------------------------------------------------------------------
 
     async def load(self) -> None:
@@ -131,6 +145,7 @@ class EtcdMetadataStore:
         ranges = self._prefix + b"ranges/"
         nodes = self._prefix + b"nodes/"
         producers = self._prefix + b"producers/"
+        groups = self._prefix + b"groups/"
         for kv in kvs:
             if kv.key.startswith(streams):
                 stream_id = int(kv.key[len(streams) :])
@@ -144,6 +159,12 @@ class EtcdMetadataStore:
             elif kv.key.startswith(producers):
                 name = kv.key[len(producers) :].decode()
                 self._producers[name] = producer_from_value(name, kv.value)
+            elif kv.key.startswith(groups):
+                name_hex, stream = kv.key[len(groups) :].split(b"/")
+                record = group_offset_from_value(
+                    bytes.fromhex(name_hex.decode()).decode(), int(stream), kv.value
+                )
+                self._groups.setdefault(record.group, {})[record.stream_id] = record
             elif kv.key == self._next_id_key:
                 self._next_stream_id = int(U64.unpack(kv.value)[0])
             elif kv.key == self._next_producer_id_key:
@@ -195,6 +216,20 @@ class EtcdMetadataStore:
     def next_producer_id(self) -> int:
         return self._next_producer_id
 
+    def group_offsets(self, group: str) -> list[GroupOffsetRecord]:
+        held = self._groups.get(group, {})
+        return [held[stream_id] for stream_id in sorted(held)]
+
+    def all_group_offsets(self) -> list[GroupOffsetRecord]:
+        # Also read by /metrics from its own thread: copy before iterating
+        # (list() of a dict is one step under the GIL).
+        groups = sorted(list(self._groups.items()), key=lambda item: item[0].encode())
+        found: list[GroupOffsetRecord] = []
+        for _, held in groups:
+            records = list(held.values())
+            found += sorted(records, key=lambda r: r.stream_id)
+        return found
+
     def counts(self) -> MetadataCounts:
         return MetadataCounts(
             streams=len(self._streams),
@@ -211,7 +246,7 @@ class EtcdMetadataStore:
         """Write ``changes`` in guarded transactions, then to memory. Raises
         ``NotLeaderError`` when this PM is no longer the leader, and
         ``RequestTimeoutError`` (retriable) when etcd does not answer."""
-        for group in _groups(changes):
+        for group in _groups(changes, lambda change: len(self._ops(change))):
             ops = [op for change in group for op in self._ops(change)]
             result = await self._txn(ops)
             if not result.succeeded:
@@ -242,6 +277,11 @@ class EtcdMetadataStore:
                 return [
                     delete_op(self._stream_key(stream_id)),
                     delete_prefix_op(self._prefix + b"ranges/%020d/" % stream_id),
+                    *(
+                        delete_op(self._group_key(group, stream_id))
+                        for group, held in self._groups.items()
+                        if stream_id in held
+                    ),
                 ]
             case PutRange(rng):
                 return [put_op(self._range_key(rng.stream_id, rng.range_index), encode_range(rng))]
@@ -259,6 +299,13 @@ class EtcdMetadataStore:
                 if value <= self._next_producer_id:
                     return []
                 return [put_op(self._next_producer_id_key, U64.pack(value))]
+            case PutGroupOffsets(offsets):
+                return [
+                    put_op(self._group_key(r.group, r.stream_id), encode_group_offset(r))
+                    for r in offsets
+                ]
+            case DeleteGroup(group):
+                return [delete_prefix_op(self._group_prefix(group))]
         raise TypeError(f"unknown change {change!r}")
 
     def _apply(self, change: Change) -> None:
@@ -270,6 +317,11 @@ class EtcdMetadataStore:
                     self._forget_range(rng.stream_id, rng.range_index)
                 if self._streams.pop(stream_id, None) is not None:
                     self._stream_ids.remove(stream_id)
+                for group in list(self._groups):
+                    held = self._groups[group]
+                    held.pop(stream_id, None)
+                    if not held:
+                        del self._groups[group]
             case PutRange(rng):
                 self._remember_range(rng)
             case DeleteRange(stream_id, range_index):
@@ -282,6 +334,11 @@ class EtcdMetadataStore:
                 self._producers[producer.name] = producer
             case RaiseNextProducerId(value):
                 self._next_producer_id = max(self._next_producer_id, value)
+            case PutGroupOffsets(offsets):
+                for record in offsets:
+                    self._groups.setdefault(record.group, {})[record.stream_id] = record
+            case DeleteGroup(group):
+                self._groups.pop(group, None)
 
     def _remember_stream(self, stream: StreamRecord) -> None:
         if stream.stream_id not in self._streams:
@@ -305,13 +362,14 @@ class EtcdMetadataStore:
             self._by_node.get(node_id, set()).discard((stream_id, range_index))
 
 
-def _groups(changes: Sequence[Change]) -> Iterable[list[Change]]:
+def _groups(changes: Sequence[Change], op_count: Callable[[Change], int]) -> Iterable[list[Change]]:
     """The changes cut into transactions of at most ``MAX_TXN_OPS``
     operations: a stream's changes stay together (only a migration's stream
     with very many ranges is cut), and the raised next stream id goes in
     the first."""
     units: list[list[Change]] = [[c] for c in changes if isinstance(c, RaiseNextStreamId)]
-    units += [[c] for c in changes if isinstance(c, PutNode | PutProducer | RaiseNextProducerId)]
+    alone = PutNode | PutProducer | RaiseNextProducerId | PutGroupOffsets | DeleteGroup
+    units += [[c] for c in changes if isinstance(c, alone)]
     by_stream: dict[int, list[Change]] = {}
     for change in changes:
         if isinstance(change, PutStream):
@@ -326,7 +384,7 @@ def _groups(changes: Sequence[Change]) -> Iterable[list[Change]]:
     group: list[Change] = []
     ops = 0
     for unit in units:
-        unit_ops = sum(_op_count(change) for change in unit)
+        unit_ops = sum(op_count(change) for change in unit)
         if group and ops + unit_ops > MAX_TXN_OPS:
             yield group
             group, ops = [], 0
@@ -334,8 +392,3 @@ def _groups(changes: Sequence[Change]) -> Iterable[list[Change]]:
         ops += unit_ops
     if group:
         yield group
-
-
-def _op_count(change: Change) -> int:
-    """Operations a change takes in a transaction (``EtcdMetadataStore._ops``)."""
-    return 2 if isinstance(change, DeleteStream) else 1

@@ -109,7 +109,10 @@ async def run_pm_on_etcd(config: PMConfig) -> int:
             leadership = Leadership(etcd, prefix, "", config.lease_ttl_s)
             gate = LeaderGate(leadership)
             current: list[PlacementManager] = []
-            metrics = PMMetrics(lambda: current[0] if current else None)
+            metrics = PMMetrics(
+                lambda: current[0] if current else None,
+                lag_max_series=config.lag_metrics_max_series,
+            )
             access = access_control(config.security)
             metrics.registry.register(AccessCollector(access))
             metrics.registry.register(LeadershipCollector(leadership, etcd))
@@ -137,7 +140,7 @@ async def run_pm_on_etcd(config: PMConfig) -> int:
                 current[:] = [manager]
                 gate.dispatcher = PMHandlers(manager, access).dispatcher()
                 try:
-                    await run_manager(manager)
+                    await run_manager(manager, config.end_offsets_interval_s)
                 finally:
                     gate.dispatcher = None
                     current.clear()

@@ -7,7 +7,9 @@ other opcode the PM does not serve) with UNSUPPORTED_OPERATION.
 With an ACL file (SPEC §9) each item is authorized before the manager sees
 it: a denied item is answered AUTHORIZATION_FAILED and the others go on. A
 data node's HEARTBEAT and REPORT_METRICS are taken only from the cluster's
-own principals, and DESCRIBE_CLUSTER needs CLUSTER.
+own principals, and DESCRIBE_CLUSTER needs CLUSTER. A consumer group's
+position on a stream needs FETCH of it; LIST_GROUPS shows the streams the
+principal may describe; DELETE_GROUPS needs DELETE on ``cluster``.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from sbp import messages
 from sbp.enums import ClientRole, ErrorCode, Opcode
 from sbp.errors import (
     AuthorizationFailedError,
+    GroupNotFoundError,
     InvalidRequestError,
     ProducerFencedError,
     ProtocolError,
 )
 
+from .groups import OffsetItem
 from .liveness import NodeState
 from .manager import Outcome, PlacementManager
 from .records import RangeRecord
@@ -94,6 +98,10 @@ class PMHandlers:
             (Opcode.SEAL_RANGES, self.seal_ranges),
             (Opcode.DESCRIBE_RANGES, self.describe_ranges),
             (Opcode.INIT_PRODUCER, self.init_producer),
+            (Opcode.COMMIT_OFFSETS, self.commit_offsets),
+            (Opcode.FETCH_OFFSETS, self.fetch_offsets),
+            (Opcode.LIST_GROUPS, self.list_groups),
+            (Opcode.DELETE_GROUPS, self.delete_groups),
         ):
             dispatcher.register(opcode, handler)
         return dispatcher
@@ -152,6 +160,110 @@ class PMHandlers:
                 producer_id=record.producer_id, producer_epoch=record.epoch
             )
         )
+
+    # -- consumer groups (SPEC §11) ---------------------------------------------
+
+    async def commit_offsets(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.CommitOffsetsRequest)
+        items = header.offsets
+        denials = self._access.check_each(
+            request.principal, "FETCH", [item.stream_id for item in items]
+        )
+        allowed = [
+            OffsetItem(item.stream_id, item.offset, item.metadata)
+            for item, denied in zip(items, denials, strict=True)
+            if denied is None
+        ]
+        stored = iter(await self._manager.groups.commit(header.group, allowed) if allowed else [])
+        results = []
+        for item, denied in zip(items, denials, strict=True):
+            outcome = denied or next(stored)
+            if isinstance(outcome, ProtocolError):
+                results.append(
+                    messages.GroupOffsetResult(
+                        stream_id=item.stream_id,
+                        error_code=outcome.code,
+                        error_message=outcome.message,
+                    )
+                )
+            else:
+                results.append(
+                    messages.GroupOffsetResult(
+                        stream_id=item.stream_id,
+                        offset=outcome.offset,
+                        metadata=outcome.metadata,
+                        commit_time_ms=outcome.commit_time_ms,
+                    )
+                )
+        await responder.send(messages.CommitOffsetsResponse(commit_responses=tuple(results)))
+
+    async def fetch_offsets(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.FetchOffsetsRequest)
+        try:
+            positions = self._manager.groups.fetch(header.group, header.stream_ids)
+        except (GroupNotFoundError, InvalidRequestError) as error:
+            await responder.send(
+                messages.FetchOffsetsResponse(error_code=error.code, error_message=error.message)
+            )
+            return
+        results = []
+        for position in positions:
+            record = position.record
+            denied = self._access.check(request.principal, "FETCH", record.stream_id)
+            if denied is not None:
+                if header.stream_ids:  # asked by name: say why not
+                    results.append(
+                        messages.GroupOffsetResult(
+                            stream_id=record.stream_id,
+                            error_code=denied.code,
+                            error_message=denied.message,
+                        )
+                    )
+                continue  # a listing shows what the principal may read
+            results.append(
+                messages.GroupOffsetResult(
+                    stream_id=record.stream_id,
+                    offset=record.offset,
+                    metadata=record.metadata,
+                    commit_time_ms=record.commit_time_ms,
+                    end_offset=position.end_offset,
+                    lag_records=position.lag_records,
+                )
+            )
+        await responder.send(messages.FetchOffsetsResponse(fetch_responses=tuple(results)))
+
+    async def list_groups(self, request: Request, responder: Responder) -> None:
+        request.header_as(messages.ListGroupsRequest)
+        streams: dict[str, list[int]] = {}
+        last_commit: dict[str, int] = {}
+        for position in self._manager.groups.positions():
+            record = position.record
+            if not self._access.allows(request.principal, "DESCRIBE", record.stream_id):
+                continue
+            streams.setdefault(record.group, []).append(record.stream_id)
+            last_commit[record.group] = max(last_commit.get(record.group, 0), record.commit_time_ms)
+        listings = tuple(
+            messages.GroupListing(
+                group=group, stream_ids=tuple(ids), last_commit_ms=last_commit[group]
+            )
+            for group, ids in streams.items()
+        )
+        await responder.send(messages.ListGroupsResponse(groups=listings))
+
+    async def delete_groups(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.DeleteGroupsRequest)
+        denied = self._access.check_on_cluster(request.principal, "DELETE")
+        if denied is not None:
+            outcomes: list[ProtocolError | None] = [denied for _ in header.groups]
+        else:
+            outcomes = await self._manager.groups.delete(header.groups)
+        results = tuple(
+            messages.DeleteGroupResult(
+                group=group, error_code=_code(outcome), error_message=_message(outcome)
+            )
+            for group, outcome in zip(header.groups, outcomes, strict=True)
+        )
+        await responder.send(messages.DeleteGroupsResponse(delete_responses=results))
 
     def _require_cluster(self, request: Request, what: str) -> None:
         """Requests without items: refused whole (a SYSTEM_ERROR)."""

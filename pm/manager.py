@@ -53,6 +53,7 @@ from sbp.errors import (
 from sbp.replication import check_acks, effective_acks, seal_end
 
 from . import reconcile
+from .groups import ConsumerGroups, StreamEnds
 from .liveness import NodeRegistry, NodeState
 from .locks import StreamLocks
 from .metadata import (
@@ -125,6 +126,12 @@ class DataNodeCalls(Protocol):
     async def next_offset(self, rng: RangeRecord) -> int:
         """DESCRIBE_RANGES on the range's primary; returns its next offset."""
 
+    async def ends_of_open_ranges(
+        self, node_id: int, ranges: Sequence[RangeRecord]
+    ) -> dict[int, int]:
+        """DESCRIBE_RANGES of open ranges on their primary, in batches: the
+        next offset of each it could describe, by stream id."""
+
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
         """DELETE_STREAMS."""
 
@@ -170,6 +177,8 @@ class PlacementManager:
         self.upkeep = ReplicaUpkeep(self, min_free_space=min_free_space, repair_after=repair_after)
         #: idempotent producers' ids and epochs (INIT_PRODUCER)
         self.producers = ProducerIds(store, self.commit)
+        #: consumer groups' positions and the streams' ends (SPEC §11)
+        self.groups = ConsumerGroups(store, self.commit, StreamEnds(store, link))
 
     # -- data nodes -----------------------------------------------------------
 

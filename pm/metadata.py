@@ -1,5 +1,5 @@
 """The PM's metadata in LMDB: streams, ranges, data nodes, named producers,
-the next stream and producer ids.
+consumer group positions, the next stream and producer ids.
 
 Layout (one LMDB environment, named databases, every integer big-endian so
 that byte order is numeric order for the non-negative ids used as keys):
@@ -16,6 +16,10 @@ database       key                              value
                range_index (i)                  by data node
 ``nodes``      node_id (i)                      advertise address, UTF-8
 ``producers``  producer name, UTF-8             producer_id (q), epoch (i)
+``groups``     name length (B), group name,     offset (q), commit time ms (q),
+               stream_id (q)                    metadata, UTF-8
+``group_by_    stream_id (q), group name        empty: the index that finds a
+stream``                                        deleted stream's positions
 ``meta``       name                             schema version, next stream id,
                                                 next producer id
 =============  ===============================  ==================================
@@ -39,14 +43,14 @@ from typing import Any, Final, Protocol
 import lmdb
 import trio
 
-from .records import NodeRecord, ProducerRecord, RangeRecord, StreamRecord
+from .records import GroupOffsetRecord, NodeRecord, ProducerRecord, RangeRecord, StreamRecord
 
 SCHEMA_VERSION: Final = 1
 #: LMDB reserves the map as sparse address space; the file grows only with data.
 #: 4 GiB holds tens of millions of streams. LMDB's own default (10 MiB) would
 #: fill at about 50,000 streams.
 DEFAULT_MAP_SIZE: Final = 4 << 30
-_MAX_DBS: Final = 8
+_MAX_DBS: Final = 12
 
 _STREAM_KEY: Final = struct.Struct(">q")
 _STREAM_VALUE: Final = struct.Struct(">bqq")
@@ -63,6 +67,7 @@ _META_SCHEMA: Final = b"schema_version"
 _META_NEXT_STREAM_ID: Final = b"next_stream_id"
 _META_NEXT_PRODUCER_ID: Final = b"next_producer_id"
 _PRODUCER_VALUE: Final = struct.Struct(">qi")
+_GROUP_VALUE_HEAD: Final = struct.Struct(">qq")
 #: stream ids start at 1; 0 means "not yet assigned" on the wire
 FIRST_STREAM_ID: Final = 1
 #: producer ids start at 1; 0 on an APPEND item means "not idempotent"
@@ -123,6 +128,20 @@ class RaiseNextProducerId:
     value: int
 
 
+@dataclass(frozen=True, slots=True)
+class PutGroupOffsets:
+    """Store positions of one group, all at once (one COMMIT_OFFSETS)."""
+
+    offsets: tuple[GroupOffsetRecord, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGroup:
+    """Forget every position of a group."""
+
+    group: str
+
+
 Change = (
     PutStream
     | DeleteStream
@@ -132,6 +151,8 @@ Change = (
     | RaiseNextStreamId
     | PutProducer
     | RaiseNextProducerId
+    | PutGroupOffsets
+    | DeleteGroup
 )
 
 
@@ -158,6 +179,8 @@ class Metadata(Protocol):
     def producer(self, name: str) -> ProducerRecord | None: ...
     def producers(self) -> list[ProducerRecord]: ...
     def next_producer_id(self) -> int: ...
+    def group_offsets(self, group: str) -> list[GroupOffsetRecord]: ...
+    def all_group_offsets(self) -> list[GroupOffsetRecord]: ...
     def counts(self) -> MetadataCounts: ...
     def range_counts_by_node(self) -> dict[int, int]: ...
     async def commit(self, changes: Sequence[Change]) -> None: ...
@@ -193,6 +216,27 @@ def encode_producer(producer: ProducerRecord) -> bytes:
 def producer_from_value(name: str, value: bytes) -> ProducerRecord:
     producer_id, epoch = _PRODUCER_VALUE.unpack(value)
     return ProducerRecord(name, producer_id, epoch)
+
+
+def encode_group_offset(record: GroupOffsetRecord) -> bytes:
+    head = _GROUP_VALUE_HEAD.pack(record.offset, record.commit_time_ms)
+    return head + record.metadata.encode()
+
+
+def group_offset_from_value(group: str, stream_id: int, value: bytes) -> GroupOffsetRecord:
+    offset, commit_time_ms = _GROUP_VALUE_HEAD.unpack_from(value)
+    metadata = bytes(value[_GROUP_VALUE_HEAD.size :]).decode()
+    return GroupOffsetRecord(group, stream_id, offset, commit_time_ms, metadata)
+
+
+def _group_prefix(group: str) -> bytes:
+    name = group.encode()
+    return bytes([len(name)]) + name
+
+
+def _decode_group_key(key: bytes) -> tuple[str, int]:
+    length = key[0]
+    return key[1 : 1 + length].decode(), _STREAM_KEY.unpack_from(key, 1 + length)[0]
 
 
 def encode_range(rng: RangeRecord) -> bytes:
@@ -238,6 +282,8 @@ class MetadataStore:
         self._nodes = self._env.open_db(b"nodes")
         self._meta = self._env.open_db(b"meta")
         self._producers = self._env.open_db(b"producers")
+        self._groups = self._env.open_db(b"groups")
+        self._group_by_stream = self._env.open_db(b"group_by_stream")
         self._check_schema()
         # One writer at a time: LMDB serialises write transactions anyway, and
         # a limiter keeps waiting writers off worker threads.
@@ -370,6 +416,32 @@ class MetadataStore:
             value = txn.get(_META_NEXT_PRODUCER_ID, db=self._meta)
         return FIRST_PRODUCER_ID if value is None else int(U64.unpack(value)[0])
 
+    def group_offsets(self, group: str) -> list[GroupOffsetRecord]:
+        """The group's positions, by stream id (none: an unknown group)."""
+        prefix = _group_prefix(group)
+        found: list[GroupOffsetRecord] = []
+        with self._read() as txn:
+            cursor = txn.cursor(db=self._groups)
+            if not cursor.set_range(prefix):
+                return found
+            for key, value in cursor:
+                if not key.startswith(prefix):
+                    break
+                found.append(self._decode_group_offset(key, value))
+        return found
+
+    def all_group_offsets(self) -> list[GroupOffsetRecord]:
+        """Every group's positions, by group name bytes and stream id."""
+        with self._read() as txn:
+            return [
+                self._decode_group_offset(key, value) for key, value in txn.cursor(db=self._groups)
+            ]
+
+    @staticmethod
+    def _decode_group_offset(key: bytes, value: bytes) -> GroupOffsetRecord:
+        group, stream_id = _decode_group_key(key)
+        return group_offset_from_value(group, stream_id, value)
+
     def counts(self) -> MetadataCounts:
         """Entry counts, read from LMDB's page statistics (no scan)."""
         with self._read() as txn:
@@ -413,6 +485,7 @@ class MetadataStore:
                 for rng in list(self._scan_ranges(txn, stream_id)):
                     self._delete_range(txn, rng.stream_id, rng.range_index)
                 txn.delete(_STREAM_KEY.pack(stream_id), db=self._streams)
+                self._delete_positions_of_stream(txn, stream_id)
             case PutRange(rng):
                 self._put_range(txn, rng)
             case DeleteRange(stream_id, range_index):
@@ -425,6 +498,39 @@ class MetadataStore:
                 txn.put(producer.name.encode(), encode_producer(producer), db=self._producers)
             case RaiseNextProducerId(value):
                 self._raise(txn, _META_NEXT_PRODUCER_ID, value)
+            case PutGroupOffsets(offsets):
+                for record in offsets:
+                    stream_key = _STREAM_KEY.pack(record.stream_id)
+                    key = _group_prefix(record.group) + stream_key
+                    txn.put(key, encode_group_offset(record), db=self._groups)
+                    txn.put(stream_key + record.group.encode(), b"", db=self._group_by_stream)
+            case DeleteGroup(group):
+                prefix = _group_prefix(group)
+                cursor = txn.cursor(db=self._groups)
+                doomed = []
+                if cursor.set_range(prefix):
+                    for key in cursor.iternext(keys=True, values=False):
+                        if not key.startswith(prefix):
+                            break
+                        doomed.append(key)
+                for key in doomed:
+                    txn.delete(key, db=self._groups)
+                    stream_key = key[len(prefix) :]
+                    txn.delete(stream_key + group.encode(), db=self._group_by_stream)
+
+    def _delete_positions_of_stream(self, txn: Any, stream_id: int) -> None:
+        stream_key = _STREAM_KEY.pack(stream_id)
+        cursor = txn.cursor(db=self._group_by_stream)
+        doomed = []
+        if cursor.set_range(stream_key):
+            for key in cursor.iternext(keys=True, values=False):
+                if not key.startswith(stream_key):
+                    break
+                doomed.append(key)
+        for key in doomed:
+            group = key[len(stream_key) :].decode()
+            txn.delete(_group_prefix(group) + stream_key, db=self._groups)
+            txn.delete(key, db=self._group_by_stream)
 
     def _raise(self, txn: Any, key: bytes, value: int) -> None:
         stored = txn.get(key, db=self._meta)

@@ -57,10 +57,16 @@ REPORTED: Final = (
 class PMMetrics:
     """Every metric of one PM, in its own registry."""
 
-    def __init__(self, manager: PlacementManager | Callable[[], PlacementManager | None]) -> None:
+    def __init__(
+        self,
+        manager: PlacementManager | Callable[[], PlacementManager | None],
+        *,
+        lag_max_series: int = 1000,
+    ) -> None:
         self.registry = new_registry()
         current = manager if callable(manager) else (lambda: manager)
         self.registry.register(ClusterCollector(current))
+        self.registry.register(GroupCollector(current, lag_max_series))
         self.connections = ServerMetrics(self.registry)
 
 
@@ -146,3 +152,59 @@ class ClusterCollector(Collector):
         yield hosted
         yield alive
         yield from (family for family, _ in reported.values())
+
+
+class GroupCollector(Collector):
+    """Consumer groups' positions and lag (SPEC §11), at scrape time: at
+    most ``max_series`` (group, stream) pairs, the furthest behind first,
+    so that many groups cannot flood Prometheus."""
+
+    def __init__(self, current: Callable[[], PlacementManager | None], max_series: int) -> None:
+        self._current = current
+        self._max_series = max_series
+
+    def collect(self) -> Iterator[Metric]:
+        manager = self._current()
+        if manager is None:
+            return
+        groups = manager.groups
+        positions = groups.positions()
+        positions.sort(key=lambda p: (-p.lag_records, p.record.group, p.record.stream_id))
+        shown = positions[: self._max_series]
+        labels = ["group", "stream"]
+        records = GaugeMetricFamily(
+            "sbp_group_lag_records",
+            "records between the group's committed offset and the stream's end",
+            labels=labels,
+        )
+        seconds = GaugeMetricFamily(
+            "sbp_group_lag_seconds",
+            "age of the oldest record the group has not consumed (0 at the end)",
+            labels=labels,
+        )
+        committed = GaugeMetricFamily(
+            "sbp_group_committed_offset",
+            "the group's committed offset (the next it reads)",
+            labels=labels,
+        )
+        for position in shown:
+            key = [position.record.group, str(position.record.stream_id)]
+            committed.add_metric(key, position.record.offset)
+            if position.lag_records >= 0:
+                records.add_metric(key, position.lag_records)
+            if position.lag_ms is not None:
+                seconds.add_metric(key, position.lag_ms / 1000)
+        yield records
+        yield seconds
+        yield committed
+        yield GaugeMetricFamily(
+            "sbp_group_positions",
+            "(group, stream) positions stored, shown on /metrics or not",
+            value=len(positions),
+        )
+        commits = CounterMetricFamily(
+            "sbp_group_commits", "COMMIT_OFFSETS stored, by group", labels=["group"]
+        )
+        for group, count in sorted(groups.commits.items()):
+            commits.add_metric([group], count)
+        yield commits

@@ -27,10 +27,12 @@ from sbp.errors import NotLeaderError, RequestTimeoutError
 from .config import EtcdTLS, parse_etcd_endpoints
 from .etcd import Etcd, EtcdError, version_is
 from .etcd_metadata import EtcdMetadataStore
+from .groups import MAX_COMMIT_ITEMS as GROUP_OFFSETS_PER_CHANGE
 from .metadata import (
     Change,
     MetadataError,
     MetadataStore,
+    PutGroupOffsets,
     PutNode,
     PutProducer,
     PutRange,
@@ -140,6 +142,11 @@ def _everything(source: MetadataStore) -> list[Change]:
             changes.append(PutStream(stream))
             changes += [PutRange(rng) for rng in source.ranges(stream.stream_id)]
         start_after = page[-1].stream_id
+    positions = source.all_group_offsets()
+    changes += [
+        PutGroupOffsets(tuple(positions[i : i + GROUP_OFFSETS_PER_CHANGE]))
+        for i in range(0, len(positions), GROUP_OFFSETS_PER_CHANGE)
+    ]
     return changes
 
 

@@ -37,6 +37,19 @@ class ProducerRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupOffsetRecord:
+    """A consumer group's position on one stream (SPEC §11): ``offset`` is
+    the next offset the group will read; ``commit_time_ms`` the PM's clock
+    when it was committed."""
+
+    group: str
+    stream_id: int
+    offset: int
+    commit_time_ms: int
+    metadata: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class RangeRecord(RangeSpan):
     """One range of a stream, ``[start_offset, end_offset)``.
 

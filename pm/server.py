@@ -56,7 +56,7 @@ async def run_pm(config: PMConfig) -> int:
                 min_free_space=config.min_free_space,
                 repair_after=config.repair_after_s,
             )
-            metrics = PMMetrics(manager)
+            metrics = PMMetrics(manager, lag_max_series=config.lag_metrics_max_series)
             access = access_control(config.security)
             metrics.registry.register(AccessCollector(access))
             server = build_server(config, PMHandlers(manager, access).dispatcher(), metrics)
@@ -76,7 +76,7 @@ async def run_pm(config: PMConfig) -> int:
                         counts.nodes,
                     )
                     announce(LISTENING_PREFIX, host, port)
-                    nursery.start_soon(run_manager, manager)
+                    nursery.start_soon(run_manager, manager, config.end_offsets_interval_s)
                     await signals.requested.wait()
                     await drain(server, signals, config, [manager])
                     nursery.cancel_scope.cancel()
@@ -100,14 +100,17 @@ def build_server(config: PMConfig, handler: RequestHandler, metrics: PMMetrics) 
     )
 
 
-async def run_manager(manager: PlacementManager) -> None:
+async def run_manager(manager: PlacementManager, end_offsets_interval: float) -> None:
     """The manager's own work, for as long as it runs: liveness, the seals
     of dead primaries and repairs, writes moved off full nodes, replicas
-    restored, nodes that come back."""
+    restored, nodes that come back, the ends of streams groups read."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_liveness, manager.registry)
         nursery.start_soon(manager.upkeep.watch_nodes)
         nursery.start_soon(manager.reconcile_returning_nodes)
+        nursery.start_soon(
+            manager.groups.ends.run, manager.groups.streams_with_positions, end_offsets_interval
+        )
 
 
 async def drain(

@@ -107,7 +107,15 @@ class _ScalarVector:
     required: bool = False
 
 
-_Reference = _String | _SubTable | _TableVector | _ScalarVector
+@dataclasses.dataclass(frozen=True, slots=True)
+class _StringVector:
+    id: int
+    required: bool = False
+
+
+_Reference = _String | _SubTable | _TableVector | _ScalarVector | _StringVector
+#: the element kind of a string vector
+_STRING: Final = _String(-1)
 _Kind = _Scalar | _Reference
 
 
@@ -174,6 +182,12 @@ def int64_vector(id: int) -> tuple[int, ...]:
     """A vector of int64; absent reads as ``()``."""
     empty: tuple[int, ...] = ()
     return _declare(_ScalarVector(id, "q"), empty)
+
+
+def string_vector(id: int) -> tuple[str, ...]:
+    """A vector of UTF-8 strings; absent reads as ``()``."""
+    empty: tuple[str, ...] = ()
+    return _declare(_StringVector(id), empty)
 
 
 def table(cls: C) -> C:
@@ -296,7 +310,7 @@ class TableCodec:
         self._scalars_of = _getter([s.name for s in self._scalar_slots])
         # Vectors are always written; strings when non-empty; tables when set.
         self._writes: tuple[tuple[int, str, int, _Reference, bool], ...] = tuple(
-            (1 << bit, s.name, s.offset, s.kind, isinstance(s.kind, _TableVector | _ScalarVector))
+            (1 << bit, s.name, s.offset, s.kind, isinstance(s.kind, _TableVector | _ScalarVector | _StringVector))
             for bit, s in enumerate(self.references)
             if not isinstance(s.kind, _Scalar)
         )
@@ -517,15 +531,18 @@ def _write_reference(writer: _Writer, kind: _Reference, value: Any) -> int:
         out += data
         out.append(0)  # FlatBuffers strings are NUL-terminated
         return pos
-    if isinstance(kind, _TableVector):
-        codec = _codec_of(kind.cls)
+    if isinstance(kind, _TableVector | _StringVector):
         count = len(value)
         out += _PADDING[-len(out) % 4]
         pos = len(out)
         out += _U32.pack(count)
         out += bytes(_UOFFSET_SIZE * count)
         first = pos + _UOFFSET_SIZE
-        targets = [codec.write(writer, item) for item in value]
+        if isinstance(kind, _StringVector):
+            targets = [_write_reference(writer, _STRING, item) for item in value]
+        else:
+            codec = _codec_of(kind.cls)
+            targets = [codec.write(writer, item) for item in value]
         if count:
             struct.pack_into(
                 f"<{count}I",
@@ -569,6 +586,15 @@ def _read_reference(reader: _Reader, kind: _Reference, pos: int) -> Any:
                 reader,
                 [first + _UOFFSET_SIZE * i + offset for i, offset in enumerate(offsets)],
             )
+        )
+    if isinstance(kind, _StringVector):
+        if first + _UOFFSET_SIZE * count > reader.size:
+            raise HeaderDecodeError(f"vector of {count} strings overruns the buffer")
+        reader.charge(_UOFFSET_SIZE * (1 + count))
+        offsets = struct.unpack_from(f"<{count}I", buf, first)
+        return tuple(
+            _read_reference(reader, _STRING, first + _UOFFSET_SIZE * i + offset)
+            for i, offset in enumerate(offsets)
         )
     element = struct.calcsize("<" + kind.code)
     if first + element * count > reader.size:
@@ -615,6 +641,7 @@ __all__ = [
     "int32",
     "int64",
     "int64_vector",
+    "string_vector",
     "required_subtable",
     "string",
     "subtable",

@@ -12,6 +12,7 @@ class Opcode(IntEnum):
     APPEND = 0x1001
     FETCH = 0x1002
     REPLICATE = 0x1003
+    FIND_OFFSETS = 0x1004
     LIST_RANGES = 0x2001
     SEAL_RANGES = 0x2002
     SYNC_RANGES = 0x2003
@@ -24,6 +25,10 @@ class Opcode(IntEnum):
     REPORT_METRICS = 0x4001
     DESCRIBE_CLUSTER = 0x4002
     INIT_PRODUCER = 0x5001
+    COMMIT_OFFSETS = 0x5002
+    FETCH_OFFSETS = 0x5003
+    LIST_GROUPS = 0x5004
+    DELETE_GROUPS = 0x5005
     #: implementation-private (data node to data node): not in SPEC §2
     PRODUCER_STATE = 0x7001
 
@@ -78,6 +83,7 @@ class ErrorCode(IntEnum):
     PRODUCER_FENCED = 111
     OUT_OF_ORDER_SEQUENCE = 112
     UNKNOWN_PRODUCER = 113
+    GROUP_NOT_FOUND = 114
     NO_AVAILABLE_DATA_NODE = 200
     DATA_NODE_NOT_FOUND = 201
 

@@ -164,6 +164,12 @@ class UnknownProducerError(ProtocolError):
     code = ErrorCode.UNKNOWN_PRODUCER
 
 
+class GroupNotFoundError(ProtocolError):
+    """No such consumer group (SPEC §11)."""
+
+    code = ErrorCode.GROUP_NOT_FOUND
+
+
 class AuthenticationFailedError(ProtocolError):
     code = ErrorCode.AUTHENTICATION_FAILED
 
@@ -223,6 +229,7 @@ _BY_CODE: dict[int, type[ProtocolError]] = {
         ProducerFencedError,
         OutOfOrderSequenceError,
         UnknownProducerError,
+        GroupNotFoundError,
         NoAvailableDataNodeError,
         DataNodeNotFoundError,
     )

@@ -666,6 +666,143 @@ class InitProducerResponse(Message):
     error_message: str = fb.string(4)
 
 
+@fb.table
+@dataclass(frozen=True, slots=True)
+class FindOffset(Message):
+    stream_id: int = fb.int64(0)
+    range_index: int = fb.int32(1)
+    timestamp_ms: int = fb.int64(2)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class FindOffsetsRequest(Message):
+    """SPEC §11: per range, the first offset appended at or after a time."""
+
+    timeout_ms: int = fb.int32(0)
+    find_requests: tuple[FindOffset, ...] = fb.vector(1, FindOffset)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class FindOffsetResult(Message):
+    stream_id: int = fb.int64(0)
+    range_index: int = fb.int32(1)
+    error_code: ErrorCode | int = _error_code_field(2)
+    error_message: str = fb.string(3)
+    offset: int = fb.int64(4)  # the range's end (or next offset) when no batch is that late
+    timestamp_ms: int = fb.int64(5)  # that batch's append time; -1 when none
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class FindOffsetsResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    find_responses: tuple[FindOffsetResult, ...] = fb.vector(1, FindOffsetResult)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class GroupOffset(Message):
+    stream_id: int = fb.int64(0)
+    offset: int = fb.int64(1)  # the next offset the group will read
+    metadata: str = fb.string(2)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class CommitOffsetsRequest(Message):
+    """SPEC §11: store a consumer group's positions, all items at once."""
+
+    timeout_ms: int = fb.int32(0)
+    group: str = fb.string(1)
+    offsets: tuple[GroupOffset, ...] = fb.vector(2, GroupOffset)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class GroupOffsetResult(Message):
+    stream_id: int = fb.int64(0)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+    offset: int = fb.int64(3, default=-1)  # -1: the group has no position here
+    metadata: str = fb.string(4)
+    commit_time_ms: int = fb.int64(5)
+    end_offset: int = fb.int64(6, default=-1)  # the stream's next offset as last learned
+    lag_records: int = fb.int64(7, default=-1)  # end_offset - offset when both are known
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class CommitOffsetsResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    commit_responses: tuple[GroupOffsetResult, ...] = fb.vector(1, GroupOffsetResult)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class FetchOffsetsRequest(Message):
+    """SPEC §11: a group's positions (no stream ids: all of them)."""
+
+    timeout_ms: int = fb.int32(0)
+    group: str = fb.string(1)
+    stream_ids: tuple[int, ...] = fb.int64_vector(2)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class FetchOffsetsResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    fetch_responses: tuple[GroupOffsetResult, ...] = fb.vector(1, GroupOffsetResult)
+    error_code: ErrorCode | int = _error_code_field(2)
+    error_message: str = fb.string(3)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class ListGroupsRequest(Message):
+    timeout_ms: int = fb.int32(0)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class GroupListing(Message):
+    group: str = fb.string(0)
+    stream_ids: tuple[int, ...] = fb.int64_vector(1)
+    last_commit_ms: int = fb.int64(2)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class ListGroupsResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    groups: tuple[GroupListing, ...] = fb.vector(1, GroupListing)
+    error_code: ErrorCode | int = _error_code_field(2)
+    error_message: str = fb.string(3)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class DeleteGroupsRequest(Message):
+    timeout_ms: int = fb.int32(0)
+    groups: tuple[str, ...] = fb.string_vector(1)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class DeleteGroupResult(Message):
+    group: str = fb.string(0)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class DeleteGroupsResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    delete_responses: tuple[DeleteGroupResult, ...] = fb.vector(1, DeleteGroupResult)
+
+
 # --------------------------------------------------------------------------- registry
 
 _REQUEST_TYPES: dict[int, type[Message]] = {
@@ -687,6 +824,11 @@ _REQUEST_TYPES: dict[int, type[Message]] = {
     Opcode.DESCRIBE_CLUSTER: DescribeClusterRequest,
     Opcode.INIT_PRODUCER: InitProducerRequest,
     Opcode.PRODUCER_STATE: ProducerStateRequest,
+    Opcode.FIND_OFFSETS: FindOffsetsRequest,
+    Opcode.COMMIT_OFFSETS: CommitOffsetsRequest,
+    Opcode.FETCH_OFFSETS: FetchOffsetsRequest,
+    Opcode.LIST_GROUPS: ListGroupsRequest,
+    Opcode.DELETE_GROUPS: DeleteGroupsRequest,
 }
 
 _RESPONSE_TYPES: dict[int, type[Message]] = {
@@ -707,6 +849,11 @@ _RESPONSE_TYPES: dict[int, type[Message]] = {
     Opcode.DESCRIBE_CLUSTER: DescribeClusterResponse,
     Opcode.INIT_PRODUCER: InitProducerResponse,
     Opcode.PRODUCER_STATE: ProducerStateResponse,
+    Opcode.FIND_OFFSETS: FindOffsetsResponse,
+    Opcode.COMMIT_OFFSETS: CommitOffsetsResponse,
+    Opcode.FETCH_OFFSETS: FetchOffsetsResponse,
+    Opcode.LIST_GROUPS: ListGroupsResponse,
+    Opcode.DELETE_GROUPS: DeleteGroupsResponse,
 }
 
 

@@ -36,6 +36,7 @@ class ErrorCode(object):
   PRODUCER_FENCED = cast(int, ...)
   OUT_OF_ORDER_SEQUENCE = cast(int, ...)
   UNKNOWN_PRODUCER = cast(int, ...)
+  GROUP_NOT_FOUND = cast(int, ...)
   NO_AVAILABLE_DATA_NODE = cast(int, ...)
   DATA_NODE_NOT_FOUND = cast(int, ...)
 

@@ -50,6 +50,8 @@ def _field(field: dataclasses.Field[Any]) -> st.SearchStrategy[Any]:
         return _int(_INT_BITS[kind.code])
     if isinstance(kind, _flatbuf._String):
         return st.text(st.characters(codec="utf-8"), max_size=20)
+    if isinstance(kind, _flatbuf._StringVector):
+        return st.lists(st.text(st.characters(codec="utf-8"), max_size=20), max_size=5).map(tuple)
     if isinstance(kind, _flatbuf._ScalarVector):
         return st.lists(_int(_INT_BITS[kind.code]), max_size=5).map(tuple)
     if isinstance(kind, _flatbuf._TableVector):

@@ -110,13 +110,28 @@ def test_cluster_resource() -> None:
         (json.dumps({"acls": [entry(extra=1)]}), "unknown key extra"),
         (json.dumps({"acls": [entry(principal="")]}), "principal must be"),
         (json.dumps({"acls": [entry(operations=[])]}), "non-empty list"),
-        (json.dumps({"acls": [entry(operations=["CLUSTER"])]}), "CLUSTER is the one operation"),
-        (json.dumps({"acls": [entry(resource="cluster")]}), "CLUSTER is the one operation"),
+        (json.dumps({"acls": [entry(operations=["CLUSTER"])]}), "the resource cluster takes"),
+        (json.dumps({"acls": [entry(resource="cluster")]}), "the resource cluster takes"),
     ],
 )
 def test_a_bad_file_is_refused_with_where_and_why(text: str, problem: str) -> None:
     with pytest.raises(AclError, match=problem.replace("(", r"\(").replace("*", r"\*")):
         parse_acl(text)
+
+
+def test_delete_on_the_cluster_is_for_consumer_groups_alone() -> None:
+    rules = acl(
+        {
+            "acls": [
+                entry(principal="ops", operations=["DELETE"], resource="cluster"),
+                entry(principal="dev", operations=["DELETE"], resource="streams:*"),
+            ]
+        }
+    )
+    assert rules.allows_on_cluster("ops", "DELETE")
+    assert not rules.allows("ops", "DELETE", 1)  # no stream
+    assert not rules.allows_on_cluster("dev", "DELETE")  # every stream is not the cluster
+    assert rules.allows("dev", "DELETE", 1)
 
 
 def test_operations_are_case_insensitive() -> None:

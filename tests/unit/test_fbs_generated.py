@@ -105,6 +105,8 @@ def _from_object_api(twin: Any, cls: type[Any]) -> dict[str, Any]:
             value = ()
         elif isinstance(value, np.ndarray):
             value = tuple(int(v) for v in value)
+        elif isinstance(value, list) and nested is None:  # strings
+            value = tuple(v.decode() if isinstance(v, bytes) else v for v in value)
         elif isinstance(value, list):
             value = tuple(_from_object_api(v, nested) for v in value)
         elif value is not None and nested is not None:

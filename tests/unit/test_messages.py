@@ -35,6 +35,11 @@ REQUESTS = {
     Opcode.DESCRIBE_CLUSTER: m.DescribeClusterRequest,
     Opcode.INIT_PRODUCER: m.InitProducerRequest,
     Opcode.PRODUCER_STATE: m.ProducerStateRequest,
+    Opcode.FIND_OFFSETS: m.FindOffsetsRequest,
+    Opcode.COMMIT_OFFSETS: m.CommitOffsetsRequest,
+    Opcode.FETCH_OFFSETS: m.FetchOffsetsRequest,
+    Opcode.LIST_GROUPS: m.ListGroupsRequest,
+    Opcode.DELETE_GROUPS: m.DeleteGroupsRequest,
 }
 RESPONSES = {
     Opcode.PING: None,
@@ -56,6 +61,11 @@ RESPONSES = {
     Opcode.DESCRIBE_CLUSTER: m.DescribeClusterResponse,
     Opcode.INIT_PRODUCER: m.InitProducerResponse,
     Opcode.PRODUCER_STATE: m.ProducerStateResponse,
+    Opcode.FIND_OFFSETS: m.FindOffsetsResponse,
+    Opcode.COMMIT_OFFSETS: m.CommitOffsetsResponse,
+    Opcode.FETCH_OFFSETS: m.FetchOffsetsResponse,
+    Opcode.LIST_GROUPS: m.ListGroupsResponse,
+    Opcode.DELETE_GROUPS: m.DeleteGroupsResponse,
 }
 
 
@@ -118,6 +128,9 @@ def test_fields_decode_to_their_python_types() -> None:
     assert status.alive is True
     get = m.GetStreamsRequest.decode(m.GetStreamsRequest(stream_ids=[1, 2]).encode())  # type: ignore[arg-type]
     assert get.stream_ids == (1, 2)
+    names = m.DeleteGroupsRequest(groups=("etl", "", "ü" * 100))
+    assert m.DeleteGroupsRequest.decode(names.encode()).groups == ("etl", "", "ü" * 100)
+    assert m.DeleteGroupsRequest.decode(m.DeleteGroupsRequest().encode()).groups == ()
 
 
 def test_unknown_error_codes_are_kept_as_ints() -> None:

@@ -56,6 +56,13 @@ class FakeDataNodes:
     async def next_offset(self, rng: RangeRecord) -> int:
         return self.next_offsets.get(rng.stream_id, 0)
 
+    async def ends_of_open_ranges(
+        self, node_id: int, ranges: Sequence[RangeRecord]
+    ) -> dict[int, int]:
+        if node_id in self.unreachable:
+            raise OSError("connection refused")
+        return {r.stream_id: self.next_offsets.get(r.stream_id, 0) for r in ranges}
+
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
         self.deleted.append((node_id, tuple(stream_ids)))
 

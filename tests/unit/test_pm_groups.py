@@ -1,0 +1,143 @@
+"""Consumer groups on the PM (SPEC §11): positions checked, stored at once,
+kept across a restart and gone with their stream; the ends that give the
+lag, and how old the oldest unread record is."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pm.groups import MAX_COMMIT_ITEMS, ConsumerGroups, OffsetItem, StreamEnds
+from pm.metadata import DeleteStream, MetadataStore, PutRange, PutStream
+from pm.records import GroupOffsetRecord, RangeRecord, StreamRecord
+from sbp.enums import ErrorCode
+from sbp.errors import GroupNotFoundError, InvalidRequestError, ProtocolError
+
+from .test_pm_manager import FakeDataNodes
+
+NOW = 1_700_000_000_000
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[MetadataStore]:
+    opened = MetadataStore(tmp_path / "pm", map_size=64 << 20)
+    yield opened
+    opened.close()
+
+
+async def _streams(store: MetadataStore) -> FakeDataNodes:
+    """Stream 1: ranges [0, 100) sealed and [100, ...) open, 150 next;
+    stream 2 trimmed to 20, open, 30 next."""
+    await store.commit(
+        [
+            PutStream(StreamRecord(1, 1)),
+            PutRange(RangeRecord(1, 0, 0, (1,), end_offset=100)),
+            PutRange(RangeRecord(1, 1, 100, (1,))),
+            PutStream(StreamRecord(2, 1)),
+            PutRange(RangeRecord(2, 0, 20, (2,))),
+        ]
+    )
+    nodes = FakeDataNodes()
+    nodes.next_offsets = {1: 150, 2: 30}
+    return nodes
+
+
+def _groups(store: MetadataStore, nodes: FakeDataNodes) -> ConsumerGroups:
+    return ConsumerGroups(store, store.commit, StreamEnds(store, nodes), clock_ms=lambda: NOW)
+
+
+def _codes(outcomes: list[GroupOffsetRecord | ProtocolError]) -> list[int]:
+    return [o.code if isinstance(o, ProtocolError) else 0 for o in outcomes]
+
+
+async def test_positions_are_checked_then_stored_together(store: MetadataStore) -> None:
+    groups = _groups(store, await _streams(store))
+    outcomes = await groups.commit(
+        "etl",
+        [
+            OffsetItem(1, 120, "batch 9"),
+            OffsetItem(2, 30),  # the end itself: everything read
+            OffsetItem(2 + 1, 0),  # no such stream
+        ],
+    )
+    assert _codes(outcomes) == [0, 0, ErrorCode.STREAM_NOT_FOUND]
+    assert outcomes[0] == GroupOffsetRecord("etl", 1, 120, NOW, "batch 9")
+    refused = await groups.commit("etl", [OffsetItem(1, 151), OffsetItem(2, 19)])
+    assert _codes(refused) == [ErrorCode.OFFSET_OUT_OF_RANGE] * 2
+    assert [r.offset for r in store.group_offsets("etl")] == [120, 30]
+    # a rewind is a commit like any other
+    await groups.commit("etl", [OffsetItem(1, 0)])
+    [first, second] = groups.fetch("etl", [])
+    assert (first.record.offset, first.end_offset, first.lag_records) == (0, 150, 150)
+    assert (second.record.offset, second.lag_records, second.lag_ms) == (30, 0, 0)
+    [unread] = groups.fetch("etl", [7])
+    assert unread.record.offset == -1 and unread.lag_records == -1
+
+
+@pytest.mark.parametrize(
+    ("group", "items", "problem"),
+    [
+        ("", [OffsetItem(1, 0)], "it is empty"),
+        ("g" * 256, [OffsetItem(1, 0)], "256 given"),
+        ("etl", [OffsetItem(1, 0, "m" * 4097)], "4097 given"),
+        ("etl", [OffsetItem(1, 0), OffsetItem(1, 5)], "each stream once"),
+        ("etl", [OffsetItem(1, 0)] * (MAX_COMMIT_ITEMS + 1), "at most 100"),
+    ],
+    ids=["empty name", "long name", "long metadata", "a stream twice", "too many"],
+)
+async def test_bad_commits_change_nothing(
+    store: MetadataStore, group: str, items: list[OffsetItem], problem: str
+) -> None:
+    groups = _groups(store, await _streams(store))
+    outcomes = await groups.commit(group, items)
+    assert all(isinstance(o, InvalidRequestError) and problem in o.message for o in outcomes)
+    assert store.all_group_offsets() == []
+
+
+async def test_groups_are_listed_deleted_and_gone_with_their_stream(tmp_path: Path) -> None:
+    store = MetadataStore(tmp_path / "pm", map_size=64 << 20)
+    groups = _groups(store, await _streams(store))
+    await groups.commit("etl", [OffsetItem(1, 100), OffsetItem(2, 25)])
+    await groups.commit("audit", [OffsetItem(2, 20)])
+    with pytest.raises(GroupNotFoundError):
+        groups.fetch("nobody", [])
+    store.close()
+    store = MetadataStore(tmp_path / "pm", map_size=64 << 20)  # restarted
+    groups = _groups(store, FakeDataNodes())
+    assert [(r.group, r.stream_id) for r in store.all_group_offsets()] == [
+        ("etl", 1),
+        ("etl", 2),
+        ("audit", 2),
+    ]
+    await store.commit([DeleteStream(2)])
+    assert [(r.group, r.stream_id) for r in store.all_group_offsets()] == [("etl", 1)]
+    with pytest.raises(GroupNotFoundError):
+        groups.fetch("audit", [])
+    outcomes = await groups.delete(["etl", "audit", ""])
+    assert outcomes[0] is None
+    assert isinstance(outcomes[1], GroupNotFoundError)
+    assert isinstance(outcomes[2], InvalidRequestError)
+    assert store.all_group_offsets() == []
+    store.close()
+
+
+async def test_ends_come_from_the_primaries_and_date_the_oldest_unread_record(
+    store: MetadataStore,
+) -> None:
+    nodes = await _streams(store)
+    clock = [NOW]
+    ends = StreamEnds(store, nodes, clock_ms=lambda: clock[0])
+    await ends.refresh([1, 2, 99])
+    assert (ends.end(1), ends.end(2), ends.end(99)) == (150, 30, None)
+    nodes.next_offsets[1] = 250
+    clock[0] = NOW + 10_000
+    await ends.refresh([1])
+    clock[0] = NOW + 60_000
+    assert ends.age_ms(1, 250) == 0  # nothing unread
+    assert ends.age_ms(1, 200) == 55_000  # halfway from 150 (at NOW) to 250 (at +10 s)
+    assert ends.age_ms(1, 100) == 60_000  # before the first end seen: at least its age
+    nodes.unreachable.add(1)
+    await ends.refresh([1])  # a node that does not answer keeps the last end
+    assert ends.end(1) == 250
