@@ -114,6 +114,7 @@ class _StringVector:
 
 
 _Reference = _String | _SubTable | _TableVector | _ScalarVector | _StringVector
+_VECTORS: Final = (_TableVector, _ScalarVector, _StringVector)
 #: the element kind of a string vector
 _STRING: Final = _String(-1)
 _Kind = _Scalar | _Reference
@@ -310,7 +311,7 @@ class TableCodec:
         self._scalars_of = _getter([s.name for s in self._scalar_slots])
         # Vectors are always written; strings when non-empty; tables when set.
         self._writes: tuple[tuple[int, str, int, _Reference, bool], ...] = tuple(
-            (1 << bit, s.name, s.offset, s.kind, isinstance(s.kind, _TableVector | _ScalarVector | _StringVector))
+            (1 << bit, s.name, s.offset, s.kind, isinstance(s.kind, _VECTORS))
             for bit, s in enumerate(self.references)
             if not isinstance(s.kind, _Scalar)
         )
@@ -641,9 +642,9 @@ __all__ = [
     "int32",
     "int64",
     "int64_vector",
-    "string_vector",
     "required_subtable",
     "string",
+    "string_vector",
     "subtable",
     "table",
     "vector",
