@@ -36,6 +36,7 @@ begins.
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
@@ -51,12 +52,14 @@ from sbp import messages
 from sbp.batches import BATCH_HEADER, DecodedRecords, batch_spans, decode_batches
 from sbp.enums import ErrorCode
 from sbp.errors import (
+    GroupNotFoundError,
     InvalidRecordBatchError,
     OffsetOutOfRangeError,
     RangeSealedError,
     RecordsUnreachableError,
     SBPError,
     error_for,
+    raise_for_code,
 )
 
 from ._routing import (
@@ -65,6 +68,7 @@ from ._routing import (
     StreamRoutes,
     replica_for_read,
 )
+from .by_time import offset_at_time
 from .pm_client import PMClient
 from .retry import is_transient, retry_delay
 
@@ -79,6 +83,12 @@ DEFAULT_READ_AHEAD: Final = 3
 DEFAULT_MAX_WAIT_MS: Final = 500
 DEFAULT_RETRY_TIMEOUT: Final = 60.0
 DEFAULT_REQUEST_TIMEOUT: Final = 10.0
+#: a group consumer stores its position this often by itself (SPEC §11)
+DEFAULT_AUTO_COMMIT_INTERVAL: Final = 5.0
+#: a consumer group name is 1 to this many bytes of UTF-8
+MAX_GROUP_BYTES: Final = 255
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +158,13 @@ class Consumer:
         prefer_followers: bool = False,
         retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        group: str | None = None,
+        auto_commit_interval: float | None = DEFAULT_AUTO_COMMIT_INTERVAL,
     ) -> None:
+        if group is not None and not 1 <= len(group.encode()) <= MAX_GROUP_BYTES:
+            raise ValueError(f"a consumer group name is 1 to {MAX_GROUP_BYTES} bytes")
+        if auto_commit_interval is not None and auto_commit_interval <= 0:
+            raise ValueError("auto_commit_interval must be positive (None: commit() only)")
         if from_offset is not None and from_offset < 0:
             raise ValueError("from_offset must be >= 0")
         if prefetch < 1 or fetch_bytes < 1:
@@ -165,8 +181,11 @@ class Consumer:
         self.prefer_followers = prefer_followers
         self.retry_timeout = retry_timeout
         self._context = ClientContext(pm, pool, request_timeout, tls)
+        self.group = group
+        self.auto_commit_interval = auto_commit_interval
         self._stack = AsyncExitStack()
         self._nursery: trio.Nursery | None = None
+        self._fetcher = trio.CancelScope()
         send, receive = trio.open_memory_channel[_Chunk | _End | BaseException](prefetch)
         self._send = send
         self._receive = receive
@@ -174,16 +193,45 @@ class Consumer:
         #: the offset after the last record handed out (the start until then;
         #: with ``from_offset`` None, known once the ranges were listed)
         self.position = 0 if from_offset is None else from_offset
+        #: what the group last stored for this stream (None: nothing yet)
+        self.committed: int | None = None
 
     # -- lifetime -------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(self._context)
+            if self.group is not None:
+                await self._start_at_group_position(self.group)
             self._nursery = await stack.enter_async_context(trio.open_nursery())
-            self._nursery.start_soon(self._fetch_loop)
+            self._start_fetcher()
+            if self.group is not None and self.auto_commit_interval is not None:
+                self._nursery.start_soon(self._auto_commit, self.auto_commit_interval)
             self._stack = stack.pop_all()
         return self
+
+    def _start_fetcher(self) -> None:
+        assert self._nursery is not None
+        self._fetcher = trio.CancelScope()
+        send, self._receive = trio.open_memory_channel[_Chunk | _End | BaseException](self.prefetch)
+        self._send = send
+        self._finished = False
+
+        async def fetch(scope: trio.CancelScope) -> None:
+            with scope:
+                await self._fetch_loop()
+
+        self._nursery.start_soon(fetch, self._fetcher)
+
+    async def _start_at_group_position(self, group: str) -> None:
+        """Start where the group stopped (SPEC §11), else at ``from_offset``."""
+        try:
+            [stored] = await self._context.pm.fetch_offsets(group, [self.stream_id])
+        except GroupNotFoundError:
+            return
+        raise_for_code(stored.error_code, stored.error_message)
+        if stored.offset >= 0:
+            self.from_offset = self.position = self.committed = stored.offset
 
     async def __aexit__(
         self,
@@ -191,6 +239,13 @@ class Consumer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if (
+            exc_type is None
+            and self.group is not None
+            and self.auto_commit_interval is not None
+            and self.position != self.committed
+        ):
+            await self.commit()  # what was handed out, as on every interval
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
         # The caller's exception propagates as it is, not wrapped in the
@@ -201,7 +256,17 @@ class Consumer:
 
     async def next_batch(self) -> DecodedRecords | None:
         """The next records, decoded and CRC-checked; None at the end of the
-        stream (never, with ``tail``)."""
+        stream (never, with ``tail``). They count as handed out: ``position``
+        moves past them."""
+        records = await self.receive_batch()
+        if records is not None and len(records):
+            self.position = int(records.offsets[-1]) + 1
+        return records
+
+    async def receive_batch(self) -> DecodedRecords | None:
+        """``next_batch`` for a caller that hands the records out one at a
+        time and moves ``position`` itself, so that a commit never covers a
+        record not yet handed out."""
         if self._finished:
             return None
         item = await self._receive.receive()
@@ -214,8 +279,6 @@ class Consumer:
         records = decode_batches(item.data)
         if len(records) and records.offsets[0] < item.first_wanted:
             records = _drop_before(records, item.first_wanted)
-        if len(records):
-            self.position = int(records.offsets[-1]) + 1
         return records
 
     def __aiter__(self) -> AsyncIterator[DecodedRecords]:
@@ -225,6 +288,60 @@ class Consumer:
         """One ``Record`` at a time (a Python object per record: for
         convenience; iterate over batches for bulk reads)."""
         return _Records(self)
+
+    # -- positions (SPEC §11) ---------------------------------------------------
+
+    async def commit(self, offset: int | None = None) -> None:
+        """Store ``offset`` (by default ``position``: the offset after the
+        last record handed out, never one still prefetched) as the group's
+        position on this stream."""
+        if self.group is None:
+            raise ValueError("commit() needs a consumer group (Consumer(..., group=...))")
+        wanted = self.position if offset is None else offset
+        await self._context.pm.commit_offset(self.group, self.stream_id, wanted)
+        self.committed = wanted
+
+    async def _auto_commit(self, interval: float) -> None:
+        while True:
+            await trio.sleep(interval)
+            if self.position != self.committed:
+                try:
+                    await self.commit()
+                except (SBPError, OSError) as error:  # tried again on the next interval
+                    logger.warning("consumer group %s: commit failed: %s", self.group, error)
+
+    async def seek(self, offset: int) -> None:
+        """Read from ``offset`` next: the records prefetched are dropped."""
+        if offset < 0:
+            raise ValueError("offset must be >= 0")
+        if self._nursery is None:
+            raise RuntimeError("not open; use `async with`")
+        self._fetcher.cancel()
+        self.from_offset = self.position = offset
+        self._start_fetcher()
+
+    async def seek_to_time(self, timestamp_ms: int) -> int:
+        """Read from the first record appended at or after ``timestamp_ms``
+        (ms since the Unix epoch; the stream's end when none was); that offset."""
+        offset = await offset_at_time(self._context, self.stream_id, timestamp_ms)
+        await self.seek(offset)
+        return offset
+
+    async def end_offset(self) -> int:
+        """The stream's end (its next offset) now, from its open range's primary."""
+        routes = StreamRoutes(self._context.pm, self.stream_id)
+        ranges = await routes.refresh()
+        last = ranges[-1]
+        if not last.is_open:
+            return int(last.end_offset)
+        described = await self._context.node(replica_for_read(last, 0)).describe_range(
+            self.stream_id, last.range_index
+        )
+        return int(described.next_offset)
+
+    async def lag(self) -> int:
+        """Records between ``position`` and the stream's end now."""
+        return max(await self.end_offset() - self.position, 0)
 
     # -- the fetcher ----------------------------------------------------------
 
@@ -505,12 +622,13 @@ class _Batches:
 
 
 class _Records:
-    """A consumer's records one at a time (see ``_Batches``)."""
+    """A consumer's records one at a time (see ``_Batches``); ``position``
+    follows each record handed out."""
 
-    __slots__ = ("_batches", "_current")
+    __slots__ = ("_consumer", "_current")
 
     def __init__(self, consumer: Consumer) -> None:
-        self._batches = _Batches(consumer)
+        self._consumer = consumer
         self._current: Iterator[Record] = iter(())
 
     def __aiter__(self) -> _Records:
@@ -520,8 +638,12 @@ class _Records:
         while True:
             record = next(self._current, None)
             if record is not None:
+                self._consumer.position = record.offset + 1
                 return record
-            self._current = iter_records(await self._batches.__anext__())
+            records = await self._consumer.receive_batch()
+            if records is None:
+                raise StopAsyncIteration
+            self._current = iter_records(records)
 
 
 def iter_records(records: DecodedRecords) -> Iterator[Record]:

@@ -85,6 +85,25 @@ class DataNodeClient(RangeCalls):
         raise_for_code(result.error_code, result.error_message)
         return result
 
+    async def find_offset(
+        self, stream_id: int, range_index: int, timestamp_ms: int, *, timeout: float | None = None
+    ) -> tuple[int, int]:
+        """FIND_OFFSETS (SPEC §11) of one range: the first offset appended at
+        or after ``timestamp_ms`` and its append time, or the range's end
+        (next offset while open) and -1 when none was."""
+        wanted = messages.FindOffset(
+            stream_id=stream_id, range_index=range_index, timestamp_ms=timestamp_ms
+        )
+        request = messages.FindOffsetsRequest(
+            timeout_ms=self.timeout_ms(timeout), find_requests=(wanted,)
+        )
+        header = await self.call_for(
+            messages.FindOffsetsResponse, Opcode.FIND_OFFSETS, request, timeout=timeout
+        )
+        result = single(header.find_responses, "FIND_OFFSETS")
+        raise_for_code(result.error_code, result.error_message)
+        return result.offset, result.timestamp_ms
+
     async def producer_state(
         self, stream_id: int, as_of_offset: int, *, timeout: float | None = None
     ) -> tuple[messages.ProducerSnapshot, ...]:

@@ -373,13 +373,32 @@ class SyncConsumer:
                 yield records
 
     def __iter__(self) -> Iterator[Record]:
-        for records in self.batches():
-            yield from iter_records(records)
+        while (records := self._client.run(self.consumer.receive_batch)) is not None:
+            for record in iter_records(records):
+                # handed out one at a time: a commit covers what was yielded
+                self.consumer.position = record.offset + 1
+                yield record
 
     @property
     def position(self) -> int:
         """The offset after the last record handed out."""
         return self.consumer.position
+
+    def commit(self, offset: int | None = None) -> None:
+        """Store the group's position on this stream (``Consumer.commit``)."""
+        self._client.run(self.consumer.commit, offset)
+
+    def seek(self, offset: int) -> None:
+        """Read from ``offset`` next."""
+        self._client.run(self.consumer.seek, offset)
+
+    def seek_to_time(self, timestamp_ms: int) -> int:
+        """Read from the first record appended at or after ``timestamp_ms``."""
+        return self._client.run(self.consumer.seek_to_time, timestamp_ms)
+
+    def lag(self) -> int:
+        """Records between ``position`` and the stream's end now."""
+        return self._client.run(self.consumer.lag)
 
     def close(self) -> None:
         self._client._release(self._hosted)

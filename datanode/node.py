@@ -337,6 +337,23 @@ class DataNode:
                 raise
             return self.engine.describe_range(stream_id, range_index)
 
+    async def find_offset(
+        self, principal: str, stream_id: int, range_index: int, timestamp_ms: int
+    ) -> tuple[int, int]:
+        """FIND_OFFSETS (SPEC §11): the first offset of the range appended at
+        or after ``timestamp_ms``, and its append time (-1: none, the offset
+        is the range's end). Needs FETCH of the stream (SPEC §9)."""
+        denied = self.access.check(principal, "FETCH", stream_id)
+        if denied is not None:
+            raise denied
+        check_stream_id(stream_id)
+        try:
+            return self.engine.find_offset(stream_id, range_index, timestamp_ms)
+        except RangeNotFoundError:
+            if not await self.learn_stream(stream_id):
+                raise
+            return self.engine.find_offset(stream_id, range_index, timestamp_ms)
+
     async def seal(
         self, principal: str, pm_term: int, ranges: Sequence[tuple[int, int]], deadline: float
     ) -> list[RangeInfo | ProtocolError]:

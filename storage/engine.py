@@ -33,6 +33,7 @@ from sbp.errors import (
     OffsetOutOfRangeError,
     ProtocolError,
     RangeNotFoundError,
+    StreamDeletedError,
 )
 
 from . import commands, layout
@@ -223,6 +224,7 @@ class StorageEngine:
                     if key_stream == stream_id:
                         entry = layout.decode_index(index.value())
                         last_batch_end = base_offset + entry.record_count
+                        store.last_append_ms = max(store.last_append_ms, entry.append_time_ms)
                 state.next_offset = max(floor, last_batch_end)
                 if last_batch_end and _holds_dropped_chunks(index, state):
                     store.unfreed.add(stream_id)
@@ -649,6 +651,35 @@ class StorageEngine:
                 return info
         return None
 
+    def find_offset(self, stream_id: int, range_index: int, timestamp_ms: int) -> tuple[int, int]:
+        """FIND_OFFSETS (SPEC §11): the first offset of the range whose batch
+        was appended at or after ``timestamp_ms``, with that append time; the
+        range's end (its next offset while open) and -1 when none was.
+        Append times never go backwards within a range, so this is a binary
+        search over the index by offset (every batch of one chunk was
+        committed at one time). Thread-safe."""
+        state = self._state(stream_id)
+        if state.deleted:
+            raise StreamDeletedError(f"stream {stream_id} is deleted")
+        info = state.live(state.find_range(range_index))
+        low = max(info.start_offset, state.first_offset)
+        high = info.next_offset
+        with self._store.env.begin(buffers=False) as txn:
+            index = txn.cursor(db=self._store.dbs[layout.INDEX_DB])
+            while low < high:
+                middle = (low + high) // 2
+                chunk = _chunk_at(index, stream_id, middle, high)
+                if chunk is None:  # nothing held from there on: look below
+                    high = middle
+                elif chunk[1].append_time_ms >= timestamp_ms:
+                    high = max(chunk[0], low)
+                else:
+                    low = chunk[0] + chunk[1].record_count
+            found = _chunk_at(index, stream_id, low, info.next_offset)
+        if found is None:
+            return info.next_offset, -1
+        return max(found[0], low), found[1].append_time_ms
+
     def describe_range(self, stream_id: int, range_index: int) -> RangeInfo:
         """One range with its live next offset."""
         state = self._state(stream_id)
@@ -839,3 +870,20 @@ def _check_stream_id(stream_id: int) -> None:
 def _trimmed(stream_id: int, offset: int) -> ProtocolError:
     # the catalog said the offset exists but its batch is gone: trimmed meanwhile
     return OffsetOutOfRangeError(f"offset {offset} of stream {stream_id} is no longer stored")
+
+
+def _chunk_at(index: Any, stream_id: int, offset: int, end: int) -> tuple[int, IndexEntry] | None:
+    """The chunk holding ``offset``, or else the first one after it below
+    ``end``: its base offset and index entry (None when there is none)."""
+    if seek_floor(index, layout.batch_key(stream_id, offset)):
+        key_stream, base = BATCH_KEY.unpack(index.key())
+        if key_stream == stream_id:
+            entry = layout.decode_index(index.value())
+            if base + entry.record_count > offset:
+                return base, entry
+    if not index.set_range(layout.batch_key(stream_id, offset)):
+        return None
+    key_stream, base = BATCH_KEY.unpack(index.key())
+    if key_stream != stream_id or base >= end:
+        return None
+    return base, layout.decode_index(index.value())

@@ -64,6 +64,10 @@ class Store:
     streams: dict[int, StreamState] = field(default_factory=dict)
     #: >= the largest key in ``batches``: a larger key can use MDB_APPEND
     last_batch_key: bytes = b""
+    #: the latest append time stored (at open: of every stream's last chunk),
+    #: below which the writer's clock never goes, so that append times never
+    #: go backwards within a range even when the wall clock does
+    last_append_ms: int = 0
     stored_bytes: int = 0
     stored_batches: int = 0
     #: pages in use as of the last commit, or more: counted (``pages_in_use``,

@@ -217,7 +217,7 @@ class GroupCommitWriter:
         self._queue: queue.SimpleQueue[WriteOp | _Stop] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
-        self._last_time_ms = 0
+        self._last_time_ms = store.last_append_ms
         self._thread = threading.Thread(target=self._run, name="storage-writer", daemon=True)
         #: committed operations whose completion waits for the next commit to
         #: start syncing, or for the queue to run empty (see ``_commit``)

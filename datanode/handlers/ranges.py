@@ -1,9 +1,10 @@
-"""LIST_RANGES, SEAL_RANGES, SYNC_RANGES and DESCRIBE_RANGES on the wire:
+"""LIST_RANGES, SEAL_RANGES, SYNC_RANGES, DESCRIBE_RANGES and FIND_OFFSETS on the wire:
 each item to ``DataNode`` and its outcome back; each succeeds or fails alone.
 
 SEAL_RANGES and SYNC_RANGES come from the PM: with an ACL file (SPEC §9)
 only the cluster's own principals may send them; listing and describing a
-stream's ranges needs DESCRIBE of it, and a node's whole listing CLUSTER.
+stream's ranges needs DESCRIBE of it, and a node's whole listing CLUSTER;
+finding an offset by time needs FETCH of the stream.
 """
 
 from __future__ import annotations
@@ -89,3 +90,31 @@ class RangeHandlers:
                 )
             )
         await responder.send(messages.DescribeRangesResponse(describe_responses=tuple(results)))
+
+    async def find_offsets(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.FindOffsetsRequest)
+        results: list[messages.FindOffsetResult] = []
+        for wanted in header.find_requests:
+            try:
+                offset, found_ms = await self._node.find_offset(
+                    request.principal, wanted.stream_id, wanted.range_index, wanted.timestamp_ms
+                )
+            except ProtocolError as error:
+                results.append(
+                    failed(
+                        messages.FindOffsetResult,
+                        error,
+                        stream_id=wanted.stream_id,
+                        range_index=wanted.range_index,
+                    )
+                )
+                continue
+            results.append(
+                messages.FindOffsetResult(
+                    stream_id=wanted.stream_id,
+                    range_index=wanted.range_index,
+                    offset=offset,
+                    timestamp_ms=found_ms,
+                )
+            )
+        await responder.send(messages.FindOffsetsResponse(find_responses=tuple(results)))

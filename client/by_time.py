@@ -1,0 +1,51 @@
+"""Offsets by time (SPEC §11): the first offset of a stream appended at or
+after a moment, found range by range from the newest.
+
+Each range is asked (FIND_OFFSETS) on its replicas in turn until one
+answers. A range whose first batch is already late enough may have an
+earlier range that is too, so the search goes on backwards until a range
+answers an offset past its start, or none at all; the answer is then the
+earliest offset found. Ranges the PM has trimmed away are not asked.
+"""
+
+from __future__ import annotations
+
+from sbp import messages
+from sbp.errors import RangeNotFoundError, SBPError
+
+from ._routing import ClientContext
+
+
+async def offset_at_time(context: ClientContext, stream_id: int, timestamp_ms: int) -> int:
+    """The first offset of the stream appended at or after ``timestamp_ms``;
+    the stream's end (next offset) when nothing was."""
+    ranges = await context.pm.list_stream_ranges(stream_id)
+    if not ranges:
+        raise RangeNotFoundError(f"stream {stream_id} has no ranges")
+    found: int | None = None
+    for rng in reversed(ranges):
+        offset, appended_ms = await _find_in_range(context, rng, timestamp_ms)
+        if appended_ms < 0:  # nothing this late here: the later range's answer stands
+            return offset if found is None else found
+        found = offset
+        if offset > rng.start_offset:
+            return offset
+    assert found is not None
+    return found
+
+
+async def _find_in_range(
+    context: ClientContext, rng: messages.Range, timestamp_ms: int
+) -> tuple[int, int]:
+    failure: SBPError | OSError | None = None
+    for replica in rng.nodes_primary_first():
+        try:
+            return await context.node(replica).find_offset(
+                rng.stream_id, rng.range_index, timestamp_ms
+            )
+        except (SBPError, OSError) as error:
+            failure = error
+    raise RangeNotFoundError(
+        f"no replica of stream {rng.stream_id} range {rng.range_index} could find an offset "
+        f"by time: {failure}"
+    )

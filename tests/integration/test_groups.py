@@ -1,0 +1,99 @@
+"""Consumer groups against real processes (SPEC §11): a consumer resumes where
+its group stopped, the PM reports the lag, a reader starts from a time, and
+groups are listed and deleted."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from client.consumer import Consumer
+from client.producer import Producer
+from net.pool import ConnectionPool
+from sbp import messages
+from sbp.enums import ErrorCode
+from sbp.errors import GroupNotFoundError
+
+from ..eventually import eventually
+from .pm_cluster import PMCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.deadline(90)]
+
+
+async def _values(consumer: Consumer, count: int) -> list[bytes]:
+    values: list[bytes] = []
+    with trio.fail_after(20):
+        async for record in consumer.records():
+            values.append(record.value)
+            if len(values) == count:
+                break
+    return values
+
+
+async def test_a_group_resumes_where_it_stopped_and_its_lag_is_known(tmp_path: Path) -> None:
+    async with ConnectionPool() as pool:
+        cluster = PMCluster(tmp_path, pool)
+        try:
+            await cluster.start_pm("127.0.0.1:0", "--end-offsets-interval-ms", "200")
+            await cluster.start_nodes((1, 2))
+            pm = cluster.pm_client()
+            created = await pm.create_stream(1)
+            assert created.stream is not None
+            stream_id = created.stream.stream_id
+            async with Producer(pm, stream_id, pool=pool) as producer:
+                for n in range(50):
+                    await producer.send(b"early-%d" % n)
+                await producer.flush()
+            await trio.sleep(0.05)
+            since_ms = int(time.time() * 1000)
+            await trio.sleep(0.05)
+            async with Producer(pm, stream_id, pool=pool) as producer:
+                for n in range(50):
+                    await producer.send(b"late-%d" % n)
+                await producer.flush()
+
+            async with Consumer(pm, stream_id, group="etl", pool=pool) as consumer:
+                read = await _values(consumer, 40)
+            assert read[0] == b"early-0" and len(read) == 40  # committed 40 on the way out
+            async with Consumer(pm, stream_id, group="etl", pool=pool) as consumer:
+                assert consumer.committed == 40
+                assert (await _values(consumer, 1)) == [b"early-40"]
+                assert await consumer.lag() == 59
+                await consumer.commit()
+            [position] = await eventually(
+                lambda: pm.fetch_offsets("etl"),
+                until=lambda found: found[0].end_offset == 100,
+            )
+            assert (position.stream_id, position.offset, position.lag_records) == (
+                stream_id,
+                41,
+                59,
+            )
+            # a rewind, and a refusal past the end that changes nothing
+            rewound = await pm.commit_offset("etl", stream_id, 0, "replay")
+            assert rewound.metadata == "replay"
+            [past] = await pm.commit_offsets(
+                "etl", [messages.GroupOffset(stream_id=stream_id, offset=101)]
+            )
+            assert past.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
+            assert (await pm.fetch_offsets("etl"))[0].offset == 0
+
+            # from a time: the first record appended at or after it
+            async with Consumer(pm, stream_id, pool=pool) as consumer:
+                assert await consumer.seek_to_time(since_ms) == 50
+                assert (await _values(consumer, 1)) == [b"late-0"]
+                assert await consumer.seek_to_time(since_ms + 3_600_000) == 100
+
+            [listing] = await pm.list_groups()
+            assert (listing.group, listing.stream_ids) == ("etl", (stream_id,))
+            [deleted] = await pm.delete_groups(["etl"])
+            assert deleted.error_code == ErrorCode.NONE
+            with pytest.raises(GroupNotFoundError):
+                await pm.fetch_offsets("etl")
+            assert await pm.list_groups() == ()
+        finally:
+            with trio.CancelScope(shield=True):
+                await cluster.stop_all()
