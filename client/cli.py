@@ -22,9 +22,12 @@ append; a read gives up after failing that long).
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib
 import os
+import re
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
@@ -109,6 +112,45 @@ def _replicas(text: str) -> int:
 
 def _acks(text: str) -> int:
     return _integer(text, 0, 127)
+
+
+def _group(text: str) -> str:
+    size = len(text.encode())
+    if not 1 <= size <= 255:
+        raise argparse.ArgumentTypeError(f"a group name is 1 to 255 bytes, not {size}")
+    return text
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _moment(text: str) -> int:
+    """A time as ms since the Unix epoch: a duration ago (``10m``) or an ISO
+    date and time (local unless it names a zone); never in the future."""
+    now = time.time()
+    duration = _DURATION.match(text.strip())
+    if duration is not None:
+        moment = now - float(duration.group(1)) * _UNIT_S[duration.group(2)]
+    else:
+        try:
+            parsed = datetime.datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"not a duration (10m, 2h) or a date and time (2026-11-27T10:00): {text!r}"
+            ) from None
+        moment = parsed.timestamp()  # a naive time is local time
+    if moment > now + 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is in the future")
+    return int(moment * 1000)
+
+
+def _reset_target(text: str) -> tuple[str, int]:
+    if text in ("earliest", "latest"):
+        return text, 0
+    if text.isdigit():
+        return "offset", _offset(text)
+    return "time", _moment(text)
 
 
 def _seconds(text: str) -> float:
@@ -307,6 +349,56 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _command(read, "cli_read", "cmd_read")
     _command(tail, "cli_read", "cmd_tail")
+
+    read.add_argument(
+        "--group",
+        metavar="GROUP",
+        help="start where this consumer group stopped (else at --from, --since or the start)",
+    )
+    read.add_argument(
+        "--commit",
+        action="store_true",
+        help="with --group: store the offset after the last record printed as its position",
+    )
+    for sub in (read, tail):
+        sub.add_argument(
+            "--since",
+            type=_moment,
+            metavar="TIME",
+            help="start at the first record appended at or after TIME: a duration ago "
+            "(90s, 10m, 2h, 1d) or a date and time (2026-11-27T10:00, local time unless it "
+            "names a zone such as Z or +01:00)",
+        )
+
+    groups = commands.add_parser("groups", help="consumer groups: positions and lag")
+    group_commands = groups.add_subparsers(metavar="ACTION", required=True)
+    group_list = group_commands.add_parser("list", help="groups, their streams and total lag")
+    _command(group_list, "cli_groups", "cmd_groups_list")
+    group_describe = group_commands.add_parser(
+        "describe", help="a group's position, end and lag per stream"
+    )
+    group_describe.add_argument("group", type=_group, metavar="GROUP")
+    _command(group_describe, "cli_groups", "cmd_groups_describe")
+    group_reset = group_commands.add_parser(
+        "reset",
+        help="move a group's positions",
+        description="Move the group's position on every stream it has one on (or on "
+        "--stream) to the earliest offset, the latest (skip everything), an offset, or the "
+        "first record appended at or after a time.",
+    )
+    group_reset.add_argument("group", type=_group, metavar="GROUP")
+    group_reset.add_argument(
+        "--to",
+        type=_reset_target,
+        required=True,
+        metavar="WHERE",
+        help="earliest, latest, an OFFSET, or a TIME as for read --since",
+    )
+    group_reset.add_argument("--stream", type=_stream_id, metavar="STREAM", help="this stream only")
+    _command(group_reset, "cli_groups", "cmd_groups_reset")
+    group_delete = group_commands.add_parser("delete", help="forget consumer groups")
+    group_delete.add_argument("groups", type=_group, nargs="+", metavar="GROUP")
+    _command(group_delete, "cli_groups", "cmd_groups_delete")
 
     cluster = commands.add_parser("cluster", help="the cluster's data nodes")
     cluster_commands = cluster.add_subparsers(metavar="ACTION", required=True)

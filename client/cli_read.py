@@ -12,6 +12,7 @@ from typing import IO, Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from net.service import UsageError
 from sbp.batches import DecodedRecords
 
 from . import format as fmt
@@ -167,6 +168,7 @@ async def _consume(
     env: Env, from_offset: int, *, tail: bool, progress: Progress | None = None
 ) -> int:
     printer = RecordPrinter(env, env.args.count)
+    group = getattr(env.args, "group", None)
     async with Consumer(
         env.pm,
         env.args.stream_id,
@@ -175,14 +177,20 @@ async def _consume(
         tail=tail,
         retry_timeout=env.args.timeout,
         request_timeout=env.args.timeout,
+        group=group,
+        auto_commit_interval=None,  # --commit stores the position once, at the end
     ) as consumer:
+        if env.args.since is not None and (group is None or consumer.committed is None):
+            await consumer.seek_to_time(env.args.since)
         while not printer.done:
-            batch = await consumer.next_batch()
+            batch = await consumer.receive_batch()
             if batch is None:
                 break
             printer.take(batch)
             if progress is not None:
                 progress.update(printer.records, printer.bytes)
+        if getattr(env.args, "commit", False) and printer.last_offset is not None:
+            await consumer.commit(printer.last_offset + 1)
     if progress is not None:
         progress.update(printer.records, printer.bytes, final=True)
     if env.args.stats:
@@ -194,6 +202,8 @@ async def cmd_read(env: Env) -> int:
     """Read a stream from --from up to its end as it is now. On a terminal,
     while the records go to a file or a pipe (or with --stats), a progress
     line on stderr shows how far it is and how fast it goes."""
+    if env.args.commit and env.args.group is None:
+        raise UsageError("--commit needs --group")
     from_offset = env.args.from_offset
     if from_offset is None:  # the first record not trimmed away
         ranges = await env.pm.list_stream_ranges(env.args.stream_id)
@@ -212,9 +222,9 @@ async def cmd_read(env: Env) -> int:
 async def cmd_tail(env: Env) -> int:
     """Follow a stream: print records as they are appended (Ctrl-C stops)."""
     from_offset = env.args.from_offset
-    if from_offset is None:
+    if from_offset is None and env.args.since is None:
         from_offset = await _end_offset(env, env.args.stream_id)
-    return await _consume(env, from_offset, tail=True)
+    return await _consume(env, from_offset or 0, tail=True)
 
 
 async def _end_offset(env: Env, stream_id: int) -> int:

@@ -255,12 +255,53 @@ def test_errors_are_one_line_with_exit_codes(cluster: LocalCluster) -> None:
     )
 
 
+def test_groups_keep_where_a_reader_stopped(cluster: LocalCluster) -> None:
+    pm = cluster.pm_address
+    stream = new_stream(pm)
+    values = [f"v{i}" for i in range(10)]
+    assert sbp(pm, "append", str(stream), stdin=lines(values)).returncode == 0
+
+    first = sbp(pm, "read", str(stream), "--group", "etl", "--count", "4", "--commit")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.split() == values[:4]
+    peek = sbp(pm, "read", str(stream), "--group", "etl", "--count", "2")  # no --commit
+    assert peek.stdout.split() == values[4:6]
+    [position] = sbp_json(pm, "groups", "describe", "etl")
+    assert (position["stream_id"], position["offset"]) == (stream, 4)
+    listed = sbp_json(pm, "groups", "list")
+    assert [g["group"] for g in listed] == ["etl"]
+    assert "etl" in sbp(pm, "groups", "list").stdout
+
+    reset = sbp(pm, "groups", "reset", "etl", "--to", "latest")
+    assert reset.returncode == 0, reset.stderr
+    assert sbp_json(pm, "groups", "describe", "etl")[0]["offset"] == 10
+    assert sbp(pm, "read", str(stream), "--group", "etl").stdout == ""
+    sbp(pm, "groups", "reset", "etl", "--to", "1h", "--stream", str(stream))
+    assert sbp_json(pm, "groups", "describe", "etl")[0]["offset"] == 0
+    assert sbp(pm, "read", str(stream), "--since", "1h", "--count", "3").stdout.split() == [
+        "v0",
+        "v1",
+        "v2",
+    ]
+
+    future = sbp(pm, "read", str(stream), "--since", "2999-01-01T00:00")
+    assert future.returncode == 2 and "is in the future" in future.stderr
+    assert sbp(pm, "read", str(stream), "--commit").returncode == 2  # needs --group
+    assert sbp(pm, "groups", "describe", "").returncode == 2
+    assert sbp(pm, "groups", "delete", "etl").returncode == 0
+    gone = sbp(pm, "groups", "delete", "etl")
+    assert gone.returncode == 1 and gone.stderr.startswith("sbp: GROUP_NOT_FOUND")
+    missing = sbp(pm, "groups", "describe", "etl")
+    assert missing.returncode == 1 and "GROUP_NOT_FOUND" in missing.stderr
+
+
 def test_help_explains_every_command() -> None:
     commands = [
         [], ["ping"], ["streams"], ["streams", "create"], ["streams", "list"], ["streams", "get"],
         ["streams", "update"], ["streams", "delete"], ["streams", "trim"], ["ranges"],
         ["ranges", "list"], ["ranges", "describe"], ["ranges", "seal"], ["append"], ["read"],
-        ["tail"], ["cluster"], ["cluster", "status"], ["top"],
+        ["tail"], ["cluster"], ["cluster", "status"], ["top"], ["groups"], ["groups", "list"],
+        ["groups", "describe"], ["groups", "reset"], ["groups", "delete"],
     ]  # fmt: skip
     # In process: argparse prints the help and exits before any connection.
     for command in commands:

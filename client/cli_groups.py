@@ -1,0 +1,194 @@
+"""``sbp groups``: consumer groups' positions and lag (SPEC §11; docs/cli.md).
+
+The PM keeps the positions and the end offset of each stream a group reads,
+as it last learned it (every few seconds); ``describe`` dates the oldest
+record a group has not read from that record's own timestamp, read from a
+replica.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from net.service import UsageError
+from sbp import messages
+from sbp.batches import decode_batches
+from sbp.errors import SBPError
+
+from . import format as fmt
+from ._routing import ClientContext, replica_for_read
+from .by_time import offset_at_time
+from .cli_commands import Env, _item_error
+from .cli_defaults import EXIT_OK, EXIT_SERVER_ERROR
+
+
+async def cmd_groups_list(env: Env) -> int:
+    """Every group, its streams and how far behind it is in all."""
+    listings = sorted(await env.pm.list_groups(), key=lambda g: g.group)
+    lags: list[int | None] = []
+    for listing in listings:
+        positions = await env.pm.fetch_offsets(listing.group)
+        known = [p.lag_records for p in positions if p.lag_records >= 0]
+        lags.append(sum(known) if known else None)
+    if env.json:
+        env.emit_json(
+            [
+                {
+                    "group": listing.group,
+                    "stream_ids": list(listing.stream_ids),
+                    "lag_records": lag,
+                    "last_commit_ms": listing.last_commit_ms,
+                }
+                for listing, lag in zip(listings, lags, strict=True)
+            ]
+        )
+        return EXIT_OK
+    rows = [
+        [
+            listing.group,
+            len(listing.stream_ids),
+            "-" if lag is None else lag,
+            fmt.age_text(listing.last_commit_ms),
+        ]
+        for listing, lag in zip(listings, lags, strict=True)
+    ]
+    env.emit(
+        fmt.table(["group", "streams", "lag", "last commit"], rows)
+        if rows
+        else "no consumer groups"
+    )
+    return EXIT_OK
+
+
+async def cmd_groups_describe(env: Env) -> int:
+    """Per stream: the group's position, the stream's end, the lag in records
+    and in seconds, the last commit and its metadata."""
+    positions = await env.pm.fetch_offsets(env.args.group)
+    async with ClientContext(env.pm, env.pool, env.args.timeout) as context:
+        ages = [await _lag_seconds(context, p) for p in positions]
+    if env.json:
+        env.emit_json(
+            [
+                {
+                    "stream_id": p.stream_id,
+                    "offset": p.offset,
+                    "end_offset": p.end_offset,
+                    "lag_records": p.lag_records,
+                    "lag_seconds": age,
+                    "commit_time_ms": p.commit_time_ms,
+                    "metadata": p.metadata,
+                }
+                for p, age in zip(positions, ages, strict=True)
+            ]
+        )
+        return EXIT_OK
+    env.emit(
+        fmt.table(
+            ["stream", "offset", "end", "lag", "lag s", "last commit", "metadata"],
+            [
+                [
+                    p.stream_id,
+                    p.offset,
+                    _known(p.end_offset),
+                    _known(p.lag_records),
+                    "-" if age is None else f"{age:.1f}",
+                    fmt.age_text(p.commit_time_ms),
+                    p.metadata,
+                ]
+                for p, age in zip(positions, ages, strict=True)
+            ],
+        )
+    )
+    return EXIT_OK
+
+
+async def _lag_seconds(
+    context: ClientContext, position: messages.GroupOffsetResult
+) -> float | None:
+    """The age of the first record the group has not read, by its timestamp
+    (0 at the end; None when it cannot be read)."""
+    if position.lag_records == 0:
+        return 0.0
+    if position.lag_records < 0 or position.offset < 0:
+        return None
+    ranges = await context.pm.list_stream_ranges(position.stream_id)
+    holding = [r for r in ranges if r.start_offset <= position.offset] or list(ranges[:1])
+    if not holding:
+        return None
+    rng = holding[-1]
+    wanted = messages.FetchInfo(
+        stream_id=position.stream_id, fetch_offset=position.offset, batch_max_bytes=1
+    )
+    try:
+        async with context.node(replica_for_read(rng, 0)).fetch([wanted]) as results:
+            data = b"".join([bytes(fetched.data) async for fetched in results])
+    except (SBPError, OSError):
+        return None
+    records = decode_batches(data) if data else None
+    if records is None or not len(records):
+        return None
+    first = max(int(records.offsets.searchsorted(position.offset)), 0)
+    first = min(first, len(records) - 1)
+    return max(time.time() - int(records.timestamps[first]) / 1000, 0.0)
+
+
+def _known(value: int) -> object:
+    return "-" if value < 0 else value
+
+
+async def cmd_groups_reset(env: Env) -> int:
+    """Move the group's positions (on every stream it has one, or on
+    --stream) to the earliest offset, the latest, an offset or a time."""
+    group, target = env.args.group, env.args.to
+    if env.args.stream is not None:
+        stream_ids: Sequence[int] = [env.args.stream]
+    else:
+        stream_ids = [p.stream_id for p in await env.pm.fetch_offsets(group)]
+    async with ClientContext(env.pm, env.pool, env.args.timeout) as context:
+        offsets = [
+            messages.GroupOffset(stream_id=s, offset=await _target(context, s, target))
+            for s in stream_ids
+        ]
+    results = await env.pm.commit_offsets(group, offsets)
+    if env.json:
+        env.emit_json(results)
+    failed = [r for r in results if r.error_code]
+    stored = [r for r in results if not r.error_code]
+    if stored and not env.json:
+        env.emit(fmt.table(["stream", "offset"], [[r.stream_id, r.offset] for r in stored]))
+    for result in failed:
+        print(_item_error(result.error_code, result.error_message), file=env.err)
+    return EXIT_SERVER_ERROR if failed else EXIT_OK
+
+
+async def _target(context: ClientContext, stream_id: int, target: tuple[str, int]) -> int:
+    kind, value = target
+    if kind == "offset":
+        return value
+    if kind == "time":
+        return await offset_at_time(context, stream_id, value)
+    ranges = await context.pm.list_stream_ranges(stream_id)
+    if not ranges:
+        raise UsageError(f"stream {stream_id} has no ranges")
+    if kind == "earliest":
+        return ranges[0].start_offset
+    last = ranges[-1]
+    if not last.is_open:
+        return last.end_offset
+    node = context.node(replica_for_read(last, 0))
+    return (await node.describe_range(stream_id, last.range_index)).next_offset
+
+
+async def cmd_groups_delete(env: Env) -> int:
+    """Forget whole groups; an unknown group is an error (exit 1)."""
+    results = await env.pm.delete_groups(env.args.groups)
+    if env.json:
+        env.emit_json(results)
+    failed = [r for r in results if r.error_code]
+    for result in results:
+        if not result.error_code and not env.json:
+            env.emit(f"deleted group {result.group}")
+    for result in failed:
+        print(_item_error(result.error_code, result.error_message), file=env.err)
+    return EXIT_SERVER_ERROR if failed else EXIT_OK
