@@ -139,12 +139,14 @@ def _known(value: int) -> object:
 
 async def cmd_groups_reset(env: Env) -> int:
     """Move the group's positions (on every stream it has one, or on
-    --stream) to the earliest offset, the latest, an offset or a time."""
+    --stream) to the earliest offset, the latest, an offset or a time. A
+    group that does not exist is GROUP_NOT_FOUND (exit 1): a group comes
+    into being with a reader's first commit."""
     group, target = env.args.group, env.args.to
-    if env.args.stream is not None:
-        stream_ids: Sequence[int] = [env.args.stream]
-    else:
-        stream_ids = [p.stream_id for p in await env.pm.fetch_offsets(group)]
+    held = await env.pm.fetch_offsets(group)  # GROUP_NOT_FOUND: nothing to reset
+    stream_ids: Sequence[int] = (
+        [env.args.stream] if env.args.stream is not None else [p.stream_id for p in held]
+    )
     async with ClientContext(env.pm, env.pool, env.args.timeout) as context:
         offsets = [
             messages.GroupOffset(stream_id=s, offset=await _target(context, s, target))

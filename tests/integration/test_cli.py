@@ -293,6 +293,8 @@ def test_groups_keep_where_a_reader_stopped(cluster: LocalCluster) -> None:
     assert gone.returncode == 1 and gone.stderr.startswith("sbp: GROUP_NOT_FOUND")
     missing = sbp(pm, "groups", "describe", "etl")
     assert missing.returncode == 1 and "GROUP_NOT_FOUND" in missing.stderr
+    no_reset = sbp(pm, "groups", "reset", "etl", "--to", "earliest", "--stream", str(stream))
+    assert no_reset.returncode == 1 and "GROUP_NOT_FOUND" in no_reset.stderr
 
 
 def test_help_explains_every_command() -> None:
