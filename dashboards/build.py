@@ -283,6 +283,46 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
         ),
     ),
     (
+        "Consumers",
+        (
+            Panel(
+                "Lag in records, furthest behind",
+                "Records between each consumer group's committed position and its streams' "
+                "ends, summed per group: the ten groups furthest behind (SPEC §11).",
+                "none",
+                (
+                    (
+                        f"topk(10, sum by (group) (sbp_group_lag_records{{{PM}}}))",
+                        "{{group}}",
+                    ),
+                ),
+            ),
+            Panel(
+                "Lag in seconds, furthest behind",
+                "Age of the oldest record each group has not consumed, on its slowest stream "
+                "(0 at the end): the ten groups furthest behind.",
+                "s",
+                (
+                    (
+                        f"topk(10, max by (group) (sbp_group_lag_seconds{{{PM}}}))",
+                        "{{group}}",
+                    ),
+                ),
+            ),
+            Panel(
+                "Commits/s",
+                "COMMIT_OFFSETS stored per second, per group.",
+                "ops",
+                (
+                    (
+                        f"sum by (group) (rate(sbp_group_commits_total{{{PM}}}{RATE}))",
+                        "{{group}}",
+                    ),
+                ),
+            ),
+        ),
+    ),
+    (
         "Storage",
         (
             Panel(

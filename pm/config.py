@@ -36,7 +36,7 @@ PROG: Final = "sbp-pm"
 DEFAULT_NODE_TIMEOUT_MS: Final = 5000
 #: ten minutes: a node restarted after a crash or an upgrade is back well within it
 DEFAULT_REPAIR_AFTER_MS: Final = 600_000
-DEFAULT_END_OFFSETS_INTERVAL_MS: Final = 10_000
+DEFAULT_END_OFFSETS_INTERVAL_MS: Final = 5_000
 DEFAULT_LAG_METRICS_MAX_SERIES: Final = 1_000
 DEFAULT_LEASE_TTL_MS: Final = 3000
 

@@ -153,7 +153,10 @@ def run_load(pm: str, stream_id: int, seconds: float) -> tuple[int, int]:
 
         def consume() -> None:
             nonlocal read
-            with client.consumer(stream_id, 0, tail=True) as consumer:
+            # a consumer group: its lag and commits feed the Consumers row
+            with client.consumer(
+                stream_id, 0, tail=True, group="dashboard", auto_commit_interval=0.5
+            ) as consumer:
                 # A tailing read never ends by itself; the last record is sent
                 # after ``total`` is known, so one more batch always comes.
                 while not (total and read >= total[0]):
