@@ -50,6 +50,11 @@ READ_OPTIONS: Final = (
     "streams",
     "startingOffsets",
     "endingOffsets",
+    "startingTimestamp",
+    "endingTimestamp",
+    "startingOffsetsByTimestamp",
+    "endingOffsetsByTimestamp",
+    "group",
     "failOnDataLoss",
     "maxRecordsPerPartition",
     "maxRecordsPerTrigger",
@@ -199,6 +204,72 @@ def parse_offsets(options: Mapping[str, str], name: str, default: str) -> Offset
     return OffsetSpec(fallback, per_stream)
 
 
+@dataclass(frozen=True)
+class TimeSpec:
+    """Where reading starts or stops by time (SPEC §11): the first record
+    appended at or after ``default`` ms (None: not by time) for every stream
+    not in ``per_stream``."""
+
+    default: int | None = None
+    per_stream: Mapping[int, int] = field(default_factory=dict)
+
+    def for_stream(self, stream_id: int) -> int | None:
+        return self.per_stream.get(stream_id, self.default)
+
+    @property
+    def given(self) -> bool:
+        return self.default is not None or bool(self.per_stream)
+
+
+def _time_ms(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise SBPOptionError(f"option {name!r} must be ms since the Unix epoch, got {value!r}")
+    try:
+        moment = int(str(value).strip())
+    except ValueError:
+        raise SBPOptionError(
+            f"option {name!r} must be ms since the Unix epoch, got {value!r}"
+        ) from None
+    if moment < 0:
+        raise SBPOptionError(f"option {name!r} must be ms since the Unix epoch, got {moment}")
+    return moment
+
+
+def parse_times(options: Mapping[str, str], every: str, by_stream: str) -> TimeSpec:
+    """Options ``every`` (one time for every stream, as Kafka's
+    ``startingTimestamp``) and ``by_stream`` (JSON of stream id to time, as
+    Kafka's ``startingOffsetsByTimestamp``); the first wins where both apply."""
+    default = _time_ms(options[every], every) if options.get(every) is not None else None
+    per_stream: dict[int, int] = {}
+    text = options.get(by_stream)
+    if text is not None:
+        try:
+            parsed = json.loads(str(text))
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise SBPOptionError(
+                f"option {by_stream!r} must be a JSON object of stream id to ms since the "
+                f'Unix epoch like {{"1": 1795000000000}}, got {text!r}'
+            )
+        for key, value in parsed.items():
+            per_stream[_stream_id(key, by_stream)] = _time_ms(value, by_stream)
+    if default is not None:
+        per_stream = {}  # one time for every stream wins, as in Kafka's source
+    return TimeSpec(default, per_stream)
+
+
+def parse_group(options: Mapping[str, str]) -> str | None:
+    """Option ``group``: the consumer group a streaming query commits to."""
+    text = options.get("group")
+    if text is None:
+        return None
+    size = len(str(text).encode())
+    if not 1 <= size <= 255:
+        raise SBPOptionError(f"option 'group' must be 1 to 255 bytes of UTF-8, got {size}")
+    return str(text)
+
+
 def parse_positive_int(options: Mapping[str, str], name: str, default: int) -> int:
     text = options.get(name)
     if text is None:
@@ -243,6 +314,11 @@ class ReadOptions:
     #: offsets asked for that were trimmed away fail the query (as Kafka's
     #: option); false reads from the first record there is instead
     fail_on_data_loss: bool = True
+    #: start and end by append time; where given they win over the offsets
+    starting_times: TimeSpec = field(default_factory=TimeSpec)
+    ending_times: TimeSpec = field(default_factory=TimeSpec)
+    #: the consumer group a streaming query commits its processed ends to
+    group: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -262,6 +338,9 @@ class ReadOptions:
             timeout=parse_timeout(options),
             tls=parse_tls(options),
             fail_on_data_loss=parse_bool(options, "failOnDataLoss", True),
+            starting_times=parse_times(options, "startingTimestamp", "startingOffsetsByTimestamp"),
+            ending_times=parse_times(options, "endingTimestamp", "endingOffsetsByTimestamp"),
+            group=parse_group(options),
         )
 
 

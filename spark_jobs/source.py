@@ -48,7 +48,14 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from .options import EARLIEST_CODE, ReadOptions, SBPOptionError, WriteOptions
+from .options import (
+    EARLIEST_CODE,
+    OffsetSpec,
+    ReadOptions,
+    SBPOptionError,
+    TimeSpec,
+    WriteOptions,
+)
 
 # Spark starts a fresh Python process to create the source and another to
 # plan each query; only what a step needs is imported in it (trio, the
@@ -109,6 +116,20 @@ def _read(partition: InputPartition, options: ReadOptions) -> Iterator[pa.Record
         yield from read_slice(client, partition, options.fetch_max_bytes)
 
 
+def _by_time(
+    options: ReadOptions,
+    times: TimeSpec,
+    layouts: Mapping[int, StreamLayout],
+    spec: OffsetSpec,
+) -> OffsetSpec:
+    """``spec`` with the streams that ``times`` names set by append time."""
+    if not times.given:
+        return spec
+    from .positions import offsets_by_time
+
+    return offsets_by_time(options, times, layouts, spec)
+
+
 def _plan(
     layouts: Mapping[int, StreamLayout], bounds: list[tuple[int, int, int]], max_records: int
 ) -> list[InputPartition]:
@@ -130,7 +151,13 @@ class SBPDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         _check_schema(schema)
-        return SBPBatchReader(ReadOptions.parse(self.options))
+        options = ReadOptions.parse(self.options)
+        if options.group is not None:
+            raise SBPOptionError(
+                "option 'group' is for streaming reads (spark.readStream): a batch read "
+                "keeps no position"
+            )
+        return SBPBatchReader(options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         _check_schema(schema)
@@ -165,13 +192,15 @@ class SBPBatchReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         options = self.options
         layouts = _layouts(options, options.streams)
+        starting = _by_time(options, options.starting_times, layouts, options.starting)
+        ending = _by_time(options, options.ending_times, layouts, options.ending)
         bounds = []
         fail = options.fail_on_data_loss
         for stream_id, layout in layouts.items():
-            start = layout.resolve(options.starting, fail_on_data_loss=fail)
-            end = layout.resolve(options.ending)
-            wanted_start = options.starting.for_stream(stream_id)
-            wanted_end = options.ending.for_stream(stream_id)
+            start = layout.resolve(starting, fail_on_data_loss=fail)
+            end = layout.resolve(ending)
+            wanted_start = starting.for_stream(stream_id)
+            wanted_end = ending.for_stream(stream_id)
             if start > end or (0 <= wanted_end < wanted_start):
                 shown_start = start if wanted_start < 0 else wanted_start
                 shown_end = end if wanted_end < 0 else wanted_end
@@ -217,16 +246,29 @@ class SBPStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
         self._target: StreamOffsets | None = None
+        #: what was last committed to the group (option ``group``)
+        self._committed: StreamOffsets = {}
 
     def _layouts(self, stream_ids: Sequence[int] | None = None) -> dict[int, StreamLayout]:
         ids = self.options.streams if stream_ids is None else stream_ids
         return _layouts(self.options, ids)
 
     def initialOffset(self) -> StreamOffsets:
-        fail = self.options.fail_on_data_loss
+        """Where a query without a checkpoint starts: the group's positions
+        (option ``group``) where it has them, else the starting time or
+        offset of each stream."""
+        options = self.options
+        layouts = self._layouts()
+        starting = _by_time(options, options.starting_times, layouts, options.starting)
+        if options.group is not None:
+            from .positions import group_positions
+
+            held = group_positions(options, options.group)
+            starting = OffsetSpec(starting.default, {**starting.per_stream, **held})
+        fail = options.fail_on_data_loss
         return {
-            str(stream_id): layout.resolve(self.options.starting, fail_on_data_loss=fail)
-            for stream_id, layout in self._layouts().items()
+            str(stream_id): layout.resolve(starting, fail_on_data_loss=fail)
+            for stream_id, layout in layouts.items()
         }
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -242,6 +284,10 @@ class SBPStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {str(stream_id): layout.next_offset for stream_id, layout in self._layouts().items()}
 
     def latestOffset(self, start: StreamOffsets, limit: ReadLimit) -> StreamOffsets:
+        # Spark asks for the next batch once the one ending at ``start`` has
+        # run and its output is committed (and once more when an
+        # availableNow run is done): ``start`` is processed.
+        self._commit_to_group(start)
         begins: dict[str, int] = {}
         available: dict[str, int] = {}
         for stream_id, layout in self._layouts().items():
@@ -285,7 +331,18 @@ class SBPStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         yield from _read(partition, self.options)
 
     def commit(self, end: StreamOffsets) -> None:
-        """Nothing to release: the cluster keeps no read positions."""
+        """With option ``group``, a processed micro-batch's ends become the
+        group's positions (SPEC §11): its lag shows on the dashboard and in
+        ``sbp groups``. The query itself restarts from its checkpoint."""
+        self._commit_to_group(end)
+
+    def _commit_to_group(self, processed: StreamOffsets) -> None:
+        if self.options.group is None or not processed or processed == self._committed:
+            return
+        from .positions import commit_positions
+
+        commit_positions(self.options, self.options.group, processed)
+        self._committed = dict(processed)
 
 
 @dataclass

@@ -49,6 +49,10 @@ class StreamOps:
         with self._client.producer(stream_id, request_timeout=TIMEOUT_S) as producer:
             return int(producer.send_batch(batch).offsets()[0])
 
+    def group_positions(self, group: str) -> tuple[messages.GroupOffsetResult, ...]:
+        """The consumer group's positions as the PM holds them."""
+        return self._client.run(self._client.pm.fetch_offsets, group)
+
     def ranges(self, stream_id: int) -> tuple[messages.Range, ...]:
         return self._client.list_ranges(stream_id)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -94,6 +95,38 @@ def test_starting_and_ending_offsets(spark: SparkSession, ops: StreamOps) -> Non
     ) == list(range(55, 60))
 
 
+def test_starting_and_ending_by_append_time_across_a_seal(
+    spark: SparkSession, ops: StreamOps
+) -> None:
+    stream = ops.create_stream()
+    values = make_values("time", 60)
+    ops.append(stream, values[:20])
+    time.sleep(0.05)
+    middle = int(time.time() * 1000)
+    time.sleep(0.05)
+    ops.append(stream, values[20:30])
+    ops.seal(stream)
+    ops.append(stream, values[30:45])
+    time.sleep(0.05)
+    late = int(time.time() * 1000)
+    time.sleep(0.05)
+    ops.append(stream, values[45:])
+
+    def offsets(**options: str) -> list[int]:
+        df = read(spark, ops.pm_address, streams=str(stream), **options)
+        return [row.offset for row in df.orderBy("offset").collect()]
+
+    assert offsets(startingTimestamp=str(middle)) == list(range(20, 60))
+    assert offsets(startingTimestamp=str(middle), endingTimestamp=str(late)) == list(range(20, 45))
+    by_stream = json.dumps({str(stream): late})
+    assert offsets(startingOffsetsByTimestamp=by_stream) == list(range(45, 60))
+    # one time for every stream wins over a time per stream, as in Kafka's source
+    assert offsets(startingTimestamp=str(middle), startingOffsetsByTimestamp=by_stream) == list(
+        range(20, 60)
+    )
+    assert offsets(startingTimestamp=str(late + 3_600_000)) == []
+
+
 def test_records_appended_after_a_load_show_in_the_next_load(
     spark: SparkSession, ops: StreamOps
 ) -> None:
@@ -127,6 +160,7 @@ def test_all_streams(spark: SparkSession, ops: StreamOps) -> None:
     ("options", "message"),
     [
         ({"streams": "1"}, "option 'pm' is required"),
+        ({"pm": "127.0.0.1:1", "streams": "1", "group": "etl"}, "is for streaming reads"),
         ({"pm": "nohost", "streams": "1"}, "option 'pm' must be host:port"),
         ({"pm": "127.0.0.1:1", "streams": "one"}, "option 'streams': 'one' is not a stream id"),
         (

@@ -62,11 +62,33 @@ def test_options_parse_with_defaults() -> None:
         ({"pm": "h:1", "streams": "1", "endingOffsets": '{"1": "x"}'}, "must be an integer"),
         ({"pm": "h:1", "streams": "1", "endingOffsets": "[1]"}, "JSON object"),
         ({"pm": "h:1", "streams": "1", "fetchMaxBytes": "lots"}, "'fetchMaxBytes'"),
+        ({"pm": "h:1", "streams": "1", "startingTimestamp": "noon"}, "ms since the Unix epoch"),
+        ({"pm": "h:1", "streams": "1", "endingTimestamp": "-5"}, "ms since the Unix epoch"),
+        ({"pm": "h:1", "streams": "1", "startingOffsetsByTimestamp": "[1]"}, "JSON object"),
+        ({"pm": "h:1", "streams": "1", "group": ""}, "1 to 255 bytes"),
+        ({"pm": "h:1", "streams": "1", "group": "g" * 256}, "1 to 255 bytes"),
     ],
 )
 def test_bad_options(options: dict[str, str], message: str) -> None:
     with pytest.raises(SBPOptionError, match=message):
         ReadOptions.parse(options)
+
+
+def test_times_and_group_parse() -> None:
+    options = ReadOptions.parse(
+        {
+            "pm": "h:1",
+            "streams": "1,2",
+            "startingOffsetsByTimestamp": '{"2": 1795000000000}',
+            "endingTimestamp": "1795000009000",
+            "group": "etl",
+        }
+    )
+    assert options.starting_times.for_stream(2) == 1795000000000
+    assert options.starting_times.for_stream(1) is None
+    assert options.ending_times.for_stream(1) == 1795000009000
+    assert options.group == "etl"
+    assert not ReadOptions.parse({"pm": "h:1", "streams": "1"}).starting_times.given
 
 
 @pytest.mark.parametrize(

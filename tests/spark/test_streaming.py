@@ -176,3 +176,39 @@ def test_a_micro_batch_run_again_after_a_restart_writes_nothing_twice(
     stored = ops.read_all(stream)
     assert sorted(stored) == sorted(v.encode() for v in first + second + third)
     assert len(stored) == len(set(stored)) == 9000
+
+
+def test_a_query_with_a_group_commits_its_ends_and_starts_from_them(
+    spark: SparkSession, ops: StreamOps, tmp_path: Path
+) -> None:
+    stream = ops.create_stream()
+    values = make_values("grouped", 90)
+    ops.append(stream, values)
+
+    def run(checkpoint: Path, output: Path) -> StreamingQuery:
+        query = (
+            spark.readStream.format("sbp")
+            .option("pm", ops.pm_address)
+            .option("streams", str(stream))
+            .option("group", "spark-etl")
+            .option("maxRecordsPerTrigger", "40")
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(output))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(QUERY_TIMEOUT_S)
+        assert query.exception() is None
+        return query
+
+    run(tmp_path / "c1", tmp_path / "o1")
+    [position] = ops.group_positions("spark-etl")
+    assert (position.stream_id, position.offset) == (stream, 90)  # lag 0: all processed
+    # a new query (no checkpoint) of the same group starts where it stopped
+    more = make_values("later", 10)
+    ops.append(stream, more)
+    run(tmp_path / "c2", tmp_path / "o2")
+    assert output_rows(spark, tmp_path / "o2") == [(90 + i, v) for i, v in enumerate(more)]
+    assert ops.group_positions("spark-etl")[0].offset == 100
