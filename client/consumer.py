@@ -193,6 +193,11 @@ class Consumer:
         #: the offset after the last record handed out (the start until then;
         #: with ``from_offset`` None, known once the ranges were listed)
         self.position = 0 if from_offset is None else from_offset
+        #: the rest of the batch ``records()`` is handing out
+        self.unread: Iterator[Record] = iter(())
+        #: the offset after the records the caller is done with: those handed
+        #: out before it asked for more (what automatic commits store)
+        self.processed = self.position
         #: what the group last stored for this stream (None: nothing yet)
         self.committed: int | None = None
 
@@ -231,7 +236,8 @@ class Consumer:
             return
         raise_for_code(stored.error_code, stored.error_message)
         if stored.offset >= 0:
-            self.from_offset = self.position = self.committed = stored.offset
+            self.from_offset = self.position = self.processed = stored.offset
+            self.committed = stored.offset
 
     async def __aexit__(
         self,
@@ -258,6 +264,7 @@ class Consumer:
         """The next records, decoded and CRC-checked; None at the end of the
         stream (never, with ``tail``). They count as handed out: ``position``
         moves past them."""
+        self.processed = self.position  # the caller is done with what it had
         records = await self.receive_batch()
         if records is not None and len(records):
             self.position = int(records.offsets[-1]) + 1
@@ -302,11 +309,13 @@ class Consumer:
         self.committed = wanted
 
     async def _auto_commit(self, interval: float) -> None:
+        """Store ``processed`` every ``interval``: never a record the caller
+        may still be working on (it counts once the caller asks for more)."""
         while True:
             await trio.sleep(interval)
-            if self.position != self.committed:
+            if self.processed != self.committed:
                 try:
-                    await self.commit()
+                    await self.commit(self.processed)
                 except (SBPError, OSError) as error:  # tried again on the next interval
                     logger.warning("consumer group %s: commit failed: %s", self.group, error)
 
@@ -317,7 +326,8 @@ class Consumer:
         if self._nursery is None:
             raise RuntimeError("not open; use `async with`")
         self._fetcher.cancel()
-        self.from_offset = self.position = offset
+        self.unread = iter(())
+        self.from_offset = self.position = self.processed = offset
         self._start_fetcher()
 
     async def seek_to_time(self, timestamp_ms: int) -> int:
@@ -623,27 +633,30 @@ class _Batches:
 
 class _Records:
     """A consumer's records one at a time (see ``_Batches``); ``position``
-    follows each record handed out."""
+    follows each record handed out. The rest of a batch stays with the
+    consumer, so a loop left early and ``records()`` called again go on
+    with the next record."""
 
-    __slots__ = ("_consumer", "_current")
+    __slots__ = ("_consumer",)
 
     def __init__(self, consumer: Consumer) -> None:
         self._consumer = consumer
-        self._current: Iterator[Record] = iter(())
 
     def __aiter__(self) -> _Records:
         return self
 
     async def __anext__(self) -> Record:
+        consumer = self._consumer
+        consumer.processed = consumer.position  # done with the last one
         while True:
-            record = next(self._current, None)
+            record = next(consumer.unread, None)
             if record is not None:
-                self._consumer.position = record.offset + 1
+                consumer.position = record.offset + 1
                 return record
-            records = await self._consumer.receive_batch()
+            records = await consumer.receive_batch()
             if records is None:
                 raise StopAsyncIteration
-            self._current = iter_records(records)
+            consumer.unread = iter_records(records)
 
 
 def iter_records(records: DecodedRecords) -> Iterator[Record]:

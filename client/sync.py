@@ -373,11 +373,14 @@ class SyncConsumer:
                 yield records
 
     def __iter__(self) -> Iterator[Record]:
-        while (records := self._client.run(self.consumer.receive_batch)) is not None:
+        consumer = self.consumer
+        while (records := self._client.run(consumer.receive_batch)) is not None:
             for record in iter_records(records):
-                # handed out one at a time: a commit covers what was yielded
-                self.consumer.position = record.offset + 1
+                # handed out one at a time: commit() covers what was yielded,
+                # an automatic commit what the caller is done with
+                consumer.position = record.offset + 1
                 yield record
+                consumer.processed = consumer.position
 
     @property
     def position(self) -> int:

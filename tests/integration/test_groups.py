@@ -4,7 +4,11 @@ groups are listed and deleted."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -94,6 +98,117 @@ async def test_a_group_resumes_where_it_stopped_and_its_lag_is_known(tmp_path: P
             with pytest.raises(GroupNotFoundError):
                 await pm.fetch_offsets("etl")
             assert await pm.list_groups() == ()
+        finally:
+            with trio.CancelScope(shield=True):
+                await cluster.stop_all()
+
+
+WORKER = """
+import sys, time
+from client.sync import SyncClient
+
+pm, stream = sys.argv[1], int(sys.argv[2])
+with SyncClient(pm) as client:
+    with client.consumer(stream, group="worker", auto_commit_interval=0.05) as consumer:
+        for record in consumer:
+            time.sleep(0.001)  # the work
+            print(record.offset, flush=True)
+"""
+
+
+async def test_a_group_consumer_killed_mid_stream_goes_on_from_its_last_commit(
+    tmp_path: Path,
+) -> None:
+    async with ConnectionPool() as pool:
+        cluster = PMCluster(tmp_path, pool)
+        try:
+            await cluster.start_pm()
+            await cluster.start_nodes((1,))
+            pm = cluster.pm_client()
+            created = await pm.create_stream(1)
+            assert created.stream is not None
+            stream_id = created.stream.stream_id
+            count = 3000
+            async with Producer(pm, stream_id, pool=pool) as producer:
+                await producer.send_many([b"%d" % n for n in range(count)])
+                await producer.flush()
+            argv = [sys.executable, "-c", WORKER, cluster.pm_address, str(stream_id)]
+            first = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE)
+            assert first.stdout is not None
+            seen = b""
+            with trio.fail_after(30):
+                while seen.count(b"\n") < 1000:
+                    seen += await first.stdout.receive_some()
+            first.send_signal(signal.SIGKILL)
+            await first.wait()
+            before = [int(line) for line in seen.split(b"\n")[:-1]]
+            second = await trio.run_process(argv, capture_stdout=True)
+            after = [int(line) for line in second.stdout.split()]
+            assert after[-1] == count - 1
+            # on from the last commit: some records again, none skipped
+            assert after[0] <= before[-1] + 1
+            assert set(before) | set(after) == set(range(count))
+            [position] = await pm.fetch_offsets("worker")
+            assert position.offset == count  # committed on the way out
+        finally:
+            with trio.CancelScope(shield=True):
+                await cluster.stop_all()
+
+
+def _lag_on_metrics(address: str, group: str) -> float | None:
+    """``sbp_group_lag_records`` of ``group`` on the PM's /metrics."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    for line in text.splitlines():
+        if line.startswith("sbp_group_lag_records{") and f'group="{group}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+async def test_the_lag_metric_follows_a_producer_ahead_of_a_slow_consumer(
+    tmp_path: Path,
+) -> None:
+    async with ConnectionPool() as pool:
+        cluster = PMCluster(tmp_path, pool)
+        try:
+            pm_process = await cluster.start_pm(
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--end-offsets-interval-ms",
+                "100",
+            )
+            metrics = pm_process.metrics_address
+            assert metrics is not None
+            await cluster.start_nodes((1,))
+            pm = cluster.pm_client()
+            created = await pm.create_stream(1)
+            assert created.stream is not None
+            stream_id = created.stream.stream_id
+            async with Consumer(
+                pm, stream_id, group="slow", auto_commit_interval=None, pool=pool, tail=True
+            ) as consumer:
+                async with Producer(pm, stream_id, pool=pool) as producer:
+                    await producer.send_many([b"x"] * 500)
+                    await producer.flush()
+                    assert len(await _values(consumer, 100)) == 100
+                    await consumer.commit()
+                    await eventually(
+                        lambda: trio.to_thread.run_sync(_lag_on_metrics, metrics, "slow"),
+                        until=lambda lag: lag == 400,
+                    )
+                    await producer.send_many([b"y"] * 500)
+                    await producer.flush()
+                await eventually(
+                    lambda: trio.to_thread.run_sync(_lag_on_metrics, metrics, "slow"),
+                    until=lambda lag: lag == 900,
+                )
+                assert len(await _values(consumer, 900)) == 900  # the consumer catches up
+                await consumer.commit()
+            await eventually(
+                lambda: trio.to_thread.run_sync(_lag_on_metrics, metrics, "slow"),
+                until=lambda lag: lag == 0,
+            )
         finally:
             with trio.CancelScope(shield=True):
                 await cluster.stop_all()

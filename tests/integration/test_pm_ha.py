@@ -112,6 +112,8 @@ async def test_the_leader_pm_fails_over_and_nothing_is_lost(tmp_path: Path) -> N
             stream_id = created.stream.stream_id
             node = DataNodeClient(primary_address(created.range), pool=pool, timeout=5)
             await node.append_batch(stream_id, bytes(build_batch([b"a", b"b"], 1)))
+            # a consumer group's position (SPEC §11), kept in etcd
+            await pm.commit_offset("etl", stream_id, 1, "after a")
 
             leader.process.send_signal(signal.SIGKILL)
             killed_at = trio.current_time()
@@ -128,6 +130,12 @@ async def test_the_leader_pm_fails_over_and_nothing_is_lost(tmp_path: Path) -> N
             # sealed because of the failover.
             (rng,) = await pm.list_stream_ranges(stream_id)
             assert rng.is_open
+            [position] = await pm.fetch_offsets("etl")
+            assert (position.stream_id, position.offset, position.metadata) == (
+                stream_id,
+                1,
+                "after a",
+            )
             # the data nodes heartbeat to the new leader: alive past a node timeout
             await trio.sleep(2 * int(NODE_TIMEOUT_MS) / 1000)
             statuses = await pm.describe_cluster()
