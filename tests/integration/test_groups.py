@@ -51,6 +51,7 @@ async def test_a_group_resumes_where_it_stopped_and_its_lag_is_known(tmp_path: P
                 for n in range(50):
                     await producer.send(b"early-%d" % n)
                 await producer.flush()
+            await pm.seal_range(stream_id, 0)  # "since" lands at the next range's start
             await trio.sleep(0.05)
             since_ms = int(time.time() * 1000)
             await trio.sleep(0.05)
