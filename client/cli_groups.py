@@ -48,7 +48,7 @@ async def cmd_groups_list(env: Env) -> int:
         [
             listing.group,
             len(listing.stream_ids),
-            "-" if lag is None else lag,
+            "-" if lag is None else f"{lag:,}",
             fmt.age_text(listing.last_commit_ms),
         ]
         for listing, lag in zip(listings, lags, strict=True)
@@ -89,7 +89,7 @@ async def cmd_groups_describe(env: Env) -> int:
             [
                 [
                     p.stream_id,
-                    p.offset,
+                    f"{p.offset:,}",
                     _known(p.end_offset),
                     _known(p.lag_records),
                     "-" if age is None else f"{age:.1f}",
@@ -133,8 +133,8 @@ async def _lag_seconds(
     return max(time.time() - int(records.timestamps[first]) / 1000, 0.0)
 
 
-def _known(value: int) -> object:
-    return "-" if value < 0 else value
+def _known(value: int) -> str:
+    return "-" if value < 0 else f"{value:,}"
 
 
 async def cmd_groups_reset(env: Env) -> int:

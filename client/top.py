@@ -1,6 +1,7 @@
 """``sbp top``: a live terminal view of the cluster for people without Grafana.
 
-Every frame comes from one DESCRIBE_CLUSTER: the PM holds each data node's
+Every frame comes from one DESCRIBE_CLUSTER (and the consumer groups from
+LIST_GROUPS and FETCH_OFFSETS): the PM holds each data node's
 liveness, range count and latest REPORT_METRICS, whose rates and latencies
 the node measured over its last report interval (datanode/report.py). The
 screen is redrawn with plain ANSI escapes, each line cut to the terminal's
@@ -23,6 +24,8 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 import trio
+
+from sbp.errors import GroupNotFoundError
 
 from . import format as fmt
 from .cli_commands import Env
@@ -49,8 +52,17 @@ COLUMNS: Final = (
 )
 
 
-def render_frame(pm: str, rows: list[dict[str, Any]], now: float) -> str:
-    """One screen: a cluster summary line and a row per data node."""
+#: consumer groups shown, those furthest behind first
+TOP_GROUPS: Final = 5
+#: groups whose lag is asked for per frame (one FETCH_OFFSETS each)
+MAX_GROUPS_ASKED: Final = 100
+
+
+def render_frame(
+    pm: str, rows: list[dict[str, Any]], now: float, groups: list[dict[str, Any]] | None = None
+) -> str:
+    """One screen: a cluster summary line, a row per data node, and the
+    consumer groups furthest behind."""
     alive = [row for row in rows if row["alive"]]
     total_in = sum(row["in_bytes_per_s"] for row in alive)
     total_out = sum(row["out_bytes_per_s"] for row in alive)
@@ -85,13 +97,49 @@ def render_frame(pm: str, rows: list[dict[str, Any]], now: float) -> str:
             for row in rows
         ],
     )
-    return f"{header}\n\n{body}" if rows else f"{header}\n\nthe PM knows no data nodes"
+    screen = f"{header}\n\n{body}" if rows else f"{header}\n\nthe PM knows no data nodes"
+    if groups:
+        behind = fmt.table(
+            ["group", "streams", "lag", "last commit"],
+            [
+                [
+                    g["group"],
+                    g["streams"],
+                    f"{g['lag_records']:,}",
+                    fmt.age_text(g["last_commit_ms"], now),
+                ]
+                for g in groups
+            ],
+        )
+        screen += f"\n\nconsumer groups furthest behind\n{behind}"
+    return screen
 
 
 async def sample(env: Env) -> list[dict[str, Any]]:
     """One row per data node, from one DESCRIBE_CLUSTER."""
     now = time.time()
     return [node_summary(status, now) for status in await env.pm.describe_cluster()]
+
+
+async def furthest_behind(env: Env) -> list[dict[str, Any]]:
+    """The ``TOP_GROUPS`` consumer groups with the most records to read (of
+    the first ``MAX_GROUPS_ASKED`` groups listed)."""
+    found: list[dict[str, Any]] = []
+    for listing in (await env.pm.list_groups())[:MAX_GROUPS_ASKED]:
+        try:
+            positions = await env.pm.fetch_offsets(listing.group)
+        except GroupNotFoundError:  # deleted meanwhile
+            continue
+        found.append(
+            {
+                "group": listing.group,
+                "streams": len(listing.stream_ids),
+                "lag_records": sum(max(p.lag_records, 0) for p in positions),
+                "last_commit_ms": listing.last_commit_ms,
+            }
+        )
+    found.sort(key=lambda g: (-int(g["lag_records"]), str(g["group"])))
+    return found[:TOP_GROUPS]
 
 
 def fit_width(text: str, width: int) -> str:
@@ -118,11 +166,11 @@ def _keys_unbuffered(fd: int) -> Iterator[bool]:
 async def cmd_top(env: Env) -> int:
     """A live view of the cluster, redrawn every --interval seconds."""
     if env.args.once:
-        rows = await sample(env)
+        rows, groups = await sample(env), await furthest_behind(env)
         if env.json:
-            env.emit_json({"pm": env.args.pm, "data_nodes": rows})
+            env.emit_json({"pm": env.args.pm, "data_nodes": rows, "groups": groups})
         else:
-            env.emit(render_frame(env.args.pm, rows, time.time()))
+            env.emit(render_frame(env.args.pm, rows, time.time(), groups))
         return 0
     stdin = sys.stdin.fileno()
     with (
@@ -147,13 +195,18 @@ async def cmd_top(env: Env) -> int:
             if keys:
                 nursery.start_soon(stop_on_q)
             while True:
-                rows = await sample(env)
+                rows, groups = await sample(env), await furthest_behind(env)
                 if env.json:
-                    frame = {"pm": env.args.pm, "time": time.time(), "data_nodes": rows}
+                    frame = {
+                        "pm": env.args.pm,
+                        "time": time.time(),
+                        "data_nodes": rows,
+                        "groups": groups,
+                    }
                     env.emit(fmt.dumps(frame, one_line=True))
                 else:
                     width = shutil.get_terminal_size().columns
-                    screen = render_frame(env.args.pm, rows, time.time())
+                    screen = render_frame(env.args.pm, rows, time.time(), groups)
                     hint = "q or Ctrl-C quits" if keys else "Ctrl-C quits"
                     env.out.write(CLEAR + fit_width(screen, width) + f"\n\n{hint}\n")
                     env.out.flush()

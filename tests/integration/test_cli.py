@@ -228,7 +228,8 @@ def test_cluster_status_ping_and_top(cluster: LocalCluster) -> None:
     top = sbp(pm, "top", "--once")
     assert top.returncode == 0, top.stderr
     assert "nodes 2/2 alive" in top.stdout
-    rows = [line.split() for line in top.stdout.splitlines()[3:]]
+    nodes_part = top.stdout.split("\n\n")[1]
+    rows = [line.split() for line in nodes_part.splitlines()[1:]]
     assert [(row[0], row[2]) for row in rows] == [("1", "alive"), ("2", "alive")]
     assert "\x1b[" not in top.stdout
 
