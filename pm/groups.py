@@ -19,7 +19,6 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -84,7 +83,11 @@ class EndCalls(Protocol):
 
 
 class StreamEnds:
-    """The end offsets of streams, as last learned, with when each was seen."""
+    """The end offsets of streams, as last learned, with when each was seen.
+
+    Each stream's samples are two lists (when, end), oldest first, one
+    sample per change of the end. They are only appended to, or replaced
+    whole, so that /metrics can read them from its own thread."""
 
     def __init__(
         self,
@@ -95,25 +98,29 @@ class StreamEnds:
         self._store = store
         self._link = link
         self._clock_ms = clock_ms
-        #: stream id -> (seen at ms, end offset), oldest first, one per change of end
-        self._samples: dict[int, deque[tuple[int, int]]] = {}
+        #: stream id -> (seen at ms, end offset)
+        self._samples: dict[int, tuple[list[int], list[int]]] = {}
 
     def end(self, stream_id: int) -> int | None:
         samples = self._samples.get(stream_id)
-        try:
-            return samples[-1][1] if samples else None
-        except IndexError:  # emptied meanwhile (read by /metrics from its own thread)
-            return None
+        return samples[1][-1] if samples else None
 
     def note(self, stream_id: int, end: int, now_ms: int | None = None) -> None:
         """Record the stream's end as seen now."""
         now = self._clock_ms() if now_ms is None else now_ms
-        samples = self._samples.setdefault(stream_id, deque(maxlen=END_SAMPLES))
-        if samples and samples[-1][1] == end:
+        samples = self._samples.get(stream_id)
+        if samples is not None and samples[1][-1] == end:
             return
-        if samples and end < samples[-1][1]:
-            samples.clear()  # trimmed or recreated: the old dates mean nothing
-        samples.append((now, end))
+        if samples is None or end < samples[1][-1]:
+            # new, or trimmed or recreated: the old dates mean nothing
+            self._samples[stream_id] = ([now], [end])
+            return
+        times, ends = samples
+        if len(ends) >= 2 * END_SAMPLES:
+            self._samples[stream_id] = ([*times[-END_SAMPLES:], now], [*ends[-END_SAMPLES:], end])
+            return
+        times.append(now)  # the time first: a reader that sees the end sees its time
+        ends.append(end)
 
     def forget_others(self, stream_ids: Iterable[int]) -> None:
         """Keep only these streams' ends (the others lost their last position)."""
@@ -125,19 +132,19 @@ class StreamEnds:
         """How long ago the record at ``offset`` was appended, as the end
         samples date it: 0 when it is not appended yet, None when no end is
         known. Before the oldest sample it is at least that sample's age."""
-        held = self._samples.get(stream_id)
-        if not held:
+        samples = self._samples.get(stream_id)
+        if samples is None:
             return None
-        samples = list(held)  # /metrics reads from its own thread
+        times, ends = samples
+        count = len(ends)  # appended to meanwhile: look at what was there
         now = self._clock_ms() if now_ms is None else now_ms
-        if offset >= samples[-1][1]:
+        if offset >= ends[count - 1]:
             return 0
-        ends = [end for _, end in samples]
-        after = bisect.bisect_right(ends, offset)  # the first sample past ``offset``
-        seen_at, end = samples[after]
+        after = bisect.bisect_right(ends, offset, 0, count)  # the first sample past it
+        seen_at, end = times[after], ends[after]
         if after == 0:
             return max(now - seen_at, 0)
-        before_at, before_end = samples[after - 1]
+        before_at, before_end = times[after - 1], ends[after - 1]
         # appended between the two samples: spread evenly over that time
         share = (offset - before_end) / max(end - before_end, 1)
         return max(now - int(before_at + share * (seen_at - before_at)), 0)
@@ -206,6 +213,27 @@ class ConsumerGroups:
         self._clock_ms = clock_ms
         #: commits stored, by group (metrics: the commit rate)
         self.commits: dict[str, int] = {}
+        #: every position, by group and stream: read from the metadata when
+        #: this PM starts leading, then kept with each change it commits (it
+        #: is the only writer)
+        self._held: dict[str, dict[int, GroupOffsetRecord]] = {}
+        for record in store.all_group_offsets():
+            self._held.setdefault(record.group, {})[record.stream_id] = record
+
+    def _positions(self) -> dict[str, dict[int, GroupOffsetRecord]]:
+        return self._held
+
+    def forget_streams(self, stream_ids: Iterable[int]) -> None:
+        """These streams were deleted, and their positions with them."""
+        gone = set(stream_ids)
+        held = self._positions()
+        for group, streams in list(held.items()):
+            kept = {s: r for s, r in streams.items() if s not in gone}
+            if len(kept) != len(streams):
+                if kept:
+                    held[group] = kept
+                else:
+                    del held[group]
 
     async def commit(
         self, group: str, items: Sequence[OffsetItem]
@@ -236,6 +264,7 @@ class ConsumerGroups:
         stored = tuple(o for o in outcomes if isinstance(o, GroupOffsetRecord))
         if stored:
             await self._commit([PutGroupOffsets(stored)])
+            self._positions().setdefault(group, {}).update((r.stream_id, r) for r in stored)
             self.commits[group] = self.commits.get(group, 0) + 1
         return outcomes
 
@@ -266,7 +295,7 @@ class ConsumerGroups:
         are named; offset -1 where it has none); ``GroupNotFoundError`` for
         an unknown group."""
         check_group_name(group)
-        held = {r.stream_id: r for r in self._store.group_offsets(group)}
+        held = self._positions().get(group)
         if not held:
             raise GroupNotFoundError(f"no consumer group {group!r}")
         wanted = list(stream_ids) if stream_ids else sorted(held)
@@ -279,12 +308,36 @@ class ConsumerGroups:
         lag = max(end - record.offset, 0)
         return Position(record, end, lag, self.ends.age_ms(record.stream_id, record.offset))
 
+    def records(self) -> list[GroupOffsetRecord]:
+        """Every position, by group and stream id (LIST_GROUPS, /metrics)."""
+        # /metrics reads from its own thread: list() copies a dict in one step
+        groups = sorted(list(self._positions().items()), key=lambda item: item[0].encode())
+        found: list[GroupOffsetRecord] = []
+        for _, held in groups:
+            found += sorted(list(held.values()), key=lambda r: r.stream_id)
+        return found
+
     def positions(self) -> list[Position]:
-        """Every group's positions (LIST_GROUPS, lag metrics)."""
-        return [self.position(r) for r in self._store.all_group_offsets()]
+        """Every group's positions with the streams' ends and the lag."""
+        return [self.position(r) for r in self.records()]
+
+    def furthest_behind(self, count: int) -> tuple[list[Position], int]:
+        """The ``count`` positions furthest behind in records (those with no
+        known end last), with the lag in seconds; and how many there are.
+        Only those shown are dated, so a scrape of many positions stays cheap."""
+        records = self.records()
+        ends = self.ends
+
+        def behind(record: GroupOffsetRecord) -> int:
+            end = ends.end(record.stream_id)
+            return -1 if end is None else max(end - record.offset, 0)
+
+        lags = [(behind(r), r) for r in records]
+        lags.sort(key=lambda item: (-item[0], item[1].group, item[1].stream_id))
+        return [self.position(r) for _, r in lags[:count]], len(records)
 
     def streams_with_positions(self) -> set[int]:
-        return {r.stream_id for r in self._store.all_group_offsets()}
+        return {s for held in list(self._positions().values()) for s in list(held)}
 
     async def delete(self, groups: Sequence[str]) -> list[ProtocolError | None]:
         """Forget whole groups; per group, None or why not."""
@@ -293,7 +346,7 @@ class ConsumerGroups:
         for group in groups:
             try:
                 check_group_name(group)
-                if not self._store.group_offsets(group):
+                if not self._positions().get(group):
                     raise GroupNotFoundError(f"no consumer group {group!r}")
             except ProtocolError as error:
                 outcomes.append(error)
@@ -305,4 +358,5 @@ class ConsumerGroups:
             for change in doomed:
                 assert isinstance(change, DeleteGroup)
                 self.commits.pop(change.group, None)
+                self._positions().pop(change.group, None)
         return outcomes

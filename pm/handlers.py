@@ -236,8 +236,7 @@ class PMHandlers:
         request.header_as(messages.ListGroupsRequest)
         streams: dict[str, list[int]] = {}
         last_commit: dict[str, int] = {}
-        for position in self._manager.groups.positions():
-            record = position.record
+        for record in self._manager.groups.records():
             if not self._access.allows(request.principal, "DESCRIBE", record.stream_id):
                 continue
             streams.setdefault(record.group, []).append(record.stream_id)

@@ -378,6 +378,7 @@ class PlacementManager:
                     results[index] = Outcome(stream)
                     doomed[stream_id] = self.store.ranges(stream_id)
                 await self.commit([DeleteStream(stream_id) for stream_id in doomed])
+                self.groups.forget_streams(doomed)  # their positions went in that commit
                 by_node: dict[int, list[int]] = defaultdict(list)
                 for stream_id, ranges in doomed.items():
                     for node_id in sorted({n for rng in ranges for n in rng.nodes}):

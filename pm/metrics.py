@@ -168,9 +168,7 @@ class GroupCollector(Collector):
         if manager is None:
             return
         groups = manager.groups
-        positions = groups.positions()
-        positions.sort(key=lambda p: (-p.lag_records, p.record.group, p.record.stream_id))
-        shown = positions[: self._max_series]
+        shown, total = groups.furthest_behind(self._max_series)
         labels = ["group", "stream"]
         records = GaugeMetricFamily(
             "sbp_group_lag_records",
@@ -200,7 +198,7 @@ class GroupCollector(Collector):
         yield GaugeMetricFamily(
             "sbp_group_positions",
             "(group, stream) positions stored, shown on /metrics or not",
-            value=len(positions),
+            value=total,
         )
         commits = CounterMetricFamily(
             "sbp_group_commits", "COMMIT_OFFSETS stored, by group", labels=["group"]

@@ -99,6 +99,11 @@ async def test_a_group_resumes_where_it_stopped_and_its_lag_is_known(tmp_path: P
             with pytest.raises(GroupNotFoundError):
                 await pm.fetch_offsets("etl")
             assert await pm.list_groups() == ()
+            # deleting a stream deletes every group's position on it
+            await pm.commit_offset("other", stream_id, 10)
+            await pm.delete_stream(stream_id)
+            with pytest.raises(GroupNotFoundError):
+                await pm.fetch_offsets("other")
         finally:
             with trio.CancelScope(shield=True):
                 await cluster.stop_all()
