@@ -220,6 +220,25 @@ async def test_replicated_streams_over_mutual_tls_with_per_item_authorization(
                 await eve_pm.describe_cluster()
             assert refused.value.code == ErrorCode.AUTHORIZATION_FAILED
 
+            # consumer groups (SPEC §11): a position needs FETCH of its stream,
+            # deleting a group DELETE on the cluster
+            mine, not_mine = await bob_pm.commit_offsets(
+                "bob-etl",
+                [
+                    messages.GroupOffset(stream_id=1, offset=1),
+                    messages.GroupOffset(stream_id=2, offset=0),
+                ],
+            )
+            assert (mine.error_code, not_mine.error_code) == (
+                ErrorCode.NONE,
+                ErrorCode.AUTHORIZATION_FAILED,
+            )
+            assert [p.stream_id for p in await bob_pm.fetch_offsets("bob-etl")] == [1]
+            assert await eve_pm.list_groups() == ()  # eve may describe no stream
+            (kept,) = await bob_pm.delete_groups(["bob-etl"])
+            assert kept.error_code == ErrorCode.AUTHORIZATION_FAILED
+            assert "may not DELETE on cluster" in kept.error_message
+
         # The cluster-internal requests: only "datanode" and "pm" may send them.
         async with cluster.node_as("alice", primary) as alice_node:
             (sealed,) = await alice_node.seal_ranges([messages.RangeId(stream_id=1, range_index=0)])
@@ -239,7 +258,7 @@ async def test_replicated_streams_over_mutual_tls_with_per_item_authorization(
         assert cluster.pm.metrics_address is not None
         scrape = urllib.request.urlopen(f"http://{cluster.pm.metrics_address}/metrics", timeout=5)
         text = scrape.read().decode()
-        assert 'sbp_authorization_denied_total{operation="DELETE"} 1.0' in text
+        assert 'sbp_authorization_denied_total{operation="DELETE"} 2.0' in text
         assert "sbp_acl_entries 3.0" in text
 
 

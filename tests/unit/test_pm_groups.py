@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from pm.groups import MAX_COMMIT_ITEMS, ConsumerGroups, OffsetItem, StreamEnds
-from pm.metadata import DeleteStream, MetadataStore, PutRange, PutStream
+from pm.metadata import (
+    DeleteGroup,
+    DeleteStream,
+    Metadata,
+    MetadataStore,
+    PutGroupOffsets,
+    PutRange,
+    PutStream,
+)
 from pm.records import GroupOffsetRecord, RangeRecord, StreamRecord
 from sbp.enums import ErrorCode
 from sbp.errors import GroupNotFoundError, InvalidRequestError, ProtocolError
@@ -50,6 +58,38 @@ def _groups(store: MetadataStore, nodes: FakeDataNodes) -> ConsumerGroups:
 
 def _codes(outcomes: list[GroupOffsetRecord | ProtocolError]) -> list[int]:
     return [o.code if isinstance(o, ProtocolError) else 0 for o in outcomes]
+
+
+async def check_position_store(store: Metadata) -> None:
+    """What every metadata store does with positions (run on LMDB here and on
+    etcd in tests/integration/test_pm_etcd.py): any name, a rewrite, gone with
+    their stream or their group."""
+    positions = (
+        GroupOffsetRecord("etl/daily", 7, 40, 1000, "run 3"),
+        GroupOffsetRecord("etl/daily", 8, 0, 1000),
+        GroupOffsetRecord("ü", 7, 50, 1001),
+        GroupOffsetRecord("e", 9, 5, 1002),  # a name that is a prefix of another
+    )
+    await store.commit([PutGroupOffsets(positions)])
+    assert store.group_offsets("etl/daily") == list(positions[:2])
+    assert store.group_offsets("e") == [positions[3]]
+    rewound = GroupOffsetRecord("etl/daily", 7, 10, 2000, "rewound")
+    await store.commit([PutGroupOffsets((rewound,))])
+    await store.commit([DeleteStream(8), DeleteGroup("nobody")])
+    assert store.group_offsets("etl/daily") == [rewound]
+    assert store.all_group_offsets() == [positions[3], rewound, positions[2]]
+    await store.commit([DeleteGroup("ü")])
+    assert store.group_offsets("ü") == []
+    assert store.all_group_offsets() == [positions[3], rewound]
+
+
+async def test_the_lmdb_store_keeps_positions(tmp_path: Path) -> None:
+    store = MetadataStore(tmp_path / "pm", map_size=64 << 20)
+    await check_position_store(store)
+    store.close()
+    reopened = MetadataStore(tmp_path / "pm", map_size=64 << 20)
+    assert [r.group for r in reopened.all_group_offsets()] == ["e", "etl/daily"]
+    reopened.close()
 
 
 async def test_positions_are_checked_then_stored_together(store: MetadataStore) -> None:
