@@ -433,9 +433,12 @@ class MetadataStore:
     def all_group_offsets(self) -> list[GroupOffsetRecord]:
         """Every group's positions, by group name bytes and stream id."""
         with self._read() as txn:
-            return [
+            found = [
                 self._decode_group_offset(key, value) for key, value in txn.cursor(db=self._groups)
             ]
+        # keys lead with the name's length: put them in name order
+        found.sort(key=lambda r: (r.group.encode(), r.stream_id))
+        return found
 
     @staticmethod
     def _decode_group_offset(key: bytes, value: bytes) -> GroupOffsetRecord:

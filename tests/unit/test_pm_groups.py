@@ -147,9 +147,9 @@ async def test_groups_are_listed_deleted_and_gone_with_their_stream(tmp_path: Pa
     store = MetadataStore(tmp_path / "pm", map_size=64 << 20)  # restarted
     groups = _groups(store, FakeDataNodes())
     assert [(r.group, r.stream_id) for r in store.all_group_offsets()] == [
+        ("audit", 2),
         ("etl", 1),
         ("etl", 2),
-        ("audit", 2),
     ]
     await store.commit([DeleteStream(2)])
     groups.forget_streams([2])  # as PlacementManager.delete_streams does after that commit
