@@ -277,15 +277,16 @@ class Producer:
     async def _new_epoch(self) -> tuple[int, int]:
         return await self._context.pm.init_producer(self.name, -1)
 
-    async def resume(self) -> int:
+    async def resume(self, settle_s: float = RESUME_SETTLE_S) -> int:
         """How many records of this producer and epoch the stream holds (the
         sequence it expects next), which the next record sent then gets: a
         named producer that runs again at the same epoch over the same input
         skips that many records and stores the rest once. Call it before
         anything is sent. Asks the open range's primary with a batch it can
         never store (a sequence far past any), retrying as the producer does,
-        until two answers half a second apart agree: an earlier instance's
-        requests still on their way are stored first."""
+        until two answers ``settle_s`` apart agree: an earlier instance's
+        requests still on their way are stored first (a caller that knows an
+        earlier instance may still be sending waits longer)."""
         if self.producer is None or self._sender is None:
             raise ProducerClosedError("resume() needs a started idempotent producer")
         if self._batches.unfinished or self._batches.next_sequence:
@@ -311,11 +312,11 @@ class Producer:
 
         # An attempt before this one may still have requests on their way
         # (a Spark task attempt that died while they travelled): the answer
-        # counts once two asks RESUME_SETTLE_S apart agree.
+        # counts once two asks ``settle_s`` apart agree.
         with trio.fail_after(self._batches.delivery_timeout):
             held = await until_deadline(ask, f"resuming producer {producer_id}")
             while True:
-                await trio.sleep(RESUME_SETTLE_S)
+                await trio.sleep(settle_s)
                 again = await until_deadline(ask, f"resuming producer {producer_id}")
                 if again == held:
                     break

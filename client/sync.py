@@ -36,7 +36,7 @@ from ._base import DEFAULT_TIMEOUT
 from .consumer import Consumer, Record, iter_records
 from .loop_thread import LoopThread
 from .pm_client import PMClient
-from .producer import Producer, RecordHandle, RecordsHandle
+from .producer import RESUME_SETTLE_S, Producer, RecordHandle, RecordsHandle
 
 T = TypeVar("T")
 
@@ -49,6 +49,13 @@ class _Hosted(Generic[T]):
         self.close = trio.Event()
         self.closed = trio.Event()
         self.error: BaseException | None = None
+        #: close as if its block had failed: a producer drops what it has not
+        #: sent rather than flush it
+        self.abort = False
+
+
+class _Aborted(Exception):
+    """Closes a hosted resource as a failed block would (``_Hosted.abort``)."""
 
 
 class SyncClient:
@@ -205,10 +212,12 @@ class SyncClient:
 
         return self.run(open_hosted)
 
-    def _release(self, hosted: _Hosted[Any]) -> None:
-        """Close a hosted producer or consumer; raises what its exit raised."""
+    def _release(self, hosted: _Hosted[Any], *, abort: bool = False) -> None:
+        """Close a hosted producer or consumer (``abort``: as a failed block
+        would); raises what its exit raised."""
 
         async def release() -> None:
+            hosted.abort = abort
             hosted.close.set()
             await hosted.closed.wait()
             self._hosted.discard(hosted)
@@ -260,6 +269,10 @@ async def _keep_open(
             hosted = _Hosted(value)
             task_status.started(hosted)
             await hosted.close.wait()
+            if hosted.abort:
+                raise _Aborted
+    except _Aborted:
+        pass
     except Exception as error:
         if hosted is None:
             raise  # failed to open: ``start`` raises it to the caller
@@ -320,10 +333,10 @@ class SyncProducer:
     def send(self, value: bytes) -> SyncRecordHandle:
         return SyncRecordHandle(self._client, self._client.run(self.producer.send, value))
 
-    def resume(self) -> int:
+    def resume(self, settle_s: float = RESUME_SETTLE_S) -> int:
         """``Producer.resume``: the records of this producer and epoch the
         stream holds, which the next record sent follows."""
-        held: int = self._client.run(self.producer.resume)
+        held: int = self._client.run(self.producer.resume, settle_s)
         return held
 
     def send_many(self, values: Sequence[bytes]) -> SyncRecordsHandle:
@@ -342,6 +355,13 @@ class SyncProducer:
         """Flush, then stop the producer."""
         self._client._release(self._hosted)
 
+    def abort(self) -> None:
+        """Stop the producer without sending what it has not sent yet (as a
+        ``Producer`` block left by an exception does): a failed job's
+        buffered records must not reach the stream after it gave up, while
+        its retry may be running."""
+        self._client._release(self._hosted, abort=True)
+
     def __enter__(self) -> Self:
         return self
 
@@ -351,7 +371,10 @@ class SyncProducer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        if exc is None:
+            self.close()
+        else:
+            self.abort()
 
 
 class SyncConsumer:

@@ -372,12 +372,17 @@ class SBPWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AppendCommitMessage:
         from pyspark import TaskContext
 
-        from .writer import append_values, producer_name
+        from .writer import append_values, producer_name, settle_for
 
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
+        attempt = context.attemptNumber() if context is not None else 0
         span = append_values(
-            self.options, iterator, name=producer_name(self.job, partition), epoch=0
+            self.options,
+            iterator,
+            name=producer_name(self.job, partition),
+            epoch=0,
+            settle_s=settle_for(attempt),
         )
         return AppendCommitMessage(self.options.stream, span)
 
@@ -419,14 +424,15 @@ class SBPStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AppendCommitMessage:
         from pyspark import TaskContext
 
-        from .writer import append_values, producer_name
+        from .writer import append_values, producer_name, settle_for
 
         context = TaskContext.get()
         assert context is not None, "a stream writer runs in a Spark task"
         batch_id = int(context.getLocalProperty("streaming.sql.batchId") or 0)
         query = context.getLocalProperty("sql.streaming.queryId") or "query"
         name = producer_name(f"stream-{query}", context.partitionId())
-        span = append_values(self.options, iterator, name=name, epoch=batch_id)
+        settle_s = settle_for(context.attemptNumber())
+        span = append_values(self.options, iterator, name=name, epoch=batch_id, settle_s=settle_s)
         return AppendCommitMessage(self.options.stream, span)
 
     def commit(self, messages: list[Any], batchId: int) -> None:

@@ -14,16 +14,21 @@ stream how many records that producer stored (``Producer.resume``) and skips
 that many rows of its input: a retried or speculative attempt, or a
 micro-batch replayed after a driver restart, stores the rest once. This
 holds if the attempt's input is the same rows in the same order, which
-Spark's own exactly-once sinks assume too.
+Spark's own exactly-once sinks assume too, and if the attempt before a
+retry stops sending within ``RETRY_SETTLE_S`` of the retry's start: a
+failed attempt's input ends early but normally, so it flushes what it had,
+and the retry waits until the stream's count stands still that long.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Final
 
 import pyarrow as pa
 
+from client.producer import RESUME_SETTLE_S
 from client.sync import SyncClient, SyncRecordsHandle
 
 from .arrow import column_to_batches, value_column
@@ -48,16 +53,31 @@ def producer_name(job: str, partition: int) -> str:
     return f"spark/{job}/{partition}"
 
 
+#: how long a retried task attempt watches the stream's count of its
+#: producer's records stand still before it trusts it: the attempt before
+#: it may still be sending (a failed attempt's input ends early but
+#: normally, so it flushes what it has), and its records land first
+RETRY_SETTLE_S: Final = 3.0
+
+
+def settle_for(attempt: int) -> float:
+    """How long an attempt's resume waits for the count to stand still: a
+    first attempt has no earlier one to wait for."""
+    return RETRY_SETTLE_S if attempt > 0 else RESUME_SETTLE_S
+
+
 def append_values(
     options: WriteOptions,
     arrow_batches: Iterable[pa.RecordBatch],
     *,
     name: str,
     epoch: int = 0,
+    settle_s: float = RESUME_SETTLE_S,
 ) -> AppendedSpan:
     """Append the ``value`` column of ``arrow_batches`` to ``options.stream``,
     in order, as producer ``name`` at ``epoch``, after the rows the stream
-    holds from that producer already; returns once every record is durable."""
+    holds from that producer already (``settle_s``: see ``settle_for``);
+    returns once every record is durable."""
     span = AppendedSpan()
     first: SyncRecordsHandle | None = None
     last: SyncRecordsHandle | None = None
@@ -67,7 +87,7 @@ def append_values(
             options.stream, request_timeout=options.timeout, name=name, epoch=epoch
         ) as producer,
     ):
-        span.skipped = producer.resume()
+        span.skipped = producer.resume(settle_s)
         for arrow_batch in _after(arrow_batches, span.skipped):
             column = value_column(arrow_batch)
             for batch, count in column_to_batches(column, options.batch_max_bytes):
