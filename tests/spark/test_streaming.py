@@ -16,13 +16,14 @@ QUERY_TIMEOUT_S = 120
 
 
 def run_available_now(
-    spark: SparkSession, pm: str, stream: int, checkpoint: Path, output: Path
+    spark: SparkSession, pm: str, stream: int, checkpoint: Path, output: Path, **options: str
 ) -> StreamingQuery:
     query = (
         spark.readStream.format("sbp")
         .option("pm", pm)
         .option("streams", str(stream))
         .option("maxRecordsPerTrigger", "40")
+        .options(**options)
         .load()
         .writeStream.format("parquet")
         .option("path", str(output))
@@ -185,30 +186,16 @@ def test_a_query_with_a_group_commits_its_ends_and_starts_from_them(
     values = make_values("grouped", 90)
     ops.append(stream, values)
 
-    def run(checkpoint: Path, output: Path) -> StreamingQuery:
-        query = (
-            spark.readStream.format("sbp")
-            .option("pm", ops.pm_address)
-            .option("streams", str(stream))
-            .option("group", "spark-etl")
-            .option("maxRecordsPerTrigger", "40")
-            .load()
-            .writeStream.format("parquet")
-            .option("path", str(output))
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        assert query.awaitTermination(QUERY_TIMEOUT_S)
-        assert query.exception() is None
-        return query
-
-    run(tmp_path / "c1", tmp_path / "o1")
+    run_available_now(
+        spark, ops.pm_address, stream, tmp_path / "c1", tmp_path / "o1", group="spark-etl"
+    )
     [position] = ops.group_positions("spark-etl")
     assert (position.stream_id, position.offset) == (stream, 90)  # lag 0: all processed
     # a new query (no checkpoint) of the same group starts where it stopped
     more = make_values("later", 10)
     ops.append(stream, more)
-    run(tmp_path / "c2", tmp_path / "o2")
+    run_available_now(
+        spark, ops.pm_address, stream, tmp_path / "c2", tmp_path / "o2", group="spark-etl"
+    )
     assert output_rows(spark, tmp_path / "o2") == [(90 + i, v) for i, v in enumerate(more)]
     assert ops.group_positions("spark-etl")[0].offset == 100
