@@ -32,6 +32,12 @@ node alone: the PM is asked again only when the node says the range moved
 ``from_offset`` None (the default) starts at the stream's first stored
 offset, as ``sbp read`` does, so a trimmed stream reads from where its data
 begins.
+
+With a consumer ``group`` (SPEC §11) the consumer starts at the group's
+position and stores its own: ``commit()`` what was handed out, and every
+``auto_commit_interval`` what the caller is done with (docs/client.md,
+Consumer groups). ``seek`` and ``seek_to_time`` restart the fetcher
+elsewhere.
 """
 
 from __future__ import annotations
@@ -245,18 +251,20 @@ class Consumer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if (
-            exc_type is None
-            and self.group is not None
-            and self.auto_commit_interval is not None
-            and self.position != self.committed
-        ):
-            await self.commit()  # what was handed out, as on every interval
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
-        # The caller's exception propagates as it is, not wrapped in the
-        # ExceptionGroup of our nursery: the stack exits as if all went well.
-        await self._stack.__aexit__(None, None, None)
+        try:
+            if (
+                exc_type is None
+                and self.group is not None
+                and self.auto_commit_interval is not None
+                and self.position != self.committed
+            ):
+                await self.commit()  # the block is done with all it was handed
+        finally:
+            if self._nursery is not None:
+                self._nursery.cancel_scope.cancel()
+            # The caller's exception propagates as it is, not wrapped in the
+            # ExceptionGroup of our nursery: the stack exits as if all went well.
+            await self._stack.__aexit__(None, None, None)
 
     # -- reading --------------------------------------------------------------
 
