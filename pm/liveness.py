@@ -21,11 +21,17 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 from .placement import NodeLoad, has_room
 from .records import NodeRecord
 
 log = logging.getLogger(__name__)
+
+#: a node with less than this many times ``--min-free-space`` free is near full
+NEAR_FULL_FACTOR: Final = 2
+#: a node that fills up within this long at its write rate is near full
+NEAR_FULL_S: Final = 3600.0
 
 
 @dataclass
@@ -51,6 +57,24 @@ class NodeState:
     def is_full(self, min_free_space: int) -> bool:
         """Whether its last report left it less free space than ``min_free_space``."""
         return not has_room(self.metrics.get("disk_free_space"), min_free_space)
+
+    def seconds_to_full(self, min_free_space: int) -> float | None:
+        """How long until it is full at the write rate of its last report
+        (None: not writing, or not reported yet)."""
+        free = self.metrics.get("disk_free_space")
+        rate = self.metrics.get("disk_in_rate", 0)
+        if free is None or rate <= 0:
+            return None
+        return max(free - min_free_space, 0) / rate
+
+    def is_near_full(self, min_free_space: int) -> bool:
+        """Not full yet, but within ``NEAR_FULL_FACTOR`` times the floor, or
+        full within ``NEAR_FULL_S`` at its current write rate."""
+        free = self.metrics.get("disk_free_space")
+        if free is None or self.is_full(min_free_space):
+            return False
+        left = self.seconds_to_full(min_free_space)
+        return free < NEAR_FULL_FACTOR * min_free_space or (left is not None and left < NEAR_FULL_S)
 
     def load(self) -> NodeLoad:
         free = self.metrics.get("disk_free_space")

@@ -157,7 +157,8 @@ class PlacementManager:
         self.store = store
         self.registry = registry
         self._link = link
-        self._min_free_space = min_free_space
+        #: below this free space a data node is full (``--min-free-space``)
+        self.min_free_space = min_free_space
         self._locks = StreamLocks()
         #: the shielded scopes of calls to data nodes running now, and whether
         #: shutdown has ended them (``stop_outgoing``)
@@ -424,7 +425,7 @@ class PlacementManager:
                             place(
                                 self.registry.loads(),
                                 new.replica_nums,
-                                min_free_space=self._min_free_space,
+                                min_free_space=self.min_free_space,
                             )
                     except ProtocolError as exc:
                         results[index] = Outcome(error=exc)
@@ -586,7 +587,7 @@ class PlacementManager:
         leaving = []
         for node_id, offset in held.items():
             state = self.registry.get(node_id)
-            if offset < end and state is not None and state.is_full(self._min_free_space):
+            if offset < end and state is not None and state.is_full(self.min_free_space):
                 log.warning(
                     "stream %d range %d: node %d is full and holds %d of its %d records; "
                     "it leaves the range",
@@ -691,7 +692,7 @@ class PlacementManager:
         nodes = place(
             self.registry.loads(),
             replica_nums,
-            min_free_space=self._min_free_space,
+            min_free_space=self.min_free_space,
             at_least=at_least,
         )
         self.registry.note_placed(nodes)

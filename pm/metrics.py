@@ -139,8 +139,24 @@ class ClusterCollector(Collector):
             )
             for field, name, text, scale in REPORTED
         }
+        floor = manager.min_free_space
+        to_full = GaugeMetricFamily(
+            f"{NAMESPACE}_data_node_seconds_to_full",
+            "seconds until the data node has less free space than --min-free-space at the "
+            "write rate of its latest report (nodes that write)",
+            labels=["node"],
+        )
+        yield GaugeMetricFamily(
+            f"{NAMESPACE}_data_nodes_near_full",
+            "live data nodes with less than twice --min-free-space free, or full within "
+            "an hour at their write rate",
+            value=sum(1 for s in states if s.alive and s.is_near_full(floor)),
+        )
         for state in states:
             node = str(state.node_id)
+            left = state.seconds_to_full(floor)
+            if left is not None:
+                to_full.add_metric([node], left)
             since.add_metric([node], registry.seconds_since_seen(state))
             hosted.add_metric([node], state.hosted_ranges)
             alive.add_metric([node], 1 if state.alive else 0)
@@ -149,6 +165,7 @@ class ClusterCollector(Collector):
                     family, scale = reported[field]
                     family.add_metric([node], value * scale)
         yield since
+        yield to_full
         yield hosted
         yield alive
         yield from (family for family, _ in reported.values())

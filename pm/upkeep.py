@@ -29,13 +29,19 @@ import trio
 from net.ratelog import RateLimitedLog
 from sbp.errors import NoAvailableDataNodeError, ProtocolError
 
-from .liveness import NodeRegistry
+from .liveness import NodeRegistry, NodeState
 from .metadata import Change, Metadata, PutRange
 from .placement import place
 from .records import RangeRecord
 
 log = logging.getLogger(__name__)
 _seal_failures = RateLimitedLog(log, interval=60.0)
+_near_full = RateLimitedLog(log, interval=300.0)
+
+
+def _size(value: int) -> str:
+    return f"{value / (1 << 20):,.0f} MiB"
+
 
 #: how often the PM looks at the data nodes' liveness and load
 DEAD_NODE_CHECK_S: Final = 1.0
@@ -133,12 +139,27 @@ class ReplicaUpkeep:
                 if state.alive:
                     if state.is_full(self._min_free_space):
                         await self.drain_full_node(state.node_id, timeout=interval * 4)
+                    elif state.is_near_full(self._min_free_space):
+                        self._warn_near_full(state)
                     continue
                 await self.seal_after_failure(state.node_id, timeout=interval * 4)
                 if self._pm.registry.seconds_since_seen(state) > self._repair_after:
                     await self.repair_node(state.node_id, timeout=interval * 4)
             if not self._pm.stopping:
                 await self.restore_replication(timeout=interval * 4)
+
+    def _warn_near_full(self, state: NodeState) -> None:
+        """Say so before a node is full and its open ranges are moved off it."""
+        left = state.seconds_to_full(self._min_free_space)
+        _near_full.warning(
+            f"near full {state.node_id}",
+            "data node %d is nearly full: %s free%s; at %s it gets no new ranges "
+            "(docs/datanode.md, Disk pressure)",
+            state.node_id,
+            _size(state.metrics.get("disk_free_space", 0)),
+            "" if left is None else f", full in about {left / 60:.0f} min at its write rate",
+            _size(self._min_free_space),
+        )
 
     async def find_short_handed(self) -> None:
         """Fill ``_short_handed`` from the metadata (after a start or a change

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from pm.liveness import NodeRegistry
+from pm.liveness import NodeRegistry, NodeState
 from pm.placement import NodeLoad, place
 from pm.records import NodeRecord
 from sbp.errors import InvalidRequestError, NoAvailableDataNodeError
@@ -151,3 +151,24 @@ def test_restored_nodes_start_alive_with_their_range_counts() -> None:
     assert not registry.is_alive(1)
     registry.note_removed([1, 1, 2])
     assert [s.hosted_ranges for s in registry.states()] == [5, 0]
+
+
+@pytest.mark.parametrize(
+    ("free", "rate", "near", "seconds"),
+    [
+        (None, 0, False, None),  # not reported yet
+        (50 << 20, 0, False, None),  # plenty, not writing
+        (15 << 20, 0, True, None),  # under twice the 10 MiB floor
+        (5 << 20, 0, False, None),  # full already: not "near"
+        (1000 << 20, 1 << 20, True, 990.0),  # full in 16.5 minutes at 1 MiB/s
+        (10_000 << 20, 1 << 20, False, 9990.0),  # in 2.8 hours
+    ],
+)
+def test_a_node_near_full_is_seen_before_it_is_full(
+    free: int | None, rate: int, near: bool, seconds: float | None
+) -> None:
+    state = NodeState(NodeRecord(1, "a:1"), last_seen=0.0)
+    if free is not None:
+        state.metrics = {"disk_free_space": free, "disk_in_rate": rate}
+    assert state.is_near_full(10 << 20) is near
+    assert state.seconds_to_full(10 << 20) == seconds
