@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
 
 from net.address import parse_address_list
+from sbp.constants import MAX_GROUP_NAME_BYTES
 
 from .cli_defaults import DEFAULT_PM, DEFAULT_TIMEOUT_S, EXIT_INTERRUPTED, LOCAL_PKI
 
@@ -116,8 +117,10 @@ def _acks(text: str) -> int:
 
 def _group(text: str) -> str:
     size = len(text.encode())
-    if not 1 <= size <= 255:
-        raise argparse.ArgumentTypeError(f"a group name is 1 to 255 bytes, not {size}")
+    if not 1 <= size <= MAX_GROUP_NAME_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"a group name is 1 to {MAX_GROUP_NAME_BYTES} bytes, not {size}"
+        )
     return text
 
 

@@ -56,6 +56,7 @@ import trio
 from net.pool import ConnectionPool
 from sbp import messages
 from sbp.batches import BATCH_HEADER, DecodedRecords, batch_spans, decode_batches
+from sbp.constants import MAX_GROUP_NAME_BYTES
 from sbp.enums import ErrorCode
 from sbp.errors import (
     GroupNotFoundError,
@@ -91,8 +92,6 @@ DEFAULT_RETRY_TIMEOUT: Final = 60.0
 DEFAULT_REQUEST_TIMEOUT: Final = 10.0
 #: a group consumer stores its position this often by itself (SPEC §11)
 DEFAULT_AUTO_COMMIT_INTERVAL: Final = 5.0
-#: a consumer group name is 1 to this many bytes of UTF-8
-MAX_GROUP_BYTES: Final = 255
 
 logger = logging.getLogger(__name__)
 
@@ -167,8 +166,8 @@ class Consumer:
         group: str | None = None,
         auto_commit_interval: float | None = DEFAULT_AUTO_COMMIT_INTERVAL,
     ) -> None:
-        if group is not None and not 1 <= len(group.encode()) <= MAX_GROUP_BYTES:
-            raise ValueError(f"a consumer group name is 1 to {MAX_GROUP_BYTES} bytes")
+        if group is not None and not 1 <= len(group.encode()) <= MAX_GROUP_NAME_BYTES:
+            raise ValueError(f"a consumer group name is 1 to {MAX_GROUP_NAME_BYTES} bytes")
         if auto_commit_interval is not None and auto_commit_interval <= 0:
             raise ValueError("auto_commit_interval must be positive (None: commit() only)")
         if from_offset is not None and from_offset < 0:

@@ -25,6 +25,7 @@ from typing import Final, Protocol
 
 import trio
 
+from sbp.constants import MAX_GROUP_METADATA_BYTES, MAX_GROUP_NAME_BYTES
 from sbp.errors import (
     GroupNotFoundError,
     InvalidRequestError,
@@ -39,15 +40,9 @@ from .records import GroupOffsetRecord, RangeRecord
 
 log = logging.getLogger(__name__)
 
-#: a group name is 1 to this many bytes of UTF-8
-MAX_GROUP_BYTES: Final = 255
-#: a position's metadata is at most this many bytes of UTF-8
-MAX_METADATA_BYTES: Final = 4096
 #: items of one COMMIT_OFFSETS: they are one etcd transaction, whose
 #: operations etcd limits (128 by default)
 MAX_COMMIT_ITEMS: Final = 100
-#: how often the end offsets of streams with positions are asked for
-DEFAULT_END_INTERVAL_S: Final = 10.0
 #: end samples kept per stream for the lag in seconds
 END_SAMPLES: Final = 720
 #: how long one round of end offsets may take
@@ -57,10 +52,12 @@ END_TIMEOUT_S: Final = 5.0
 def check_group_name(group: str) -> None:
     size = len(group.encode())
     if size == 0:
-        raise InvalidRequestError("a consumer group name is 1 to 255 bytes; it is empty")
-    if size > MAX_GROUP_BYTES:
         raise InvalidRequestError(
-            f"a consumer group name is 1 to {MAX_GROUP_BYTES} bytes; {size} given"
+            f"a consumer group name is 1 to {MAX_GROUP_NAME_BYTES} bytes; it is empty"
+        )
+    if size > MAX_GROUP_NAME_BYTES:
+        raise InvalidRequestError(
+            f"a consumer group name is 1 to {MAX_GROUP_NAME_BYTES} bytes; {size} given"
         )
 
 
@@ -270,9 +267,9 @@ class ConsumerGroups:
 
     async def _check(self, item: OffsetItem) -> None:
         size = len(item.metadata.encode())
-        if size > MAX_METADATA_BYTES:
+        if size > MAX_GROUP_METADATA_BYTES:
             raise InvalidRequestError(
-                f"position metadata is at most {MAX_METADATA_BYTES} bytes; {size} given"
+                f"position metadata is at most {MAX_GROUP_METADATA_BYTES} bytes; {size} given"
             )
         ranges = self._store.ranges(item.stream_id)
         if self._store.stream(item.stream_id) is None or not ranges:

@@ -39,3 +39,8 @@ OPEN_END_OFFSET: Final = -1
 #: are int64 on the wire, so an append that would pass it is refused with
 #: OFFSET_OUT_OF_RANGE
 MAX_RECORD_OFFSET: Final = (1 << 63) - 1
+
+#: a consumer group's name is 1 to this many bytes of UTF-8 (SPEC §11)
+MAX_GROUP_NAME_BYTES: Final = 255
+#: a group position's metadata is at most this many bytes of UTF-8 (SPEC §11)
+MAX_GROUP_METADATA_BYTES: Final = 4096

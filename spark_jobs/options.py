@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from sbp.constants import MAX_GROUP_NAME_BYTES
+
 if TYPE_CHECKING:
     from net.tls import TLSSettings
 
@@ -265,8 +267,10 @@ def parse_group(options: Mapping[str, str]) -> str | None:
     if text is None:
         return None
     size = len(str(text).encode())
-    if not 1 <= size <= 255:
-        raise SBPOptionError(f"option 'group' must be 1 to 255 bytes of UTF-8, got {size}")
+    if not 1 <= size <= MAX_GROUP_NAME_BYTES:
+        raise SBPOptionError(
+            f"option 'group' must be 1 to {MAX_GROUP_NAME_BYTES} bytes of UTF-8, got {size}"
+        )
     return str(text)
 
 
