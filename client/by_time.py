@@ -1,5 +1,5 @@
-"""Offsets by time (SPEC §11): the first offset of a stream appended at or
-after a moment, found range by range from the newest.
+"""Where a stream's offsets are: its end now, and (SPEC §11) the first
+offset appended at or after a moment, found range by range from the newest.
 
 Each range is asked (FIND_OFFSETS) on its replicas in turn until one
 answers. A range whose first batch is already late enough may have an
@@ -13,7 +13,21 @@ from __future__ import annotations
 from sbp import messages
 from sbp.errors import RangeNotFoundError, SBPError
 
-from ._routing import ClientContext
+from ._routing import ClientContext, primary_of
+
+
+async def stream_end(context: ClientContext, stream_id: int) -> int:
+    """The offset the stream's next record gets: a sealed last range's end,
+    else the open range's next offset, asked of its primary (the PM's is a
+    snapshot)."""
+    ranges = await context.pm.list_stream_ranges(stream_id)
+    if not ranges:
+        return 0
+    last = ranges[-1]
+    if not last.is_open:
+        return int(last.end_offset)
+    described = await context.node(primary_of(last)).describe_range(stream_id, last.range_index)
+    return int(described.next_offset)
 
 
 async def offset_at_time(context: ClientContext, stream_id: int, timestamp_ms: int) -> int:

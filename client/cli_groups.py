@@ -18,7 +18,7 @@ from sbp.errors import SBPError
 
 from . import format as fmt
 from ._routing import ClientContext, replica_for_read
-from .by_time import offset_at_time
+from .by_time import offset_at_time, stream_end
 from .cli_commands import Env, _item_error
 from .cli_defaults import EXIT_OK, EXIT_SERVER_ERROR
 
@@ -170,16 +170,12 @@ async def _target(context: ClientContext, stream_id: int, target: tuple[str, int
         return value
     if kind == "time":
         return await offset_at_time(context, stream_id, value)
+    if kind == "latest":
+        return await stream_end(context, stream_id)
     ranges = await context.pm.list_stream_ranges(stream_id)
     if not ranges:
         raise UsageError(f"stream {stream_id} has no ranges")
-    if kind == "earliest":
-        return ranges[0].start_offset
-    last = ranges[-1]
-    if not last.is_open:
-        return last.end_offset
-    node = context.node(replica_for_read(last, 0))
-    return (await node.describe_range(stream_id, last.range_index)).next_offset
+    return ranges[0].start_offset  # earliest
 
 
 async def cmd_groups_delete(env: Env) -> int:

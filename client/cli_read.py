@@ -16,11 +16,11 @@ from net.service import UsageError
 from sbp.batches import DecodedRecords
 
 from . import format as fmt
-from ._routing import primary_of
+from ._routing import ClientContext
+from .by_time import stream_end
 from .cli_commands import Env
 from .cli_defaults import EXIT_OK
 from .consumer import Consumer
-from .datanode_client import DataNodeClient
 from .progress import Progress
 
 _NEWLINE: Final = np.uint8(ord("\n"))
@@ -228,13 +228,6 @@ async def cmd_tail(env: Env) -> int:
 
 
 async def _end_offset(env: Env, stream_id: int) -> int:
-    """The offset the next append to a stream gets. The PM's ``next_offset``
-    of an open range is a snapshot, so the range's primary is asked."""
-    ranges = await env.pm.list_stream_ranges(stream_id)
-    if not ranges:
-        return 0
-    last = ranges[-1]
-    if not last.is_open:
-        return last.end_offset
-    node = DataNodeClient(primary_of(last).advertise_addr, pool=env.pool, timeout=env.args.timeout)
-    return (await node.describe_range(stream_id, last.range_index)).next_offset
+    """The offset the next append to a stream gets (``by_time.stream_end``)."""
+    async with ClientContext(env.pm, env.pool, env.args.timeout) as context:
+        return await stream_end(context, stream_id)

@@ -75,7 +75,7 @@ from ._routing import (
     StreamRoutes,
     replica_for_read,
 )
-from .by_time import offset_at_time
+from .by_time import offset_at_time, stream_end
 from .pm_client import PMClient
 from .retry import is_transient, retry_delay
 
@@ -346,15 +346,7 @@ class Consumer:
 
     async def end_offset(self) -> int:
         """The stream's end (its next offset) now, from its open range's primary."""
-        routes = StreamRoutes(self._context.pm, self.stream_id)
-        ranges = await routes.refresh()
-        last = ranges[-1]
-        if not last.is_open:
-            return int(last.end_offset)
-        described = await self._context.node(replica_for_read(last, 0)).describe_range(
-            self.stream_id, last.range_index
-        )
-        return int(described.next_offset)
+        return await stream_end(self._context, self.stream_id)
 
     async def lag(self) -> int:
         """Records between ``position`` and the stream's end now."""
