@@ -217,13 +217,10 @@ class ConsumerGroups:
         for record in store.all_group_offsets():
             self._held.setdefault(record.group, {})[record.stream_id] = record
 
-    def _positions(self) -> dict[str, dict[int, GroupOffsetRecord]]:
-        return self._held
-
     def forget_streams(self, stream_ids: Iterable[int]) -> None:
         """These streams were deleted, and their positions with them."""
         gone = set(stream_ids)
-        held = self._positions()
+        held = self._held
         for group, streams in list(held.items()):
             kept = {s: r for s, r in streams.items() if s not in gone}
             if len(kept) != len(streams):
@@ -261,7 +258,7 @@ class ConsumerGroups:
         stored = tuple(o for o in outcomes if isinstance(o, GroupOffsetRecord))
         if stored:
             await self._commit([PutGroupOffsets(stored)])
-            self._positions().setdefault(group, {}).update((r.stream_id, r) for r in stored)
+            self._held.setdefault(group, {}).update((r.stream_id, r) for r in stored)
             self.commits[group] = self.commits.get(group, 0) + 1
         return outcomes
 
@@ -292,7 +289,7 @@ class ConsumerGroups:
         are named; offset -1 where it has none); ``GroupNotFoundError`` for
         an unknown group."""
         check_group_name(group)
-        held = self._positions().get(group)
+        held = self._held.get(group)
         if not held:
             raise GroupNotFoundError(f"no consumer group {group!r}")
         wanted = list(stream_ids) if stream_ids else sorted(held)
@@ -308,7 +305,7 @@ class ConsumerGroups:
     def records(self) -> list[GroupOffsetRecord]:
         """Every position, by group and stream id (LIST_GROUPS, /metrics)."""
         # /metrics reads from its own thread: list() copies a dict in one step
-        groups = sorted(list(self._positions().items()), key=lambda item: item[0].encode())
+        groups = sorted(list(self._held.items()), key=lambda item: item[0].encode())
         found: list[GroupOffsetRecord] = []
         for _, held in groups:
             found += sorted(list(held.values()), key=lambda r: r.stream_id)
@@ -334,7 +331,7 @@ class ConsumerGroups:
         return [self.position(r) for _, r in lags[:count]], len(records)
 
     def streams_with_positions(self) -> set[int]:
-        return {s for held in list(self._positions().values()) for s in list(held)}
+        return {s for held in list(self._held.values()) for s in list(held)}
 
     async def delete(self, groups: Sequence[str]) -> list[ProtocolError | None]:
         """Forget whole groups; per group, None or why not."""
@@ -343,7 +340,7 @@ class ConsumerGroups:
         for group in groups:
             try:
                 check_group_name(group)
-                if not self._positions().get(group):
+                if not self._held.get(group):
                     raise GroupNotFoundError(f"no consumer group {group!r}")
             except ProtocolError as error:
                 outcomes.append(error)
@@ -355,5 +352,5 @@ class ConsumerGroups:
             for change in doomed:
                 assert isinstance(change, DeleteGroup)
                 self.commits.pop(change.group, None)
-                self._positions().pop(change.group, None)
+                self._held.pop(change.group, None)
         return outcomes
