@@ -198,7 +198,10 @@ class Consumer:
         #: the offset after the last record handed out (the start until then;
         #: with ``from_offset`` None, known once the ranges were listed)
         self.position = 0 if from_offset is None else from_offset
-        #: the rest of the batch ``records()`` is handing out
+        #: the batch being handed out a record at a time (``records()``, the
+        #: sync iterator), and the rest of it: the next read starts with what
+        #: is left of it past ``position``
+        self.in_hand: DecodedRecords | None = None
         self.unread: Iterator[Record] = iter(())
         #: the offset after the records the caller is done with: those handed
         #: out before it asked for more (what automatic commits store)
@@ -281,6 +284,10 @@ class Consumer:
         """``next_batch`` for a caller that hands the records out one at a
         time and moves ``position`` itself, so that a commit never covers a
         record not yet handed out."""
+        held, self.in_hand, self.unread = self.in_hand, None, iter(())
+        if held is not None and len(held) and int(held.offsets[-1]) >= self.position:
+            # a loop over records() left part way: the rest comes first
+            return _drop_before(held, self.position)
         if self._finished:
             return None
         item = await self._receive.receive()
@@ -333,7 +340,7 @@ class Consumer:
         if self._nursery is None:
             raise RuntimeError("not open; use `async with`")
         self._fetcher.cancel()
-        self.unread = iter(())
+        self.in_hand, self.unread = None, iter(())
         self.from_offset = self.position = self.processed = offset
         self._start_fetcher()
 
@@ -655,7 +662,7 @@ class _Records:
             records = await consumer.receive_batch()
             if records is None:
                 raise StopAsyncIteration
-            consumer.unread = iter_records(records)
+            consumer.in_hand, consumer.unread = records, iter_records(records)
 
 
 def iter_records(records: DecodedRecords) -> Iterator[Record]:

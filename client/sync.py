@@ -398,6 +398,7 @@ class SyncConsumer:
     def __iter__(self) -> Iterator[Record]:
         consumer = self.consumer
         while (records := self._client.run(consumer.receive_batch)) is not None:
+            consumer.in_hand = records  # a loop left part way goes on from there
             for record in iter_records(records):
                 # handed out one at a time: commit() covers what was yielded,
                 # an automatic commit what the caller is done with

@@ -11,12 +11,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from client import format as fmt
 from client.cli import main
 
+from ..eventually import eventually_blocking
 from .local_cluster import LocalCluster, lines, new_stream, running_cluster, sbp, sbp_json
 from .procs import _child_env
 
@@ -214,7 +216,14 @@ def test_tail_prints_new_records(cluster: LocalCluster) -> None:
 
 def test_cluster_status_ping_and_top(cluster: LocalCluster) -> None:
     pm = cluster.pm_address
-    status = sbp_json(pm, "cluster", "status")
+
+    # a node's first load report comes a few seconds after it starts
+    def reported() -> dict[str, Any] | None:
+        found: dict[str, Any] = sbp_json(pm, "cluster", "status")
+        return found if all(n["disk_free_bytes"] is not None for n in found["data_nodes"]) else None
+
+    status = eventually_blocking(reported, timeout=20, what="every node's first load report")
+    assert status is not None
     nodes = status["data_nodes"]
     assert [n["node_id"] for n in nodes] == [1, 2] and all(n["alive"] for n in nodes)
     assert all(n["disk_free_bytes"] > 0 for n in nodes)

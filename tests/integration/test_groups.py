@@ -218,3 +218,35 @@ async def test_the_lag_metric_follows_a_producer_ahead_of_a_slow_consumer(
         finally:
             with trio.CancelScope(shield=True):
                 await cluster.stop_all()
+
+
+async def test_a_loop_left_part_way_through_a_batch_goes_on_from_the_next_record(
+    tmp_path: Path,
+) -> None:
+    """What a group commits is what was handed out, so the rest of a batch a
+    loop left must come next, whichever way the consumer is read then."""
+    async with ConnectionPool() as pool:
+        cluster = PMCluster(tmp_path, pool)
+        try:
+            await cluster.start_pm()
+            await cluster.start_nodes((1,))
+            pm = cluster.pm_client()
+            created = await pm.create_stream(1)
+            assert created.stream is not None
+            stream_id = created.stream.stream_id
+            async with Producer(pm, stream_id, pool=pool) as producer:
+                await producer.send_many([b"%d" % n for n in range(100)])  # one batch
+                await producer.flush()
+            async with Consumer(pm, stream_id, group="parts", pool=pool) as consumer:
+                assert len(await _values(consumer, 10)) == 10
+                rest = await consumer.next_batch()
+                assert rest is not None and rest.offsets.tolist() == list(range(10, 100))
+                assert consumer.position == 100
+                await consumer.seek(50)
+                assert (await _values(consumer, 3)) == [b"50", b"51", b"52"]
+                assert (await _values(consumer, 2)) == [b"53", b"54"]
+            [position] = await pm.fetch_offsets("parts")
+            assert position.offset == 55
+        finally:
+            with trio.CancelScope(shield=True):
+                await cluster.stop_all()
