@@ -21,37 +21,23 @@ from ._routing import ClientContext, replica_for_read
 from .by_time import offset_at_time, stream_end
 from .cli_commands import Env, _item_error
 from .cli_defaults import EXIT_OK, EXIT_SERVER_ERROR
+from .cluster_view import group_summaries
 
 
 async def cmd_groups_list(env: Env) -> int:
     """Every group, its streams and how far behind it is in all."""
-    listings = sorted(await env.pm.list_groups(), key=lambda g: g.group)
-    lags: list[int | None] = []
-    for listing in listings:
-        positions = await env.pm.fetch_offsets(listing.group)
-        known = [p.lag_records for p in positions if p.lag_records >= 0]
-        lags.append(sum(known) if known else None)
+    summaries = await group_summaries(env.pm)
     if env.json:
-        env.emit_json(
-            [
-                {
-                    "group": listing.group,
-                    "stream_ids": list(listing.stream_ids),
-                    "lag_records": lag,
-                    "last_commit_ms": listing.last_commit_ms,
-                }
-                for listing, lag in zip(listings, lags, strict=True)
-            ]
-        )
+        env.emit_json(summaries)
         return EXIT_OK
     rows = [
         [
-            listing.group,
-            len(listing.stream_ids),
-            "-" if lag is None else f"{lag:,}",
-            fmt.age_text(listing.last_commit_ms),
+            g["group"],
+            len(g["stream_ids"]),
+            "-" if g["lag_records"] is None else f"{g['lag_records']:,}",
+            fmt.age_text(g["last_commit_ms"]),
         ]
-        for listing, lag in zip(listings, lags, strict=True)
+        for g in summaries
     ]
     env.emit(
         fmt.table(["group", "streams", "lag", "last commit"], rows)
@@ -113,10 +99,9 @@ async def _lag_seconds(
     if position.lag_records < 0 or position.offset < 0:
         return None
     ranges = await context.pm.list_stream_ranges(position.stream_id)
-    holding = [r for r in ranges if r.start_offset <= position.offset] or list(ranges[:1])
-    if not holding:
+    rng = next((r for r in reversed(ranges) if r.start_offset <= position.offset), None)
+    if rng is None:
         return None
-    rng = holding[-1]
     wanted = messages.FetchInfo(
         stream_id=position.stream_id, fetch_offset=position.offset, batch_max_bytes=1
     )
@@ -128,8 +113,8 @@ async def _lag_seconds(
     records = decode_batches(data) if data else None
     if records is None or not len(records):
         return None
-    first = max(int(records.offsets.searchsorted(position.offset)), 0)
-    first = min(first, len(records) - 1)
+    # the answer starts at the batch holding the offset
+    first = min(int(records.offsets.searchsorted(position.offset)), len(records) - 1)
     return max(time.time() - int(records.timestamps[first]) / 1000, 0.0)
 
 

@@ -1,11 +1,15 @@
 """One data node as ``sbp cluster status`` and ``sbp top`` show it: a row of
-plain values (numbers, not text) from the PM's DESCRIBE_CLUSTER."""
+plain values (numbers, not text) from the PM's DESCRIBE_CLUSTER; and the
+consumer groups as ``sbp groups list`` and ``sbp top`` show them."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from sbp import messages
+from sbp.errors import GroupNotFoundError
+
+from .pm_client import PMClient
 
 
 def node_summary(status: messages.DataNodeStatus, now: float) -> dict[str, Any]:
@@ -39,3 +43,25 @@ def node_summary(status: messages.DataNodeStatus, now: float) -> dict[str, Any]:
         "memory_bytes": report.memory_used,
         "reported": status.metrics is not None,
     }
+
+
+async def group_summaries(pm: PMClient, limit: int | None = None) -> list[dict[str, Any]]:
+    """Each consumer group (the first ``limit`` listed) by name: its streams,
+    its lag in records over all of them as the PM last learned the ends
+    (None while no end is known) and its last commit."""
+    summaries: list[dict[str, Any]] = []
+    for listing in sorted(await pm.list_groups(), key=lambda g: g.group)[:limit]:
+        try:
+            positions = await pm.fetch_offsets(listing.group)
+        except GroupNotFoundError:  # deleted meanwhile
+            continue
+        known = [p.lag_records for p in positions if p.lag_records >= 0]
+        summaries.append(
+            {
+                "group": listing.group,
+                "stream_ids": list(listing.stream_ids),
+                "lag_records": sum(known) if known else None,
+                "last_commit_ms": listing.last_commit_ms,
+            }
+        )
+    return summaries

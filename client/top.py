@@ -25,11 +25,9 @@ from typing import Any, Final
 
 import trio
 
-from sbp.errors import GroupNotFoundError
-
 from . import format as fmt
 from .cli_commands import Env
-from .cluster_view import node_summary
+from .cluster_view import group_summaries, node_summary
 
 #: cursor home and clear screen
 CLEAR: Final = "\x1b[H\x1b[2J"
@@ -124,20 +122,15 @@ async def sample(env: Env) -> list[dict[str, Any]]:
 async def furthest_behind(env: Env) -> list[dict[str, Any]]:
     """The ``TOP_GROUPS`` consumer groups with the most records to read (of
     the first ``MAX_GROUPS_ASKED`` groups listed)."""
-    found: list[dict[str, Any]] = []
-    for listing in (await env.pm.list_groups())[:MAX_GROUPS_ASKED]:
-        try:
-            positions = await env.pm.fetch_offsets(listing.group)
-        except GroupNotFoundError:  # deleted meanwhile
-            continue
-        found.append(
-            {
-                "group": listing.group,
-                "streams": len(listing.stream_ids),
-                "lag_records": sum(max(p.lag_records, 0) for p in positions),
-                "last_commit_ms": listing.last_commit_ms,
-            }
-        )
+    found = [
+        {
+            "group": g["group"],
+            "streams": len(g["stream_ids"]),
+            "lag_records": g["lag_records"] or 0,
+            "last_commit_ms": g["last_commit_ms"],
+        }
+        for g in await group_summaries(env.pm, MAX_GROUPS_ASKED)
+    ]
     found.sort(key=lambda g: (-int(g["lag_records"]), str(g["group"])))
     return found[:TOP_GROUPS]
 

@@ -25,7 +25,11 @@ from typing import Final, Protocol
 
 import trio
 
-from sbp.constants import MAX_GROUP_METADATA_BYTES, MAX_GROUP_NAME_BYTES
+from sbp.constants import (
+    MAX_GROUP_COMMIT_ITEMS,
+    MAX_GROUP_METADATA_BYTES,
+    MAX_GROUP_NAME_BYTES,
+)
 from sbp.errors import (
     GroupNotFoundError,
     InvalidRequestError,
@@ -36,17 +40,18 @@ from sbp.errors import (
 )
 
 from .metadata import Change, DeleteGroup, Metadata, PutGroupOffsets
-from .records import GroupOffsetRecord, RangeRecord
+from .records import GroupOffsetRecord, Outcome, RangeRecord
 
 log = logging.getLogger(__name__)
 
-#: items of one COMMIT_OFFSETS: they are one etcd transaction, whose
-#: operations etcd limits (128 by default)
-MAX_COMMIT_ITEMS: Final = 100
 #: end samples kept per stream for the lag in seconds
 END_SAMPLES: Final = 720
 #: how long one round of end offsets may take
 END_TIMEOUT_S: Final = 5.0
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def check_group_name(group: str) -> None:
@@ -90,7 +95,7 @@ class StreamEnds:
         self,
         store: Metadata,
         link: EndCalls,
-        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        clock_ms: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self._store = store
         self._link = link
@@ -202,7 +207,7 @@ class ConsumerGroups:
         store: Metadata,
         commit: Callable[[Sequence[Change]], Awaitable[None]],
         ends: StreamEnds,
-        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        clock_ms: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self._store = store
         self._commit = commit
@@ -231,31 +236,30 @@ class ConsumerGroups:
 
     async def commit(
         self, group: str, items: Sequence[OffsetItem]
-    ) -> list[GroupOffsetRecord | ProtocolError]:
+    ) -> list[Outcome[GroupOffsetRecord]]:
         """Store the items that pass their checks, all in one commit; per
         item, the stored position or why it was refused."""
         try:
             check_group_name(group)
-            if len(items) > MAX_COMMIT_ITEMS:
+            if len(items) > MAX_GROUP_COMMIT_ITEMS:
                 raise InvalidRequestError(
-                    f"a commit holds at most {MAX_COMMIT_ITEMS} positions; {len(items)} given"
+                    f"a commit holds at most {MAX_GROUP_COMMIT_ITEMS} positions; {len(items)} given"
                 )
             if len({item.stream_id for item in items}) < len(items):
                 raise InvalidRequestError("a commit names each stream once")
         except InvalidRequestError as error:
-            return [error for _ in items]
+            return [Outcome(error=error) for _ in items]
         now = self._clock_ms()
-        outcomes: list[GroupOffsetRecord | ProtocolError] = []
+        outcomes: list[Outcome[GroupOffsetRecord]] = []
         for item in items:
             try:
                 await self._check(item)
             except ProtocolError as error:
-                outcomes.append(error)
+                outcomes.append(Outcome(error=error))
                 continue
-            outcomes.append(
-                GroupOffsetRecord(group, item.stream_id, item.offset, now, item.metadata)
-            )
-        stored = tuple(o for o in outcomes if isinstance(o, GroupOffsetRecord))
+            record = GroupOffsetRecord(group, item.stream_id, item.offset, now, item.metadata)
+            outcomes.append(Outcome(record))
+        stored = tuple(o.value for o in outcomes if o.value is not None)
         if stored:
             await self._commit([PutGroupOffsets(stored)])
             self._held.setdefault(group, {}).update((r.stream_id, r) for r in stored)
@@ -311,10 +315,6 @@ class ConsumerGroups:
             found += sorted(list(held.values()), key=lambda r: r.stream_id)
         return found
 
-    def positions(self) -> list[Position]:
-        """Every group's positions with the streams' ends and the lag."""
-        return [self.position(r) for r in self.records()]
-
     def furthest_behind(self, count: int) -> tuple[list[Position], int]:
         """The ``count`` positions furthest behind in records (those with no
         known end last), with the lag in seconds; and how many there are.
@@ -336,7 +336,7 @@ class ConsumerGroups:
     async def delete(self, groups: Sequence[str]) -> list[ProtocolError | None]:
         """Forget whole groups; per group, None or why not."""
         outcomes: list[ProtocolError | None] = []
-        doomed: list[Change] = []
+        doomed: list[str] = []
         for group in groups:
             try:
                 check_group_name(group)
@@ -346,11 +346,10 @@ class ConsumerGroups:
                 outcomes.append(error)
                 continue
             outcomes.append(None)
-            doomed.append(DeleteGroup(group))
+            doomed.append(group)
         if doomed:
-            await self._commit(doomed)
-            for change in doomed:
-                assert isinstance(change, DeleteGroup)
-                self.commits.pop(change.group, None)
-                self._held.pop(change.group, None)
+            await self._commit([DeleteGroup(group) for group in doomed])
+            for group in doomed:
+                self.commits.pop(group, None)
+                self._held.pop(group, None)
         return outcomes

@@ -32,8 +32,8 @@ from sbp.errors import (
 
 from .groups import OffsetItem
 from .liveness import NodeState
-from .manager import Outcome, PlacementManager
-from .records import RangeRecord
+from .manager import PlacementManager
+from .records import Outcome, RangeRecord
 from .wire import (
     DataNodeCache,
     node_record,
@@ -166,36 +166,27 @@ class PMHandlers:
     async def commit_offsets(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.CommitOffsetsRequest)
         items = header.offsets
-        denials = self._access.check_each(
-            request.principal, "FETCH", [item.stream_id for item in items]
+        outcomes = await _allowed_only(
+            self._access.check_each(request.principal, "FETCH", [i.stream_id for i in items]),
+            [OffsetItem(i.stream_id, i.offset, i.metadata) for i in items],
+            lambda allowed: self._manager.groups.commit(header.group, allowed),
         )
-        allowed = [
-            OffsetItem(item.stream_id, item.offset, item.metadata)
-            for item, denied in zip(items, denials, strict=True)
-            if denied is None
-        ]
-        stored = iter(await self._manager.groups.commit(header.group, allowed) if allowed else [])
-        results = []
-        for item, denied in zip(items, denials, strict=True):
-            outcome = denied or next(stored)
-            if isinstance(outcome, ProtocolError):
-                results.append(
-                    messages.GroupOffsetResult(
-                        stream_id=item.stream_id,
-                        error_code=outcome.code,
-                        error_message=outcome.message,
-                    )
-                )
-            else:
-                results.append(
-                    messages.GroupOffsetResult(
-                        stream_id=item.stream_id,
-                        offset=outcome.offset,
-                        metadata=outcome.metadata,
-                        commit_time_ms=outcome.commit_time_ms,
-                    )
-                )
-        await responder.send(messages.CommitOffsetsResponse(commit_responses=tuple(results)))
+        results = tuple(
+            messages.GroupOffsetResult(
+                stream_id=item.stream_id,
+                error_code=_code(outcome.error),
+                error_message=_message(outcome.error),
+            )
+            if outcome.value is None
+            else messages.GroupOffsetResult(
+                stream_id=item.stream_id,
+                offset=outcome.value.offset,
+                metadata=outcome.value.metadata,
+                commit_time_ms=outcome.value.commit_time_ms,
+            )
+            for item, outcome in zip(items, outcomes, strict=True)
+        )
+        await responder.send(messages.CommitOffsetsResponse(commit_responses=results))
 
     async def fetch_offsets(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.FetchOffsetsRequest)

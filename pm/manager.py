@@ -30,9 +30,9 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
-from typing import Final, Generic, Protocol, TypeVar
+from typing import Final, Protocol, TypeVar
 
 import trio
 
@@ -70,7 +70,7 @@ from .metadata import (
 from .placement import place
 from .producers import ProducerIds
 from .reconcile import ReconcilePlan
-from .records import NodeRecord, RangeRecord, StreamRecord
+from .records import NodeRecord, Outcome, RangeRecord, StreamRecord
 from .upkeep import ReplicaUpkeep
 
 log = logging.getLogger(__name__)
@@ -96,14 +96,6 @@ SEAL_GRACE_S: Final = 0.5
 SEAL_POLL_S: Final = 0.05
 #: a replica on a node held dead is asked to seal for this long at most
 DEAD_REPLICA_SEAL_S: Final = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome(Generic[T]):
-    """The result of one item of a batch: a value, or the error of that item."""
-
-    value: T | None = None
-    error: ProtocolError | None = None
 
 
 class DataNodeCalls(Protocol):

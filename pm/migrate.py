@@ -22,12 +22,12 @@ import trio
 
 from net.dirlock import locked_dir
 from net.service import UsageError, run_main
+from sbp.constants import MAX_GROUP_COMMIT_ITEMS
 from sbp.errors import NotLeaderError, RequestTimeoutError
 
 from .config import EtcdTLS, parse_etcd_endpoints
 from .etcd import Etcd, EtcdError, version_is
 from .etcd_metadata import EtcdMetadataStore
-from .groups import MAX_COMMIT_ITEMS as GROUP_OFFSETS_PER_CHANGE
 from .metadata import (
     Change,
     MetadataError,
@@ -144,8 +144,8 @@ def _everything(source: MetadataStore) -> list[Change]:
         start_after = page[-1].stream_id
     positions = source.all_group_offsets()
     changes += [
-        PutGroupOffsets(tuple(positions[i : i + GROUP_OFFSETS_PER_CHANGE]))
-        for i in range(0, len(positions), GROUP_OFFSETS_PER_CHANGE)
+        PutGroupOffsets(tuple(positions[i : i + MAX_GROUP_COMMIT_ITEMS]))
+        for i in range(0, len(positions), MAX_GROUP_COMMIT_ITEMS)
     ]
     return changes
 

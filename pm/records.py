@@ -9,9 +9,21 @@ placement and the request logic be tested without any wire code.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from sbp.constants import OPEN_END_OFFSET
+from sbp.errors import ProtocolError
 from sbp.ranges import RangeSpan
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome(Generic[T]):
+    """The result of one item of a batch: a value, or the error of that item."""
+
+    value: T | None = None
+    error: ProtocolError | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,3 +44,6 @@ MAX_RECORD_OFFSET: Final = (1 << 63) - 1
 MAX_GROUP_NAME_BYTES: Final = 255
 #: a group position's metadata is at most this many bytes of UTF-8 (SPEC §11)
 MAX_GROUP_METADATA_BYTES: Final = 4096
+#: positions in one COMMIT_OFFSETS this implementation takes: a commit is
+#: one etcd transaction, whose operations etcd limits (128 by default)
+MAX_GROUP_COMMIT_ITEMS: Final = 100

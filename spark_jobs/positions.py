@@ -12,6 +12,7 @@ from client._routing import ClientContext
 from client.by_time import offset_at_time
 from client.sync import SyncClient
 from sbp import messages
+from sbp.constants import MAX_GROUP_COMMIT_ITEMS
 from sbp.errors import GroupNotFoundError, raise_for_code
 
 from .options import OffsetSpec, ReadOptions, TimeSpec
@@ -51,10 +52,11 @@ def group_positions(options: ReadOptions, group: str) -> dict[int, int]:
 
 def commit_positions(options: ReadOptions, group: str, ends: Mapping[str, int]) -> None:
     """Store a micro-batch's processed ends as the group's positions, in
-    commits of at most 100 streams (a commit's limit)."""
+    commits of at most ``MAX_GROUP_COMMIT_ITEMS`` streams (a commit's limit)."""
     items = [messages.GroupOffset(stream_id=int(key), offset=int(end)) for key, end in ends.items()]
     with _client(options) as client:
-        for start in range(0, len(items), 100):
-            results = client.run(client.pm.commit_offsets, group, items[start : start + 100])
+        for start in range(0, len(items), MAX_GROUP_COMMIT_ITEMS):
+            chunk = items[start : start + MAX_GROUP_COMMIT_ITEMS]
+            results = client.run(client.pm.commit_offsets, group, chunk)
             for result in results:
                 raise_for_code(result.error_code, result.error_message)

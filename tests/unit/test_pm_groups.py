@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pm.groups import MAX_COMMIT_ITEMS, ConsumerGroups, OffsetItem, StreamEnds
+from pm.groups import ConsumerGroups, OffsetItem, StreamEnds
 from pm.metadata import (
     DeleteGroup,
     DeleteStream,
@@ -19,9 +19,10 @@ from pm.metadata import (
     PutRange,
     PutStream,
 )
-from pm.records import GroupOffsetRecord, RangeRecord, StreamRecord
+from pm.records import GroupOffsetRecord, Outcome, RangeRecord, StreamRecord
+from sbp.constants import MAX_GROUP_COMMIT_ITEMS
 from sbp.enums import ErrorCode
-from sbp.errors import GroupNotFoundError, InvalidRequestError, ProtocolError
+from sbp.errors import GroupNotFoundError, InvalidRequestError
 
 from .test_pm_manager import FakeDataNodes
 
@@ -56,8 +57,8 @@ def _groups(store: MetadataStore, nodes: FakeDataNodes) -> ConsumerGroups:
     return ConsumerGroups(store, store.commit, StreamEnds(store, nodes), clock_ms=lambda: NOW)
 
 
-def _codes(outcomes: list[GroupOffsetRecord | ProtocolError]) -> list[int]:
-    return [o.code if isinstance(o, ProtocolError) else 0 for o in outcomes]
+def _codes(outcomes: list[Outcome[GroupOffsetRecord]]) -> list[int]:
+    return [0 if o.error is None else o.error.code for o in outcomes]
 
 
 async def check_position_store(store: Metadata) -> None:
@@ -103,7 +104,7 @@ async def test_positions_are_checked_then_stored_together(store: MetadataStore) 
         ],
     )
     assert _codes(outcomes) == [0, 0, ErrorCode.STREAM_NOT_FOUND]
-    assert outcomes[0] == GroupOffsetRecord("etl", 1, 120, NOW, "batch 9")
+    assert outcomes[0].value == GroupOffsetRecord("etl", 1, 120, NOW, "batch 9")
     refused = await groups.commit("etl", [OffsetItem(1, 151), OffsetItem(2, 19)])
     assert _codes(refused) == [ErrorCode.OFFSET_OUT_OF_RANGE] * 2
     assert [r.offset for r in store.group_offsets("etl")] == [120, 30]
@@ -123,7 +124,7 @@ async def test_positions_are_checked_then_stored_together(store: MetadataStore) 
         ("g" * 256, [OffsetItem(1, 0)], "256 given"),
         ("etl", [OffsetItem(1, 0, "m" * 4097)], "4097 given"),
         ("etl", [OffsetItem(1, 0), OffsetItem(1, 5)], "each stream once"),
-        ("etl", [OffsetItem(1, 0)] * (MAX_COMMIT_ITEMS + 1), "at most 100"),
+        ("etl", [OffsetItem(1, 0)] * (MAX_GROUP_COMMIT_ITEMS + 1), "at most 100"),
     ],
     ids=["empty name", "long name", "long metadata", "a stream twice", "too many"],
 )
@@ -132,7 +133,8 @@ async def test_bad_commits_change_nothing(
 ) -> None:
     groups = _groups(store, await _streams(store))
     outcomes = await groups.commit(group, items)
-    assert all(isinstance(o, InvalidRequestError) and problem in o.message for o in outcomes)
+    errors = [o.error for o in outcomes]
+    assert all(isinstance(e, InvalidRequestError) and problem in e.message for e in errors)
     assert store.all_group_offsets() == []
 
 
