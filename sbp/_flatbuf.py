@@ -179,6 +179,12 @@ def vector(id: int, cls: type[T], *, required: bool = False) -> tuple[T, ...]:
     return _declare(_TableVector(id, cls, required), empty)
 
 
+def int32_vector(id: int) -> tuple[int, ...]:
+    """A vector of int32; absent reads as ``()``."""
+    empty: tuple[int, ...] = ()
+    return _declare(_ScalarVector(id, "i"), empty)
+
+
 def int64_vector(id: int) -> tuple[int, ...]:
     """A vector of int64; absent reads as ``()``."""
     empty: tuple[int, ...] = ()

@@ -24,6 +24,7 @@ class Opcode(IntEnum):
     TRIM_STREAMS = 0x3005
     REPORT_METRICS = 0x4001
     DESCRIBE_CLUSTER = 0x4002
+    DRAIN_DATA_NODES = 0x4003
     INIT_PRODUCER = 0x5001
     COMMIT_OFFSETS = 0x5002
     FETCH_OFFSETS = 0x5003
@@ -31,6 +32,8 @@ class Opcode(IntEnum):
     DELETE_GROUPS = 0x5005
     #: implementation-private (data node to data node): not in SPEC §2
     PRODUCER_STATE = 0x7001
+    #: implementation-private (PM to data node): not in SPEC §2
+    RANGE_HOLDINGS = 0x7002
 
 
 #: every opcode value a receiver knows; anything else is an unknown opcode
@@ -53,6 +56,16 @@ class ClientRole(IntEnum):
     PM = 1
     DATA_NODE = 2
     CLIENT = 3
+
+
+class DataNodeState(IntEnum):
+    """A data node's state in DESCRIBE_CLUSTER and DRAIN_DATA_NODES (SPEC §12)."""
+
+    ACTIVE = 0
+    #: nothing new is placed on it; its ranges are being moved off
+    DRAINING = 1
+    #: draining and holding no range: it can be stopped and removed
+    DRAINED = 2
 
 
 class ErrorCode(IntEnum):

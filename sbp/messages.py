@@ -418,6 +418,33 @@ class DescribeRangesResponse(Message):
     describe_responses: tuple[DescribeRangeResult, ...] = fb.vector(1, DescribeRangeResult)
 
 
+@fb.table
+@dataclass(frozen=True, slots=True)
+class RangeHoldingsRequest(Message):
+    """Implementation-private (PM to data node): what a replica holds of ranges."""
+
+    timeout_ms: int = fb.int32(0)
+    ranges: tuple[RangeId, ...] = fb.vector(1, RangeId, required=True)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class RangeHolding(Message):
+    stream_id: int = fb.int64(0)
+    range_index: int = fb.int32(1)
+    error_code: ErrorCode | int = _error_code_field(2)
+    error_message: str = fb.string(3)
+    held_end: int = fb.int64(4)  # every record from the range's (trimmed) start to here
+    bytes: int = fb.int64(5)  # record batch bytes held of the range
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class RangeHoldingsResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    holdings: tuple[RangeHolding, ...] = fb.vector(1, RangeHolding)
+
+
 # --------------------------------------------------------------------------- streams
 
 
@@ -598,6 +625,8 @@ class DataNodeStatus(Message):
     last_heartbeat_ms: int = fb.int64(2)  # ms since the Unix epoch
     metrics: ReportMetricsRequest | None = fb.subtable(3, ReportMetricsRequest)  # latest report
     range_count: int = fb.int32(4)
+    state: int = fb.int8(5)  # NodeState: active, draining, drained (SPEC §12)
+    bytes_to_move: int = fb.int64(6)  # while draining: bytes still to copy off
 
 
 @fb.table
@@ -803,6 +832,30 @@ class DeleteGroupsResponse(Message):
     delete_responses: tuple[DeleteGroupResult, ...] = fb.vector(1, DeleteGroupResult)
 
 
+@fb.table
+@dataclass(frozen=True, slots=True)
+class DrainDataNodesRequest(Message):
+    timeout_ms: int = fb.int32(0)
+    node_ids: tuple[int, ...] = fb.int32_vector(1)
+    cancel: bool = fb.boolean(2)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class DrainResult(Message):
+    node_id: int = fb.int32(0)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+    state: int = fb.int8(3)  # NodeState after the request
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class DrainDataNodesResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    drain_responses: tuple[DrainResult, ...] = fb.vector(1, DrainResult)
+
+
 # --------------------------------------------------------------------------- registry
 
 _REQUEST_TYPES: dict[int, type[Message]] = {
@@ -829,6 +882,8 @@ _REQUEST_TYPES: dict[int, type[Message]] = {
     Opcode.FETCH_OFFSETS: FetchOffsetsRequest,
     Opcode.LIST_GROUPS: ListGroupsRequest,
     Opcode.DELETE_GROUPS: DeleteGroupsRequest,
+    Opcode.DRAIN_DATA_NODES: DrainDataNodesRequest,
+    Opcode.RANGE_HOLDINGS: RangeHoldingsRequest,
 }
 
 _RESPONSE_TYPES: dict[int, type[Message]] = {
@@ -854,6 +909,8 @@ _RESPONSE_TYPES: dict[int, type[Message]] = {
     Opcode.FETCH_OFFSETS: FetchOffsetsResponse,
     Opcode.LIST_GROUPS: ListGroupsResponse,
     Opcode.DELETE_GROUPS: DeleteGroupsResponse,
+    Opcode.DRAIN_DATA_NODES: DrainDataNodesResponse,
+    Opcode.RANGE_HOLDINGS: RangeHoldingsResponse,
 }
 
 

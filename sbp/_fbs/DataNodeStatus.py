@@ -69,8 +69,22 @@ class DataNodeStatus(object):
             return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
         return 0
 
+    # DataNodeStatus
+    def State(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int8Flags, o + self._tab.Pos)
+        return 0
+
+    # DataNodeStatus
+    def BytesToMove(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
 def DataNodeStatusStart(builder: flatbuffers.Builder):
-    builder.StartObject(5)
+    builder.StartObject(7)
 
 def Start(builder: flatbuffers.Builder):
     DataNodeStatusStart(builder)
@@ -105,6 +119,18 @@ def DataNodeStatusAddRangeCount(builder: flatbuffers.Builder, rangeCount: int):
 def AddRangeCount(builder: flatbuffers.Builder, rangeCount: int):
     DataNodeStatusAddRangeCount(builder, rangeCount)
 
+def DataNodeStatusAddState(builder: flatbuffers.Builder, state: int):
+    builder.PrependInt8Slot(5, state, 0)
+
+def AddState(builder: flatbuffers.Builder, state: int):
+    DataNodeStatusAddState(builder, state)
+
+def DataNodeStatusAddBytesToMove(builder: flatbuffers.Builder, bytesToMove: int):
+    builder.PrependInt64Slot(6, bytesToMove, 0)
+
+def AddBytesToMove(builder: flatbuffers.Builder, bytesToMove: int):
+    DataNodeStatusAddBytesToMove(builder, bytesToMove)
+
 def DataNodeStatusEnd(builder: flatbuffers.Builder) -> int:
     return builder.EndObject()
 
@@ -128,12 +154,16 @@ class DataNodeStatusT(object):
         lastHeartbeatMs = 0,
         metrics = None,
         rangeCount = 0,
+        state = 0,
+        bytesToMove = 0,
     ):
         self.dataNode = dataNode  # type: Optional[sbp._fbs.DataNode.DataNodeT]
         self.alive = alive  # type: bool
         self.lastHeartbeatMs = lastHeartbeatMs  # type: int
         self.metrics = metrics  # type: Optional[sbp._fbs.ReportMetricsRequest.ReportMetricsRequestT]
         self.rangeCount = rangeCount  # type: int
+        self.state = state  # type: int
+        self.bytesToMove = bytesToMove  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -163,6 +193,8 @@ class DataNodeStatusT(object):
         if dataNodeStatus.Metrics() is not None:
             self.metrics = sbp._fbs.ReportMetricsRequest.ReportMetricsRequestT.InitFromObj(dataNodeStatus.Metrics())
         self.rangeCount = dataNodeStatus.RangeCount()
+        self.state = dataNodeStatus.State()
+        self.bytesToMove = dataNodeStatus.BytesToMove()
 
     # DataNodeStatusT
     def Pack(self, builder):
@@ -178,5 +210,7 @@ class DataNodeStatusT(object):
         if self.metrics is not None:
             DataNodeStatusAddMetrics(builder, metrics)
         DataNodeStatusAddRangeCount(builder, self.rangeCount)
+        DataNodeStatusAddState(builder, self.state)
+        DataNodeStatusAddBytesToMove(builder, self.bytesToMove)
         dataNodeStatus = DataNodeStatusEnd(builder)
         return dataNodeStatus

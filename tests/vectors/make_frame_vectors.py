@@ -296,6 +296,20 @@ VECTORS = [
                m.DeleteGroupResult("etl"),
                m.DeleteGroupResult("old", ErrorCode.GROUP_NOT_FOUND, "no group old"),
            ))),
+    Vector("drain_data_nodes_request", "drain nodes 1 and 7",
+           Opcode.DRAIN_DATA_NODES, Flags.NONE, 24, m.DrainDataNodesRequest(1000, (1, 7), False)),
+    Vector("drain_data_nodes_response", "node 1 draining, node 7 unknown",
+           Opcode.DRAIN_DATA_NODES, RESPONSE, 24,
+           m.DrainDataNodesResponse(0, (
+               m.DrainResult(1, ErrorCode.NONE, "", 1),
+               m.DrainResult(7, ErrorCode.DATA_NODE_NOT_FOUND, "no data node 7", 0),
+           ))),
+    Vector("range_holdings_request", "(private) what a replica holds of range 3 of stream 42",
+           Opcode.RANGE_HOLDINGS, Flags.NONE, 25,
+           m.RangeHoldingsRequest(1000, (m.RangeId(42, 3),))),
+    Vector("range_holdings_response", "(private) held to offset 4000, 1 MiB",
+           Opcode.RANGE_HOLDINGS, RESPONSE, 25,
+           m.RangeHoldingsResponse(0, (m.RangeHolding(42, 3, ErrorCode.NONE, "", 4000, 1 << 20),))),
 ]  # fmt: skip
 
 
