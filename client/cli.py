@@ -103,6 +103,10 @@ def _stream_id(text: str) -> int:
     return _integer(text, 1, _INT64_MAX)
 
 
+def _node_id(text: str) -> int:
+    return _integer(text, 0, (1 << 31) - 1)
+
+
 def _offset(text: str) -> int:
     return _integer(text, 0, _INT64_MAX)
 
@@ -407,6 +411,28 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_commands = cluster.add_subparsers(metavar="ACTION", required=True)
     status = cluster_commands.add_parser("status", help="data nodes, liveness, load")
     _command(status, "cli_commands", "cmd_cluster_status")
+
+    nodes = commands.add_parser("nodes", help="retire data nodes (SPEC §12)")
+    node_commands = nodes.add_subparsers(metavar="ACTION", required=True)
+    drain = node_commands.add_parser(
+        "drain",
+        help="move every range off data nodes so that they can be stopped",
+        description="Mark data nodes draining: the PM places nothing new on them, seals "
+        "their open ranges and copies each of their ranges to other live nodes before "
+        "dropping them from its replicas. A drained node holds no range: stopping it "
+        "loses nothing. See docs/operations.md.",
+    )
+    drain.add_argument("node_ids", type=_node_id, nargs="+", metavar="NODE")
+    drain.add_argument(
+        "--wait", action="store_true", help="follow the drain until every node is drained"
+    )
+    drain.add_argument("--cancel", action="store_true", help="make the nodes active again")
+    drain.add_argument(
+        "--progress",
+        action="store_true",
+        help="with --wait: show progress on stderr even when it is not a terminal",
+    )
+    _command(drain, "cli_nodes", "cmd_nodes_drain")
 
     top = commands.add_parser("top", help="a live view of nodes, throughput, latency")
     top.add_argument("--once", action="store_true", help="print one frame and exit")

@@ -357,6 +357,7 @@ async def cmd_cluster_status(env: Env) -> int:
                     "node",
                     "address",
                     "alive",
+                    "state",
                     "heartbeat",
                     "ranges",
                     "open",
@@ -369,6 +370,7 @@ async def cmd_cluster_status(env: Env) -> int:
                         row["node_id"],
                         row["address"],
                         row["alive"],
+                        _state_text(row),
                         fmt.age_text(row["last_heartbeat_ms"], now),
                         row["ranges"],
                         row["active_ranges"],
@@ -381,6 +383,12 @@ async def cmd_cluster_status(env: Env) -> int:
             )
         )
     return EXIT_OK
+
+
+def _state_text(row: dict[str, Any]) -> str:
+    if row["state"] == "draining":
+        return f"draining ({fmt.size_text(row['bytes_to_move'])} left)"
+    return str(row["state"])
 
 
 def _item_error(code: int, message: str) -> str:

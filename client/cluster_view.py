@@ -7,9 +7,18 @@ from __future__ import annotations
 from typing import Any
 
 from sbp import messages
+from sbp.enums import DataNodeState
 from sbp.errors import GroupNotFoundError
 
 from .pm_client import PMClient
+
+
+def state_name(state: int) -> str:
+    """``active``, ``draining`` or ``drained`` (SPEC §12)."""
+    try:
+        return DataNodeState(state).name.lower()
+    except ValueError:
+        return f"state {state}"
 
 
 def node_summary(status: messages.DataNodeStatus, now: float) -> dict[str, Any]:
@@ -26,6 +35,9 @@ def node_summary(status: messages.DataNodeStatus, now: float) -> dict[str, Any]:
             if status.last_heartbeat_ms > 0
             else None
         ),
+        "state": state_name(status.state),
+        # while draining: bytes of its ranges still to copy to other nodes
+        "bytes_to_move": status.bytes_to_move,
         "ranges": status.range_count,
         "active_ranges": report.range_active_cnt,
         # ranges the node knows to be missing a replica (SPEC §7)

@@ -118,6 +118,19 @@ class DataNodeClient(RangeCalls):
         raise_for_code(header.error_code, header.error_message)
         return header.producers
 
+    async def range_holdings(
+        self, range_ids: Sequence[messages.RangeId], *, timeout: float | None = None
+    ) -> tuple[messages.RangeHolding, ...]:
+        """RANGE_HOLDINGS (implementation-private, PM to data node): how far
+        that node holds each range without a gap, and the bytes of it."""
+        request = messages.RangeHoldingsRequest(
+            timeout_ms=self.timeout_ms(timeout), ranges=tuple(range_ids)
+        )
+        header = await self.call_for(
+            messages.RangeHoldingsResponse, Opcode.RANGE_HOLDINGS, request, timeout=timeout
+        )
+        return header.holdings
+
     @asynccontextmanager
     async def fetch(
         self,

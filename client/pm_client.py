@@ -161,6 +161,19 @@ class PMClient(RangeCalls):
         raise_for_code(header.error_code, header.error_message)
         return header.data_nodes
 
+    async def drain_data_nodes(
+        self, node_ids: Sequence[int], *, cancel: bool = False, timeout: float | None = None
+    ) -> tuple[messages.DrainResult, ...]:
+        """DRAIN_DATA_NODES (SPEC §12): mark nodes draining, or with
+        ``cancel`` active again; each node's result and state."""
+        request = messages.DrainDataNodesRequest(
+            timeout_ms=self.timeout_ms(timeout), node_ids=tuple(node_ids), cancel=cancel
+        )
+        header = await self.call_for(
+            messages.DrainDataNodesResponse, Opcode.DRAIN_DATA_NODES, request, timeout=timeout
+        )
+        return header.drain_responses
+
     # -- producers ------------------------------------------------------------
 
     async def init_producer(

@@ -248,6 +248,28 @@ class DataNode:
             return failed(messages.ProducerStateResponse, error)
         return messages.ProducerStateResponse(producers=table_to_snapshots(table))
 
+    async def range_holdings(
+        self, principal: str, ranges: Sequence[tuple[int, int]]
+    ) -> list[tuple[int, int] | ProtocolError]:
+        """RANGE_HOLDINGS (the PM's, SPEC §9: the cluster's principals only):
+        per range, how far this node holds it without a gap and the bytes of
+        that, or the error. The index is read off the event loop."""
+        denied = self.access.check_internal(principal, "RANGE_HOLDINGS")
+        if denied is not None:
+            return [denied] * len(ranges)
+
+        def look() -> list[tuple[int, int] | ProtocolError]:
+            found: list[tuple[int, int] | ProtocolError] = []
+            for stream_id, range_index in ranges:
+                try:
+                    check_stream_id(stream_id)
+                    found.append(self.engine.range_holding(stream_id, range_index))
+                except ProtocolError as error:
+                    found.append(error)
+            return found
+
+        return await trio.to_thread.run_sync(look)
+
     def may_replicate(self, principal: str) -> ProtocolError | None:
         """Only a range's primary, a data node, may send REPLICATE (SPEC §9)."""
         return self.access.check_internal(principal, "REPLICATE")

@@ -68,6 +68,7 @@ def build_dispatcher(node: DataNode, max_frame_bytes: int) -> Dispatcher:
     dispatcher.register(Opcode.SYNC_RANGES, ranges.sync_ranges)
     dispatcher.register(Opcode.DESCRIBE_RANGES, ranges.describe_ranges)
     dispatcher.register(Opcode.FIND_OFFSETS, ranges.find_offsets)
+    dispatcher.register(Opcode.RANGE_HOLDINGS, ranges.range_holdings)
     streams = StreamHandlers(node)
     dispatcher.register(Opcode.DELETE_STREAMS, streams.delete_streams)
     dispatcher.register(Opcode.PRODUCER_STATE, streams.producer_state)

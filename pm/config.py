@@ -155,6 +155,14 @@ OPTIONS: Final = (
         metavar="BYTES",
     ),
     Option(
+        "max-move-bytes-per-s",
+        "draining nodes: start copies of their ranges no faster than this on average "
+        "(0: no limit), e.g. 100MiB",
+        parse_size,
+        default="100MiB",
+        metavar="BYTES",
+    ),
+    Option(
         "map-size",
         "largest size of the metadata (LMDB map size; sparse, costs no disk up front)",
         parse_size,
@@ -237,6 +245,7 @@ class PMConfig:
     end_offsets_interval_s: float = DEFAULT_END_OFFSETS_INTERVAL_MS / 1000
     lag_metrics_max_series: int = DEFAULT_LAG_METRICS_MAX_SERIES
     min_free_space: int = 1 << 20
+    max_move_bytes_per_s: int = 100 << 20
     map_size: int = DEFAULT_MAP_SIZE
     max_frame_bytes: int = DEFAULT_MAX_FRAME_LENGTH
     max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -280,6 +289,7 @@ def parse_config(argv: Sequence[str] | None = None) -> PMConfig:
         end_offsets_interval_s=values["end_offsets_interval_ms"] / 1000,
         lag_metrics_max_series=values["lag_metrics_max_series"],
         min_free_space=values["min_free_space"],
+        max_move_bytes_per_s=values["max_move_bytes_per_s"],
         map_size=values["map_size"],
         max_frame_bytes=values["max_frame_bytes"],
         max_connections=values["max_connections"],

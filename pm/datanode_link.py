@@ -1,5 +1,6 @@
 """The PM's calls to data nodes: SYNC_RANGES, SEAL_RANGES, DESCRIBE_RANGES,
-DELETE_STREAMS and LIST_RANGES, over one pooled connection per node.
+DELETE_STREAMS, LIST_RANGES and RANGE_HOLDINGS, over one pooled connection
+per node.
 
 Every call retries what may pass (a connection refused or closed, a node
 shutting down, any retriable error code) with backoff until the caller's
@@ -148,6 +149,29 @@ class DataNodeLink:
             for result in results:
                 if result.error_code == ErrorCode.NONE and result.range is not None:
                     found[result.stream_id] = int(result.range.next_offset)
+        return found
+
+    async def range_holdings(
+        self, node_id: int, keys: Sequence[tuple[int, int]]
+    ) -> dict[tuple[int, int], tuple[int, int]]:
+        """How far the node holds each of these ranges without a gap, and the
+        bytes of it (RANGE_HOLDINGS in batches); ranges it does not hold are
+        left out."""
+        found: dict[tuple[int, int], tuple[int, int]] = {}
+        for start in range(0, len(keys), MAX_STREAMS_PER_REQUEST):
+            chunk = [
+                messages.RangeId(stream_id=stream_id, range_index=range_index)
+                for stream_id, range_index in keys[start : start + MAX_STREAMS_PER_REQUEST]
+            ]
+            results = await self._call(
+                node_id,
+                "RANGE_HOLDINGS",
+                lambda node, timeout: node.range_holdings(chunk, timeout=timeout),  # noqa: B023
+            )
+            for result in results:
+                if result.error_code == ErrorCode.NONE:
+                    key = (int(result.stream_id), int(result.range_index))
+                    found[key] = (int(result.held_end), int(result.bytes))
         return found
 
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:

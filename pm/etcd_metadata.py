@@ -16,6 +16,7 @@ encodings, so that ``sbp-pm migrate`` copies them as they are:
 ``streams/<stream_id:020>``             replica_nums, retention, epoch, acks
 ``ranges/<stream_id:020>/<index:010>``  start, end, epoch, node ids
 ``nodes/<node_id:010>``                 advertise address
+``draining/<node_id:010>``              empty: the node is draining (SPEC §12)
 ``producers/<name>``                    producer id, epoch (SPEC §10)
 ``groups/<group, hex>/<stream_id:020>`` offset, commit time, metadata (SPEC §11)
 ``meta/next_stream_id``                 the lowest id never handed out
@@ -44,6 +45,7 @@ from .metadata import (
     U64,
     Change,
     DeleteGroup,
+    DeleteNode,
     DeleteRange,
     DeleteStream,
     MetadataCounts,
@@ -54,6 +56,7 @@ from .metadata import (
     PutStream,
     RaiseNextProducerId,
     RaiseNextStreamId,
+    SetDraining,
     encode_group_offset,
     encode_producer,
     encode_range,
@@ -99,6 +102,7 @@ class EtcdMetadataStore:
         self._ranges: dict[int, dict[int, RangeRecord]] = {}
         self._by_node: dict[int, set[tuple[int, int]]] = {}
         self._nodes: dict[int, NodeRecord] = {}
+        self._draining: set[int] = set()
         self._next_stream_id = FIRST_STREAM_ID
         self._producers: dict[str, ProducerRecord] = {}
         self._next_producer_id = FIRST_PRODUCER_ID
@@ -115,6 +119,9 @@ class EtcdMetadataStore:
 
     def _node_key(self, node_id: int) -> bytes:
         return self._prefix + b"nodes/%010d" % node_id
+
+    def _draining_key(self, node_id: int) -> bytes:
+        return self._prefix + b"draining/%010d" % node_id
 
     @property
     def _next_id_key(self) -> bytes:
@@ -144,6 +151,7 @@ class EtcdMetadataStore:
         streams = self._prefix + b"streams/"
         ranges = self._prefix + b"ranges/"
         nodes = self._prefix + b"nodes/"
+        draining = self._prefix + b"draining/"
         producers = self._prefix + b"producers/"
         groups = self._prefix + b"groups/"
         for kv in kvs:
@@ -156,6 +164,8 @@ class EtcdMetadataStore:
             elif kv.key.startswith(nodes):
                 node_id = int(kv.key[len(nodes) :])
                 self._nodes[node_id] = NodeRecord(node_id, kv.value.decode())
+            elif kv.key.startswith(draining):
+                self._draining.add(int(kv.key[len(draining) :]))
             elif kv.key.startswith(producers):
                 name = kv.key[len(producers) :].decode()
                 self._producers[name] = producer_from_value(name, kv.value)
@@ -203,6 +213,9 @@ class EtcdMetadataStore:
 
     def nodes(self) -> list[NodeRecord]:
         return [self._nodes[i] for i in sorted(self._nodes)]
+
+    def draining_nodes(self) -> set[int]:
+        return set(self._draining)
 
     def next_stream_id(self) -> int:
         return self._next_stream_id
@@ -289,6 +302,11 @@ class EtcdMetadataStore:
                 return [delete_op(self._range_key(stream_id, range_index))]
             case PutNode(node):
                 return [put_op(self._node_key(node.node_id), node.address.encode())]
+            case DeleteNode(node_id):
+                return [delete_op(self._node_key(node_id)), delete_op(self._draining_key(node_id))]
+            case SetDraining(node_id, draining):
+                key = self._draining_key(node_id)
+                return [put_op(key, b"") if draining else delete_op(key)]
             case RaiseNextStreamId(value):
                 if value <= self._next_stream_id:
                     return []
@@ -328,6 +346,14 @@ class EtcdMetadataStore:
                 self._forget_range(stream_id, range_index)
             case PutNode(node):
                 self._nodes[node.node_id] = node
+            case DeleteNode(node_id):
+                self._nodes.pop(node_id, None)
+                self._draining.discard(node_id)
+            case SetDraining(node_id, draining):
+                if draining:
+                    self._draining.add(node_id)
+                else:
+                    self._draining.discard(node_id)
             case RaiseNextStreamId(value):
                 self._next_stream_id = max(self._next_stream_id, value)
             case PutProducer(producer):
@@ -368,7 +394,15 @@ def _groups(changes: Sequence[Change], op_count: Callable[[Change], int]) -> Ite
     with very many ranges is cut), and the raised next stream id goes in
     the first."""
     units: list[list[Change]] = [[c] for c in changes if isinstance(c, RaiseNextStreamId)]
-    alone = PutNode | PutProducer | RaiseNextProducerId | PutGroupOffsets | DeleteGroup
+    alone = (
+        PutNode
+        | DeleteNode
+        | SetDraining
+        | PutProducer
+        | RaiseNextProducerId
+        | PutGroupOffsets
+        | DeleteGroup
+    )
     units += [[c] for c in changes if isinstance(c, alone)]
     by_stream: dict[int, list[Change]] = {}
     for change in changes:

@@ -128,6 +128,7 @@ async def run_pm_on_etcd(config: PMConfig) -> int:
                     DataNodeLink(pool, registry.address, term=term),
                     min_free_space=config.min_free_space,
                     repair_after=config.repair_after_s,
+                    max_move_bytes_per_s=config.max_move_bytes_per_s,
                 )
                 counts = manager.counts()
                 log.info(

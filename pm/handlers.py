@@ -7,7 +7,8 @@ other opcode the PM does not serve) with UNSUPPORTED_OPERATION.
 With an ACL file (SPEC §9) each item is authorized before the manager sees
 it: a denied item is answered AUTHORIZATION_FAILED and the others go on. A
 data node's HEARTBEAT and REPORT_METRICS are taken only from the cluster's
-own principals, and DESCRIBE_CLUSTER needs CLUSTER. A consumer group's
+own principals, DESCRIBE_CLUSTER needs CLUSTER, and DRAIN_DATA_NODES
+CLUSTER on ``cluster``. A consumer group's
 position on a stream needs FETCH of it; LIST_GROUPS shows the streams the
 principal may describe; DELETE_GROUPS needs DELETE on ``cluster``.
 """
@@ -21,7 +22,7 @@ from net.authz import AccessControl
 from net.request import Request, Responder, request_timeout
 from net.server import Dispatcher
 from sbp import messages
-from sbp.enums import ClientRole, ErrorCode, Opcode
+from sbp.enums import ClientRole, DataNodeState, ErrorCode, Opcode
 from sbp.errors import (
     AuthorizationFailedError,
     GroupNotFoundError,
@@ -102,6 +103,7 @@ class PMHandlers:
             (Opcode.FETCH_OFFSETS, self.fetch_offsets),
             (Opcode.LIST_GROUPS, self.list_groups),
             (Opcode.DELETE_GROUPS, self.delete_groups),
+            (Opcode.DRAIN_DATA_NODES, self.drain_data_nodes),
         ):
             dispatcher.register(opcode, handler)
         return dispatcher
@@ -136,6 +138,26 @@ class PMHandlers:
             raise denied
         statuses = tuple(self._status(state) for state in self._manager.cluster())
         await responder.send(messages.DescribeClusterResponse(data_nodes=statuses))
+
+    async def drain_data_nodes(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.DrainDataNodesRequest)
+        denied = self._access.check_on_cluster(request.principal, "CLUSTER")
+        if denied is not None:
+            outcomes: list[Outcome[DataNodeState]] = [
+                Outcome(error=denied) for _ in header.node_ids
+            ]
+        else:
+            outcomes = await self._manager.drain_nodes(header.node_ids, cancel=header.cancel)
+        results = tuple(
+            messages.DrainResult(
+                node_id=node_id,
+                error_code=_code(outcome.error),
+                error_message=_message(outcome.error),
+                state=DataNodeState.ACTIVE if outcome.value is None else outcome.value,
+            )
+            for node_id, outcome in zip(header.node_ids, outcomes, strict=True)
+        )
+        await responder.send(messages.DrainDataNodesResponse(drain_responses=results))
 
     # -- producers ------------------------------------------------------------
 
@@ -269,6 +291,8 @@ class PMHandlers:
             last_heartbeat_ms=state.last_heartbeat_ms,
             metrics=report_message(node, state.metrics) if state.metrics else None,
             range_count=state.hosted_ranges,
+            state=self._manager.drains.state(state.node_id),
+            bytes_to_move=self._manager.drains.bytes_to_move.get(state.node_id, 0),
         )
 
     # -- streams --------------------------------------------------------------

@@ -103,9 +103,14 @@ class NodeRegistry:
         self._clock = clock
         self._wall_ms = wall_ms
         self._nodes: dict[int, NodeState] = {}
+        #: nodes being drained (SPEC §12): never candidates for placement
+        self.draining: set[int] = set()
 
-    def restore(self, nodes: Iterable[NodeRecord], hosted: Mapping[int, int]) -> None:
+    def restore(
+        self, nodes: Iterable[NodeRecord], hosted: Mapping[int, int], draining: Iterable[int] = ()
+    ) -> None:
         """Load the persisted nodes at start-up (alive, see the module docstring)."""
+        self.draining = set(draining)
         now = self._clock()
         for node in nodes:
             self._nodes[node.node_id] = NodeState(
@@ -191,8 +196,13 @@ class NodeRegistry:
         return max(self._clock() - state.last_seen, 0.0)
 
     def loads(self) -> list[NodeLoad]:
-        """The loads of the live nodes: the candidates for placement."""
-        return [s.load() for s in self.states() if s.alive]
+        """The loads of the live active nodes: the candidates for placement."""
+        return [s.load() for s in self.states() if s.alive and s.node_id not in self.draining]
+
+    def forget(self, node_id: int) -> None:
+        """A node removed (``sbp nodes remove``)."""
+        self._nodes.pop(node_id, None)
+        self.draining.discard(node_id)
 
     def note_placed(self, nodes: tuple[int, ...]) -> None:
         """Count a placement decision (primary first) toward the nodes' load

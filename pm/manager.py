@@ -37,7 +37,7 @@ from typing import Final, Protocol, TypeVar
 import trio
 
 from net.ratelog import RateLimitedLog
-from sbp.enums import ErrorCode
+from sbp.enums import DataNodeState, ErrorCode
 from sbp.errors import (
     DataNodeNotFoundError,
     EpochFencedError,
@@ -53,6 +53,7 @@ from sbp.errors import (
 from sbp.replication import check_acks, effective_acks, seal_end
 
 from . import reconcile
+from .drain import NodeDrains
 from .groups import ConsumerGroups, StreamEnds
 from .liveness import NodeRegistry, NodeState
 from .locks import StreamLocks
@@ -66,6 +67,7 @@ from .metadata import (
     PutRange,
     PutStream,
     RaiseNextStreamId,
+    SetDraining,
 )
 from .placement import place
 from .producers import ProducerIds
@@ -124,6 +126,13 @@ class DataNodeCalls(Protocol):
         """DESCRIBE_RANGES of open ranges on their primary, in batches: the
         next offset of each it could describe, by stream id."""
 
+    async def range_holdings(
+        self, node_id: int, keys: Sequence[tuple[int, int]]
+    ) -> dict[tuple[int, int], tuple[int, int]]:
+        """RANGE_HOLDINGS: how far the node holds each range without a gap,
+        and the bytes of it, by (stream_id, range_index); those it does not
+        hold left out."""
+
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
         """DELETE_STREAMS."""
 
@@ -145,6 +154,7 @@ class PlacementManager:
         *,
         min_free_space: int = 0,
         repair_after: float = math.inf,
+        max_move_bytes_per_s: int = 0,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -161,13 +171,17 @@ class PlacementManager:
         # Ids are handed out here, on the event loop; each commit records the
         # high-water mark, so a restart never hands out an acknowledged id again.
         self._next_stream_id = store.next_stream_id()
-        registry.restore(store.nodes(), store.range_counts_by_node())
+        registry.restore(store.nodes(), store.range_counts_by_node(), store.draining_nodes())
         # Nodes back from the dead (or first heard of since start-up) whose
         # data may predate changes they were not told of; see reconcile_node.
         self._returning, self._returned = trio.open_memory_channel[int](math.inf)
         self._reconciling: set[int] = set()
         #: the replicas' upkeep: dead primaries, repairs, full nodes, short-handed ranges
         self.upkeep = ReplicaUpkeep(self, min_free_space=min_free_space, repair_after=repair_after)
+        #: nodes being drained (SPEC §12)
+        self.drains = NodeDrains(
+            self, link, min_free_space=min_free_space, max_move_bytes_per_s=max_move_bytes_per_s
+        )
         #: idempotent producers' ids and epochs (INIT_PRODUCER)
         self.producers = ProducerIds(store, self.commit)
         #: consumer groups' positions and the streams' ends (SPEC §11)
@@ -299,6 +313,37 @@ class PlacementManager:
     def cluster(self) -> list[NodeState]:
         """Every known data node with its liveness and latest report."""
         return self.registry.states()
+
+    async def drain_nodes(
+        self, node_ids: Sequence[int], *, cancel: bool = False
+    ) -> list[Outcome[DataNodeState]]:
+        """DRAIN_DATA_NODES (SPEC §12): mark the nodes draining (or, with
+        ``cancel``, active again) in one commit; the upkeep moves their
+        ranges (``pm.drain``). Idempotent. Each node's state after it."""
+        known = {state.node_id for state in self.registry.states()}
+        changes: list[Change] = []
+        for node_id in dict.fromkeys(node_ids):
+            if node_id in known and (node_id in self.registry.draining) == cancel:
+                changes.append(SetDraining(node_id, not cancel))
+        await self.commit(changes)
+        for change in changes:
+            if isinstance(change, SetDraining):
+                if change.draining:
+                    self.registry.draining.add(change.node_id)
+                    log.warning("data node %d is draining", change.node_id)
+                else:
+                    self.registry.draining.discard(change.node_id)
+                    log.warning("data node %d: drain cancelled, it is active", change.node_id)
+        return [
+            Outcome(value=self.drains.state(node_id))
+            if node_id in known
+            else Outcome(error=DataNodeNotFoundError(f"no data node {node_id}"))
+            for node_id in node_ids
+        ]
+
+    async def drain_pass(self, timeout: float) -> None:
+        """One step of every drain (the upkeep's pass)."""
+        await self.drains.run_pass(timeout)
 
     def counts(self) -> MetadataCounts:
         return self.store.counts()

@@ -15,6 +15,7 @@ database       key                              value
 ``by_node``    node_id (i), stream_id (q),      empty: the index behind LIST_RANGES
                range_index (i)                  by data node
 ``nodes``      node_id (i)                      advertise address, UTF-8
+``draining``   node_id (i)                      empty: the node is draining (SPEC §12)
 ``producers``  producer name, UTF-8             producer_id (q), epoch (i)
 ``groups``     name length (B), group name,     offset (q), commit time ms (q),
                stream_id (q)                    metadata, UTF-8
@@ -110,6 +111,21 @@ class PutNode:
 
 
 @dataclass(frozen=True, slots=True)
+class DeleteNode:
+    """Forget a data node (``sbp nodes remove``), its draining mark included."""
+
+    node_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetDraining:
+    """Mark a data node draining (SPEC §12), or active again."""
+
+    node_id: int
+    draining: bool
+
+
+@dataclass(frozen=True, slots=True)
 class RaiseNextStreamId:
     """Record that ids below ``value`` are taken; never lowers the stored value."""
 
@@ -148,6 +164,8 @@ Change = (
     | PutRange
     | DeleteRange
     | PutNode
+    | DeleteNode
+    | SetDraining
     | RaiseNextStreamId
     | PutProducer
     | RaiseNextProducerId
@@ -175,6 +193,7 @@ class Metadata(Protocol):
     def last_range(self, stream_id: int) -> RangeRecord | None: ...
     def ranges_on_node(self, node_id: int) -> list[RangeRecord]: ...
     def nodes(self) -> list[NodeRecord]: ...
+    def draining_nodes(self) -> set[int]: ...
     def next_stream_id(self) -> int: ...
     def producer(self, name: str) -> ProducerRecord | None: ...
     def producers(self) -> list[ProducerRecord]: ...
@@ -280,6 +299,7 @@ class MetadataStore:
         self._ranges = self._env.open_db(b"ranges")
         self._by_node = self._env.open_db(b"by_node")
         self._nodes = self._env.open_db(b"nodes")
+        self._draining = self._env.open_db(b"draining")
         self._meta = self._env.open_db(b"meta")
         self._producers = self._env.open_db(b"producers")
         self._groups = self._env.open_db(b"groups")
@@ -392,6 +412,14 @@ class MetadataStore:
                 for key, value in txn.cursor(db=self._nodes)
             ]
 
+    def draining_nodes(self) -> set[int]:
+        """The data nodes marked draining (SPEC §12)."""
+        with self._read() as txn:
+            return {
+                _NODE_KEY.unpack(key)[0]
+                for key in txn.cursor(db=self._draining).iternext(keys=True, values=False)
+            }
+
     def next_stream_id(self) -> int:
         """The lowest stream id never handed out."""
         with self._read() as txn:
@@ -495,6 +523,14 @@ class MetadataStore:
                 self._delete_range(txn, stream_id, range_index)
             case PutNode(node):
                 txn.put(_NODE_KEY.pack(node.node_id), node.address.encode(), db=self._nodes)
+            case DeleteNode(node_id):
+                txn.delete(_NODE_KEY.pack(node_id), db=self._nodes)
+                txn.delete(_NODE_KEY.pack(node_id), db=self._draining)
+            case SetDraining(node_id, draining):
+                if draining:
+                    txn.put(_NODE_KEY.pack(node_id), b"", db=self._draining)
+                else:
+                    txn.delete(_NODE_KEY.pack(node_id), db=self._draining)
             case RaiseNextStreamId(value):
                 self._raise(txn, _META_NEXT_STREAM_ID, value)
             case PutProducer(producer):

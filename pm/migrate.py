@@ -39,6 +39,7 @@ from .metadata import (
     PutStream,
     RaiseNextProducerId,
     RaiseNextStreamId,
+    SetDraining,
 )
 from .server import LOCK_FILE
 
@@ -133,6 +134,7 @@ async def migrate(
 
 def _everything(source: MetadataStore) -> list[Change]:
     changes: list[Change] = [PutNode(node) for node in source.nodes()]
+    changes += [SetDraining(node_id, True) for node_id in sorted(source.draining_nodes())]
     changes.append(RaiseNextStreamId(source.next_stream_id()))
     changes.append(RaiseNextProducerId(source.next_producer_id()))
     changes += [PutProducer(producer) for producer in source.producers()]

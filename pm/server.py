@@ -55,6 +55,7 @@ async def run_pm(config: PMConfig) -> int:
                 DataNodeLink(pool, registry.address),
                 min_free_space=config.min_free_space,
                 repair_after=config.repair_after_s,
+                max_move_bytes_per_s=config.max_move_bytes_per_s,
             )
             metrics = PMMetrics(manager, lag_max_series=config.lag_metrics_max_series)
             access = access_control(config.security)

@@ -8,7 +8,8 @@
 - a live node that is full has its open ranges sealed, so its streams go
   on where there is room;
 - a range on fewer nodes than it wants (``RangeRecord.short_handed``) gets
-  the replicas it lacks.
+  the replicas it lacks;
+- the ranges of draining nodes move a step further (``pm.drain``).
 
 It acts through the ``PlacementManager`` (``UpkeepHost``): the same seals,
 locks and commits as a client's request.
@@ -74,6 +75,8 @@ class UpkeepHost(Protocol):
     async def sync_stream(
         self, stream_id: int, deadline: float, also: Iterable[int] = ()
     ) -> None: ...
+
+    async def drain_pass(self, timeout: float) -> None: ...
 
 
 class ReplicaUpkeep:
@@ -147,6 +150,8 @@ class ReplicaUpkeep:
                     await self.repair_node(state.node_id, timeout=interval * 4)
             if not self._pm.stopping:
                 await self.restore_replication(timeout=interval * 4)
+            if not self._pm.stopping:
+                await self._pm.drain_pass(timeout=interval * 4)
 
     def _warn_near_full(self, state: NodeState) -> None:
         """Say so before a node is full and its open ranges are moved off it."""

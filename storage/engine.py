@@ -465,6 +465,19 @@ class StorageEngine:
         with store.env.begin(db=store.dbs[layout.INDEX_DB]) as txn:
             return layout.held_end(txn.cursor(), stream_id, start, end)
 
+    def range_holding(self, stream_id: int, range_index: int) -> tuple[int, int]:
+        """What this node holds of a range from its start (or the stream's
+        first offset, if later): how far without a gap, and the bytes of it
+        (RANGE_HOLDINGS). Raises RangeNotFoundError. Thread-safe."""
+        info = self.describe_range(stream_id, range_index)
+        start = max(info.start_offset, self.first_offset(stream_id) or 0)
+        end = info.next_offset if info.is_open else info.end_offset
+        if start >= end:
+            return end, 0
+        store = self._store
+        with store.env.begin(db=store.dbs[layout.INDEX_DB]) as txn:
+            return layout.held_span(txn.cursor(), stream_id, start, end)
+
     def retention_periods(self) -> dict[int, int]:
         """Each live stream's retention period in ms (0: kept forever)."""
         return {

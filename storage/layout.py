@@ -164,12 +164,21 @@ def seek_floor(cursor: Any, key: bytes) -> bool:
 def held_end(index_cursor: Any, stream_id: int, start: int, end: int) -> int:
     """How far from ``start`` the index under ``index_cursor`` holds the
     stream's records without a gap, up to ``end`` (``start`` when nothing)."""
+    return held_span(index_cursor, stream_id, start, end)[0]
+
+
+def held_span(index_cursor: Any, stream_id: int, start: int, end: int) -> tuple[int, int]:
+    """``held_end``, and the bytes of the chunks that hold those records (a
+    chunk that starts before ``start`` counts whole)."""
     position = start
+    size = 0
     if not seek_floor(index_cursor, batch_key(stream_id, start)):
-        return position
+        return position, size
     for key, value in index_cursor:
         key_stream, base_offset = BATCH_KEY.unpack(key)
         if key_stream != stream_id or base_offset > position or position >= end:
             break
-        position = max(position, base_offset + decode_index(value).record_count)
-    return min(position, end)
+        entry = decode_index(value)
+        position = max(position, base_offset + entry.record_count)
+        size += entry.size
+    return min(position, end), size

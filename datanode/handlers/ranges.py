@@ -4,7 +4,8 @@ each item to ``DataNode`` and its outcome back; each succeeds or fails alone.
 SEAL_RANGES and SYNC_RANGES come from the PM: with an ACL file (SPEC §9)
 only the cluster's own principals may send them; listing and describing a
 stream's ranges needs DESCRIBE of it, and a node's whole listing CLUSTER;
-finding an offset by time needs FETCH of the stream.
+finding an offset by time needs FETCH of the stream. RANGE_HOLDINGS (the
+PM's, implementation-private) says how much of each range this replica holds.
 """
 
 from __future__ import annotations
@@ -118,3 +119,20 @@ class RangeHandlers:
                 )
             )
         await responder.send(messages.FindOffsetsResponse(find_responses=tuple(results)))
+
+    async def range_holdings(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.RangeHoldingsRequest)
+        keys = [(r.stream_id, r.range_index) for r in header.ranges]
+        outcomes = await self._node.range_holdings(request.principal, keys)
+        results = tuple(
+            failed(messages.RangeHolding, outcome, stream_id=stream_id, range_index=range_index)
+            if isinstance(outcome, ProtocolError)
+            else messages.RangeHolding(
+                stream_id=stream_id,
+                range_index=range_index,
+                held_end=outcome[0],
+                bytes=outcome[1],
+            )
+            for (stream_id, range_index), outcome in zip(keys, outcomes, strict=True)
+        )
+        await responder.send(messages.RangeHoldingsResponse(holdings=results))

@@ -27,6 +27,7 @@ from sbp.errors import NotLeaderError, ProducerFencedError
 
 from ..eventually import eventually
 from ..unit.test_pm_groups import check_position_store
+from ..unit.test_pm_metadata import check_draining_store
 from .etcd_cluster import etcd_cluster
 
 pytestmark = pytest.mark.deadline(90)
@@ -153,4 +154,10 @@ async def test_metadata_round_trips_and_large_commits_are_cut(tmp_path: Path) ->
             later = EtcdMetadataStore(etcd, PREFIX, leadership.guard)
             await later.load()
             assert later.all_group_offsets() == store.all_group_offsets()
+
+            # draining marks (SPEC §12), as a new leader reads them
+            await check_draining_store(store)
+            latest = EtcdMetadataStore(etcd, PREFIX, leadership.guard)
+            await latest.load()
+            assert latest.draining_nodes() == {2}
             nursery.cancel_scope.cancel()

@@ -9,6 +9,8 @@ import pytest
 
 from pm.metadata import (
     FIRST_STREAM_ID,
+    Metadata,
+    DeleteNode,
     DeleteRange,
     DeleteStream,
     MetadataError,
@@ -17,6 +19,7 @@ from pm.metadata import (
     PutRange,
     PutStream,
     RaiseNextStreamId,
+    SetDraining,
 )
 from pm.records import NodeRecord, RangeRecord, StreamRecord
 
@@ -121,6 +124,30 @@ def test_nodes(store: MetadataStore) -> None:
     store.apply([PutNode(NodeRecord(2, "127.0.0.1:9999"))])
     assert store.nodes() == [NodeRecord(1, "h:1"), NodeRecord(2, "127.0.0.1:9999")]
     assert store.counts().nodes == 2
+
+
+async def check_draining_store(store: Metadata) -> None:
+    """Draining marks (SPEC §12) follow their changes, and forgetting a node
+    forgets its mark; either store."""
+    await store.commit([PutNode(NodeRecord(1, "h:1")), PutNode(NodeRecord(2, "h:2"))])
+    await store.commit([SetDraining(1, True), SetDraining(2, True)])
+    assert store.draining_nodes() == {1, 2}
+    await store.commit([SetDraining(2, False), SetDraining(2, False)])
+    assert store.draining_nodes() == {1}
+    await store.commit([DeleteNode(1)])
+    assert store.draining_nodes() == set()
+    assert store.nodes() == [NodeRecord(2, "h:2")]
+    await store.commit([SetDraining(2, True)])
+
+
+async def test_draining_marks(tmp_path: Path) -> None:
+    path = tmp_path / "meta"
+    first = MetadataStore(path, map_size=64 << 20)
+    await check_draining_store(first)
+    first.close()
+    again = MetadataStore(path, map_size=64 << 20)
+    assert again.draining_nodes() == {2}
+    again.close()
 
 
 def test_everything_survives_reopen(tmp_path: Path) -> None:

@@ -1,0 +1,73 @@
+"""``sbp nodes``: retire data nodes (SPEC §12; docs/operations.md).
+
+``drain`` asks the PM to move every range off the nodes; ``--wait`` follows
+the drain with a progress line (ranges and bytes left on the nodes, and the
+rate they leave at) until every node is drained. ``drain --cancel`` makes
+them active again.
+"""
+
+from __future__ import annotations
+
+import time
+
+import trio
+
+from sbp import messages
+from sbp.enums import DataNodeState
+
+from . import format as fmt
+from .cli_commands import Env, _item_error
+from .cli_defaults import EXIT_OK, EXIT_SERVER_ERROR
+from .cluster_view import state_name
+
+#: how often ``drain --wait`` asks the PM how far the drain is
+POLL_S = 1.0
+
+
+async def cmd_nodes_drain(env: Env) -> int:
+    """Drain nodes (or cancel their drain); with --wait, until they are drained."""
+    node_ids: list[int] = env.args.node_ids
+    results = await env.pm.drain_data_nodes(node_ids, cancel=env.args.cancel)
+    failed = [r for r in results if r.error_code]
+    if env.json and not env.args.wait:
+        env.emit_json(results)
+    else:
+        for result in results:
+            if result.error_code:
+                print(_item_error(result.error_code, result.error_message), file=env.err)
+            else:
+                env.emit(f"node {result.node_id}: {state_name(result.state)}")
+    if failed:
+        return EXIT_SERVER_ERROR
+    if env.args.wait and not env.args.cancel:
+        statuses = await _wait_drained(env, node_ids)
+        if env.json:
+            env.emit_json(statuses)
+        else:
+            env.emit(f"{fmt.plural(len(node_ids), 'node')} drained: they can be stopped")
+    return EXIT_OK
+
+
+async def _wait_drained(env: Env, node_ids: list[int]) -> list[messages.DataNodeStatus]:
+    """Poll DESCRIBE_CLUSTER until every node is drained, drawing progress on stderr."""
+    started = time.monotonic()
+    first_bytes: int | None = None
+    draw = env.err.isatty() or env.args.progress
+    while True:
+        watched = [s for s in await env.pm.describe_cluster() if s.data_node.node_id in node_ids]
+        ranges = sum(s.range_count for s in watched)
+        left = sum(s.bytes_to_move for s in watched)
+        if first_bytes is None:
+            first_bytes = left
+        done = all(s.state == DataNodeState.DRAINED for s in watched)
+        if draw:
+            rate = max(first_bytes - left, 0) / max(time.monotonic() - started, 1e-6)
+            line = (
+                f"draining {fmt.plural(len(watched), 'node')}: "
+                f"{fmt.plural(ranges, 'range')} and {fmt.size_text(left)} left, "
+                f"{fmt.size_text(rate)}/s"
+            )
+            print(f"\r{line}\x1b[K", end="\n" if done else "", file=env.err, flush=True)
+        if done:
+            return watched
+        await trio.sleep(POLL_S)

@@ -1,0 +1,249 @@
+"""Draining data nodes (SPEC §12): every range a draining node holds moves
+to live active nodes, so that the node can be stopped and removed.
+
+A node is draining while the metadata marks it so (``SetDraining``): nothing
+new is placed on it (``NodeRegistry.loads`` leaves it out). Every pass of the
+PM's upkeep, for each draining node:
+
+1. its open ranges are sealed; their next ranges go on other nodes;
+2. each sealed range it holds whose other replicas number fewer than the
+   stream wants gets new replicas on live active nodes, which copy the
+   range from a replica that holds it (catch-up, SPEC §7);
+3. once that many of its other replicas hold all of it (RANGE_HOLDINGS),
+   the range's replica set drops the draining node.
+
+A range is a move in progress when its replica set holds a draining node
+and enough others: both steps are commits of the range, so a PM that
+restarts or takes over goes on where the last one was. A range never has
+fewer replicas than before (the new ones are added before the old one
+leaves), so never fewer than ``ack_nums``.
+
+New copies start no faster than ``max_move_bytes_per_s`` on average, by the
+size of the ranges they copy; each copy itself runs at the speed of the new
+replica's catch-up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Final, Protocol
+
+import trio
+
+from net.ratelog import RateLimitedLog
+from sbp.enums import DataNodeState
+from sbp.errors import NoAvailableDataNodeError, ProtocolError
+
+from .metadata import PutRange
+from .placement import place
+from .records import RangeRecord
+from .upkeep import UpkeepHost
+
+log = logging.getLogger(__name__)
+_stuck = RateLimitedLog(log, interval=60.0)
+
+#: a stream's ranges asked about per RANGE_HOLDINGS pass and node
+MAX_RANGES_PER_PASS: Final = 1000
+
+
+class HoldingsLink(Protocol):
+    async def range_holdings(
+        self, node_id: int, keys: Sequence[tuple[int, int]]
+    ) -> dict[tuple[int, int], tuple[int, int]]: ...
+
+
+class NodeDrains:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        pm: UpkeepHost,
+        link: HoldingsLink,
+        *,
+        min_free_space: int = 0,
+        max_move_bytes_per_s: int = 0,
+    ) -> None:
+        self._pm = pm
+        self._link = link
+        self._min_free_space = min_free_space
+        self._rate = max_move_bytes_per_s
+        #: bytes that may start copying now (a token bucket of one second's worth)
+        self._allowance = float(max_move_bytes_per_s)
+        self._refilled_at: float | None = None
+        #: bytes still to copy off each draining node, as of its last pass
+        self.bytes_to_move: dict[int, int] = {}
+        #: ranges whose draining replica left, since start-up (metrics)
+        self.moved = 0
+
+    def state(self, node_id: int) -> DataNodeState:
+        if node_id not in self._pm.registry.draining:
+            return DataNodeState.ACTIVE
+        if self._pm.store.ranges_on_node(node_id):
+            return DataNodeState.DRAINING
+        return DataNodeState.DRAINED
+
+    async def run_pass(self, timeout: float) -> None:
+        """One pass over every draining node that still holds ranges."""
+        deadline = trio.current_time() + timeout
+        draining = sorted(self._pm.registry.draining)
+        for node_id in list(self.bytes_to_move):
+            if node_id not in draining:
+                del self.bytes_to_move[node_id]
+        for node_id in draining:
+            if self._pm.stopping or trio.current_time() >= deadline:
+                return
+            with trio.move_on_at(deadline):
+                try:
+                    await self._drain(node_id, deadline)
+                except (ProtocolError, OSError) as error:
+                    _stuck.warning(f"drain {node_id}", "draining data node %d: %s", node_id, error)
+
+    async def _drain(self, node_id: int, deadline: float) -> None:
+        store = self._pm.store
+        held = store.ranges_on_node(node_id)
+        if not held:
+            if self.bytes_to_move.pop(node_id, None) is not None:
+                log.warning("data node %d is drained: it holds no range", node_id)
+            return
+        open_here = [rng.key for rng in held if rng.is_open]
+        if open_here:
+            await self._pm.seal_ranges(open_here, deadline - trio.current_time(), cause="drain")
+            held = store.ranges_on_node(node_id)
+        sealed = [rng for rng in held if not rng.is_open][:MAX_RANGES_PER_PASS]
+        holdings = await self._holdings(node_id, sealed)
+        to_move = 0
+        for rng in sealed:
+            to_move += await self._step(node_id, rng, holdings, deadline)
+        self.bytes_to_move[node_id] = to_move
+
+    async def _holdings(
+        self, node_id: int, ranges: Sequence[RangeRecord]
+    ) -> dict[tuple[int, int, int], tuple[int, int]]:
+        """What the draining node and each other replica hold of ``ranges``,
+        by (node_id, stream_id, range_index); a node that does not answer
+        is left out."""
+        asked: dict[int, list[tuple[int, int]]] = {}
+        for rng in ranges:
+            for member in rng.nodes:
+                asked.setdefault(member, []).append(rng.key)
+        found: dict[tuple[int, int, int], tuple[int, int]] = {}
+
+        async def ask(member: int, keys: list[tuple[int, int]]) -> None:
+            if not self._pm.registry.is_alive(member):
+                return
+            try:
+                answer = await self._link.range_holdings(member, keys)
+            except (ProtocolError, OSError) as error:
+                _stuck.warning(
+                    f"holdings {member}", "RANGE_HOLDINGS of data node %d: %s", member, error
+                )
+                return
+            for key, value in answer.items():
+                found[(member, *key)] = value
+
+        async with trio.open_nursery() as nursery:
+            for member, keys in asked.items():
+                nursery.start_soon(ask, member, keys)
+        return found
+
+    async def _step(
+        self,
+        node_id: int,
+        rng: RangeRecord,
+        holdings: dict[tuple[int, int, int], tuple[int, int]],
+        deadline: float,
+    ) -> int:
+        """Move one sealed range a step off ``node_id``; returns the bytes
+        still to copy for it."""
+        stream = self._pm.store.stream(rng.stream_id)
+        if stream is None:
+            return 0  # being deleted
+        draining = self._pm.registry.draining
+        others = [n for n in rng.nodes if n not in draining]
+        wanted = max(stream.replica_nums, rng.replicas_wanted, 1)
+        size = max((holdings.get((n, *rng.key), (0, 0))[1] for n in rng.nodes), default=0)
+        whole = [n for n in others if _holds_all(rng, holdings.get((n, *rng.key)))]
+        if len(whole) >= wanted:
+            await self._leave(node_id, rng, deadline)
+            return 0
+        if len(others) < wanted:
+            if not self._may_start(size):
+                return size
+            await self._add_replicas(rng, wanted - len(others), deadline)
+            return size
+        copied = max(
+            (holdings.get((n, *rng.key), (0, 0))[1] for n in others if n not in whole),
+            default=0,
+        )
+        return max(size - copied, 0)
+
+    def _may_start(self, size: int) -> bool:
+        """Whether a copy of ``size`` bytes may start now (``max_move_bytes_per_s``)."""
+        if self._rate <= 0:
+            return True
+        now = trio.current_time()
+        if self._refilled_at is not None:
+            elapsed = now - self._refilled_at
+            self._allowance = min(self._allowance + elapsed * self._rate, float(self._rate))
+        self._refilled_at = now
+        if self._allowance <= 0:
+            return False
+        self._allowance -= size
+        return True
+
+    async def _add_replicas(self, rng: RangeRecord, count: int, deadline: float) -> None:
+        async with self._pm.hold(rng.stream_id):
+            current = self._pm.store.range(rng.stream_id, rng.range_index)
+            if current is None or current.is_open or current.nodes != rng.nodes:
+                return  # changed meanwhile: the next pass looks again
+            candidates = [
+                load for load in self._pm.registry.loads() if load.node_id not in current.nodes
+            ]
+            try:
+                added = place(candidates, count, min_free_space=self._min_free_space, at_least=1)
+            except NoAvailableDataNodeError as error:
+                _stuck.warning(
+                    f"drain place {rng.key}",
+                    "stream %d range %d cannot leave its draining replica yet: %s",
+                    rng.stream_id,
+                    rng.range_index,
+                    error,
+                )
+                return
+            await self._pm.commit([PutRange(replace(current, nodes=(*current.nodes, *added)))])
+            await self._pm.sync_stream(rng.stream_id, deadline)
+            log.info(
+                "stream %d range %d: node(s) %s added, which copy it off draining node(s) %s",
+                rng.stream_id,
+                rng.range_index,
+                _ids(added),
+                _ids(n for n in current.nodes if n in self._pm.registry.draining),
+            )
+
+    async def _leave(self, node_id: int, rng: RangeRecord, deadline: float) -> None:
+        async with self._pm.hold(rng.stream_id):
+            current = self._pm.store.range(rng.stream_id, rng.range_index)
+            if current is None or current.nodes != rng.nodes:
+                return
+            nodes = tuple(n for n in current.nodes if n != node_id)
+            wanted = current.replicas_wanted if len(nodes) < current.replicas_wanted else 0
+            await self._pm.commit([PutRange(replace(current, nodes=nodes, replicas_wanted=wanted))])
+            await self._pm.sync_stream(rng.stream_id, deadline, also={node_id})
+            self.moved += 1
+            log.info(
+                "stream %d range %d moved off draining node %d: now on %s",
+                rng.stream_id,
+                rng.range_index,
+                node_id,
+                _ids(nodes),
+            )
+
+
+def _holds_all(rng: RangeRecord, holding: tuple[int, int] | None) -> bool:
+    return holding is not None and holding[0] >= rng.end_offset
+
+
+def _ids(nodes: Iterable[int]) -> str:
+    return ", ".join(map(str, nodes))
