@@ -9,10 +9,10 @@ import pytest
 
 from pm.metadata import (
     FIRST_STREAM_ID,
-    Metadata,
     DeleteNode,
     DeleteRange,
     DeleteStream,
+    Metadata,
     MetadataError,
     MetadataStore,
     PutNode,
