@@ -433,6 +433,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --wait: show progress on stderr even when it is not a terminal",
     )
     _command(drain, "cli_nodes", "cmd_nodes_drain")
+    remove = node_commands.add_parser(
+        "remove",
+        help="forget stopped data nodes that hold no range",
+        description="Forget data nodes that are stopped (dead to the PM) and hold no range: "
+        "drained ones, or ones never given a range. A node that still holds ranges, or "
+        "that is alive, is refused.",
+    )
+    remove.add_argument("node_ids", type=_node_id, nargs="+", metavar="NODE")
+    _command(remove, "cli_nodes", "cmd_nodes_remove")
 
     top = commands.add_parser("top", help="a live view of nodes, throughput, latency")
     top.add_argument("--once", action="store_true", help="print one frame and exit")

@@ -3,7 +3,7 @@
 ``drain`` asks the PM to move every range off the nodes; ``--wait`` follows
 the drain with a progress line (ranges and bytes left on the nodes, and the
 rate they leave at) until every node is drained. ``drain --cancel`` makes
-them active again.
+them active again. ``remove`` forgets stopped nodes that hold no range.
 """
 
 from __future__ import annotations
@@ -46,6 +46,19 @@ async def cmd_nodes_drain(env: Env) -> int:
         else:
             env.emit(f"{fmt.plural(len(node_ids), 'node')} drained: they can be stopped")
     return EXIT_OK
+
+
+async def cmd_nodes_remove(env: Env) -> int:
+    """Forget stopped nodes that hold no range."""
+    results = await env.pm.remove_data_nodes(env.args.node_ids)
+    if env.json:
+        env.emit_json(results)
+    for result in results:
+        if result.error_code:
+            print(_item_error(result.error_code, result.error_message), file=env.err)
+        elif not env.json:
+            env.emit(f"node {result.node_id}: removed")
+    return EXIT_SERVER_ERROR if any(r.error_code for r in results) else EXIT_OK
 
 
 async def _wait_drained(env: Env, node_ids: list[int]) -> list[messages.DataNodeStatus]:

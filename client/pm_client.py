@@ -174,6 +174,19 @@ class PMClient(RangeCalls):
         )
         return header.drain_responses
 
+    async def remove_data_nodes(
+        self, node_ids: Sequence[int], *, timeout: float | None = None
+    ) -> tuple[messages.RemoveResult, ...]:
+        """REMOVE_DATA_NODES (implementation-private): forget data nodes that
+        are stopped and hold no range."""
+        request = messages.RemoveDataNodesRequest(
+            timeout_ms=self.timeout_ms(timeout), node_ids=tuple(node_ids)
+        )
+        header = await self.call_for(
+            messages.RemoveDataNodesResponse, Opcode.REMOVE_DATA_NODES, request, timeout=timeout
+        )
+        return header.remove_responses
+
     # -- producers ------------------------------------------------------------
 
     async def init_producer(

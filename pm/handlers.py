@@ -8,7 +8,7 @@ With an ACL file (SPEC §9) each item is authorized before the manager sees
 it: a denied item is answered AUTHORIZATION_FAILED and the others go on. A
 data node's HEARTBEAT and REPORT_METRICS are taken only from the cluster's
 own principals, DESCRIBE_CLUSTER needs CLUSTER, and DRAIN_DATA_NODES
-CLUSTER on ``cluster``. A consumer group's
+CLUSTER on ``cluster``, as does REMOVE_DATA_NODES (implementation-private). A consumer group's
 position on a stream needs FETCH of it; LIST_GROUPS shows the streams the
 principal may describe; DELETE_GROUPS needs DELETE on ``cluster``.
 """
@@ -104,6 +104,7 @@ class PMHandlers:
             (Opcode.LIST_GROUPS, self.list_groups),
             (Opcode.DELETE_GROUPS, self.delete_groups),
             (Opcode.DRAIN_DATA_NODES, self.drain_data_nodes),
+            (Opcode.REMOVE_DATA_NODES, self.remove_data_nodes),
         ):
             dispatcher.register(opcode, handler)
         return dispatcher
@@ -276,6 +277,21 @@ class PMHandlers:
             for group, outcome in zip(header.groups, outcomes, strict=True)
         )
         await responder.send(messages.DeleteGroupsResponse(delete_responses=results))
+
+    async def remove_data_nodes(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.RemoveDataNodesRequest)
+        denied = self._access.check_on_cluster(request.principal, "CLUSTER")
+        if denied is not None:
+            outcomes: list[ProtocolError | None] = [denied for _ in header.node_ids]
+        else:
+            outcomes = await self._manager.remove_nodes(header.node_ids)
+        results = tuple(
+            messages.RemoveResult(
+                node_id=node_id, error_code=_code(outcome), error_message=_message(outcome)
+            )
+            for node_id, outcome in zip(header.node_ids, outcomes, strict=True)
+        )
+        await responder.send(messages.RemoveDataNodesResponse(remove_responses=results))
 
     def _require_cluster(self, request: Request, what: str) -> None:
         """Requests without items: refused whole (a SYSTEM_ERROR)."""

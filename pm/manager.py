@@ -59,6 +59,7 @@ from .liveness import NodeRegistry, NodeState
 from .locks import StreamLocks
 from .metadata import (
     Change,
+    DeleteNode,
     DeleteRange,
     DeleteStream,
     Metadata,
@@ -340,6 +341,38 @@ class PlacementManager:
             else Outcome(error=DataNodeNotFoundError(f"no data node {node_id}"))
             for node_id in node_ids
         ]
+
+    async def remove_nodes(self, node_ids: Sequence[int]) -> list[ProtocolError | None]:
+        """Forget data nodes that are dead and hold no range (drained, or
+        never given one); a live node, or one still holding ranges, is
+        refused. One commit."""
+        refusals: list[ProtocolError | None] = []
+        for node_id in node_ids:
+            state = self.registry.get(node_id)
+            held = len(self.store.ranges_on_node(node_id))
+            if state is None:
+                refusals.append(DataNodeNotFoundError(f"no data node {node_id}"))
+            elif held:
+                refusals.append(
+                    InvalidRequestError(
+                        f"data node {node_id} holds {held} range(s): drain it first "
+                        f"(sbp nodes drain {node_id} --wait)"
+                    )
+                )
+            elif state.alive:
+                refusals.append(
+                    InvalidRequestError(
+                        f"data node {node_id} is alive: stop it first (it would register again)"
+                    )
+                )
+            else:
+                refusals.append(None)
+        doomed = sorted({n for n, r in zip(node_ids, refusals, strict=True) if r is None})
+        await self.commit([DeleteNode(node_id) for node_id in doomed])
+        for node_id in doomed:
+            self.registry.forget(node_id)
+            log.warning("data node %d removed", node_id)
+        return refusals
 
     async def drain_pass(self, timeout: float) -> None:
         """One step of every drain (the upkeep's pass)."""

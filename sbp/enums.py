@@ -34,6 +34,8 @@ class Opcode(IntEnum):
     PRODUCER_STATE = 0x7001
     #: implementation-private (PM to data node): not in SPEC §2
     RANGE_HOLDINGS = 0x7002
+    #: implementation-private (client to PM): not in SPEC §2
+    REMOVE_DATA_NODES = 0x7003
 
 
 #: every opcode value a receiver knows; anything else is an unknown opcode

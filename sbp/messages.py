@@ -856,6 +856,30 @@ class DrainDataNodesResponse(Message):
     drain_responses: tuple[DrainResult, ...] = fb.vector(1, DrainResult)
 
 
+@fb.table
+@dataclass(frozen=True, slots=True)
+class RemoveDataNodesRequest(Message):
+    """Implementation-private (client to PM): forget stopped nodes holding no range."""
+
+    timeout_ms: int = fb.int32(0)
+    node_ids: tuple[int, ...] = fb.int32_vector(1)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class RemoveResult(Message):
+    node_id: int = fb.int32(0)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class RemoveDataNodesResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    remove_responses: tuple[RemoveResult, ...] = fb.vector(1, RemoveResult)
+
+
 # --------------------------------------------------------------------------- registry
 
 _REQUEST_TYPES: dict[int, type[Message]] = {
@@ -884,6 +908,7 @@ _REQUEST_TYPES: dict[int, type[Message]] = {
     Opcode.DELETE_GROUPS: DeleteGroupsRequest,
     Opcode.DRAIN_DATA_NODES: DrainDataNodesRequest,
     Opcode.RANGE_HOLDINGS: RangeHoldingsRequest,
+    Opcode.REMOVE_DATA_NODES: RemoveDataNodesRequest,
 }
 
 _RESPONSE_TYPES: dict[int, type[Message]] = {
@@ -911,6 +936,7 @@ _RESPONSE_TYPES: dict[int, type[Message]] = {
     Opcode.DELETE_GROUPS: DeleteGroupsResponse,
     Opcode.DRAIN_DATA_NODES: DrainDataNodesResponse,
     Opcode.RANGE_HOLDINGS: RangeHoldingsResponse,
+    Opcode.REMOVE_DATA_NODES: RemoveDataNodesResponse,
 }
 
 

@@ -261,3 +261,16 @@ async def test_sbp_nodes_drain_waits_with_progress_and_cluster_status_shows_it(
         assert bad.returncode == 2
         cancelled = await trio.to_thread.run_sync(cli, "nodes", "drain", "--cancel", str(victim))
         assert cancelled.returncode == 0 and f"node {victim}: active" in cancelled.stdout
+
+        # remove: a node that holds ranges, or is alive, is refused
+        holder = next(n for n in rows if rows[n]["ranges"] > 0)
+        refused = await trio.to_thread.run_sync(cli, "nodes", "remove", str(holder))
+        assert refused.returncode == 1 and "drain it first" in refused.stderr
+        alive = await trio.to_thread.run_sync(cli, "nodes", "remove", str(victim))
+        assert alive.returncode == 1 and "stop it first" in alive.stderr
+        await cluster.nodes[victim].terminate()
+        await cluster.wait_alive(set(), {victim})
+        removed = await trio.to_thread.run_sync(cli, "nodes", "remove", str(victim))
+        assert removed.returncode == 0 and f"node {victim}: removed" in removed.stdout
+        statuses = await pm.describe_cluster()
+        assert victim not in {s.data_node.node_id for s in statuses}

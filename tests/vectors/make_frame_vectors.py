@@ -310,6 +310,13 @@ VECTORS = [
     Vector("range_holdings_response", "(private) held to offset 4000, 1 MiB",
            Opcode.RANGE_HOLDINGS, RESPONSE, 25,
            m.RangeHoldingsResponse(0, (m.RangeHolding(42, 3, ErrorCode.NONE, "", 4000, 1 << 20),))),
+    Vector("remove_data_nodes_request", "(private) forget node 7",
+           Opcode.REMOVE_DATA_NODES, Flags.NONE, 26, m.RemoveDataNodesRequest(1000, (7,))),
+    Vector("remove_data_nodes_response", "(private) refused: it still holds ranges",
+           Opcode.REMOVE_DATA_NODES, RESPONSE, 26,
+           m.RemoveDataNodesResponse(0, (
+               m.RemoveResult(7, ErrorCode.INVALID_REQUEST, "data node 7 holds 3 ranges"),
+           ))),
 ]  # fmt: skip
 
 
