@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from net.metrics import ServerMetrics, new_registry
+from sbp.enums import DataNodeState
 
 from .manager import PlacementManager
 
@@ -99,7 +100,14 @@ class ClusterCollector(Collector):
         seals = CounterMetricFamily(
             f"{NAMESPACE}_seals", "ranges sealed, by cause", labels=["cause"]
         )
-        for cause in ("request", "dead_primary", "repair", "full_node", "under_replicated"):
+        for cause in (
+            "request",
+            "dead_primary",
+            "repair",
+            "full_node",
+            "under_replicated",
+            "drain",
+        ):
             seals.add_metric([cause], manager.seals[cause])
         yield seals
         yield CounterMetricFamily(
@@ -108,6 +116,11 @@ class ClusterCollector(Collector):
             value=manager.upkeep.repairs,
         )
 
+        yield CounterMetricFamily(
+            f"{NAMESPACE}_drain_moved_ranges",
+            "ranges whose replica on a draining data node left once others held all of it",
+            value=manager.drains.moved,
+        )
         registry = manager.registry
         states = list(registry.states())
         by_state = GaugeMetricFamily(
@@ -116,6 +129,23 @@ class ClusterCollector(Collector):
         by_state.add_metric(["alive"], sum(1 for s in states if s.alive))
         by_state.add_metric(["dead"], sum(1 for s in states if not s.alive))
         yield by_state
+        drain_states = [manager.drains.state(s.node_id) for s in states]
+        by_drain = GaugeMetricFamily(
+            f"{NAMESPACE}_data_nodes_by_drain_state",
+            "data nodes active, draining, or drained (SPEC §12)",
+            labels=["state"],
+        )
+        for kind in DataNodeState:
+            by_drain.add_metric([kind.name.lower()], drain_states.count(kind))
+        yield by_drain
+        to_move = GaugeMetricFamily(
+            f"{NAMESPACE}_data_node_drain_bytes_to_move",
+            "bytes of the draining data node's ranges still to copy to other nodes",
+            labels=["node"],
+        )
+        for node_id, remaining in sorted(list(manager.drains.bytes_to_move.items())):
+            to_move.add_metric([str(node_id)], remaining)
+        yield to_move
 
         since = GaugeMetricFamily(
             f"{NAMESPACE}_data_node_seconds_since_heartbeat",

@@ -19,6 +19,7 @@ from sbp.batches import build_batch
 from sbp.enums import DataNodeState, ErrorCode
 
 from ..eventually import eventually
+from .conftest import scrape
 from .local_cluster import sbp
 from .pm_cluster import PMCluster, pm_cluster, primary_address
 
@@ -190,8 +191,15 @@ async def test_a_drain_goes_on_after_the_pm_is_killed(tmp_path: Path) -> None:
             )
             address = cluster.pm_address
             await cluster.pm.kill()  # type: ignore[union-attr]
-            await cluster.start_pm(address, *throttle)
+            restarted = await cluster.start_pm(
+                address, *throttle, "--metrics-listen", "127.0.0.1:0"
+            )
             await _drained(cluster, victim, timeout=60)
+            samples = await scrape(restarted)
+            assert samples['sbp_pm_data_nodes_by_drain_state{state="drained"}'] == 1
+            assert samples['sbp_pm_data_nodes_by_drain_state{state="active"}'] == 2
+            # the ranges this PM moved: those left on the victim when it started
+            assert 1 <= samples["sbp_pm_drain_moved_ranges_total"] < len(on_victim)
             for rng in await pm.list_stream_ranges(stream_id):
                 assert victim not in _nodes(rng)
             await cluster.nodes[victim].kill()
