@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
 
 from net.address import parse_address_list
+from net.sizes import parse_size
 from sbp.constants import MAX_GROUP_NAME_BYTES
 
 from .cli_defaults import DEFAULT_PM, DEFAULT_TIMEOUT_S, EXIT_INTERRUPTED, LOCAL_PKI
@@ -101,6 +102,17 @@ _INT64_MAX = (1 << 63) - 1
 
 def _stream_id(text: str) -> int:
     return _integer(text, 1, _INT64_MAX)
+
+
+def _size(text: str) -> int:
+    """A byte count such as 1048576, 512MiB or 10GiB."""
+    try:
+        size = parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if size > _INT64_MAX:
+        raise argparse.ArgumentTypeError(f"too large: {text!r}")
+    return size
 
 
 def _node_id(text: str) -> int:
@@ -253,6 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="drop records older than this; 0 keeps them forever (default)",
     )
+    create.add_argument(
+        "--retention-bytes",
+        type=_size,
+        default=0,
+        metavar="SIZE",
+        help="keep at most about this many bytes, dropping the oldest records first, "
+        "e.g. 10GiB; 0 sets no limit (default)",
+    )
     create.add_argument("--count", type=_positive, default=1, help="streams to create (default: 1)")
     _command(create, "cli_commands", "cmd_streams_create")
     listing = stream_commands.add_parser("list", help="list every stream")
@@ -265,6 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     update.add_argument("--replicas", type=_replicas, help="new replica count")
     update.add_argument("--acks", type=_acks, help="new acks (replicas holding a record)")
     update.add_argument("--retention-ms", type=_non_negative, metavar="MS", help="new retention")
+    update.add_argument(
+        "--retention-bytes",
+        type=_size,
+        metavar="SIZE",
+        help="new size limit, e.g. 10GiB; 0 removes it",
+    )
     _command(update, "cli_commands", "cmd_streams_update")
     delete = stream_commands.add_parser("delete", help="delete streams and their records")
     delete.add_argument("stream_ids", type=_stream_id, nargs="+", metavar="STREAM")

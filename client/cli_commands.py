@@ -99,6 +99,14 @@ async def cmd_ping(env: Env) -> int:
 # --------------------------------------------------------------------------- streams
 
 
+def _retention(stream: messages.Stream) -> str:
+    """The stream's retention by time, and its size limit when it has one."""
+    text = fmt.retention_text(stream.retention_period_ms)
+    if stream.retention_bytes > 0:
+        text += f", at most {fmt.size_text(stream.retention_bytes)}"
+    return text
+
+
 def _stream_rows(streams: Sequence[messages.Stream]) -> str:
     return fmt.table(
         ["stream", "replicas", "acks", "retention", "epoch"],
@@ -107,7 +115,7 @@ def _stream_rows(streams: Sequence[messages.Stream]) -> str:
                 s.stream_id,
                 s.replica_nums,
                 fmt.acks_text(s),
-                fmt.retention_text(s.retention_period_ms),
+                _retention(s),
                 s.epoch,
             ]
             for s in streams
@@ -124,6 +132,7 @@ async def cmd_streams_create(env: Env) -> int:
         replica_nums=env.args.replicas,
         retention_period_ms=env.args.retention_ms,
         ack_nums=env.args.acks,
+        retention_bytes=env.args.retention_bytes,
     )
     results = await env.pm.create_streams([spec] * env.args.count)
     failed = [r for r in results if r.error_code]
@@ -140,7 +149,7 @@ async def cmd_streams_create(env: Env) -> int:
                     result.stream.stream_id,
                     result.stream.replica_nums,
                     fmt.acks_text(result.stream),
-                    fmt.retention_text(result.stream.retention_period_ms),
+                    _retention(result.stream),
                     fmt.replicas_text(rng) if rng is not None else "-",
                 ]
             )
@@ -176,8 +185,14 @@ async def cmd_streams_get(env: Env) -> int:
 
 async def cmd_streams_update(env: Env) -> int:
     """Change a stream's replica count, acks or retention; unchanged fields stay."""
-    if env.args.replicas is None and env.args.retention_ms is None and env.args.acks is None:
-        raise UsageError("nothing to update: give --replicas, --acks and/or --retention-ms")
+    asked = (env.args.replicas, env.args.retention_ms, env.args.acks, env.args.retention_bytes)
+    if all(value is None for value in asked):
+        raise UsageError(
+            "nothing to update: give --replicas, --acks, --retention-ms and/or --retention-bytes"
+        )
+    size_limit = env.args.retention_bytes
+    if size_limit == 0:
+        size_limit = -1  # on the wire, 0 keeps the limit and -1 removes it
     current = await env.pm.get_stream(env.args.stream_id)
     wanted = messages.Stream(
         stream_id=current.stream_id,
@@ -189,6 +204,7 @@ async def cmd_streams_update(env: Env) -> int:
         ),
         epoch=current.epoch,
         ack_nums=env.args.acks if env.args.acks is not None else current.ack_nums,
+        retention_bytes=size_limit or 0,
     )
     stream = await env.pm.update_stream(wanted)
     env.emit_json(stream) if env.json else env.emit(_stream_rows([stream]))

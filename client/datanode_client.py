@@ -119,12 +119,19 @@ class DataNodeClient(RangeCalls):
         return header.producers
 
     async def range_holdings(
-        self, range_ids: Sequence[messages.RangeId], *, timeout: float | None = None
+        self,
+        range_ids: Sequence[messages.RangeId],
+        skip_bytes: Sequence[int] = (),
+        *,
+        timeout: float | None = None,
     ) -> tuple[messages.RangeHolding, ...]:
         """RANGE_HOLDINGS (implementation-private, PM to data node): how far
-        that node holds each range without a gap, and the bytes of it."""
+        that node holds each range without a gap, the bytes of it, and where
+        to cut it to drop its first ``skip_bytes[i]`` bytes."""
         request = messages.RangeHoldingsRequest(
-            timeout_ms=self.timeout_ms(timeout), ranges=tuple(range_ids)
+            timeout_ms=self.timeout_ms(timeout),
+            ranges=tuple(range_ids),
+            skip_bytes=tuple(skip_bytes),
         )
         header = await self.call_for(
             messages.RangeHoldingsResponse, Opcode.RANGE_HOLDINGS, request, timeout=timeout

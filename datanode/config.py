@@ -20,12 +20,12 @@ from net.settings import (
     listen_options,
     load_settings,
     non_negative_int,
-    parse_size,
     positive_int,
     security_options,
     security_settings,
     serving_limit_options,
 )
+from net.sizes import parse_size
 from net.tls import ServerSecurity
 from sbp.constants import DEFAULT_MAX_FRAME_LENGTH
 from storage.engine import DEFAULT_PAGE_CACHE_WINDOW

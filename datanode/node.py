@@ -249,23 +249,29 @@ class DataNode:
         return messages.ProducerStateResponse(producers=table_to_snapshots(table))
 
     async def range_holdings(
-        self, principal: str, ranges: Sequence[tuple[int, int]]
-    ) -> list[tuple[int, int] | ProtocolError]:
+        self, principal: str, ranges: Sequence[tuple[int, int]], skips: Sequence[int]
+    ) -> list[tuple[int, int, int] | ProtocolError]:
         """RANGE_HOLDINGS (the PM's, SPEC §9: the cluster's principals only):
-        per range, how far this node holds it without a gap and the bytes of
-        that, or the error. The index is read off the event loop."""
+        per range, how far this node holds it without a gap, the bytes of
+        that, and where to cut it to drop its first ``skips[i]`` bytes (0:
+        not asked); or the error. The index is read off the event loop."""
         denied = self.access.check_internal(principal, "RANGE_HOLDINGS")
         if denied is not None:
             return [denied] * len(ranges)
 
-        def look() -> list[tuple[int, int] | ProtocolError]:
-            found: list[tuple[int, int] | ProtocolError] = []
-            for stream_id, range_index in ranges:
+        def look() -> list[tuple[int, int, int] | ProtocolError]:
+            engine = self.engine
+            found: list[tuple[int, int, int] | ProtocolError] = []
+            for i, (stream_id, range_index) in enumerate(ranges):
+                skip = skips[i] if i < len(skips) else 0
                 try:
                     check_stream_id(stream_id)
-                    found.append(self.engine.range_holding(stream_id, range_index))
+                    held_end, size = engine.range_holding(stream_id, range_index)
+                    cut = engine.offset_after_bytes(stream_id, range_index, skip) if skip else 0
                 except ProtocolError as error:
                     found.append(error)
+                    continue
+                found.append((held_end, size, cut))
             return found
 
         return await trio.to_thread.run_sync(look)

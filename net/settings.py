@@ -7,7 +7,6 @@ map sizes)."""
 from __future__ import annotations
 
 import argparse
-import re
 import ssl
 import tomllib
 from collections.abc import Callable, Sequence
@@ -19,22 +18,10 @@ from sbp.constants import DEFAULT_MAX_FRAME_LENGTH, MIN_FRAME_LENGTH
 
 from .address import parse_address
 from .service import LOG_LEVELS, UsageError
+from .sizes import parse_size
 from .tls import ServerSecurity, TLSSettings
 
 # -- values ---------------------------------------------------------------------
-
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS: Final = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """A byte count: ``1048576``, ``64KiB``, ``512MiB``, ``8GiB`` (binary units;
-    ``8G`` and ``8GB`` mean the same)."""
-    match = _SIZE.match(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a size such as 65536, 512MiB or 8GiB")
-    number, unit = match.groups()
-    return int(number) * _SIZE_UNITS[(unit or "")[:1].lower()]
 
 
 def positive_int(text: str) -> int:

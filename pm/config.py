@@ -20,12 +20,12 @@ from net.settings import (
     check_storage_settings,
     listen_options,
     load_settings,
-    parse_size,
     positive_int,
     security_options,
     security_settings,
     serving_limit_options,
 )
+from net.sizes import parse_size
 from net.tls import ServerSecurity
 from sbp.constants import DEFAULT_MAX_FRAME_LENGTH
 
@@ -37,6 +37,7 @@ DEFAULT_NODE_TIMEOUT_MS: Final = 5000
 #: ten minutes: a node restarted after a crash or an upgrade is back well within it
 DEFAULT_REPAIR_AFTER_MS: Final = 600_000
 DEFAULT_END_OFFSETS_INTERVAL_MS: Final = 5_000
+DEFAULT_SIZE_RETENTION_INTERVAL_MS: Final = 10_000
 DEFAULT_LAG_METRICS_MAX_SERIES: Final = 1_000
 DEFAULT_LEASE_TTL_MS: Final = 3000
 
@@ -155,6 +156,13 @@ OPTIONS: Final = (
         metavar="BYTES",
     ),
     Option(
+        "size-retention-interval-ms",
+        "how often streams with a size limit (retention_bytes) are sized and trimmed",
+        positive_int,
+        default=str(DEFAULT_SIZE_RETENTION_INTERVAL_MS),
+        metavar="MS",
+    ),
+    Option(
         "max-move-bytes-per-s",
         "draining nodes: start copies of their ranges no faster than this on average "
         "(0: no limit), e.g. 100MiB",
@@ -246,6 +254,7 @@ class PMConfig:
     lag_metrics_max_series: int = DEFAULT_LAG_METRICS_MAX_SERIES
     min_free_space: int = 1 << 20
     max_move_bytes_per_s: int = 100 << 20
+    size_retention_interval_s: float = DEFAULT_SIZE_RETENTION_INTERVAL_MS / 1000
     map_size: int = DEFAULT_MAP_SIZE
     max_frame_bytes: int = DEFAULT_MAX_FRAME_LENGTH
     max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -290,6 +299,7 @@ def parse_config(argv: Sequence[str] | None = None) -> PMConfig:
         lag_metrics_max_series=values["lag_metrics_max_series"],
         min_free_space=values["min_free_space"],
         max_move_bytes_per_s=values["max_move_bytes_per_s"],
+        size_retention_interval_s=values["size_retention_interval_ms"] / 1000,
         map_size=values["map_size"],
         max_frame_bytes=values["max_frame_bytes"],
         max_connections=values["max_connections"],

@@ -32,7 +32,7 @@ from sbp.errors import (
     error_for,
 )
 
-from .records import RangeRecord
+from .records import Holding, RangeRecord
 from .wire import DataNodeCache, range_message, range_record
 
 log = logging.getLogger(__name__)
@@ -152,26 +152,34 @@ class DataNodeLink:
         return found
 
     async def range_holdings(
-        self, node_id: int, keys: Sequence[tuple[int, int]]
-    ) -> dict[tuple[int, int], tuple[int, int]]:
-        """How far the node holds each of these ranges without a gap, and the
-        bytes of it (RANGE_HOLDINGS in batches); ranges it does not hold are
-        left out."""
-        found: dict[tuple[int, int], tuple[int, int]] = {}
+        self, node_id: int, keys: Sequence[tuple[int, int]], skips: Sequence[int] = ()
+    ) -> dict[tuple[int, int], Holding]:
+        """What the node holds of each of these ranges (RANGE_HOLDINGS in
+        batches), and where to cut each to drop its first ``skips[i]`` bytes;
+        ranges it does not hold are left out."""
+        found: dict[tuple[int, int], Holding] = {}
         for start in range(0, len(keys), MAX_STREAMS_PER_REQUEST):
+            end = start + MAX_STREAMS_PER_REQUEST
             chunk = [
                 messages.RangeId(stream_id=stream_id, range_index=range_index)
-                for stream_id, range_index in keys[start : start + MAX_STREAMS_PER_REQUEST]
+                for stream_id, range_index in keys[start:end]
             ]
+            skipped = list(skips[start:end])
             results = await self._call(
                 node_id,
                 "RANGE_HOLDINGS",
-                lambda node, timeout: node.range_holdings(chunk, timeout=timeout),  # noqa: B023
+                lambda node, timeout: node.range_holdings(
+                    chunk,  # noqa: B023
+                    skipped,  # noqa: B023
+                    timeout=timeout,
+                ),
             )
             for result in results:
                 if result.error_code == ErrorCode.NONE:
                     key = (int(result.stream_id), int(result.range_index))
-                    found[key] = (int(result.held_end), int(result.bytes))
+                    found[key] = Holding(
+                        int(result.held_end), int(result.bytes), int(result.offset_after_skip)
+                    )
         return found
 
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:

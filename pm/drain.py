@@ -38,20 +38,22 @@ from sbp.errors import NoAvailableDataNodeError, ProtocolError
 
 from .metadata import PutRange
 from .placement import place
-from .records import RangeRecord
+from .records import Holding, RangeRecord
 from .upkeep import UpkeepHost
 
 log = logging.getLogger(__name__)
 _stuck = RateLimitedLog(log, interval=60.0)
 
+#: what an unanswered replica counts as holding
+_NONE: Final = Holding(held_end=-1, size=0)
 #: a stream's ranges asked about per RANGE_HOLDINGS pass and node
 MAX_RANGES_PER_PASS: Final = 1000
 
 
 class HoldingsLink(Protocol):
     async def range_holdings(
-        self, node_id: int, keys: Sequence[tuple[int, int]]
-    ) -> dict[tuple[int, int], tuple[int, int]]: ...
+        self, node_id: int, keys: Sequence[tuple[int, int]], skips: Sequence[int] = ()
+    ) -> dict[tuple[int, int], Holding]: ...
 
 
 class NodeDrains:
@@ -120,7 +122,7 @@ class NodeDrains:
 
     async def _holdings(
         self, node_id: int, ranges: Sequence[RangeRecord]
-    ) -> dict[tuple[int, int, int], tuple[int, int]]:
+    ) -> dict[tuple[int, int, int], Holding]:
         """What the draining node and each other replica hold of ``ranges``,
         by (node_id, stream_id, range_index); a node that does not answer
         is left out."""
@@ -128,7 +130,7 @@ class NodeDrains:
         for rng in ranges:
             for member in rng.nodes:
                 asked.setdefault(member, []).append(rng.key)
-        found: dict[tuple[int, int, int], tuple[int, int]] = {}
+        found: dict[tuple[int, int, int], Holding] = {}
 
         async def ask(member: int, keys: list[tuple[int, int]]) -> None:
             if not self._pm.registry.is_alive(member):
@@ -152,7 +154,7 @@ class NodeDrains:
         self,
         node_id: int,
         rng: RangeRecord,
-        holdings: dict[tuple[int, int, int], tuple[int, int]],
+        holdings: dict[tuple[int, int, int], Holding],
         deadline: float,
     ) -> int:
         """Move one sealed range a step off ``node_id``; returns the bytes
@@ -163,7 +165,7 @@ class NodeDrains:
         draining = self._pm.registry.draining
         others = [n for n in rng.nodes if n not in draining]
         wanted = max(stream.replica_nums, rng.replicas_wanted, 1)
-        size = max((holdings.get((n, *rng.key), (0, 0))[1] for n in rng.nodes), default=0)
+        size = max((holdings.get((n, *rng.key), _NONE).size for n in rng.nodes), default=0)
         whole = [n for n in others if _holds_all(rng, holdings.get((n, *rng.key)))]
         if len(whole) >= wanted:
             await self._leave(node_id, rng, deadline)
@@ -174,7 +176,7 @@ class NodeDrains:
             await self._add_replicas(rng, wanted - len(others), deadline)
             return size
         copied = max(
-            (holdings.get((n, *rng.key), (0, 0))[1] for n in others if n not in whole),
+            (holdings.get((n, *rng.key), _NONE).size for n in others if n not in whole),
             default=0,
         )
         return max(size - copied, 0)
@@ -241,8 +243,8 @@ class NodeDrains:
             )
 
 
-def _holds_all(rng: RangeRecord, holding: tuple[int, int] | None) -> bool:
-    return holding is not None and holding[0] >= rng.end_offset
+def _holds_all(rng: RangeRecord, holding: Holding | None) -> bool:
+    return holding is not None and holding.held_end >= rng.end_offset
 
 
 def _ids(nodes: Iterable[int]) -> str:

@@ -129,6 +129,7 @@ async def run_pm_on_etcd(config: PMConfig) -> int:
                     min_free_space=config.min_free_space,
                     repair_after=config.repair_after_s,
                     max_move_bytes_per_s=config.max_move_bytes_per_s,
+                    size_retention_interval=config.size_retention_interval_s,
                 )
                 counts = manager.counts()
                 log.info(

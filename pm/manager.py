@@ -73,7 +73,9 @@ from .metadata import (
 from .placement import place
 from .producers import ProducerIds
 from .reconcile import ReconcilePlan
-from .records import NodeRecord, Outcome, RangeRecord, StreamRecord
+from .records import Holding, NodeRecord, Outcome, RangeRecord, StreamRecord
+from .size_retention import DEFAULT_INTERVAL_S as SIZE_RETENTION_INTERVAL_S
+from .size_retention import SizeRetention
 from .upkeep import ReplicaUpkeep
 
 log = logging.getLogger(__name__)
@@ -128,11 +130,11 @@ class DataNodeCalls(Protocol):
         next offset of each it could describe, by stream id."""
 
     async def range_holdings(
-        self, node_id: int, keys: Sequence[tuple[int, int]]
-    ) -> dict[tuple[int, int], tuple[int, int]]:
-        """RANGE_HOLDINGS: how far the node holds each range without a gap,
-        and the bytes of it, by (stream_id, range_index); those it does not
-        hold left out."""
+        self, node_id: int, keys: Sequence[tuple[int, int]], skips: Sequence[int] = ()
+    ) -> dict[tuple[int, int], Holding]:
+        """RANGE_HOLDINGS: what the node holds of each range, by (stream_id,
+        range_index), and where to cut each to drop its first ``skips[i]``
+        bytes; those it does not hold left out."""
 
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
         """DELETE_STREAMS."""
@@ -156,6 +158,7 @@ class PlacementManager:
         min_free_space: int = 0,
         repair_after: float = math.inf,
         max_move_bytes_per_s: int = 0,
+        size_retention_interval: float = SIZE_RETENTION_INTERVAL_S,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -179,6 +182,8 @@ class PlacementManager:
         self._reconciling: set[int] = set()
         #: the replicas' upkeep: dead primaries, repairs, full nodes, short-handed ranges
         self.upkeep = ReplicaUpkeep(self, min_free_space=min_free_space, repair_after=repair_after)
+        #: streams' size limits (SPEC §12)
+        self.size_retention = SizeRetention(self, link, size_retention_interval)
         #: nodes being drained (SPEC §12)
         self.drains = NodeDrains(
             self, link, min_free_space=min_free_space, max_move_bytes_per_s=max_move_bytes_per_s
@@ -397,6 +402,7 @@ class PlacementManager:
         for spec in specs:
             try:
                 _check_stream_fields(spec.replica_nums, spec.retention_period_ms)
+                _check_retention_bytes(spec.retention_bytes)
                 check_acks(spec.replica_nums, spec.ack_nums)
                 nodes = self._place(spec.replica_nums)
             except ProtocolError as exc:
@@ -471,7 +477,8 @@ class PlacementManager:
         self, specs: Sequence[StreamRecord], timeout: float
     ) -> list[Outcome[StreamRecord]]:
         """Change streams' replica_nums (0 keeps it), ack_nums (0 keeps it),
-        retention (negative keeps it) and epoch (which may not go back:
+        retention (negative keeps it), retention_bytes (0 keeps it, -1
+        removes it) and epoch (which may not go back:
         EPOCH_FENCED). New ranges use the new replica_nums and epoch;
         existing ranges stay where they are."""
         deadline = trio.current_time() + timeout
@@ -783,6 +790,10 @@ class PlacementManager:
             if isinstance(change, PutRange):
                 self.registry.note_hosted(change.range.nodes)
                 self.upkeep.track(change.range)
+            elif isinstance(change, PutStream):
+                self.size_retention.track(change.stream)
+            elif isinstance(change, DeleteStream):
+                self.size_retention.forget(change.stream_id)
 
     def _hosting_before(self, changes: Sequence[Change]) -> dict[tuple[int, int], tuple[int, ...]]:
         """The nodes of every range the changes replace or remove, as they are now."""
@@ -897,6 +908,14 @@ def _updated(current: StreamRecord, spec: StreamRecord) -> StreamRecord:
     _check_stream_fields(replica_nums, retention)
     ack_nums = spec.ack_nums or current.ack_nums
     check_acks(replica_nums, ack_nums)
+    # 0 keeps the limit (an update that does not name it), -1 removes it
+    if spec.retention_bytes < -1:
+        raise InvalidRequestError(
+            f"retention_bytes must be >= -1 in an update, got {spec.retention_bytes}"
+        )
+    retention_bytes = {0: current.retention_bytes, -1: 0}.get(
+        spec.retention_bytes, spec.retention_bytes
+    )
     if spec.epoch < current.epoch:
         raise EpochFencedError(
             f"stream {spec.stream_id} is at epoch {current.epoch}, update names {spec.epoch}"
@@ -907,7 +926,13 @@ def _updated(current: StreamRecord, spec: StreamRecord) -> StreamRecord:
         retention_period_ms=retention,
         epoch=spec.epoch,
         ack_nums=ack_nums,
+        retention_bytes=retention_bytes,
     )
+
+
+def _check_retention_bytes(retention_bytes: int) -> None:
+    if retention_bytes < 0:
+        raise InvalidRequestError(f"retention_bytes must be >= 0, got {retention_bytes}")
 
 
 def _check_stream_fields(replica_nums: int, retention_period_ms: int) -> None:

@@ -7,7 +7,8 @@ that byte order is numeric order for the non-negative ids used as keys):
 =============  ===============================  ==================================
 database       key                              value
 =============  ===============================  ==================================
-``streams``    stream_id (q)                    replica_nums (b), retention (q), epoch (q)
+``streams``    stream_id (q)                    replica_nums (b), retention (q), epoch (q),
+                                                ack_nums (b), retention_bytes (q)
 ``ranges``     stream_id (q), range_index (i)   start (q), end (q), epoch (q), n (B),
                                                 n node ids (i), primary first, and
                                                 replicas wanted (B) when the range
@@ -58,6 +59,9 @@ _STREAM_VALUE: Final = struct.Struct(">bqq")
 #: a stream with ack_nums (SPEC §7): the value above and one more byte; values
 #: written before it existed decode with ack_nums 0 (a majority)
 _STREAM_VALUE_ACKS: Final = struct.Struct(">bqqb")
+#: a stream with a size limit (SPEC §12): eight more bytes; values written
+#: before it existed decode with no limit
+_STREAM_VALUE_BYTES: Final = struct.Struct(">bqqbq")
 _RANGE_KEY: Final = struct.Struct(">qi")
 _RANGE_HEAD: Final = struct.Struct(">qqqB")
 _WANTED: Final = struct.Struct(">B")
@@ -209,8 +213,12 @@ class Metadata(Protocol):
 
 
 def encode_stream(stream: StreamRecord) -> bytes:
-    return _STREAM_VALUE_ACKS.pack(
-        stream.replica_nums, stream.retention_period_ms, stream.epoch, stream.ack_nums
+    return _STREAM_VALUE_BYTES.pack(
+        stream.replica_nums,
+        stream.retention_period_ms,
+        stream.epoch,
+        stream.ack_nums,
+        stream.retention_bytes,
     )
 
 
@@ -224,8 +232,10 @@ def stream_from_value(stream_id: int, value: bytes) -> StreamRecord:
     if len(value) == _STREAM_VALUE.size:
         replica_nums, retention, epoch = _STREAM_VALUE.unpack(value)
         return StreamRecord(stream_id, replica_nums, retention, epoch)
-    replica_nums, retention, epoch, acks = _STREAM_VALUE_ACKS.unpack(value)
-    return StreamRecord(stream_id, replica_nums, retention, epoch, acks)
+    if len(value) == _STREAM_VALUE_ACKS.size:
+        replica_nums, retention, epoch, acks = _STREAM_VALUE_ACKS.unpack(value)
+        return StreamRecord(stream_id, replica_nums, retention, epoch, acks)
+    return StreamRecord(stream_id, *_STREAM_VALUE_BYTES.unpack(value))
 
 
 def encode_producer(producer: ProducerRecord) -> bytes:

@@ -117,6 +117,16 @@ class ClusterCollector(Collector):
         )
 
         yield CounterMetricFamily(
+            f"{NAMESPACE}_size_retention_trims",
+            "trims of streams over their size limit (retention_bytes)",
+            value=manager.size_retention.trims,
+        )
+        yield CounterMetricFamily(
+            f"{NAMESPACE}_size_retention_dropped_bytes",
+            "bytes of record batches those trims dropped (as sized by a replica)",
+            value=manager.size_retention.trimmed_bytes,
+        )
+        yield CounterMetricFamily(
             f"{NAMESPACE}_drain_moved_ranges",
             "ranges whose replica on a draining data node left once others held all of it",
             value=manager.drains.moved,

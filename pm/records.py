@@ -9,7 +9,7 @@ placement and the request logic be tested without any wire code.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from sbp.constants import OPEN_END_OFFSET
 from sbp.errors import ProtocolError
@@ -29,13 +29,15 @@ class Outcome(Generic[T]):
 @dataclass(frozen=True, slots=True)
 class StreamRecord:
     """A stream: ids start at 1; ``retention_period_ms`` 0 keeps forever;
-    ``ack_nums`` 0 acknowledges once a majority of replicas hold a record."""
+    ``ack_nums`` 0 acknowledges once a majority of replicas hold a record;
+    ``retention_bytes`` 0 sets no size limit (SPEC §12)."""
 
     stream_id: int
     replica_nums: int
     retention_period_ms: int = 0
     epoch: int = 0
     ack_nums: int = 0
+    retention_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +94,17 @@ class RangeRecord(RangeSpan):
     @property
     def key(self) -> tuple[int, int]:
         return (self.stream_id, self.range_index)
+
+
+class Holding(NamedTuple):
+    """What one replica holds of a range (RANGE_HOLDINGS)."""
+
+    #: it holds every record from the range's (trimmed) start to here
+    held_end: int
+    #: record batch bytes of that
+    size: int
+    #: where to cut the range to drop the bytes asked (0: not asked)
+    cut: int = 0
 
 
 @dataclass(frozen=True, slots=True)

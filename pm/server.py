@@ -56,6 +56,7 @@ async def run_pm(config: PMConfig) -> int:
                 min_free_space=config.min_free_space,
                 repair_after=config.repair_after_s,
                 max_move_bytes_per_s=config.max_move_bytes_per_s,
+                size_retention_interval=config.size_retention_interval_s,
             )
             metrics = PMMetrics(manager, lag_max_series=config.lag_metrics_max_series)
             access = access_control(config.security)
@@ -104,11 +105,13 @@ def build_server(config: PMConfig, handler: RequestHandler, metrics: PMMetrics) 
 async def run_manager(manager: PlacementManager, end_offsets_interval: float) -> None:
     """The manager's own work, for as long as it runs: liveness, the seals
     of dead primaries and repairs, writes moved off full nodes, replicas
-    restored, nodes that come back, the ends of streams groups read."""
+    restored, drains, nodes that come back, the ends of streams groups
+    read, streams' size limits."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_liveness, manager.registry)
         nursery.start_soon(manager.upkeep.watch_nodes)
         nursery.start_soon(manager.reconcile_returning_nodes)
+        nursery.start_soon(manager.size_retention.run)
         nursery.start_soon(
             manager.groups.ends.run, manager.groups.streams_with_positions, end_offsets_interval
         )

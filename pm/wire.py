@@ -78,6 +78,7 @@ def stream_message(stream: StreamRecord) -> messages.Stream:
         retention_period_ms=stream.retention_period_ms,
         epoch=stream.epoch,
         ack_nums=stream.ack_nums,
+        retention_bytes=stream.retention_bytes,
     )
 
 
@@ -88,6 +89,7 @@ def stream_record(stream: messages.Stream) -> StreamRecord:
         retention_period_ms=stream.retention_period_ms,
         epoch=stream.epoch,
         ack_nums=stream.ack_nums,
+        retention_bytes=stream.retention_bytes,
     )
 
 

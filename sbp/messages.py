@@ -145,6 +145,9 @@ class Stream(Message):
     epoch: int = fb.int64(3)
     #: replicas that must hold a record before it is acknowledged; 0 = a majority (§7)
     ack_nums: int = fb.int8(4)
+    #: bytes of record batches kept at most; 0 = no size limit (§12). In
+    #: UPDATE_STREAMS 0 keeps the current limit and -1 removes it.
+    retention_bytes: int = fb.int64(5)
 
 
 @fb.table
@@ -425,6 +428,9 @@ class RangeHoldingsRequest(Message):
 
     timeout_ms: int = fb.int32(0)
     ranges: tuple[RangeId, ...] = fb.vector(1, RangeId, required=True)
+    #: per range (absent or 0: not asked): cut it to drop about that many of
+    #: its first bytes (size retention, §12)
+    skip_bytes: tuple[int, ...] = fb.int64_vector(2)
 
 
 @fb.table
@@ -436,6 +442,7 @@ class RangeHolding(Message):
     error_message: str = fb.string(3)
     held_end: int = fb.int64(4)  # every record from the range's (trimmed) start to here
     bytes: int = fb.int64(5)  # record batch bytes held of the range
+    offset_after_skip: int = fb.int64(6)  # the cut for skip_bytes, at a batch boundary
 
 
 @fb.table

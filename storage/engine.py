@@ -478,6 +478,19 @@ class StorageEngine:
         with store.env.begin(db=store.dbs[layout.INDEX_DB]) as txn:
             return layout.held_span(txn.cursor(), stream_id, start, end)
 
+    def offset_after_bytes(self, stream_id: int, range_index: int, skip: int) -> int:
+        """Where to cut a range to drop about its first ``skip`` bytes (from
+        its start, or the stream's first offset if later), at a boundary of
+        whole batches (size retention, SPEC §12). Thread-safe."""
+        info = self.describe_range(stream_id, range_index)
+        start = max(info.start_offset, self.first_offset(stream_id) or 0)
+        end = info.next_offset if info.is_open else info.end_offset
+        if start >= end or skip <= 0:
+            return start
+        store = self._store
+        with store.env.begin(db=store.dbs[layout.INDEX_DB]) as txn:
+            return layout.offset_after_bytes(txn.cursor(), stream_id, start, end, skip)
+
     def retention_periods(self) -> dict[int, int]:
         """Each live stream's retention period in ms (0: kept forever)."""
         return {

@@ -167,6 +167,24 @@ def held_end(index_cursor: Any, stream_id: int, start: int, end: int) -> int:
     return held_span(index_cursor, stream_id, start, end)[0]
 
 
+def offset_after_bytes(index_cursor: Any, stream_id: int, start: int, end: int, skip: int) -> int:
+    """The first chunk boundary from ``start`` with at least ``skip`` bytes of
+    the stream's chunks before it (counted from the chunk holding ``start``),
+    up to ``end``: where to cut to drop about ``skip`` bytes, whole batches."""
+    passed = 0
+    if not seek_floor(index_cursor, batch_key(stream_id, start)):
+        return start
+    for key, value in index_cursor:
+        key_stream, base_offset = BATCH_KEY.unpack(key)
+        if key_stream != stream_id or base_offset >= end:
+            break
+        entry = decode_index(value)
+        passed += entry.size
+        if passed >= skip:
+            return min(max(int(base_offset) + entry.record_count, start), end)
+    return end
+
+
 def held_span(index_cursor: Any, stream_id: int, start: int, end: int) -> tuple[int, int]:
     """``held_end``, and the bytes of the chunks that hold those records (a
     chunk that starts before ``start`` counts whole)."""

@@ -123,7 +123,7 @@ class RangeHandlers:
     async def range_holdings(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.RangeHoldingsRequest)
         keys = [(r.stream_id, r.range_index) for r in header.ranges]
-        outcomes = await self._node.range_holdings(request.principal, keys)
+        outcomes = await self._node.range_holdings(request.principal, keys, header.skip_bytes)
         results = tuple(
             failed(messages.RangeHolding, outcome, stream_id=stream_id, range_index=range_index)
             if isinstance(outcome, ProtocolError)
@@ -132,6 +132,7 @@ class RangeHandlers:
                 range_index=range_index,
                 held_end=outcome[0],
                 bytes=outcome[1],
+                offset_after_skip=outcome[2],
             )
             for (stream_id, range_index), outcome in zip(keys, outcomes, strict=True)
         )

@@ -68,8 +68,15 @@ class RangeHolding(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return 0
 
+    # RangeHolding
+    def OffsetAfterSkip(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
 def RangeHoldingStart(builder: flatbuffers.Builder):
-    builder.StartObject(6)
+    builder.StartObject(7)
 
 def Start(builder: flatbuffers.Builder):
     RangeHoldingStart(builder)
@@ -110,6 +117,12 @@ def RangeHoldingAddBytes(builder: flatbuffers.Builder, bytes: int):
 def AddBytes(builder: flatbuffers.Builder, bytes: int):
     RangeHoldingAddBytes(builder, bytes)
 
+def RangeHoldingAddOffsetAfterSkip(builder: flatbuffers.Builder, offsetAfterSkip: int):
+    builder.PrependInt64Slot(6, offsetAfterSkip, 0)
+
+def AddOffsetAfterSkip(builder: flatbuffers.Builder, offsetAfterSkip: int):
+    RangeHoldingAddOffsetAfterSkip(builder, offsetAfterSkip)
+
 def RangeHoldingEnd(builder: flatbuffers.Builder) -> int:
     return builder.EndObject()
 
@@ -128,6 +141,7 @@ class RangeHoldingT(object):
         errorMessage = None,
         heldEnd = 0,
         bytes = 0,
+        offsetAfterSkip = 0,
     ):
         self.streamId = streamId  # type: int
         self.rangeIndex = rangeIndex  # type: int
@@ -135,6 +149,7 @@ class RangeHoldingT(object):
         self.errorMessage = errorMessage  # type: Optional[str]
         self.heldEnd = heldEnd  # type: int
         self.bytes = bytes  # type: int
+        self.offsetAfterSkip = offsetAfterSkip  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -163,6 +178,7 @@ class RangeHoldingT(object):
         self.errorMessage = rangeHolding.ErrorMessage()
         self.heldEnd = rangeHolding.HeldEnd()
         self.bytes = rangeHolding.Bytes()
+        self.offsetAfterSkip = rangeHolding.OffsetAfterSkip()
 
     # RangeHoldingT
     def Pack(self, builder):
@@ -176,5 +192,6 @@ class RangeHoldingT(object):
             RangeHoldingAddErrorMessage(builder, errorMessage)
         RangeHoldingAddHeldEnd(builder, self.heldEnd)
         RangeHoldingAddBytes(builder, self.bytes)
+        RangeHoldingAddOffsetAfterSkip(builder, self.offsetAfterSkip)
         rangeHolding = RangeHoldingEnd(builder)
         return rangeHolding

@@ -58,8 +58,35 @@ class RangeHoldingsRequest(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
         return o == 0
 
+    # RangeHoldingsRequest
+    def SkipBytes(self, j: int):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 8))
+        return 0
+
+    # RangeHoldingsRequest
+    def SkipBytesAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Int64Flags, o)
+        return 0
+
+    # RangeHoldingsRequest
+    def SkipBytesLength(self) -> int:
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # RangeHoldingsRequest
+    def SkipBytesIsNone(self) -> bool:
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        return o == 0
+
 def RangeHoldingsRequestStart(builder: flatbuffers.Builder):
-    builder.StartObject(2)
+    builder.StartObject(3)
 
 def Start(builder: flatbuffers.Builder):
     RangeHoldingsRequestStart(builder)
@@ -82,6 +109,18 @@ def RangeHoldingsRequestStartRangesVector(builder, numElems: int) -> int:
 def StartRangesVector(builder, numElems: int) -> int:
     return RangeHoldingsRequestStartRangesVector(builder, numElems)
 
+def RangeHoldingsRequestAddSkipBytes(builder: flatbuffers.Builder, skipBytes: int):
+    builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(skipBytes), 0)
+
+def AddSkipBytes(builder: flatbuffers.Builder, skipBytes: int):
+    RangeHoldingsRequestAddSkipBytes(builder, skipBytes)
+
+def RangeHoldingsRequestStartSkipBytesVector(builder, numElems: int) -> int:
+    return builder.StartVector(8, numElems, 8)
+
+def StartSkipBytesVector(builder, numElems: int) -> int:
+    return RangeHoldingsRequestStartSkipBytesVector(builder, numElems)
+
 def RangeHoldingsRequestEnd(builder: flatbuffers.Builder) -> int:
     return builder.EndObject()
 
@@ -101,9 +140,11 @@ class RangeHoldingsRequestT(object):
         self,
         timeoutMs = 0,
         ranges = None,
+        skipBytes = None,
     ):
         self.timeoutMs = timeoutMs  # type: int
         self.ranges = ranges  # type: Optional[List[sbp._fbs.RangeId.RangeIdT]]
+        self.skipBytes = skipBytes  # type: Optional[List[int]]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -135,6 +176,13 @@ class RangeHoldingsRequestT(object):
                 else:
                     rangeId_ = sbp._fbs.RangeId.RangeIdT.InitFromObj(rangeHoldingsRequest.Ranges(i))
                     self.ranges.append(rangeId_)
+        if not rangeHoldingsRequest.SkipBytesIsNone():
+            if np is None:
+                self.skipBytes = []
+                for i in range(rangeHoldingsRequest.SkipBytesLength()):
+                    self.skipBytes.append(rangeHoldingsRequest.SkipBytes(i))
+            else:
+                self.skipBytes = rangeHoldingsRequest.SkipBytesAsNumpy()
 
     # RangeHoldingsRequestT
     def Pack(self, builder):
@@ -146,9 +194,19 @@ class RangeHoldingsRequestT(object):
             for i in reversed(range(len(self.ranges))):
                 builder.PrependUOffsetTRelative(rangeslist[i])
             ranges = builder.EndVector()
+        if self.skipBytes is not None:
+            if np is not None and type(self.skipBytes) is np.ndarray:
+                skipBytes = builder.CreateNumpyVector(self.skipBytes)
+            else:
+                RangeHoldingsRequestStartSkipBytesVector(builder, len(self.skipBytes))
+                for i in reversed(range(len(self.skipBytes))):
+                    builder.PrependInt64(self.skipBytes[i])
+                skipBytes = builder.EndVector()
         RangeHoldingsRequestStart(builder)
         RangeHoldingsRequestAddTimeoutMs(builder, self.timeoutMs)
         if self.ranges is not None:
             RangeHoldingsRequestAddRanges(builder, ranges)
+        if self.skipBytes is not None:
+            RangeHoldingsRequestAddSkipBytes(builder, skipBytes)
         rangeHoldingsRequest = RangeHoldingsRequestEnd(builder)
         return rangeHoldingsRequest

@@ -60,8 +60,15 @@ class Stream(object):
             return self._tab.Get(flatbuffers.number_types.Int8Flags, o + self._tab.Pos)
         return 0
 
+    # Stream
+    def RetentionBytes(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
 def StreamStart(builder: flatbuffers.Builder):
-    builder.StartObject(5)
+    builder.StartObject(6)
 
 def Start(builder: flatbuffers.Builder):
     StreamStart(builder)
@@ -96,6 +103,12 @@ def StreamAddAckNums(builder: flatbuffers.Builder, ackNums: int):
 def AddAckNums(builder: flatbuffers.Builder, ackNums: int):
     StreamAddAckNums(builder, ackNums)
 
+def StreamAddRetentionBytes(builder: flatbuffers.Builder, retentionBytes: int):
+    builder.PrependInt64Slot(5, retentionBytes, 0)
+
+def AddRetentionBytes(builder: flatbuffers.Builder, retentionBytes: int):
+    StreamAddRetentionBytes(builder, retentionBytes)
+
 def StreamEnd(builder: flatbuffers.Builder) -> int:
     return builder.EndObject()
 
@@ -113,12 +126,14 @@ class StreamT(object):
         retentionPeriodMs = 0,
         epoch = 0,
         ackNums = 0,
+        retentionBytes = 0,
     ):
         self.streamId = streamId  # type: int
         self.replicaNums = replicaNums  # type: int
         self.retentionPeriodMs = retentionPeriodMs  # type: int
         self.epoch = epoch  # type: int
         self.ackNums = ackNums  # type: int
+        self.retentionBytes = retentionBytes  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -146,6 +161,7 @@ class StreamT(object):
         self.retentionPeriodMs = stream.RetentionPeriodMs()
         self.epoch = stream.Epoch()
         self.ackNums = stream.AckNums()
+        self.retentionBytes = stream.RetentionBytes()
 
     # StreamT
     def Pack(self, builder):
@@ -155,5 +171,6 @@ class StreamT(object):
         StreamAddRetentionPeriodMs(builder, self.retentionPeriodMs)
         StreamAddEpoch(builder, self.epoch)
         StreamAddAckNums(builder, self.ackNums)
+        StreamAddRetentionBytes(builder, self.retentionBytes)
         stream = StreamEnd(builder)
         return stream

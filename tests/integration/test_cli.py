@@ -139,6 +139,19 @@ def test_streams_commands(cluster: LocalCluster) -> None:
         2,
     )
 
+    # size retention (SPEC §12): set, kept by an update that does not name it, removed by 0
+    limited = sbp_json(pm, "streams", "update", str(ids[1]), "--retention-bytes", "10GiB")
+    assert limited["retention_bytes"] == 10 << 30
+    shown = sbp(pm, "streams", "get", str(ids[1])).stdout
+    assert "forever, at most 10.0 GiB" in shown, shown
+    assert sbp_json(pm, "streams", "update", str(ids[1]), "--acks", "2")["retention_bytes"] == (
+        10 << 30
+    )
+    unlimited = sbp_json(pm, "streams", "update", str(ids[1]), "--retention-bytes", "0")
+    assert unlimited["retention_bytes"] == 0
+    bad_size = sbp(pm, "streams", "create", "--retention-bytes", "lots")
+    assert bad_size.returncode == 2 and "--retention-bytes" in bad_size.stderr
+
     deleted = sbp(pm, "streams", "delete", str(ids[2]))
     assert deleted.returncode == 0 and deleted.stdout.strip() == f"deleted stream {ids[2]}"
     gone = sbp(pm, "streams", "get", str(ids[2]))

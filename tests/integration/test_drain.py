@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import trio
 
 from client.consumer import Consumer
@@ -22,6 +23,8 @@ from ..eventually import eventually
 from .conftest import scrape
 from .local_cluster import sbp
 from .pm_cluster import PMCluster, pm_cluster, primary_address
+
+pytestmark = pytest.mark.integration
 
 
 def _nodes(rng: messages.Range) -> set[int]:

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from net.pool import ConnectionPool
+from sbp import messages
+
 from ..eventually import eventually
 from .conftest import scrape
 from .pm_cluster import PMCluster, append_values, pm_cluster, read_stream
@@ -66,3 +69,55 @@ async def test_a_changed_period_applies_soon_after_the_update(tmp_path: Path) ->
         )
         await wait_first_offset(cluster, stream, 7)
         assert await read_stream(cluster, stream) == []
+
+
+async def test_size_retention_keeps_a_stream_under_its_limit(tmp_path: Path) -> None:
+    """A producer writes five times a stream's size limit, over several
+    ranges on several nodes: the PM trims the stream to about its limit, the
+    data nodes drop what lies below, and the newest records stay readable."""
+    limit = 1 << 20
+    value = bytes(64 << 10)
+    async with ConnectionPool() as pool:
+        cluster = PMCluster(tmp_path, pool)
+        try:
+            await _write_five_times_the_limit(cluster, limit, value)
+        finally:
+            with trio.CancelScope(shield=True):
+                await cluster.stop_all()
+
+
+async def _write_five_times_the_limit(cluster: PMCluster, limit: int, value: bytes) -> None:
+    await cluster.start_pm("127.0.0.1:0", "--size-retention-interval-ms", "200")
+    await cluster.start_nodes((1, 2))
+    pm = cluster.pm_client()
+    created = await pm.create_stream(1)
+    assert created.stream is not None and created.range is not None
+    stream = created.stream.stream_id
+    updated = await pm.update_stream(
+        messages.Stream(stream_id=stream, replica_nums=1, retention_bytes=limit)
+    )
+    assert updated.retention_bytes == limit
+    rng = created.range
+    for batch in range(80):  # 5 MiB, a new range every 16 batches
+        await append_values(cluster, rng, [value])
+        if batch % 16 == 15:
+            rng = (await pm.seal_range(stream, rng.range_index)).ranges[-1]
+    ranges = await eventually(
+        lambda: pm.list_stream_ranges(stream),
+        until=lambda ranges: (80 - ranges[0].start_offset) * len(value) <= limit,
+        timeout=20,
+    )
+    kept = 80 - ranges[0].start_offset
+    assert kept * len(value) >= limit - 4 * len(value), kept  # about the limit, not less
+    assert len(await read_stream(cluster, stream)) == kept
+    # an update that does not name the limit keeps it; -1 removes it
+    kept_limit = await pm.update_stream(
+        messages.Stream(stream_id=stream, replica_nums=1, retention_period_ms=-1)
+    )
+    assert kept_limit.retention_bytes == limit
+    removed = await pm.update_stream(
+        messages.Stream(
+            stream_id=stream, replica_nums=1, retention_period_ms=-1, retention_bytes=-1
+        )
+    )
+    assert removed.retention_bytes == 0

@@ -1,0 +1,187 @@
+"""Size retention (SPEC §12): a stream with ``retention_bytes`` keeps at most
+about that many bytes of record batches.
+
+A stream's ranges lie on different data nodes, so no data node sees its whole
+size: the PM applies the limit. Every ``interval`` it sizes each limited
+stream's ranges (RANGE_HOLDINGS to a live replica of each; a sealed range is
+sized once, an open one every pass) and, when the stream holds more than its
+limit, trims it (as TRIM_STREAMS does) where the oldest excess ends: past
+whole ranges, then inside the next one at a boundary of whole batches that
+its replica finds. The data nodes then drop what lies below the new start,
+as after any trim. Time retention goes on as before on the data nodes; both
+apply, so the stricter wins.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Final, Protocol
+
+import trio
+
+from net.ratelog import RateLimitedLog
+from sbp.errors import ProtocolError
+
+from .drain import HoldingsLink
+from .liveness import NodeRegistry
+from .metadata import Metadata
+from .records import Holding, Outcome, RangeRecord, StreamRecord
+
+log = logging.getLogger(__name__)
+_failures = RateLimitedLog(log, interval=60.0)
+
+DEFAULT_INTERVAL_S: Final = 10.0
+#: streams read per page when the limited ones are first looked for
+_PAGE: Final = 1000
+
+
+class SizeHost(Protocol):
+    store: Metadata
+    registry: NodeRegistry
+    stopping: bool
+
+    async def trim_streams(
+        self, trims: Sequence[tuple[int, int]], timeout: float
+    ) -> Sequence[Outcome[tuple[StreamRecord, RangeRecord]]]: ...
+
+
+class SizeRetention:
+    """See the module docstring."""
+
+    def __init__(
+        self, pm: SizeHost, link: HoldingsLink, interval: float = DEFAULT_INTERVAL_S
+    ) -> None:
+        self._pm = pm
+        self._link = link
+        self.interval = interval
+        #: streams with a size limit; None until the first pass found them
+        self._limited: set[int] | None = None
+        #: sizes of sealed ranges by key: (start offset when sized, bytes)
+        self._sealed_sizes: dict[tuple[int, int], tuple[int, int]] = {}
+        #: trims made, and the bytes they dropped (metrics)
+        self.trims = 0
+        self.trimmed_bytes = 0
+
+    def track(self, stream: StreamRecord) -> None:
+        """A stream committed: follow its limit."""
+        if self._limited is None:
+            return  # the first pass finds it
+        if stream.retention_bytes > 0:
+            self._limited.add(stream.stream_id)
+        else:
+            self._limited.discard(stream.stream_id)
+
+    def forget(self, stream_id: int) -> None:
+        if self._limited is not None:
+            self._limited.discard(stream_id)
+        for key in [k for k in self._sealed_sizes if k[0] == stream_id]:
+            del self._sealed_sizes[key]
+
+    async def run(self) -> None:
+        """A pass every ``interval`` for the PM's life."""
+        while True:
+            await trio.sleep(self.interval)
+            if self._limited is None:
+                await self._find_limited()
+            if not self._pm.stopping:
+                await self.apply(timeout=self.interval * 4)
+
+    async def _find_limited(self) -> None:
+        found: set[int] = set()
+        self._limited = found
+        start_after = 0
+        while page := self._pm.store.streams(start_after=start_after, limit=_PAGE):
+            found.update(s.stream_id for s in page if s.retention_bytes > 0)
+            start_after = page[-1].stream_id
+            await trio.sleep(0)
+
+    async def apply(self, timeout: float) -> int:
+        """One pass over the limited streams; how many were trimmed."""
+        deadline = trio.current_time() + timeout
+        trimmed = 0
+        for stream_id in sorted(self._limited or ()):
+            stream = self._pm.store.stream(stream_id)
+            if stream is None or stream.retention_bytes <= 0:
+                self.forget(stream_id)
+                continue
+            if self._pm.stopping or trio.current_time() >= deadline:
+                break
+            with trio.move_on_at(deadline):
+                try:
+                    trimmed += await self._apply(stream, deadline)
+                except (ProtocolError, OSError) as error:
+                    _failures.warning(
+                        f"size {stream_id}", "size retention of stream %d: %s", stream_id, error
+                    )
+        return trimmed
+
+    async def _apply(self, stream: StreamRecord, deadline: float) -> int:
+        ranges = self._pm.store.ranges(stream.stream_id)
+        current = {rng.key for rng in ranges}
+        for key in [k for k in self._sealed_sizes if k[0] == stream.stream_id]:
+            if key not in current:
+                del self._sealed_sizes[key]  # trimmed away
+        sizes = await self._sizes(ranges)
+        excess = sum(sizes.values()) - stream.retention_bytes
+        if excess <= 0 or not ranges:
+            return 0
+        cut, dropped = ranges[0].start_offset, 0
+        for rng in ranges:
+            size = sizes.get(rng.key, 0)
+            if not rng.is_open and size <= excess:
+                excess -= size
+                dropped += size
+                cut = rng.end_offset
+                continue
+            holder = self._holder(rng)
+            if holder is not None:
+                found = await self._link.range_holdings(holder, [rng.key], [excess])
+                holding = found.get(rng.key)
+                if holding is not None and holding.cut > cut:
+                    cut = holding.cut
+                    dropped += excess
+            break
+        if cut <= ranges[0].start_offset:
+            return 0
+        [outcome] = await self._pm.trim_streams(
+            [(stream.stream_id, cut)], deadline - trio.current_time()
+        )
+        if outcome.error is not None:
+            raise outcome.error
+        self.trims += 1
+        self.trimmed_bytes += dropped
+        log.info(
+            "stream %d trimmed to offset %d: it held more than its %d-byte limit",
+            stream.stream_id,
+            cut,
+            stream.retention_bytes,
+        )
+        return 1
+
+    async def _sizes(self, ranges: Sequence[RangeRecord]) -> dict[tuple[int, int], int]:
+        """Each range's bytes: cached for a sealed range sized at the same
+        start, else asked of a live replica (ranges none answers for count 0)."""
+        sizes: dict[tuple[int, int], int] = {}
+        asked: dict[int, list[tuple[int, int]]] = {}
+        for rng in ranges:
+            cached = self._sealed_sizes.get(rng.key)
+            if not rng.is_open and cached is not None and cached[0] == rng.start_offset:
+                sizes[rng.key] = cached[1]
+                continue
+            holder = self._holder(rng)
+            if holder is not None:
+                asked.setdefault(holder, []).append(rng.key)
+        by_key = {rng.key: rng for rng in ranges}
+        for holder, keys in asked.items():
+            found: dict[tuple[int, int], Holding] = await self._link.range_holdings(holder, keys)
+            for key, holding in found.items():
+                sizes[key] = holding.size
+                rng = by_key[key]
+                if not rng.is_open and holding.held_end >= rng.end_offset:
+                    self._sealed_sizes[key] = (rng.start_offset, holding.size)
+        return sizes
+
+    def _holder(self, rng: RangeRecord) -> int | None:
+        """The replica to ask about a range: its first live one."""
+        return next((n for n in rng.nodes if self._pm.registry.is_alive(n)), None)
