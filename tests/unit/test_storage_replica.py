@@ -183,3 +183,24 @@ def test_the_highest_pm_term_is_recorded_and_survives_a_restart(tmp_path: Path) 
         assert engine.raise_pm_term(3).result() == 7
     with StorageEngine(tmp_path / "node", node_id=FOLLOWER, map_size=64 << 20) as engine:
         assert engine.pm_term() == 7
+
+
+def test_range_holding_and_the_cut_that_drops_a_number_of_bytes(
+    follower: StorageEngine,
+) -> None:
+    """RANGE_HOLDINGS' answers: how far a replica holds a range, the bytes of
+    it, and where to cut it to drop its first bytes, at chunk boundaries."""
+    for offset in range(4):  # four chunks of one batch each
+        replicate(follower, item(offset, bytes(1000)))
+    follower.sync_ranges(STREAM, [sealed_range(0, 0, 4), open_range(1, 4)]).result()
+    held_end, size = follower.range_holding(STREAM, 0)
+    chunk = size // 4
+    assert held_end == 4 and size == 4 * chunk and chunk > 1000
+    assert follower.range_holding(STREAM, 1) == (4, 0)  # the open range holds nothing yet
+    assert follower.offset_after_bytes(STREAM, 0, 1) == 1  # the first chunk goes whole
+    assert follower.offset_after_bytes(STREAM, 0, chunk) == 1
+    assert follower.offset_after_bytes(STREAM, 0, chunk + 1) == 2
+    assert follower.offset_after_bytes(STREAM, 0, 10 * size) == 4  # never past the end
+    follower.sync_ranges(STREAM, [sealed_range(0, 2, 4), open_range(1, 4)]).result()  # trimmed
+    assert follower.range_holding(STREAM, 0) == (4, 2 * chunk)
+    assert follower.offset_after_bytes(STREAM, 0, 1) == 3
