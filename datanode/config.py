@@ -119,6 +119,13 @@ OPTIONS: Final = (
         default=str(DEFAULT_EXPIRY_MS),
         metavar="MS",
     ),
+    Option(
+        "quota-file",
+        "per-principal byte rates of APPEND and FETCH (JSON; see docs/operations.md); "
+        "read again on SIGHUP",
+        Path,
+        metavar="FILE",
+    ),
 )
 
 DESCRIPTION: Final = """\
@@ -157,6 +164,8 @@ class DataNodeConfig:
     metrics_interval_s: float = DEFAULT_METRICS_REPORT_MS / 1000
     retention_interval_s: float = DEFAULT_RETENTION_INTERVAL_MS / 1000
     producer_expiry_ms: int = DEFAULT_EXPIRY_MS
+    #: per-principal byte rates (SPEC §12), None: none
+    quota_file: Path | None = None
     #: TLS, mutual TLS and the ACL file (SPEC §9)
     security: ServerSecurity = field(default_factory=ServerSecurity)
     log_level: str = "info"
@@ -197,6 +206,7 @@ def parse_config(argv: Sequence[str] | None = None) -> DataNodeConfig:
         metrics_interval_s=values["metrics_interval_ms"] / 1000,
         retention_interval_s=values["retention_interval_ms"] / 1000,
         producer_expiry_ms=values["producer_expiry_ms"],
+        quota_file=values["quota_file"],
         security=security_settings(values),
         log_level=values["log_level"],
     )

@@ -11,6 +11,7 @@ on it and its answers back to the wire, and decide nothing.
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from .convert import info_to_range, range_to_info, table_to_snapshots
 from .items import check_stream_id, failed, outcomes, wait_future
 from .metrics import DataNodeMetrics
 from .pm_link import PMLink
+from .quotas import QuotaCollector, Quotas
 from .replica_state import ReplicaStates
 from .replication.catchup import CatchUp
 from .replication.metrics import ReplicationCollector
@@ -78,6 +80,7 @@ class DataNode:
         engine: StorageEngine,
         *,
         access: AccessControl | None = None,
+        quotas: Quotas | None = None,
         pool: ConnectionPool | None = None,
         pm: PMSettings | PMLink | None = None,
         data_dir: Path | None = None,
@@ -93,6 +96,9 @@ class DataNode:
         )
         self.access = access or AccessControl()
         self.metrics.registry.register(AccessCollector(self.access))
+        #: byte rates per principal (SPEC §12)
+        self.quotas = quotas or Quotas()
+        self.metrics.registry.register(QuotaCollector(self.quotas))
         self.replicas = ReplicaStates(node_id, engine, self.waiters)
         #: "host:port" given to the PM and clients (``serving_at``)
         self.advertise_addr = ""
@@ -154,7 +160,7 @@ class DataNode:
         listener: an APPEND to a replicated range must never be answered
         without its pipeline."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.access.reload_on_sighup)
+            nursery.start_soon(self._reload_on_sighup)
             nursery.start_soon(self.append_timeouts.run)
             if self.replicator is not None:
                 await nursery.start(self.replicator.run)
@@ -166,6 +172,15 @@ class DataNode:
                 # registers with the address clients are to use: once known
                 await self._serving.wait()
                 nursery.start_soon(self.pm.run)
+
+    async def _reload_on_sighup(self) -> None:
+        """SIGHUP reads the ACL file and the quota file again."""
+        if self.access.path is None and self.quotas.path is None:
+            return
+        with trio.open_signal_receiver(signal.SIGHUP) as signals:
+            async for _ in signals:
+                self.access.reload()
+                self.quotas.reload()
 
     def serving_at(self, advertise_addr: str) -> None:
         """The listener is bound: this is the address the PM and clients get."""

@@ -49,6 +49,7 @@ from .handlers.ranges import RangeHandlers
 from .handlers.replicate import ReplicateHandler
 from .handlers.streams import StreamHandlers
 from .node import DataNode, PMSettings
+from .quotas import quotas_from
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +134,7 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
         config.node_id,
         engine,
         access=access_control(config.security),
+        quotas=quotas_from(config.quota_file),
         pool=pool,
         pm=pm,
         data_dir=config.data_dir,

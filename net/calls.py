@@ -83,10 +83,11 @@ class Responses:
     """The frames of one streamed response, up to RESPONSE_END (a plain
     iterator: leaving the loop early leaves no generator to finalize)."""
 
-    __slots__ = ("_call", "_deadline", "_done", "_peer")
+    __slots__ = ("_call", "_deadline", "_done", "_peer", "_throttles")
 
-    def __init__(self, call: Call, deadline: float, peer: str) -> None:
+    def __init__(self, call: Call, deadline: float, peer: str, throttles: dict[int, float]) -> None:
         self._call, self._deadline, self._peer, self._done = call, deadline, peer, False
+        self._throttles = throttles
 
     def __aiter__(self) -> Responses:
         return self
@@ -96,11 +97,21 @@ class Responses:
             raise StopAsyncIteration
         frame = await self._call.next_frame(self._deadline)
         self._done = frame.is_end
-        return to_response(self._call.opcode, frame, self._peer)
+        return note_throttle(self._throttles, to_response(self._call.opcode, frame, self._peer))
 
 
 def to_response(opcode: Opcode, frame: Frame, peer: str) -> Response[Any]:
     return Response(opcode, decode_response(opcode, frame, peer), frame.payload)
+
+
+def note_throttle(throttles: dict[int, float], response: Response[Any]) -> Response[Any]:
+    """A response telling its client to wait (``throttle_time_ms``, SPEC
+    §12): the connection's next request of that kind waits until then."""
+    throttle_ms = getattr(response.header, "throttle_time_ms", 0)
+    if throttle_ms > 0:
+        until = trio.current_time() + throttle_ms / 1000
+        throttles[response.opcode] = max(throttles.get(response.opcode, 0.0), until)
+    return response
 
 
 def deadline_after(timeout: float | None) -> float:
@@ -146,6 +157,9 @@ class Caller:
         self.calls: dict[int, Call] = {}
         #: our PINGs in flight: keepalive traffic keeps nothing busy
         self.pings = 0
+        #: by opcode: the trio time before which no request of it is sent,
+        #: as a server's throttle_time_ms asked (SPEC §12)
+        self.throttles: dict[int, float] = {}
 
     def fail_all(self, error: BaseException) -> None:
         for call in self.calls.values():
@@ -168,9 +182,13 @@ class Caller:
         deadline = deadline_after(timeout)
         call = await self.open_call(opcode, header, payload, deadline)
         try:
-            parts = [to_response(opcode, await call.next_frame(deadline), self._host.peer)]
+            peer, throttles = self._host.peer, self.throttles
+            parts = [
+                note_throttle(throttles, to_response(opcode, await call.next_frame(deadline), peer))
+            ]
             while not call.ended or call.frames:
-                parts.append(to_response(opcode, await call.next_frame(deadline), self._host.peer))
+                frame = await call.next_frame(deadline)
+                parts.append(note_throttle(throttles, to_response(opcode, frame, peer)))
             if len(parts) == 1:
                 return parts[0]
             payload = b"".join(part.payload for part in parts)
@@ -193,7 +211,7 @@ class Caller:
         deadline = deadline_after(timeout)
         call = await self.open_call(opcode, header, payload, deadline)
         try:
-            yield Responses(call, deadline, self._host.peer)
+            yield Responses(call, deadline, self._host.peer, self.throttles)
         finally:
             self.close_call(call)
 
@@ -217,6 +235,12 @@ class Caller:
         host.check_open()
         if not after_goaway:
             engine.check_can_request()
+        throttled_until = self.throttles.get(opcode, 0.0)
+        if throttled_until > trio.current_time():
+            # the server asked for this wait (and reads nothing from us meanwhile)
+            with trio.move_on_at(deadline):
+                await trio.sleep_until(throttled_until)
+            host.check_open()
         encoded = header.encode() if isinstance(header, messages.Message) else bytes(header or b"")
         if engine.outgoing_bytes > engine.high_water:
             with trio.move_on_at(deadline):

@@ -216,6 +216,8 @@ class Connection:
         self._writing = False
         self._finished = trio.Event()
         self.last_received = 0.0
+        #: nothing is read from the peer before this trio time (a quota's throttle)
+        self._reads_held_until = 0.0
         #: what this connection holds of the server's byte budgets
         self.budget = ConnectionBudget(budgets, RECEIVE_CHUNK) if budgets else None
 
@@ -457,6 +459,10 @@ class Connection:
                     break
             if events:
                 continue
+            if self._reads_held_until > trio.current_time():
+                # SPEC §12: over a quota, the peer's next requests wait here
+                await trio.sleep_until(self._reads_held_until)
+                continue
             budget = self.budget
             if budget is not None and budget.requests_spent and budget.holds_requests:
                 # The server holds its budget of request bytes, a read's
@@ -581,6 +587,11 @@ class Connection:
         if unsent:
             self._engine.queue_unsent((b"".join(unsent),) if copy_rest else unsent)
             self._data_queued.set()
+
+    def hold_reads(self, seconds: float) -> None:
+        """Read nothing more from the peer for ``seconds`` (a quota's throttle,
+        SPEC §12); what was read already is served."""
+        self._reads_held_until = max(self._reads_held_until, trio.current_time() + seconds)
 
     def check_open(self) -> None:
         if not self._started:

@@ -1,5 +1,6 @@
 """APPEND on the wire (SPEC §5): the request's items to ``DataNode.append``
-and its outcomes back as one AppendResponse."""
+and its outcomes back as one AppendResponse, with the throttle of the
+principal's quota (SPEC §12) when it is over it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class AppendHandler:
         self._node = node
 
     def start(self, request: Request, responder: Responder) -> Awaitable[None] | None:
+        node = self._node
         header = request.header_as(messages.AppendRequest)
         infos = header.append_requests
         views = split_payload([info.batch_length for info in infos], request.payload)
@@ -39,7 +41,12 @@ class AppendHandler:
                 responder.send_error_nowait(ErrorCode.UNKNOWN, "internal server error")
                 return
             results = tuple(_result(info, o) for info, o in zip(infos, outcomes, strict=True))
-            responder.send_nowait(messages.AppendResponse(append_responses=results))
+            throttle_ms = node.quotas.charge(request.principal, "append", len(request.payload))
+            if throttle_ms:
+                request.connection.hold_reads(throttle_ms / 1000)
+            responder.send_nowait(
+                messages.AppendResponse(append_responses=results, throttle_time_ms=throttle_ms)
+            )
 
         return self._node.append(
             items,

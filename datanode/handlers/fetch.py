@@ -1,11 +1,12 @@
 """FETCH on the wire (SPEC §5): whole record batches from an offset,
 long-polling at the tail. What each item may read is ``DataNode.read``'s
-to decide; this module shapes the answer frames and the wait."""
+to decide; this module shapes the answer frames and the wait, and charges
+what each frame carries to the principal's quota (SPEC §12)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import trio
@@ -54,7 +55,15 @@ class FetchHandler:
                 infos = await self._answer_denied(request.principal, infos, responder)
                 if not infos:
                     return  # every item refused, answered
-            await self._serve(infos, deadline, max(header.min_bytes, 1), responder)
+            quotas, principal = self._node.quotas, request.principal
+
+            def charge(nbytes: int) -> int:
+                throttle_ms = quotas.charge(principal, "fetch", nbytes)
+                if throttle_ms:
+                    request.connection.hold_reads(throttle_ms / 1000)
+                return throttle_ms
+
+            await self._serve(infos, deadline, max(header.min_bytes, 1), responder, charge)
         finally:
             elapsed = trio.current_time() - request.received_at
             counters.fetch_seconds += elapsed
@@ -80,6 +89,7 @@ class FetchHandler:
         deadline: float,
         min_bytes: int,
         responder: Responder,
+        charge: Callable[[int], int],
     ) -> None:
         node = self._node
         for stream_id in {info.stream_id for info in infos}:
@@ -93,7 +103,7 @@ class FetchHandler:
             # Subscribed before reading: an append that commits while this
             # pass reads or sends still sets the event.
             with node.waiters.subscribe({info.stream_id for info in pending}) as new_data:
-                pending, full = await self._pass(pending, deadline, min_bytes, responder)
+                pending, full = await self._pass(pending, deadline, min_bytes, responder, charge)
                 if not pending:
                     return
                 if not full:
@@ -106,6 +116,7 @@ class FetchHandler:
         deadline: float,
         min_bytes: int,
         responder: Responder,
+        charge: Callable[[int], int],
     ) -> tuple[list[messages.FetchInfo], bool]:
         """Read the pending items (no more than one frame's worth) and answer
         what is ready; returns the items still unanswered and whether a full
@@ -122,7 +133,7 @@ class FetchHandler:
                 # nothing from here to the answer waits: the batches are
                 # borrowed from LMDB's map and written to the socket as
                 # they are (``Responder.send_borrowed_nowait``)
-                return self._read_and_answer(pending, deadline, min_bytes, responder, reads)
+                return self._read_and_answer(pending, deadline, min_bytes, responder, reads, charge)
 
     def _read_and_answer(
         self,
@@ -131,6 +142,7 @@ class FetchHandler:
         min_bytes: int,
         responder: Responder,
         reads: _Reads,
+        charge: Callable[[int], int],
     ) -> tuple[list[messages.FetchInfo], bool]:
         expired = trio.current_time() >= deadline or self._node.draining
         answered: list[tuple[messages.FetchResult, BorrowedBatches | None]] = []
@@ -177,7 +189,11 @@ class FetchHandler:
             waiting = []
         if answered:
             payload = [piece for _, data in answered if data for piece in data.buffers()]
-            header = messages.FetchResponse(fetch_responses=tuple(r for r, _ in answered))
+            size = sum(data.size for _, data in answered if data)
+            header = messages.FetchResponse(
+                fetch_responses=tuple(r for r, _ in answered),
+                throttle_time_ms=charge(size) if size else 0,
+            )
             if not responder.send_borrowed_nowait(header, payload, end=not waiting):
                 raise ConnectionClosed("the connection closed during a FETCH")
         # keep the request order among the items still pending
