@@ -413,6 +413,51 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
         ),
     ),
     (
+        "Operations",
+        (
+            Panel(
+                "Data nodes by drain state",
+                "Active, draining and drained data nodes (SPEC §12). A drained node holds no "
+                "range: it can be stopped and removed (docs/operations.md).",
+                "none",
+                ((f"sbp_pm_data_nodes_by_drain_state{{{PM}}}", "{{state}}"),),
+            ),
+            Panel(
+                "Bytes left to move off draining nodes",
+                "Bytes of the draining nodes' ranges still to copy to other nodes; it falls "
+                "to 0 as the drain ends.",
+                "bytes",
+                ((f"sum(sbp_pm_data_node_drain_bytes_to_move{{{PM}}}) or on() vector(0)", "left"),),
+            ),
+            Panel(
+                "Data nodes near full",
+                "Live nodes with less than twice --min-free-space free or full within an hour "
+                "(docs/datanode.md, Disk pressure).",
+                "none",
+                ((f"sbp_pm_data_nodes_near_full{{{PM}}}", "near full"),),
+            ),
+            Panel(
+                "Quota throttle",
+                "Seconds of throttle told per second, by principal and kind: 1 means a "
+                "principal's clients wait all the time (over its quota, SPEC §12).",
+                "s",
+                (
+                    (
+                        f"sum by (principal, kind) (rate(sbp_quota_throttle_seconds_total{{{NODE}}}{RATE})) "
+                        "or on() vector(0)",
+                        "{{principal}} {{kind}}",
+                    ),
+                ),
+            ),
+            Panel(
+                "Size retention trims/s",
+                "Streams trimmed by the PM for holding more than their retention_bytes.",
+                "ops",
+                ((f"rate(sbp_pm_size_retention_trims_total{{{PM}}}{RATE})", "trims"),),
+            ),
+        ),
+    ),
+    (
         "Replication",
         (
             Panel(

@@ -309,3 +309,16 @@ def test_committed_dashboard_is_generated() -> None:
         Path(__file__).resolve().parents[2] / "dashboards" / "sbp-cluster.json"
     ).read_text()
     assert committed == render(), "run: python dashboards/build.py"
+
+
+def test_alert_rules_load_and_fire_as_their_tests_say() -> None:
+    """dashboards/alerts.yml parses, and promtool's rule tests (each alert on
+    the series that should raise it) pass."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool comes with prometheus (scripts/install-system-deps.sh)"
+    folder = Path(__file__).resolve().parents[2] / "dashboards"
+    for args in (["check", "rules", "alerts.yml"], ["test", "rules", "alerts_test.yml"]):
+        done = subprocess.run(
+            [promtool, *args], cwd=folder, capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
