@@ -297,6 +297,13 @@ def sync_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> l
     for index, info in known.items():
         if index not in indexes:
             ctx.delete_range(info)
+    node_id = ctx.store.node_id
+    for info in merged:
+        local = known.get(info.range_index)
+        if local is not None and hosts(local, node_id) and not hosts(info, node_id):
+            # moved off this node (a drain or a rebalance): its chunks go now
+            if not info.is_open:
+                ctx.drop_span(stream_id, max(info.start_offset, state.first_offset), info.end_offset)
 
     first_start = merged[0].start_offset
     if existing is None:

@@ -584,6 +584,29 @@ class WriteContext:
         if queued:
             self._mark_unfreed(stream_id, True)
 
+    def drop_span(self, stream_id: int, start: int, end: int) -> int:
+        """Delete now the stream's chunks wholly within ``[start, end)``: a
+        range this node no longer holds (moved to other nodes, SPEC §12). A
+        chunk that straddles either end stays. Returns the bytes freed."""
+        cursor = self.txn.cursor(db=self._index)
+        doomed: list[tuple[int, IndexEntry]] = []
+        if cursor.set_range(batch_key(stream_id, start)):
+            for key, value in cursor:
+                key_stream, base_offset = BATCH_KEY.unpack(key)
+                if key_stream != stream_id or base_offset >= end:
+                    break
+                entry = layout.decode_index(value)
+                if base_offset + entry.record_count <= end:
+                    doomed.append((base_offset, entry))
+        forgotten_below = self._forgotten_below(stream_id)
+        freed = 0
+        for base_offset, entry in doomed:  # not while the cursor walks the index
+            self._delete_chunk(stream_id, base_offset, entry.record_count)
+            if base_offset + entry.record_count > forgotten_below:
+                self._uncount(entry)
+                freed += entry.size
+        return freed
+
     def drop_chunks(self, stream_id: int) -> None:
         """Delete every chunk of the stream now (the PM forgot it here)."""
         self.drop_producers(stream_id)

@@ -20,6 +20,9 @@ kind                      what happens to the target, for the fault's duration
                           answer, then resets its connections: the requests
                           were served, their clients never hear (what
                           idempotent producers are for)
+``drain``                 the node is drained (SPEC §12), then the drain is
+                          cancelled after a while, or once the node is
+                          drained (it is made active again either way)
 ========================  ==========================================================
 
 A full disk is not scheduled: one node runs with a small LMDB map
@@ -32,6 +35,11 @@ import random
 from dataclasses import dataclass
 
 import trio
+
+from client import retry
+from client.pm_client import PMClient
+from sbp.enums import DataNodeState
+from sbp.errors import SBPError
 
 from .cluster import ChaosCluster
 from .history import FaultSpan, History
@@ -46,7 +54,12 @@ KINDS = (
     "slow-link",
     "corrupt-link",
     "drop-answers",
+    "drain",
 )
+#: a "drain" fault that lets the drain finish waits for it at most this many
+#: times its drawn duration (a drain that cannot finish, too few nodes for
+#: three replicas, is cancelled then)
+DRAIN_FINISH_FACTOR = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +69,13 @@ class Fault:
     target: str  # "pm", "node-N", or a link name
     duration: float
     delay_s: float = 0.0
+    #: a "drain" that waits for the node to be drained (else cancelled after ``duration``)
+    finish: bool = False
 
     def describe(self) -> str:
         extra = f" +{self.delay_s * 1000:.0f} ms" if self.delay_s else ""
+        if self.kind == "drain":
+            extra = " until drained" if self.finish else " then cancelled"
         return f"{self.at:7.1f}s  {self.kind:<21} {self.target:<12} for {self.duration:.1f}s{extra}"
 
 
@@ -80,7 +97,12 @@ def draw_schedule(
         kind = rng.choice(kinds)
         duration = rng.uniform(1.0, 3.0) if kind == "kill" else rng.uniform(2.0, 8.0)
         delay = 0.0
-        if kind in ("kill", "pause"):
+        finish = False
+        if kind == "drain":
+            target = rng.choice(nodes)
+            finish = rng.random() < 0.5
+            duration = rng.uniform(3.0, 15.0)
+        elif kind in ("kill", "pause"):
             target = rng.choice([*nodes, "pm"])
         elif kind in ("partition-node-pm", "isolate-node"):
             target = rng.choice(nodes)
@@ -97,7 +119,9 @@ def draw_schedule(
                 duration = 0.5
         if at + duration > run_s - quiet_tail_s:
             return faults
-        faults.append(Fault(round(at, 2), kind, target, round(duration, 2), round(delay, 3)))
+        faults.append(
+            Fault(round(at, 2), kind, target, round(duration, 2), round(delay, 3), finish)
+        )
         at += duration + rng.expovariate(1 / mean_gap_s) + 0.5
 
 
@@ -174,4 +198,40 @@ class Injector:
                 link.cut()  # the connections are mid-frame now: reset them
                 link.heal()
                 return ""
+            case "drain":
+                return await self._drain(fault)
         raise ValueError(f"unknown fault kind {fault.kind!r}")
+
+    async def _drain(self, fault: Fault) -> str:
+        """DRAIN_DATA_NODES of the target, then its cancel: after the fault's
+        duration, or once the node is drained (``finish``)."""
+        node_id = int(fault.target.removeprefix("node-"))
+        started = trio.current_time()
+        async with PMClient(self.cluster.pm_address, timeout=10) as pm:
+            with trio.fail_after(30):
+                await retry.until_deadline(lambda: pm.drain_data_nodes([node_id]), "drain")
+            outcome = f"cancelled after {fault.duration:.1f}s"
+            if fault.finish:
+                patience = fault.duration * DRAIN_FINISH_FACTOR
+                outcome = f"not drained in {patience:.0f}s: cancelled"
+                with trio.move_on_after(patience):
+                    while not await _drained(pm, node_id):
+                        await trio.sleep(0.5)
+                    outcome = f"drained in {trio.current_time() - started:.1f}s"
+            else:
+                await trio.sleep(fault.duration)
+            with trio.fail_after(30):
+                await retry.until_deadline(
+                    lambda: pm.drain_data_nodes([node_id], cancel=True), "cancel"
+                )
+        return outcome
+
+
+async def _drained(pm: PMClient, node_id: int) -> bool:
+    try:
+        statuses = await pm.describe_cluster()
+    except (SBPError, OSError):
+        return False
+    return any(
+        s.data_node.node_id == node_id and s.state == DataNodeState.DRAINED for s in statuses
+    )
