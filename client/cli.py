@@ -437,6 +437,16 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_commands = cluster.add_subparsers(metavar="ACTION", required=True)
     status = cluster_commands.add_parser("status", help="data nodes, liveness, load")
     _command(status, "cli_commands", "cmd_cluster_status")
+    rebalance = cluster_commands.add_parser(
+        "rebalance",
+        help="move sealed ranges to even out the data nodes",
+        description="Plan the moves of sealed ranges that bring the live data nodes' bytes "
+        "and range counts within the PM's --rebalance-threshold, and start them. Each "
+        "range is copied to its new node before it leaves the old one. See "
+        "docs/operations.md.",
+    )
+    rebalance.add_argument("--dry-run", action="store_true", help="print the plan only")
+    _command(rebalance, "cli_nodes", "cmd_cluster_rebalance")
 
     nodes = commands.add_parser("nodes", help="retire data nodes (SPEC §12)")
     node_commands = nodes.add_subparsers(metavar="ACTION", required=True)

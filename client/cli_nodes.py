@@ -61,6 +61,36 @@ async def cmd_nodes_remove(env: Env) -> int:
     return EXIT_SERVER_ERROR if any(r.error_code for r in results) else EXIT_OK
 
 
+async def cmd_cluster_rebalance(env: Env) -> int:
+    """Print the moves that even out the data nodes; start them unless --dry-run."""
+    answer = await env.pm.rebalance(dry_run=env.args.dry_run)
+    if env.json:
+        env.emit_json(answer)
+        return EXIT_OK
+    if answer.pending:
+        env.emit(
+            f"{fmt.plural(answer.pending, 'move')} of an earlier plan still under way: "
+            "no new plan until they are done"
+        )
+        return EXIT_OK
+    if not answer.moves:
+        env.emit("the data nodes are balanced: nothing to move")
+        return EXIT_OK
+    env.emit(
+        fmt.table(
+            ["stream", "range", "from", "to", "size"],
+            [
+                [m.stream_id, m.range_index, m.from_node, m.to_node, fmt.size_text(m.bytes)]
+                for m in answer.moves
+            ],
+        )
+    )
+    total = fmt.size_text(sum(m.bytes for m in answer.moves))
+    verb = "would move" if env.args.dry_run else "moving"
+    env.emit(f"{verb} {fmt.plural(len(answer.moves), 'range')}, {total}")
+    return EXIT_OK
+
+
 async def _wait_drained(env: Env, node_ids: list[int]) -> list[messages.DataNodeStatus]:
     """Poll DESCRIBE_CLUSTER until every node is drained, drawing progress on stderr."""
     started = time.monotonic()

@@ -187,6 +187,18 @@ class PMClient(RangeCalls):
         )
         return header.remove_responses
 
+    async def rebalance(
+        self, *, dry_run: bool = False, timeout: float | None = None
+    ) -> messages.RebalanceResponse:
+        """REBALANCE (implementation-private): the moves that even out the
+        data nodes, started unless ``dry_run``."""
+        request = messages.RebalanceRequest(timeout_ms=self.timeout_ms(timeout), dry_run=dry_run)
+        header = await self.call_for(
+            messages.RebalanceResponse, Opcode.REBALANCE, request, timeout=timeout
+        )
+        raise_for_code(header.error_code, header.error_message)
+        return header
+
     # -- producers ------------------------------------------------------------
 
     async def init_producer(

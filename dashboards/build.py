@@ -450,6 +450,13 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
                 ),
             ),
             Panel(
+                "Rebalance moves pending",
+                "Range moves of a rebalance not done yet (SPEC §12): each copies a sealed "
+                "range to a less loaded node, then drops it from the old one.",
+                "none",
+                ((f"sbp_pm_rebalance_pending_moves{{{PM}}}", "pending"),),
+            ),
+            Panel(
                 "Size retention trims/s",
                 "Streams trimmed by the PM for holding more than their retention_bytes.",
                 "ops",

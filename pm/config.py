@@ -20,6 +20,7 @@ from net.settings import (
     check_storage_settings,
     listen_options,
     load_settings,
+    non_negative_int,
     positive_int,
     security_options,
     security_settings,
@@ -38,6 +39,17 @@ DEFAULT_NODE_TIMEOUT_MS: Final = 5000
 DEFAULT_REPAIR_AFTER_MS: Final = 600_000
 DEFAULT_END_OFFSETS_INTERVAL_MS: Final = 5_000
 DEFAULT_SIZE_RETENTION_INTERVAL_MS: Final = 10_000
+DEFAULT_REBALANCE_THRESHOLD: Final = 0.2
+DEFAULT_REBALANCE_INTERVAL_MS: Final = 60_000
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 10:
+        raise ValueError(f"{text} is not a share such as 0.2 (more than 0, at most 10)")
+    return value
+
+
 DEFAULT_LAG_METRICS_MAX_SERIES: Final = 1_000
 DEFAULT_LEASE_TTL_MS: Final = 3000
 
@@ -156,6 +168,22 @@ OPTIONS: Final = (
         metavar="BYTES",
     ),
     Option(
+        "rebalance-threshold",
+        "move sealed ranges between live data nodes while their bytes, or their range "
+        "counts, differ by more than this share of the mean (0.2: 20%)",
+        _share,
+        default=str(DEFAULT_REBALANCE_THRESHOLD),
+        metavar="SHARE",
+    ),
+    Option(
+        "rebalance-interval-ms",
+        "how often the PM checks the balance on its own (0: only when asked, "
+        "sbp cluster rebalance)",
+        non_negative_int,
+        default=str(DEFAULT_REBALANCE_INTERVAL_MS),
+        metavar="MS",
+    ),
+    Option(
         "size-retention-interval-ms",
         "how often streams with a size limit (retention_bytes) are sized and trimmed",
         positive_int,
@@ -255,6 +283,8 @@ class PMConfig:
     min_free_space: int = 1 << 20
     max_move_bytes_per_s: int = 100 << 20
     size_retention_interval_s: float = DEFAULT_SIZE_RETENTION_INTERVAL_MS / 1000
+    rebalance_threshold: float = DEFAULT_REBALANCE_THRESHOLD
+    rebalance_interval_s: float = DEFAULT_REBALANCE_INTERVAL_MS / 1000
     map_size: int = DEFAULT_MAP_SIZE
     max_frame_bytes: int = DEFAULT_MAX_FRAME_LENGTH
     max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -300,6 +330,8 @@ def parse_config(argv: Sequence[str] | None = None) -> PMConfig:
         min_free_space=values["min_free_space"],
         max_move_bytes_per_s=values["max_move_bytes_per_s"],
         size_retention_interval_s=values["size_retention_interval_ms"] / 1000,
+        rebalance_threshold=values["rebalance_threshold"],
+        rebalance_interval_s=values["rebalance_interval_ms"] / 1000,
         map_size=values["map_size"],
         max_frame_bytes=values["max_frame_bytes"],
         max_connections=values["max_connections"],

@@ -18,9 +18,7 @@ restarts or takes over goes on where the last one was. A range never has
 fewer replicas than before (the new ones are added before the old one
 leaves), so never fewer than ``ack_nums``.
 
-New copies start no faster than ``max_move_bytes_per_s`` on average, by the
-size of the ranges they copy; each copy itself runs at the speed of the new
-replica's catch-up.
+New copies start no faster than the PM's ``MoveBudget`` allows.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Final, Protocol
+from typing import Final
 
 import trio
 
@@ -37,7 +35,9 @@ from sbp.enums import DataNodeState
 from sbp.errors import NoAvailableDataNodeError, ProtocolError
 
 from .metadata import PutRange
+from .move_budget import MoveBudget
 from .placement import place
+from .range_sizes import HoldingsLink
 from .records import Holding, RangeRecord
 from .upkeep import UpkeepHost
 
@@ -50,12 +50,6 @@ _NONE: Final = Holding(held_end=-1, size=0)
 MAX_RANGES_PER_PASS: Final = 1000
 
 
-class HoldingsLink(Protocol):
-    async def range_holdings(
-        self, node_id: int, keys: Sequence[tuple[int, int]], skips: Sequence[int] = ()
-    ) -> dict[tuple[int, int], Holding]: ...
-
-
 class NodeDrains:
     """See the module docstring."""
 
@@ -63,17 +57,14 @@ class NodeDrains:
         self,
         pm: UpkeepHost,
         link: HoldingsLink,
+        budget: MoveBudget,
         *,
         min_free_space: int = 0,
-        max_move_bytes_per_s: int = 0,
     ) -> None:
         self._pm = pm
         self._link = link
         self._min_free_space = min_free_space
-        self._rate = max_move_bytes_per_s
-        #: bytes that may start copying now (a token bucket of one second's worth)
-        self._allowance = float(max_move_bytes_per_s)
-        self._refilled_at: float | None = None
+        self._budget = budget
         #: bytes still to copy off each draining node, as of its last pass
         self.bytes_to_move: dict[int, int] = {}
         #: ranges whose draining replica left, since start-up (metrics)
@@ -171,7 +162,7 @@ class NodeDrains:
             await self._leave(node_id, rng, deadline)
             return 0
         if len(others) < wanted:
-            if not self._may_start(size):
+            if not self._budget.may_start(size):
                 return size
             await self._add_replicas(rng, wanted - len(others), deadline)
             return size
@@ -180,20 +171,6 @@ class NodeDrains:
             default=0,
         )
         return max(size - copied, 0)
-
-    def _may_start(self, size: int) -> bool:
-        """Whether a copy of ``size`` bytes may start now (``max_move_bytes_per_s``)."""
-        if self._rate <= 0:
-            return True
-        now = trio.current_time()
-        if self._refilled_at is not None:
-            elapsed = now - self._refilled_at
-            self._allowance = min(self._allowance + elapsed * self._rate, float(self._rate))
-        self._refilled_at = now
-        if self._allowance <= 0:
-            return False
-        self._allowance -= size
-        return True
 
     async def _add_replicas(self, rng: RangeRecord, count: int, deadline: float) -> None:
         async with self._pm.hold(rng.stream_id):

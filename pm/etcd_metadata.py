@@ -17,6 +17,7 @@ encodings, so that ``sbp-pm migrate`` copies them as they are:
 ``ranges/<stream_id:020>/<index:010>``  start, end, epoch, node ids
 ``nodes/<node_id:010>``                 advertise address
 ``draining/<node_id:010>``              empty: the node is draining (SPEC §12)
+``moves/<stream_id:020>/<index:010>``   from node, to node: a range a rebalance moves
 ``producers/<name>``                    producer id, epoch (SPEC §10)
 ``groups/<group, hex>/<stream_id:020>`` offset, commit time, metadata (SPEC §11)
 ``meta/next_stream_id``                 the lowest id never handed out
@@ -45,11 +46,13 @@ from .metadata import (
     U64,
     Change,
     DeleteGroup,
+    DeleteMove,
     DeleteNode,
     DeleteRange,
     DeleteStream,
     MetadataCounts,
     PutGroupOffsets,
+    PutMove,
     PutNode,
     PutProducer,
     PutRange,
@@ -57,7 +60,9 @@ from .metadata import (
     RaiseNextProducerId,
     RaiseNextStreamId,
     SetDraining,
+    decode_move,
     encode_group_offset,
+    encode_move,
     encode_producer,
     encode_range,
     encode_stream,
@@ -66,7 +71,14 @@ from .metadata import (
     range_from_value,
     stream_from_value,
 )
-from .records import GroupOffsetRecord, NodeRecord, ProducerRecord, RangeRecord, StreamRecord
+from .records import (
+    GroupOffsetRecord,
+    MoveRecord,
+    NodeRecord,
+    ProducerRecord,
+    RangeRecord,
+    StreamRecord,
+)
 
 #: operations per transaction, below etcd's default limit of 128
 MAX_TXN_OPS: Final = 120
@@ -103,6 +115,7 @@ class EtcdMetadataStore:
         self._by_node: dict[int, set[tuple[int, int]]] = {}
         self._nodes: dict[int, NodeRecord] = {}
         self._draining: set[int] = set()
+        self._moves: dict[tuple[int, int], MoveRecord] = {}
         self._next_stream_id = FIRST_STREAM_ID
         self._producers: dict[str, ProducerRecord] = {}
         self._next_producer_id = FIRST_PRODUCER_ID
@@ -122,6 +135,9 @@ class EtcdMetadataStore:
 
     def _draining_key(self, node_id: int) -> bytes:
         return self._prefix + b"draining/%010d" % node_id
+
+    def _move_key(self, stream_id: int, range_index: int) -> bytes:
+        return self._prefix + b"moves/%020d/%010d" % (stream_id, range_index)
 
     @property
     def _next_id_key(self) -> bytes:
@@ -152,6 +168,7 @@ class EtcdMetadataStore:
         ranges = self._prefix + b"ranges/"
         nodes = self._prefix + b"nodes/"
         draining = self._prefix + b"draining/"
+        moves = self._prefix + b"moves/"
         producers = self._prefix + b"producers/"
         groups = self._prefix + b"groups/"
         for kv in kvs:
@@ -166,6 +183,10 @@ class EtcdMetadataStore:
                 self._nodes[node_id] = NodeRecord(node_id, kv.value.decode())
             elif kv.key.startswith(draining):
                 self._draining.add(int(kv.key[len(draining) :]))
+            elif kv.key.startswith(moves):
+                stream_id, index = (int(part) for part in kv.key[len(moves) :].split(b"/"))
+                move = decode_move(stream_id, index, kv.value)
+                self._moves[move.key] = move
             elif kv.key.startswith(producers):
                 name = kv.key[len(producers) :].decode()
                 self._producers[name] = producer_from_value(name, kv.value)
@@ -216,6 +237,9 @@ class EtcdMetadataStore:
 
     def draining_nodes(self) -> set[int]:
         return set(self._draining)
+
+    def moves(self) -> list[MoveRecord]:
+        return [self._moves[key] for key in sorted(self._moves)]
 
     def next_stream_id(self) -> int:
         return self._next_stream_id
@@ -290,6 +314,7 @@ class EtcdMetadataStore:
                 return [
                     delete_op(self._stream_key(stream_id)),
                     delete_prefix_op(self._prefix + b"ranges/%020d/" % stream_id),
+                    delete_prefix_op(self._prefix + b"moves/%020d/" % stream_id),
                     *(
                         delete_op(self._group_key(group, stream_id))
                         for group, held in self._groups.items()
@@ -299,7 +324,14 @@ class EtcdMetadataStore:
             case PutRange(rng):
                 return [put_op(self._range_key(rng.stream_id, rng.range_index), encode_range(rng))]
             case DeleteRange(stream_id, range_index):
-                return [delete_op(self._range_key(stream_id, range_index))]
+                return [
+                    delete_op(self._range_key(stream_id, range_index)),
+                    delete_op(self._move_key(stream_id, range_index)),
+                ]
+            case PutMove(move):
+                return [put_op(self._move_key(*move.key), encode_move(move))]
+            case DeleteMove(stream_id, range_index):
+                return [delete_op(self._move_key(stream_id, range_index))]
             case PutNode(node):
                 return [put_op(self._node_key(node.node_id), node.address.encode())]
             case DeleteNode(node_id):
@@ -333,6 +365,7 @@ class EtcdMetadataStore:
             case DeleteStream(stream_id):
                 for rng in self.ranges(stream_id):
                     self._forget_range(rng.stream_id, rng.range_index)
+                    self._moves.pop(rng.key, None)
                 if self._streams.pop(stream_id, None) is not None:
                     self._stream_ids.remove(stream_id)
                 for group in list(self._groups):
@@ -344,6 +377,7 @@ class EtcdMetadataStore:
                 self._remember_range(rng)
             case DeleteRange(stream_id, range_index):
                 self._forget_range(stream_id, range_index)
+                self._moves.pop((stream_id, range_index), None)
             case PutNode(node):
                 self._nodes[node.node_id] = node
             case DeleteNode(node_id):
@@ -354,6 +388,10 @@ class EtcdMetadataStore:
                     self._draining.add(node_id)
                 else:
                     self._draining.discard(node_id)
+            case PutMove(move):
+                self._moves[move.key] = move
+            case DeleteMove(stream_id, range_index):
+                self._moves.pop((stream_id, range_index), None)
             case RaiseNextStreamId(value):
                 self._next_stream_id = max(self._next_stream_id, value)
             case PutProducer(producer):
@@ -410,8 +448,10 @@ def _groups(changes: Sequence[Change], op_count: Callable[[Change], int]) -> Ite
             by_stream.setdefault(change.stream.stream_id, []).append(change)
         elif isinstance(change, PutRange):
             by_stream.setdefault(change.range.stream_id, []).append(change)
-        elif isinstance(change, DeleteStream | DeleteRange):
+        elif isinstance(change, DeleteStream | DeleteRange | DeleteMove):
             by_stream.setdefault(change.stream_id, []).append(change)
+        elif isinstance(change, PutMove):
+            by_stream.setdefault(change.move.stream_id, []).append(change)
     cap = MAX_TXN_OPS // 2  # changes, when each may take two operations
     for stream_changes in by_stream.values():
         units += [stream_changes[i : i + cap] for i in range(0, len(stream_changes), cap)]

@@ -130,6 +130,8 @@ async def run_pm_on_etcd(config: PMConfig) -> int:
                     repair_after=config.repair_after_s,
                     max_move_bytes_per_s=config.max_move_bytes_per_s,
                     size_retention_interval=config.size_retention_interval_s,
+                    rebalance_threshold=config.rebalance_threshold,
+                    rebalance_interval=config.rebalance_interval_s,
                 )
                 counts = manager.counts()
                 log.info(

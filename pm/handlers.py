@@ -8,7 +8,8 @@ With an ACL file (SPEC §9) each item is authorized before the manager sees
 it: a denied item is answered AUTHORIZATION_FAILED and the others go on. A
 data node's HEARTBEAT and REPORT_METRICS are taken only from the cluster's
 own principals, DESCRIBE_CLUSTER needs CLUSTER, and DRAIN_DATA_NODES
-CLUSTER on ``cluster``, as does REMOVE_DATA_NODES (implementation-private). A consumer group's
+CLUSTER on ``cluster``, as do REMOVE_DATA_NODES and REBALANCE
+(implementation-private). A consumer group's
 position on a stream needs FETCH of it; LIST_GROUPS shows the streams the
 principal may describe; DELETE_GROUPS needs DELETE on ``cluster``.
 """
@@ -105,6 +106,7 @@ class PMHandlers:
             (Opcode.DELETE_GROUPS, self.delete_groups),
             (Opcode.DRAIN_DATA_NODES, self.drain_data_nodes),
             (Opcode.REMOVE_DATA_NODES, self.remove_data_nodes),
+            (Opcode.REBALANCE, self.rebalance),
         ):
             dispatcher.register(opcode, handler)
         return dispatcher
@@ -292,6 +294,27 @@ class PMHandlers:
             for node_id, outcome in zip(header.node_ids, outcomes, strict=True)
         )
         await responder.send(messages.RemoveDataNodesResponse(remove_responses=results))
+
+    async def rebalance(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.RebalanceRequest)
+        denied = self._access.check_on_cluster(request.principal, "CLUSTER")
+        if denied is not None:
+            await responder.send(
+                messages.RebalanceResponse(error_code=denied.code, error_message=denied.message)
+            )
+            return
+        plan, pending = await self._manager.rebalance(dry_run=header.dry_run)
+        moves = tuple(
+            messages.RangeMove(
+                stream_id=p.move.stream_id,
+                range_index=p.move.range_index,
+                from_node=p.move.from_node,
+                to_node=p.move.to_node,
+                bytes=p.size,
+            )
+            for p in plan
+        )
+        await responder.send(messages.RebalanceResponse(moves=moves, pending=pending))
 
     def _require_cluster(self, request: Request, what: str) -> None:
         """Requests without items: refused whole (a SYSTEM_ERROR)."""

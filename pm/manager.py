@@ -70,8 +70,13 @@ from .metadata import (
     RaiseNextStreamId,
     SetDraining,
 )
+from .move_budget import MoveBudget
 from .placement import place
 from .producers import ProducerIds
+from .range_sizes import RangeSizes
+from .rebalance import DEFAULT_INTERVAL_S as REBALANCE_INTERVAL_S
+from .rebalance import DEFAULT_THRESHOLD as REBALANCE_THRESHOLD
+from .rebalance import PlannedMove, Rebalancer
 from .reconcile import ReconcilePlan
 from .records import Holding, NodeRecord, Outcome, RangeRecord, StreamRecord
 from .size_retention import DEFAULT_INTERVAL_S as SIZE_RETENTION_INTERVAL_S
@@ -159,6 +164,8 @@ class PlacementManager:
         repair_after: float = math.inf,
         max_move_bytes_per_s: int = 0,
         size_retention_interval: float = SIZE_RETENTION_INTERVAL_S,
+        rebalance_threshold: float = REBALANCE_THRESHOLD,
+        rebalance_interval: float = REBALANCE_INTERVAL_S,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -183,10 +190,22 @@ class PlacementManager:
         #: the replicas' upkeep: dead primaries, repairs, full nodes, short-handed ranges
         self.upkeep = ReplicaUpkeep(self, min_free_space=min_free_space, repair_after=repair_after)
         #: streams' size limits (SPEC §12)
-        self.size_retention = SizeRetention(self, link, size_retention_interval)
+        #: the bytes of ranges, as replicas hold them
+        self.range_sizes = RangeSizes(registry, link)
+        self.size_retention = SizeRetention(self, self.range_sizes, size_retention_interval)
         #: nodes being drained (SPEC §12)
-        self.drains = NodeDrains(
-            self, link, min_free_space=min_free_space, max_move_bytes_per_s=max_move_bytes_per_s
+        #: how fast copies of ranges start (drains and rebalancing)
+        self.move_budget = MoveBudget(max_move_bytes_per_s)
+        self.drains = NodeDrains(self, link, self.move_budget, min_free_space=min_free_space)
+        #: sealed ranges moved to even out the nodes (SPEC §12)
+        self.rebalancer = Rebalancer(
+            self,
+            self.range_sizes,
+            link,
+            self.move_budget,
+            threshold=rebalance_threshold,
+            interval=rebalance_interval,
+            min_free_space=min_free_space,
         )
         #: idempotent producers' ids and epochs (INIT_PRODUCER)
         self.producers = ProducerIds(store, self.commit)
@@ -380,8 +399,21 @@ class PlacementManager:
         return refusals
 
     async def drain_pass(self, timeout: float) -> None:
-        """One step of every drain (the upkeep's pass)."""
+        """One step of every drain and every rebalancing move (the upkeep's pass)."""
         await self.drains.run_pass(timeout)
+        if not self.stopping:
+            await self.rebalancer.run_pass(timeout)
+
+    async def rebalance(self, *, dry_run: bool) -> tuple[list[PlannedMove], int]:
+        """A plan that evens out the nodes, started unless ``dry_run``, and
+        the moves already under way (a new plan waits for them: none is made)."""
+        pending = len(self.store.moves())
+        if pending:
+            return [], pending
+        plan = await self.rebalancer.plan()
+        if not dry_run:
+            await self.rebalancer.start(plan)
+        return plan, 0
 
     def counts(self) -> MetadataCounts:
         return self.store.counts()

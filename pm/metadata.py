@@ -17,6 +17,8 @@ database       key                              value
                range_index (i)                  by data node
 ``nodes``      node_id (i)                      advertise address, UTF-8
 ``draining``   node_id (i)                      empty: the node is draining (SPEC §12)
+``moves``      stream_id (q), range_index (i)   from node (i), to node (i): a range
+                                                being moved by a rebalance (SPEC §12)
 ``producers``  producer name, UTF-8             producer_id (q), epoch (i)
 ``groups``     name length (B), group name,     offset (q), commit time ms (q),
                stream_id (q)                    metadata, UTF-8
@@ -45,7 +47,14 @@ from typing import Any, Final, Protocol
 import lmdb
 import trio
 
-from .records import GroupOffsetRecord, NodeRecord, ProducerRecord, RangeRecord, StreamRecord
+from .records import (
+    GroupOffsetRecord,
+    MoveRecord,
+    NodeRecord,
+    ProducerRecord,
+    RangeRecord,
+    StreamRecord,
+)
 
 SCHEMA_VERSION: Final = 1
 #: LMDB reserves the map as sparse address space; the file grows only with data.
@@ -63,6 +72,7 @@ _STREAM_VALUE_ACKS: Final = struct.Struct(">bqqb")
 #: before it existed decode with no limit
 _STREAM_VALUE_BYTES: Final = struct.Struct(">bqqbq")
 _RANGE_KEY: Final = struct.Struct(">qi")
+_MOVE_VALUE: Final = struct.Struct(">ii")
 _RANGE_HEAD: Final = struct.Struct(">qqqB")
 _WANTED: Final = struct.Struct(">B")
 _NODE_KEY: Final = struct.Struct(">i")
@@ -130,6 +140,17 @@ class SetDraining:
 
 
 @dataclass(frozen=True, slots=True)
+class PutMove:
+    move: MoveRecord
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteMove:
+    stream_id: int
+    range_index: int
+
+
+@dataclass(frozen=True, slots=True)
 class RaiseNextStreamId:
     """Record that ids below ``value`` are taken; never lowers the stored value."""
 
@@ -170,6 +191,8 @@ Change = (
     | PutNode
     | DeleteNode
     | SetDraining
+    | PutMove
+    | DeleteMove
     | RaiseNextStreamId
     | PutProducer
     | RaiseNextProducerId
@@ -198,6 +221,7 @@ class Metadata(Protocol):
     def ranges_on_node(self, node_id: int) -> list[RangeRecord]: ...
     def nodes(self) -> list[NodeRecord]: ...
     def draining_nodes(self) -> set[int]: ...
+    def moves(self) -> list[MoveRecord]: ...
     def next_stream_id(self) -> int: ...
     def producer(self, name: str) -> ProducerRecord | None: ...
     def producers(self) -> list[ProducerRecord]: ...
@@ -236,6 +260,15 @@ def stream_from_value(stream_id: int, value: bytes) -> StreamRecord:
         replica_nums, retention, epoch, acks = _STREAM_VALUE_ACKS.unpack(value)
         return StreamRecord(stream_id, replica_nums, retention, epoch, acks)
     return StreamRecord(stream_id, *_STREAM_VALUE_BYTES.unpack(value))
+
+
+def encode_move(move: MoveRecord) -> bytes:
+    return _MOVE_VALUE.pack(move.from_node, move.to_node)
+
+
+def decode_move(stream_id: int, range_index: int, value: bytes) -> MoveRecord:
+    """A move from its stored value (both stores keep the same one)."""
+    return MoveRecord(stream_id, range_index, *_MOVE_VALUE.unpack(value))
 
 
 def encode_producer(producer: ProducerRecord) -> bytes:
@@ -310,6 +343,7 @@ class MetadataStore:
         self._by_node = self._env.open_db(b"by_node")
         self._nodes = self._env.open_db(b"nodes")
         self._draining = self._env.open_db(b"draining")
+        self._moves = self._env.open_db(b"moves")
         self._meta = self._env.open_db(b"meta")
         self._producers = self._env.open_db(b"producers")
         self._groups = self._env.open_db(b"groups")
@@ -430,6 +464,15 @@ class MetadataStore:
                 for key in txn.cursor(db=self._draining).iternext(keys=True, values=False)
             }
 
+    def moves(self) -> list[MoveRecord]:
+        """The ranges being moved by a rebalance, by key."""
+        with self._read() as txn:
+            return [
+                decode_move(stream_id, range_index, value)
+                for key, value in txn.cursor(db=self._moves)
+                for stream_id, range_index in [_RANGE_KEY.unpack(key)]
+            ]
+
     def next_stream_id(self) -> int:
         """The lowest stream id never handed out."""
         with self._read() as txn:
@@ -541,6 +584,10 @@ class MetadataStore:
                     txn.put(_NODE_KEY.pack(node_id), b"", db=self._draining)
                 else:
                     txn.delete(_NODE_KEY.pack(node_id), db=self._draining)
+            case PutMove(move):
+                txn.put(_RANGE_KEY.pack(*move.key), encode_move(move), db=self._moves)
+            case DeleteMove(stream_id, range_index):
+                txn.delete(_RANGE_KEY.pack(stream_id, range_index), db=self._moves)
             case RaiseNextStreamId(value):
                 self._raise(txn, _META_NEXT_STREAM_ID, value)
             case PutProducer(producer):
@@ -604,3 +651,4 @@ class MetadataStore:
         for node_id in _decode_range(key, old).nodes:
             txn.delete(_NODE_KEY.pack(node_id) + key, db=self._by_node)
         txn.delete(key, db=self._ranges)
+        txn.delete(key, db=self._moves)

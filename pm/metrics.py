@@ -127,6 +127,16 @@ class ClusterCollector(Collector):
             value=manager.size_retention.trimmed_bytes,
         )
         yield CounterMetricFamily(
+            f"{NAMESPACE}_rebalance_moved_ranges",
+            "ranges a rebalance moved to another data node",
+            value=manager.rebalancer.moved,
+        )
+        yield GaugeMetricFamily(
+            f"{NAMESPACE}_rebalance_pending_moves",
+            "range moves of a rebalance not done yet",
+            value=len(manager.store.moves()),
+        )
+        yield CounterMetricFamily(
             f"{NAMESPACE}_drain_moved_ranges",
             "ranges whose replica on a draining data node left once others held all of it",
             value=manager.drains.moved,

@@ -33,6 +33,7 @@ from .metadata import (
     MetadataError,
     MetadataStore,
     PutGroupOffsets,
+    PutMove,
     PutNode,
     PutProducer,
     PutRange,
@@ -144,6 +145,7 @@ def _everything(source: MetadataStore) -> list[Change]:
             changes.append(PutStream(stream))
             changes += [PutRange(rng) for rng in source.ranges(stream.stream_id)]
         start_after = page[-1].stream_id
+    changes += [PutMove(move) for move in source.moves()]
     positions = source.all_group_offsets()
     changes += [
         PutGroupOffsets(tuple(positions[i : i + MAX_GROUP_COMMIT_ITEMS]))

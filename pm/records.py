@@ -96,6 +96,22 @@ class RangeRecord(RangeSpan):
         return (self.stream_id, self.range_index)
 
 
+@dataclass(frozen=True, slots=True)
+class MoveRecord:
+    """A sealed range being moved from one node to another (a rebalance,
+    SPEC §12): ``to_node`` joins its replicas, copies it, then ``from_node``
+    leaves them."""
+
+    stream_id: int
+    range_index: int
+    from_node: int
+    to_node: int
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.stream_id, self.range_index)
+
+
 class Holding(NamedTuple):
     """What one replica holds of a range (RANGE_HOLDINGS)."""
 

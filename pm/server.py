@@ -57,6 +57,8 @@ async def run_pm(config: PMConfig) -> int:
                 repair_after=config.repair_after_s,
                 max_move_bytes_per_s=config.max_move_bytes_per_s,
                 size_retention_interval=config.size_retention_interval_s,
+                rebalance_threshold=config.rebalance_threshold,
+                rebalance_interval=config.rebalance_interval_s,
             )
             metrics = PMMetrics(manager, lag_max_series=config.lag_metrics_max_series)
             access = access_control(config.security)

@@ -23,10 +23,10 @@ import trio
 from net.ratelog import RateLimitedLog
 from sbp.errors import ProtocolError
 
-from .drain import HoldingsLink
 from .liveness import NodeRegistry
 from .metadata import Metadata
-from .records import Holding, Outcome, RangeRecord, StreamRecord
+from .range_sizes import RangeSizes
+from .records import Outcome, RangeRecord, StreamRecord
 
 log = logging.getLogger(__name__)
 _failures = RateLimitedLog(log, interval=60.0)
@@ -50,15 +50,13 @@ class SizeRetention:
     """See the module docstring."""
 
     def __init__(
-        self, pm: SizeHost, link: HoldingsLink, interval: float = DEFAULT_INTERVAL_S
+        self, pm: SizeHost, sizes: RangeSizes, interval: float = DEFAULT_INTERVAL_S
     ) -> None:
         self._pm = pm
-        self._link = link
+        self._sizes = sizes
         self.interval = interval
         #: streams with a size limit; None until the first pass found them
         self._limited: set[int] | None = None
-        #: sizes of sealed ranges by key: (start offset when sized, bytes)
-        self._sealed_sizes: dict[tuple[int, int], tuple[int, int]] = {}
         #: trims made, and the bytes they dropped (metrics)
         self.trims = 0
         self.trimmed_bytes = 0
@@ -75,8 +73,7 @@ class SizeRetention:
     def forget(self, stream_id: int) -> None:
         if self._limited is not None:
             self._limited.discard(stream_id)
-        for key in [k for k in self._sealed_sizes if k[0] == stream_id]:
-            del self._sealed_sizes[key]
+        self._sizes.forget_stream(stream_id)
 
     async def run(self) -> None:
         """A pass every ``interval`` for the PM's life."""
@@ -119,10 +116,8 @@ class SizeRetention:
     async def _apply(self, stream: StreamRecord, deadline: float) -> int:
         ranges = self._pm.store.ranges(stream.stream_id)
         current = {rng.key for rng in ranges}
-        for key in [k for k in self._sealed_sizes if k[0] == stream.stream_id]:
-            if key not in current:
-                del self._sealed_sizes[key]  # trimmed away
-        sizes = await self._sizes(ranges)
+        self._sizes.forget(k for k in self._sizes.keys_of(stream.stream_id) if k not in current)
+        sizes = await self._sizes.sizes(ranges)
         excess = sum(sizes.values()) - stream.retention_bytes
         if excess <= 0 or not ranges:
             return 0
@@ -134,13 +129,10 @@ class SizeRetention:
                 dropped += size
                 cut = rng.end_offset
                 continue
-            holder = self._holder(rng)
-            if holder is not None:
-                found = await self._link.range_holdings(holder, [rng.key], [excess])
-                holding = found.get(rng.key)
-                if holding is not None and holding.cut > cut:
-                    cut = holding.cut
-                    dropped += excess
+            inside = await self._sizes.cut(rng, excess)
+            if inside is not None and inside > cut:
+                cut = inside
+                dropped += excess
             break
         if cut <= ranges[0].start_offset:
             return 0
@@ -158,30 +150,3 @@ class SizeRetention:
             stream.retention_bytes,
         )
         return 1
-
-    async def _sizes(self, ranges: Sequence[RangeRecord]) -> dict[tuple[int, int], int]:
-        """Each range's bytes: cached for a sealed range sized at the same
-        start, else asked of a live replica (ranges none answers for count 0)."""
-        sizes: dict[tuple[int, int], int] = {}
-        asked: dict[int, list[tuple[int, int]]] = {}
-        for rng in ranges:
-            cached = self._sealed_sizes.get(rng.key)
-            if not rng.is_open and cached is not None and cached[0] == rng.start_offset:
-                sizes[rng.key] = cached[1]
-                continue
-            holder = self._holder(rng)
-            if holder is not None:
-                asked.setdefault(holder, []).append(rng.key)
-        by_key = {rng.key: rng for rng in ranges}
-        for holder, keys in asked.items():
-            found: dict[tuple[int, int], Holding] = await self._link.range_holdings(holder, keys)
-            for key, holding in found.items():
-                sizes[key] = holding.size
-                rng = by_key[key]
-                if not rng.is_open and holding.held_end >= rng.end_offset:
-                    self._sealed_sizes[key] = (rng.start_offset, holding.size)
-        return sizes
-
-    def _holder(self, rng: RangeRecord) -> int | None:
-        """The replica to ask about a range: its first live one."""
-        return next((n for n in rng.nodes if self._pm.registry.is_alive(n)), None)

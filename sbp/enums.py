@@ -36,6 +36,8 @@ class Opcode(IntEnum):
     RANGE_HOLDINGS = 0x7002
     #: implementation-private (client to PM): not in SPEC §2
     REMOVE_DATA_NODES = 0x7003
+    #: implementation-private (client to PM): not in SPEC §2
+    REBALANCE = 0x7004
 
 
 #: every opcode value a receiver knows; anything else is an unknown opcode

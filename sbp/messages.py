@@ -887,6 +887,35 @@ class RemoveDataNodesResponse(Message):
     remove_responses: tuple[RemoveResult, ...] = fb.vector(1, RemoveResult)
 
 
+@fb.table
+@dataclass(frozen=True, slots=True)
+class RebalanceRequest(Message):
+    """Implementation-private (client to PM): plan, and start unless ``dry_run``."""
+
+    timeout_ms: int = fb.int32(0)
+    dry_run: bool = fb.boolean(1)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class RangeMove(Message):
+    stream_id: int = fb.int64(0)
+    range_index: int = fb.int32(1)
+    from_node: int = fb.int32(2)
+    to_node: int = fb.int32(3)
+    bytes: int = fb.int64(4)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class RebalanceResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+    moves: tuple[RangeMove, ...] = fb.vector(3, RangeMove)  # the new plan
+    pending: int = fb.int32(4)  # moves of an earlier plan under way (then no new plan)
+
+
 # --------------------------------------------------------------------------- registry
 
 _REQUEST_TYPES: dict[int, type[Message]] = {
@@ -916,6 +945,7 @@ _REQUEST_TYPES: dict[int, type[Message]] = {
     Opcode.DRAIN_DATA_NODES: DrainDataNodesRequest,
     Opcode.RANGE_HOLDINGS: RangeHoldingsRequest,
     Opcode.REMOVE_DATA_NODES: RemoveDataNodesRequest,
+    Opcode.REBALANCE: RebalanceRequest,
 }
 
 _RESPONSE_TYPES: dict[int, type[Message]] = {
@@ -944,6 +974,7 @@ _RESPONSE_TYPES: dict[int, type[Message]] = {
     Opcode.DRAIN_DATA_NODES: DrainDataNodesResponse,
     Opcode.RANGE_HOLDINGS: RangeHoldingsResponse,
     Opcode.REMOVE_DATA_NODES: RemoveDataNodesResponse,
+    Opcode.REBALANCE: RebalanceResponse,
 }
 
 

@@ -300,10 +300,10 @@ def sync_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> l
     node_id = ctx.store.node_id
     for info in merged:
         local = known.get(info.range_index)
-        if local is not None and hosts(local, node_id) and not hosts(info, node_id):
-            # moved off this node (a drain or a rebalance): its chunks go now
-            if not info.is_open:
-                ctx.drop_span(stream_id, max(info.start_offset, state.first_offset), info.end_offset)
+        moved_off = local is not None and hosts(local, node_id) and not hosts(info, node_id)
+        if moved_off and not info.is_open:
+            # moved to other nodes (a drain, a rebalance, a repair): its chunks go now
+            ctx.drop_span(stream_id, max(info.start_offset, state.first_offset), info.end_offset)
 
     first_start = merged[0].start_offset
     if existing is None:

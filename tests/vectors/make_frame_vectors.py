@@ -317,6 +317,11 @@ VECTORS = [
            m.RemoveDataNodesResponse(0, (
                m.RemoveResult(7, ErrorCode.INVALID_REQUEST, "data node 7 holds 3 ranges"),
            ))),
+    Vector("rebalance_request", "(private) the plan only",
+           Opcode.REBALANCE, Flags.NONE, 27, m.RebalanceRequest(1000, True)),
+    Vector("rebalance_response", "(private) one range of 1 MiB from node 1 to node 4",
+           Opcode.REBALANCE, RESPONSE, 27,
+           m.RebalanceResponse(0, ErrorCode.NONE, "", (m.RangeMove(42, 3, 1, 4, 1 << 20),), 0)),
 ]  # fmt: skip
 
 
