@@ -160,4 +160,5 @@ async def test_metadata_round_trips_and_large_commits_are_cut(tmp_path: Path) ->
             latest = EtcdMetadataStore(etcd, PREFIX, leadership.guard)
             await latest.load()
             assert latest.draining_nodes() == {2}
+            assert [m.key for m in latest.moves()] == [(8, 0)]
             nursery.cancel_scope.cancel()
