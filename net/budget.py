@@ -152,6 +152,14 @@ class ConnectionBudget:
         behind others' bytes."""
         return self._partial + self._requests >= self._read_size
 
+    def room_for(self, growth: int) -> bool:
+        """Whether this connection may hold ``growth`` more bytes of a frame:
+        they fit in the server's budget, or nothing else holds any of it (a
+        frame larger than the whole budget proceeds alone)."""
+        requests = self._server.requests
+        others = requests.used - self._partial - self._requests
+        return requests.used + growth <= requests.limit or others <= 0
+
     def hold_partial(self, holding: int) -> None:
         """Count the memory held for a frame not yet whole."""
         self._server.requests.add(holding - self._partial)

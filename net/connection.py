@@ -282,6 +282,7 @@ class Connection:
                 nursery.cancel_scope.cancel()
         finally:
             self._mark_closed(self._close_reason or "connection ended")
+            self._engine.release_buffers()
             if self.budget is not None:
                 self.budget.release()
             await trio.aclose_forcefully(self._stream)
@@ -464,10 +465,15 @@ class Connection:
                 await trio.sleep_until(self._reads_held_until)
                 continue
             budget = self.budget
-            if budget is not None and budget.requests_spent and budget.holds_requests:
-                # The server holds its budget of request bytes, a read's
-                # worth of them ours: read on once some are given back. A
-                # peer that hangs up meanwhile is noticed within a second.
+            if (
+                budget is not None
+                and budget.holds_requests
+                and (budget.requests_spent or not budget.room_for(engine.growth))
+            ):
+                # The server's budget of request bytes is spent, or has no
+                # room for the rest of the frame we hold a read's worth of:
+                # read on once some are given back. A peer that hangs up
+                # meanwhile is noticed within a second.
                 with trio.move_on_after(_BUDGET_RECHECK_S):
                     await budget.wait_requests_given_back()
                 if sock is not None and _peer_hung_up(sock):

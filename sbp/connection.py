@@ -233,6 +233,11 @@ class ConnectionEngine:
         return self._decoder.holding
 
     @property
+    def growth(self) -> int:
+        """How much ``holding`` grows with the room the next read needs."""
+        return self._decoder.growth()
+
+    @property
     def wants_data(self) -> bool:
         """Whether to read more now: a free request slot, room to answer,
         and a usable stream."""
@@ -245,6 +250,14 @@ class ConnectionEngine:
 
     def is_serving(self, stream_id: int) -> bool:
         return stream_id in self._serving
+
+    def release_buffers(self) -> None:
+        """The connection is over: drop what was received and not yet
+        served, and the frames not yet sent."""
+        self._decoder.release()
+        self._backlog.clear()
+        self._outgoing.clear()
+        self.outgoing_bytes = 0
 
     # -- bytes in -------------------------------------------------------------------
 

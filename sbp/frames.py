@@ -23,8 +23,11 @@ frame of at most ``max_frame_length`` bytes. A socket reader can read
 straight into the decoder's buffer (``receive_buffer``, then ``received``)
 instead of handing it chunks; room is made a read at a time (at most
 ``MAX_READ_SIZE`` ahead of what has arrived), never for a whole announced
-frame at once, unless the peer already sent a frame as large (then room
-for all of it at once spares the copies of growing). Between frames the
+frame at once, until its first ``MAX_READ_SIZE`` are in or the peer already
+sent a frame as large: then room for all the rest at once, so the frame is
+copied once at most and its buffer is its size. ``growth`` says how much
+the next room takes, before it is made, for a caller that must ask a
+budget first. Between frames the
 decoder keeps one read's worth of buffer, so an idle connection holds little;
 the buffers of large frames handed over go to a process-wide pool
 (``sbp.allocator.RECEIVE_BUFFERS``) and receive a later large frame once
@@ -288,18 +291,33 @@ class FrameDecoder:
         """
         self._release_view()
         filled = self._filled
+        size = self._next_read_size()
+        self._make_room(size)
+        view = self._view = memoryview(self._buffer)[filled : filled + size]
+        return view
+
+    def growth(self) -> int:
+        """How much ``holding`` grows when ``receive_buffer`` makes room for
+        the next read (0 between frames: a read's worth is not a frame's)."""
+        if not self._filled:
+            return 0
+        return max(0, self._room_for(self._next_read_size()) - len(self._buffer))
+
+    def _next_read_size(self) -> int:
+        filled = self._filled
         size = self._read_size
         if filled >= LENGTH_FIELD_SIZE and not self._failed:
             (frame_length,) = _LENGTH.unpack_from(self._buffer, 0)
             total = frame_length + LENGTH_FIELD_SIZE
             if total > _LARGE_FRAME and frame_length <= self.max_frame_length:
-                if total <= self._large_frame:
-                    size = total - filled  # as large as one already received
+                if total <= self._large_frame or filled >= MAX_READ_SIZE:
+                    # as large as one already received, or this one's first
+                    # MAX_READ_SIZE are in: room for the rest at once, so the
+                    # frame is copied once at most, into a buffer of its size
+                    size = total - filled
                 else:
                     size = min(total - filled, MAX_READ_SIZE)
-        self._make_room(size)
-        view = self._view = memoryview(self._buffer)[filled : filled + size]
-        return view
+        return size
 
     def received(self, nbytes: int) -> list[FrameEvent]:
         """``nbytes`` were read into the last ``receive_buffer()``."""
@@ -312,24 +330,41 @@ class FrameDecoder:
         self._filled += nbytes
         return self._frames()
 
+    def release(self) -> None:
+        """Let go of the buffer at once (the connection is over): a large
+        half-received frame's memory is not left to the cyclic garbage
+        collector, which an idle process may not run for a long time."""
+        self._release_view()
+        self._buffer = bytearray()
+        self._filled = 0
+
     def _release_view(self) -> None:
         if self._view is not None:
             self._view.release()
             self._view = None
 
+    def _room_for(self, size: int) -> int:
+        """The buffer's size once it has room for ``size`` more bytes."""
+        buffer = self._buffer
+        needed = self._filled + size
+        if len(buffer) >= needed:
+            return len(buffer)
+        if self._filled == 0:
+            return needed
+        # geometric growth: a small frame read in pieces is copied a bounded
+        # number of times, not once per piece (a large one gets its size)
+        return max(needed, 2 * len(buffer))
+
     def _make_room(self, size: int) -> None:
         """Room for ``size`` more bytes after the received ones."""
         buffer = self._buffer
         filled = self._filled
-        needed = filled + size
-        if len(buffer) >= needed:
+        wanted = self._room_for(size)
+        if len(buffer) >= wanted:
             return
         if filled == 0:
-            self._buffer = bytearray(needed)
+            self._buffer = bytearray(wanted)
             return
-        # geometric growth: a frame read in MAX_READ_SIZE pieces is copied
-        # a bounded number of times, not once per piece
-        wanted = max(needed, 2 * len(buffer))
         grown = RECEIVE_BUFFERS.take(wanted) if wanted > READ_SIZE else None
         if grown is None:
             grown = bytearray(wanted)

@@ -428,3 +428,31 @@ def test_a_payload_in_pieces_frames_as_the_same_payload_whole() -> None:
         assert b"".join(gathered) == encode_frame(
             Opcode.FETCH, Flags.RESPONSE, 7, b"head", b"".join(pieces)
         )
+
+
+def test_a_frame_larger_than_a_read_gets_a_buffer_of_its_size_after_its_first_mib() -> None:
+    """Announced 8 MiB: room is made a large read at a time until 1 MiB of
+    it is in, then for all the rest at once, so the buffer is the frame's
+    size (not the doubling of a growing one) and ``growth`` says so before
+    the room is made; ``release`` lets the buffer go."""
+    payload = bytes(8 << 20)
+    frame = encode_frame(Opcode.APPEND, Flags.NONE, 3, b"h" * 24, payload)
+    decoder = FrameDecoder(16 << 20)
+    received = 0
+    pieces = []
+    while received < MAX_READ_SIZE:
+        target = decoder.receive_buffer()
+        assert len(target) <= MAX_READ_SIZE
+        n = min(len(target), MAX_READ_SIZE - received)
+        target[:n] = frame[received : received + n]
+        assert decoder.received(n) == []
+        received += n
+        pieces.append(n)
+    assert decoder.growth() == len(frame) - decoder.holding
+    rest = decoder.receive_buffer()
+    assert len(rest) == len(frame) - received and decoder.holding == len(frame)
+    rest[: len(rest) // 2] = frame[received : received + len(rest) // 2]
+    assert decoder.received(len(rest) // 2) == []
+    assert decoder.growth() == 0 and decoder.holding == len(frame)
+    decoder.release()
+    assert decoder.holding == 0 and decoder.buffered == 0
