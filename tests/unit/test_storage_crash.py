@@ -318,48 +318,28 @@ def test_producer_state_is_durable_with_its_batches_through_sigkill(tmp_path: Pa
 # A node that holds a sealed range of stream 1 hears that the range moved to
 # node 2 (SPEC §12) while it appends to stream 2: the SYNC_RANGES that drops
 # the range's chunks is submitted a random while after the appends start.
-MOVE_CHILD = r"""
-import hashlib, os, random, sys, threading, time
-from sbp.batches import build_batch
-from storage import AppendItem, RangeInfo, ReplicaInfo, StorageEngine
-
-engine = StorageEngine(sys.argv[1], map_size=int(sys.argv[2]), node_id=1)
-here, there = ReplicaInfo(1, "127.0.0.1:1", True), ReplicaInfo(2, "127.0.0.1:2", True)
-if engine.next_offset(1) is None:
-    engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(here,))]).result()
-    for i in range(200):
-        engine.append(1, build_batch([b"m" * 2000], i)).result()
-    engine.sync_ranges(1, [RangeInfo(1, 0, 0, 200, replicas=(here,)),
-                           RangeInfo(1, 1, 200, replicas=(here,))]).result()
-    engine.sync_ranges(2, [RangeInfo(2, 0, 0, replicas=(here,))]).result()
-seq = engine.stats().stored_batches
-in_flight = threading.Semaphore(16)
-
-def make(seq):
-    n = 1 + seq % 5
-    return build_batch([(b"%d:%d|" % (seq, i)) * (1 + (seq * 7 + i) % 300) for i in range(n)], seq)
-
-def acked(batch):
-    def on_done(outcomes):
-        result = outcomes[0]
-        digest = hashlib.sha256(batch[8:]).hexdigest()
-        os.write(1, b"%d %d %s\n" % (result.base_offset, result.record_count, digest.encode()))
-        in_flight.release()
-    return on_done
-
-def move():
-    time.sleep(random.uniform(0.0, 0.2))
-    engine.sync_ranges(1, [RangeInfo(1, 0, 0, 200, replicas=(there,)),
-                           RangeInfo(1, 1, 200, replicas=(here,))])
-
-threading.Thread(target=move, daemon=True).start()
-os.write(1, b"ready\n")
-while True:
-    in_flight.acquire()
-    batch = make(seq)
-    engine.submit([AppendItem(2, batch)], acked(batch))
-    seq += 1
-"""
+MOVE_CHILD = CHILD.replace(
+    "    replica = ReplicaInfo(1, \"127.0.0.1:1\", True)\n"
+    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(replica,))]).result()\n",
+    "    replica = ReplicaInfo(1, \"127.0.0.1:1\", True)\n"
+    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(replica,))]).result()\n"
+    "    for i in range(200):\n"
+    "        engine.append(1, build_batch([b\"m\" * 2000], i)).result()\n"
+    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, 200, replicas=(replica,)),\n"
+    "                           RangeInfo(1, 1, 200, replicas=(replica,))]).result()\n"
+    "    engine.sync_ranges(2, [RangeInfo(2, 0, 0, replicas=(replica,))]).result()\n",
+).replace(
+    'os.write(1, b"ready\\n")\n',
+    "import random, time\n"
+    "def move():\n"
+    "    time.sleep(random.uniform(0.0, 0.2))\n"
+    "    here = ReplicaInfo(1, \"127.0.0.1:1\", True)\n"
+    "    there = ReplicaInfo(2, \"127.0.0.1:2\", True)\n"
+    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, 200, replicas=(there,)),\n"
+    "                           RangeInfo(1, 1, 200, replicas=(here,))])\n"
+    "threading.Thread(target=move, daemon=True).start()\n"
+    'os.write(1, b"ready\\n")\n',
+).replace("[AppendItem(1, batch)]", "[AppendItem(2, batch)]")
 
 
 @pytest.mark.slow
