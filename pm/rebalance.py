@@ -6,7 +6,9 @@ moves them.
 them, ``RangeSizes``) differ by more than ``threshold`` of their mean, or
 their range counts by more than that share (and more than one), the PM
 picks the move of one sealed range, to a node with room that lacks it,
-that lowers the spread the most: the sum over the nodes of the squared
+that lowers the spread the most (looked for between the three most and the
+three least loaded nodes, among the ranges nearest in size to what would
+even each pair out): the sum over the nodes of the squared
 distances of their bytes and (weighing less) counts from the means, as
 shares of the means. It stops when no move lowers it, or at ``MAX_PLANNED_MOVES``.
 
@@ -25,9 +27,10 @@ asked (``sbp cluster rebalance``, which can print the plan only).
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 import trio
@@ -52,6 +55,10 @@ DEFAULT_THRESHOLD: Final = 0.2
 #: how much range counts weigh against bytes: open ranges count but cannot
 #: move, so counts alone must not hold back a move that evens out the disks
 COUNT_WEIGHT: Final = 0.25
+#: the most and the least loaded nodes a move is looked for between
+PAIRS_LOOKED_AT: Final = 3
+#: ranges looked at on each side of the size that would even a pair out
+SIZES_LOOKED_AT: Final = 8
 DEFAULT_INTERVAL_S: Final = 60.0
 
 
@@ -67,6 +74,16 @@ class _Node:
     ranges: dict[tuple[int, int], RangeRecord]
     used: int
     has_room: bool
+    #: its sealed ranges as (size, key), by size: the ones that may move
+    movable: list[tuple[int, tuple[int, int]]] = field(default_factory=list)
+
+    def give(self, rng: RangeRecord, size: int, to: _Node) -> None:
+        del self.ranges[rng.key]
+        self.movable.remove((size, rng.key))
+        self.used -= size
+        to.ranges[rng.key] = rng
+        bisect.insort(to.movable, (size, rng.key))
+        to.used += size
 
 
 class Rebalancer:
@@ -125,18 +142,18 @@ class Rebalancer:
         sizes = await self._sizes.sizes(list(everything.values()))
         for node in nodes:
             node.used = sum(sizes.get(key, 0) for key in node.ranges)
+            node.movable = sorted(
+                (sizes.get(key, 0), key) for key, rng in node.ranges.items() if not rng.is_open
+            )
         planned: list[PlannedMove] = []
         while len(planned) < MAX_PLANNED_MOVES and not self._balanced(nodes):
-            step = self._best_move(nodes, sizes)
+            step = self._best_move(nodes)
             if step is None:
                 break
-            source, target, rng = step
-            size = sizes.get(rng.key, 0)
-            del source.ranges[rng.key]
-            source.used -= size
-            target.ranges[rng.key] = rng
-            target.used += size
+            source, target, rng, size = step
+            source.give(rng, size, target)
             planned.append(PlannedMove(MoveRecord(*rng.key, source.node_id, target.node_id), size))
+            await trio.sleep(0)  # a large plan does not hold the event loop
         return planned
 
     def _balanced(self, nodes: Sequence[_Node]) -> bool:
@@ -148,37 +165,46 @@ class Rebalancer:
             max(counts) - min(counts) <= max(1.0, self.threshold * mean_count)
         )
 
-    def _best_move(
-        self, nodes: Sequence[_Node], sizes: dict[tuple[int, int], int]
-    ) -> tuple[_Node, _Node, RangeRecord] | None:
+    def _best_move(self, nodes: Sequence[_Node]) -> tuple[_Node, _Node, RangeRecord, int] | None:
         """The move that lowers the spread the most: the sum over the nodes
         of the squared distance of their bytes from the mean, and of their
         range counts (weighed ``COUNT_WEIGHT``), as shares of the means
-        (which moves do not change)."""
+        (which moves do not change). Looked for between the most and the
+        least loaded nodes (``PAIRS_LOOKED_AT`` of each), among the ranges
+        whose size is nearest the one that would even the two out."""
         mean_used = sum(n.used for n in nodes) / len(nodes) or 1.0
         mean_count = sum(len(n.ranges) for n in nodes) / len(nodes) or 1.0
 
         def cost(used: float, count: int) -> float:
             return (used / mean_used - 1) ** 2 + COUNT_WEIGHT * (count / mean_count - 1) ** 2
 
-        best: tuple[float, _Node, _Node, RangeRecord] | None = None
-        targets = [n for n in nodes if n.has_room]
-        for source in nodes:
+        order = sorted(
+            nodes, key=lambda n: cost(n.used, len(n.ranges)) * (1 if n.used >= mean_used else -1)
+        )
+        sources = order[-PAIRS_LOOKED_AT:]
+        targets = [n for n in order[:PAIRS_LOOKED_AT] if n.has_room]
+        best: tuple[float, _Node, _Node, RangeRecord, int] | None = None
+        for source in sources:
             here = cost(source.used, len(source.ranges))
-            for key, rng in source.ranges.items():
-                if rng.is_open:
+            for target in targets:
+                if target is source:
                     continue
-                size = sizes.get(key, 0)
-                left = cost(source.used - size, len(source.ranges) - 1) - here
-                for target in targets:
-                    if target is source or key in target.ranges or target.node_id in rng.nodes:
+                there = cost(target.used, len(target.ranges))
+                ideal = (source.used - target.used) // 2
+                middle = bisect.bisect_left(source.movable, (ideal, (-1, -1)))
+                nearby = source.movable[max(0, middle - SIZES_LOOKED_AT) : middle + SIZES_LOOKED_AT]
+                for size, key in nearby:
+                    rng = source.ranges[key]
+                    if key in target.ranges or target.node_id in rng.nodes:
                         continue
-                    gain = left + (
-                        cost(target.used + size, len(target.ranges) + 1)
-                        - cost(target.used, len(target.ranges))
+                    gain = (
+                        cost(source.used - size, len(source.ranges) - 1)
+                        - here
+                        + cost(target.used + size, len(target.ranges) + 1)
+                        - there
                     )
                     if gain < -1e-9 and (best is None or gain < best[0]):
-                        best = (gain, source, target, rng)
+                        best = (gain, source, target, rng, size)
         return None if best is None else best[1:]
 
     async def start(self, plan: Sequence[PlannedMove]) -> None:

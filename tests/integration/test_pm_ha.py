@@ -21,7 +21,7 @@ from client.retry import is_transient
 from net.pool import ConnectionPool
 from sbp import messages
 from sbp.batches import build_batch
-from sbp.enums import ErrorCode
+from sbp.enums import DataNodeState, ErrorCode
 from sbp.errors import ConnectionClosed, EpochFencedError, NotLeaderError, ProtocolError
 
 from ..eventually import eventually, eventually_blocking
@@ -170,6 +170,21 @@ async def test_the_leader_pm_fails_over_and_nothing_is_lost(tmp_path: Path) -> N
                         if error.leader_addr == new_leader.address:
                             break
                     await trio.sleep(0.1)
+
+            # A drain (SPEC §12) is metadata: the next leader goes on with it.
+            [draining] = await pm.drain_data_nodes([2])
+            assert draining.state == DataNodeState.DRAINING  # it holds a range
+            new_leader.process.send_signal(signal.SIGKILL)
+            await new_leader.process.wait()
+            pm = PMClient(",".join(p.address for p in pms), pool=pool, timeout=10)
+            statuses = await pm.describe_cluster()
+            assert {s.data_node.node_id: s.state for s in statuses}[2] == DataNodeState.DRAINING
+            assert await leader_of(pms, pool) is restarted
+            placed = await pm.create_stream(1)  # nothing new on a draining node
+            assert placed.range is not None
+            assert {r.data_node.node_id for r in placed.range.replica_nodes} == {1}
+            [active] = await pm.drain_data_nodes([2], cancel=True)
+            assert active.state == DataNodeState.ACTIVE
         finally:
             with trio.CancelScope(shield=True):
                 for server in (*nodes, *pms):

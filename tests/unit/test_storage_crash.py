@@ -318,28 +318,32 @@ def test_producer_state_is_durable_with_its_batches_through_sigkill(tmp_path: Pa
 # A node that holds a sealed range of stream 1 hears that the range moved to
 # node 2 (SPEC §12) while it appends to stream 2: the SYNC_RANGES that drops
 # the range's chunks is submitted a random while after the appends start.
-MOVE_CHILD = CHILD.replace(
-    "    replica = ReplicaInfo(1, \"127.0.0.1:1\", True)\n"
-    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(replica,))]).result()\n",
-    "    replica = ReplicaInfo(1, \"127.0.0.1:1\", True)\n"
-    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(replica,))]).result()\n"
-    "    for i in range(200):\n"
-    "        engine.append(1, build_batch([b\"m\" * 2000], i)).result()\n"
-    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, 200, replicas=(replica,)),\n"
-    "                           RangeInfo(1, 1, 200, replicas=(replica,))]).result()\n"
-    "    engine.sync_ranges(2, [RangeInfo(2, 0, 0, replicas=(replica,))]).result()\n",
-).replace(
-    'os.write(1, b"ready\\n")\n',
-    "import random, time\n"
-    "def move():\n"
-    "    time.sleep(random.uniform(0.0, 0.2))\n"
-    "    here = ReplicaInfo(1, \"127.0.0.1:1\", True)\n"
-    "    there = ReplicaInfo(2, \"127.0.0.1:2\", True)\n"
-    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, 200, replicas=(there,)),\n"
-    "                           RangeInfo(1, 1, 200, replicas=(here,))])\n"
-    "threading.Thread(target=move, daemon=True).start()\n"
-    'os.write(1, b"ready\\n")\n',
-).replace("[AppendItem(1, batch)]", "[AppendItem(2, batch)]")
+MOVE_CHILD = (
+    CHILD.replace(
+        '    replica = ReplicaInfo(1, "127.0.0.1:1", True)\n'
+        "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(replica,))]).result()\n",
+        '    replica = ReplicaInfo(1, "127.0.0.1:1", True)\n'
+        "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, replicas=(replica,))]).result()\n"
+        "    for i in range(200):\n"
+        '        engine.append(1, build_batch([b"m" * 2000], i)).result()\n'
+        "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, 200, replicas=(replica,)),\n"
+        "                           RangeInfo(1, 1, 200, replicas=(replica,))]).result()\n"
+        "    engine.sync_ranges(2, [RangeInfo(2, 0, 0, replicas=(replica,))]).result()\n",
+    )
+    .replace(
+        'os.write(1, b"ready\\n")\n',
+        "import random, time\n"
+        "def move():\n"
+        "    time.sleep(random.uniform(0.0, 0.2))\n"
+        '    here = ReplicaInfo(1, "127.0.0.1:1", True)\n'
+        '    there = ReplicaInfo(2, "127.0.0.1:2", True)\n'
+        "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, 200, replicas=(there,)),\n"
+        "                           RangeInfo(1, 1, 200, replicas=(here,))])\n"
+        "threading.Thread(target=move, daemon=True).start()\n"
+        'os.write(1, b"ready\\n")\n',
+    )
+    .replace("[AppendItem(1, batch)]", "[AppendItem(2, batch)]")
+)
 
 
 @pytest.mark.slow
