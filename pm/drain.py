@@ -69,6 +69,9 @@ class NodeDrains:
         self.bytes_to_move: dict[int, int] = {}
         #: ranges whose draining replica left, since start-up (metrics)
         self.moved = 0
+        #: by draining node: the replicas of its ranges known to hold all of
+        #: a sealed range, by (node_id, stream_id, range_index): (start, holding)
+        self._whole: dict[int, dict[tuple[int, int, int], tuple[int, Holding]]] = {}
 
     def state(self, node_id: int) -> DataNodeState:
         if node_id not in self._pm.registry.draining:
@@ -84,6 +87,9 @@ class NodeDrains:
         for node_id in list(self.bytes_to_move):
             if node_id not in draining:
                 del self.bytes_to_move[node_id]
+        for node_id in list(self._whole):
+            if node_id not in draining:
+                del self._whole[node_id]
         for node_id in draining:
             if self._pm.stopping or trio.current_time() >= deadline:
                 return
@@ -116,12 +122,22 @@ class NodeDrains:
     ) -> dict[tuple[int, int, int], Holding]:
         """What the draining node and each other replica hold of ``ranges``,
         by (node_id, stream_id, range_index); a node that does not answer
-        is left out."""
+        is left out. A replica that held all of a sealed range (at the same
+        start) is not asked again: a sealed range does not grow."""
+        whole = self._whole.setdefault(node_id, {})
+        current = {(member, *rng.key) for rng in ranges for member in rng.nodes}
+        for gone in [k for k in whole if k not in current]:
+            del whole[gone]
+        found: dict[tuple[int, int, int], Holding] = {}
         asked: dict[int, list[tuple[int, int]]] = {}
         for rng in ranges:
             for member in rng.nodes:
-                asked.setdefault(member, []).append(rng.key)
-        found: dict[tuple[int, int, int], Holding] = {}
+                kept = whole.get((member, *rng.key))
+                if kept is not None and kept[0] == rng.start_offset:
+                    found[(member, *rng.key)] = kept[1]
+                else:
+                    asked.setdefault(member, []).append(rng.key)
+        by_key = {rng.key: rng for rng in ranges}
 
         async def ask(member: int, keys: list[tuple[int, int]]) -> None:
             if not self._pm.registry.is_alive(member):
@@ -135,6 +151,9 @@ class NodeDrains:
                 return
             for key, value in answer.items():
                 found[(member, *key)] = value
+                rng = by_key[key]
+                if _holds_all(rng, value):
+                    whole[(member, *key)] = (rng.start_offset, value)
 
         async with trio.open_nursery() as nursery:
             for member, keys in asked.items():
