@@ -80,6 +80,13 @@ class NodeDrains:
             return DataNodeState.DRAINING
         return DataNodeState.DRAINED
 
+    def to_move(self, node_id: int) -> int:
+        """Bytes of a draining node's ranges still to copy off, as of its last
+        pass; 0 once it holds no range."""
+        if self.state(node_id) is not DataNodeState.DRAINING:
+            return 0
+        return self.bytes_to_move.get(node_id, 0)
+
     async def run_pass(self, timeout: float) -> None:
         """One pass over every draining node that still holds ranges."""
         deadline = trio.current_time() + timeout

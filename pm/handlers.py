@@ -331,7 +331,7 @@ class PMHandlers:
             metrics=report_message(node, state.metrics) if state.metrics else None,
             range_count=state.hosted_ranges,
             state=self._manager.drains.state(state.node_id),
-            bytes_to_move=self._manager.drains.bytes_to_move.get(state.node_id, 0),
+            bytes_to_move=self._manager.drains.to_move(state.node_id),
         )
 
     # -- streams --------------------------------------------------------------

@@ -163,8 +163,8 @@ class ClusterCollector(Collector):
             "bytes of the draining data node's ranges still to copy to other nodes",
             labels=["node"],
         )
-        for node_id, remaining in sorted(list(manager.drains.bytes_to_move.items())):
-            to_move.add_metric([str(node_id)], remaining)
+        for node_id in sorted(list(manager.drains.bytes_to_move)):
+            to_move.add_metric([str(node_id)], manager.drains.to_move(node_id))
         yield to_move
 
         since = GaugeMetricFamily(
