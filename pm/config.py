@@ -170,7 +170,7 @@ OPTIONS: Final = (
     Option(
         "rebalance-threshold",
         "move sealed ranges between live data nodes while their bytes, or their range "
-        "counts, differ by more than this share of the mean (0.2: 20%)",
+        "counts, differ by more than this share of the mean, e.g. 0.2",
         _share,
         default=str(DEFAULT_REBALANCE_THRESHOLD),
         metavar="SHARE",
