@@ -47,7 +47,8 @@ PEAK_IN_FLIGHT = 8
 
 
 def _primary(rng: messages.Range) -> str:
-    return next(r.data_node.advertise_addr for r in rng.replica_nodes if r.is_primary)
+    node = rng.primary_node()
+    return "" if node is None else node.advertise_addr
 
 
 async def _fill(pm: PMClient, pool: ConnectionPool, address: str, total: int) -> list[int]:

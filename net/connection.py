@@ -460,9 +460,12 @@ class Connection:
                     break
             if events:
                 continue
-            if self._reads_held_until > trio.current_time():
+            if self._reads_held_until:
                 # SPEC §12: over a quota, the peer's next requests wait here
-                await trio.sleep_until(self._reads_held_until)
+                # (answers served meanwhile may hold them longer)
+                while (until := self._reads_held_until) > trio.current_time():
+                    await trio.sleep_until(until)
+                self._reads_held_until = 0.0
                 continue
             budget = self.budget
             if (

@@ -159,7 +159,7 @@ class NodeDrains:
             for key, value in answer.items():
                 found[(member, *key)] = value
                 rng = by_key[key]
-                if _holds_all(rng, value):
+                if value.covers(rng):
                     whole[(member, *key)] = (rng.start_offset, value)
 
         async with trio.open_nursery() as nursery:
@@ -183,7 +183,7 @@ class NodeDrains:
         others = [n for n in rng.nodes if n not in draining]
         wanted = max(stream.replica_nums, rng.replicas_wanted, 1)
         size = max((holdings.get((n, *rng.key), _NONE).size for n in rng.nodes), default=0)
-        whole = [n for n in others if _holds_all(rng, holdings.get((n, *rng.key)))]
+        whole = [n for n in others if holdings.get((n, *rng.key), _NONE).covers(rng)]
         if len(whole) >= wanted:
             await self._leave(node_id, rng, deadline)
             return 0
@@ -244,10 +244,6 @@ class NodeDrains:
                 node_id,
                 _ids(nodes),
             )
-
-
-def _holds_all(rng: RangeRecord, holding: Holding | None) -> bool:
-    return holding is not None and holding.held_end >= rng.end_offset
 
 
 def _ids(nodes: Iterable[int]) -> str:

@@ -49,7 +49,7 @@ class RangeSizes:
             for key, holding in found.items():
                 sizes[key] = holding.size
                 rng = by_key[key]
-                if not rng.is_open and holding.held_end >= rng.end_offset:
+                if holding.covers(rng):
                     self._sealed[key] = (rng.start_offset, holding.size)
         return sizes
 

@@ -249,7 +249,7 @@ class Rebalancer:
             holdings = await self._link.range_holdings(to_node, [m.key for m, _ in moves])
             for move, rng in moves:
                 holding = holdings.get(move.key)
-                if holding is not None and holding.held_end >= rng.end_offset:
+                if holding is not None and holding.covers(rng):
                     await self._finish(move, rng, deadline)
 
     async def _add(self, move: MoveRecord, rng: RangeRecord, deadline: float) -> None:

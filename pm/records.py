@@ -122,6 +122,10 @@ class Holding(NamedTuple):
     #: where to cut the range to drop the bytes asked (0: not asked)
     cut: int = 0
 
+    def covers(self, rng: RangeRecord) -> bool:
+        """Whether the replica holds all of ``rng``, a sealed range."""
+        return not rng.is_open and self.held_end >= rng.end_offset
+
 
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
