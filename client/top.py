@@ -56,6 +56,14 @@ TOP_GROUPS: Final = 5
 MAX_GROUPS_ASKED: Final = 100
 
 
+def _state(row: dict[str, Any]) -> str:
+    """DEAD, alive, or the drain state of a live node that is not active."""
+    if not row["alive"]:
+        return "DEAD"
+    state = str(row.get("state", "active"))
+    return "alive" if state == "active" else state
+
+
 def render_frame(
     pm: str, rows: list[dict[str, Any]], now: float, groups: list[dict[str, Any]] | None = None
 ) -> str:
@@ -79,7 +87,7 @@ def render_frame(
             [
                 row["node_id"],
                 row["address"],
-                "alive" if row["alive"] else "DEAD",
+                _state(row),
                 fmt.age_text(row["last_heartbeat_ms"], now),
                 row["ranges"],
                 fmt.size_text(row["in_bytes_per_s"]),
