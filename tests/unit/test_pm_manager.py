@@ -11,7 +11,7 @@ import trio
 from pm.liveness import NodeRegistry
 from pm.manager import PlacementManager
 from pm.metadata import MetadataStore
-from pm.records import NodeRecord, RangeRecord, StreamRecord
+from pm.records import Holding, NodeRecord, RangeRecord, StreamRecord
 from sbp.enums import ErrorCode
 from sbp.errors import DataNodeNotFoundError, InvalidRequestError, StreamNotFoundError
 
@@ -65,6 +65,11 @@ class FakeDataNodes:
 
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
         self.deleted.append((node_id, tuple(stream_ids)))
+
+    async def range_holdings(
+        self, node_id: int, keys: Sequence[tuple[int, int]], skips: Sequence[int] = ()
+    ) -> dict[tuple[int, int], Holding]:
+        return {}
 
     async def reachable(self, address: str) -> bool:
         return address not in self.unreachable_addresses
