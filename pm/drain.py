@@ -46,7 +46,8 @@ _stuck = RateLimitedLog(log, interval=60.0)
 
 #: what an unanswered replica counts as holding
 _NONE: Final = Holding(held_end=-1, size=0)
-#: a stream's ranges asked about per RANGE_HOLDINGS pass and node
+#: sealed ranges of a draining node moved a step per pass (the rest wait
+#: for later passes, and count in its bytes to move only from then on)
 MAX_RANGES_PER_PASS: Final = 1000
 
 
