@@ -11,6 +11,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -61,8 +62,10 @@ while True:
 
 
 def run_child_and_kill(
-    path: Path, rng: random.Random, program: str = CHILD
+    path: Path, rng: random.Random, program: str = CHILD, until: Path | None = None
 ) -> list[tuple[int, int, str]]:
+    """Run the child, SIGKILL it a random while after it is ready (or once
+    the file ``until`` exists), and return the appends it acknowledged."""
     child = subprocess.Popen(
         [sys.executable, "-c", program, str(path), str(MAP_SIZE)],
         stdout=subprocess.PIPE,
@@ -70,9 +73,22 @@ def run_child_and_kill(
     )
     assert child.stdout is not None
     assert child.stdout.readline() == b"ready\n"
-    time.sleep(rng.uniform(0.02, 0.25))
-    child.send_signal(signal.SIGKILL)
-    output = child.stdout.read()
+    if until is None:
+        time.sleep(rng.uniform(0.02, 0.25))
+        child.send_signal(signal.SIGKILL)
+        output = child.stdout.read()
+    else:
+        # read its acknowledgements meanwhile: a full pipe would stop its writer
+        chunks: list[bytes] = []
+        reader = threading.Thread(target=lambda: chunks.append(child.stdout.read()))  # type: ignore[union-attr]
+        reader.start()
+        give_up = time.monotonic() + 30
+        while not until.exists() and time.monotonic() < give_up:
+            time.sleep(0.01)
+        assert until.exists(), f"the child never wrote {until.name}"
+        child.send_signal(signal.SIGKILL)
+        reader.join()
+        output = b"".join(chunks)
     child.wait()
     child.stdout.close()
     acks = []
@@ -338,7 +354,8 @@ MOVE_CHILD = (
         '    here = ReplicaInfo(1, "127.0.0.1:1", True)\n'
         '    there = ReplicaInfo(2, "127.0.0.1:2", True)\n'
         "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, 200, replicas=(there,)),\n"
-        "                           RangeInfo(1, 1, 200, replicas=(here,))])\n"
+        "                           RangeInfo(1, 1, 200, replicas=(here,))]).result()\n"
+        "    open(os.path.join(sys.argv[1], 'moved'), 'w').close()\n"
         "threading.Thread(target=move, daemon=True).start()\n"
         'os.write(1, b"ready\\n")\n',
     )
@@ -358,8 +375,10 @@ def test_a_range_moved_off_the_node_goes_whole_or_not_at_all_through_sigkill(
     path = tmp_path / "data"
     acknowledged: dict[int, tuple[int, str]] = {}
     held_after: list[tuple[int, int]] = []
-    for _round in range(8):
-        acks = run_child_and_kill(path, rng, MOVE_CHILD)
+    for round_index in range(8):
+        # the last child is killed once its move is committed, whatever the load
+        until = path / "moved" if round_index == 7 else None
+        acks = run_child_and_kill(path, rng, MOVE_CHILD, until)
         acknowledged.update((offset, (count, digest)) for offset, count, digest in acks)
         with StorageEngine(path, map_size=MAP_SIZE, node_id=1) as engine:
             held = engine.range_holding(1, 0)
