@@ -445,6 +445,13 @@ class Connection:
         sock = self._socket
         events: list[Event] = []
         while True:
+            if self._reads_held_until:
+                # SPEC §12: over a quota, nothing more from the peer is taken
+                # in until then, what the read under way brought included
+                # (answers served meanwhile may hold it longer)
+                while (until := self._reads_held_until) > trio.current_time():
+                    await trio.sleep_until(until)
+                self._reads_held_until = 0.0
             for event in events:
                 self._on_event(event)
             events = []
@@ -459,13 +466,6 @@ class Connection:
                 if events:
                     break
             if events:
-                continue
-            if self._reads_held_until:
-                # SPEC §12: over a quota, the peer's next requests wait here
-                # (answers served meanwhile may hold them longer)
-                while (until := self._reads_held_until) > trio.current_time():
-                    await trio.sleep_until(until)
-                self._reads_held_until = 0.0
                 continue
             budget = self.budget
             if (

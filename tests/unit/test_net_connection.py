@@ -655,3 +655,38 @@ async def test_request_before_run_and_after_close() -> None:
 def test_limits_validate() -> None:
     with pytest.raises(ValueError, match="max_concurrent_requests"):
         ConnectionLimits(max_concurrent_requests=0)
+
+
+async def test_a_throttle_in_an_answer_holds_the_next_request_of_its_kind(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """SPEC §12 from both ends: an answer's throttle_time_ms makes the
+    client send its next request of that opcode no sooner (others go at
+    once), and a server's ``hold_reads`` reads nothing more meanwhile."""
+    arrivals: list[tuple[str, float]] = []
+
+    async def throttling(request: Request, responder: Responder) -> None:
+        arrivals.append(("describe", trio.current_time()))
+        await responder.send(messages.DescribeClusterResponse(throttle_time_ms=300))
+
+    async def holding(request: Request, responder: Responder) -> None:
+        arrivals.append((client_id(request), trio.current_time()))
+        if client_id(request) == "hold":
+            request.connection.hold_reads(0.5)
+        await responder.send(messages.HeartbeatResponse(client_id=client_id(request)))
+
+    dispatcher = serving(holding)
+    dispatcher.register(Opcode.DESCRIBE_CLUSTER, throttling)
+    async with connected(dispatcher) as (client, _):
+        ask = messages.DescribeClusterRequest(timeout_ms=5000)
+        await client.request(Opcode.DESCRIBE_CLUSTER, ask, timeout=5)
+        await client.request(Opcode.HEARTBEAT, heartbeat("other"), timeout=5)  # not held
+        await client.request(Opcode.DESCRIBE_CLUSTER, ask, timeout=5)
+        (_, first), (_, other), (_, second) = arrivals
+        assert other - first < 0.1
+        assert second - first >= 0.3
+        arrivals.clear()
+        await client.request(Opcode.HEARTBEAT, heartbeat("hold"), timeout=5)
+        await client.request(Opcode.HEARTBEAT, heartbeat("next"), timeout=5)
+        (_, held), (_, after) = arrivals
+        assert after - held >= 0.5
