@@ -398,7 +398,7 @@ class PlacementManager:
             log.warning("data node %d removed", node_id)
         return refusals
 
-    async def drain_pass(self, timeout: float) -> None:
+    async def move_ranges(self, timeout: float) -> None:
         """One step of every drain and every rebalancing move (the upkeep's pass)."""
         await self.drains.run_pass(timeout)
         if not self.stopping:

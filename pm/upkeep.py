@@ -76,7 +76,7 @@ class UpkeepHost(Protocol):
         self, stream_id: int, deadline: float, also: Iterable[int] = ()
     ) -> None: ...
 
-    async def drain_pass(self, timeout: float) -> None: ...
+    async def move_ranges(self, timeout: float) -> None: ...
 
 
 class ReplicaUpkeep:
@@ -151,7 +151,7 @@ class ReplicaUpkeep:
             if not self._pm.stopping:
                 await self.restore_replication(timeout=interval * 4)
             if not self._pm.stopping:
-                await self._pm.drain_pass(timeout=interval * 4)
+                await self._pm.move_ranges(timeout=interval * 4)
 
     def _warn_near_full(self, state: NodeState) -> None:
         """Say so before a node is full and its open ranges are moved off it."""
