@@ -31,6 +31,7 @@ copied out of LMDB into a buffer of its own.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import platform
 import sys
@@ -79,34 +80,42 @@ class BufferPool:
     when the last is gone. Process-wide, not per connection, so an idle
     connection holds nothing; thread-safe."""
 
-    def __init__(self, count: int, largest: int) -> None:
-        #: buffers kept at most, and the largest kept
-        self.count = count
+    def __init__(self, max_bytes: int, largest: int) -> None:
+        #: bytes of buffers kept at most, and the largest buffer kept
+        self.max_bytes = max_bytes
         self.largest = largest
-        self._kept: list[bytearray] = []
+        self._kept: collections.deque[bytearray] = collections.deque()
+        self._kept_bytes = 0
         self._lock = threading.Lock()
 
     def keep(self, buffer: bytearray) -> None:
-        """Remember ``buffer``, just handed over (the oldest kept is dropped
+        """Remember ``buffer``, just handed over (the oldest kept are dropped
         when the pool is full)."""
-        if len(buffer) > self.largest:
+        size = len(buffer)
+        if size > self.largest:
             return
         with self._lock:
-            if len(self._kept) >= self.count:
-                del self._kept[0]
-            self._kept.append(buffer)
+            kept = self._kept
+            while kept and self._kept_bytes + size > self.max_bytes:
+                self._kept_bytes -= len(kept.popleft())
+            kept.append(buffer)
+            self._kept_bytes += size
 
     def take(self, size: int) -> bytearray | None:
         """A kept buffer nothing else refers to, resized to ``size``; None
         if there is none of a size near it."""
         with self._lock:
             kept = self._kept
+            # oldest first: the buffers handed over longest ago are the ones
+            # most likely let go of
             for index in range(len(kept)):
-                # only the list and getrefcount's argument refer to it; and
+                # only the deque and getrefcount's argument refer to it; and
                 # ``size`` fits its allocation without leaving half of it
                 # unused (CPython reallocates either way: a copy)
                 if sys.getrefcount(kept[index]) == 2 and size < _allocated(kept[index]) < 2 * size:
-                    buffer = kept.pop(index)
+                    buffer = kept[index]
+                    del kept[index]
+                    self._kept_bytes -= len(buffer)
                     break
             else:
                 return None
@@ -127,5 +136,6 @@ def _allocated(buffer: bytearray) -> int:
 
 
 #: the pool the frame decoders of this process share: enough for a reader
-#: with a few 2 MiB FETCH answers in flight
-RECEIVE_BUFFERS: Final = BufferPool(count=4, largest=4 * 1024 * 1024)
+#: with a few 2 MiB FETCH answers in flight, or a data node with a few
+#: hundred 64 KiB APPENDs in flight
+RECEIVE_BUFFERS: Final = BufferPool(max_bytes=16 * 1024 * 1024, largest=4 * 1024 * 1024)

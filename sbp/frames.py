@@ -396,7 +396,7 @@ class FrameDecoder:
                     RECEIVE_BUFFERS.keep(buffer)
                 raw = buffer
                 filled -= total
-                buffer = self._buffer = bytearray(max(filled, self._read_size))
+                buffer = self._buffer = self._next_buffer(filled)
                 with memoryview(raw) as view:
                     buffer[:filled] = view[total : total + filled]
                 del raw[total:]
@@ -412,6 +412,19 @@ class FrameDecoder:
             filled -= start
         self._filled = filled
         return events
+
+    def _next_buffer(self, filled: int) -> bytearray:
+        """The buffer after one handed over, for the ``filled`` bytes of the
+        next frame received with it: room for a read, or for all of a frame
+        as large as the last large one when that is little more than a read
+        (a peer sending 64 KiB batches sends frames just over READ_SIZE: each
+        then arrives in a buffer of its size, not grown and copied), taken
+        from the pool when one there is free (no zeroing)."""
+        size = max(filled, self._read_size)
+        if size < self._large_frame <= 2 * READ_SIZE:
+            size = self._large_frame
+        buffer = RECEIVE_BUFFERS.take(size) if size > READ_SIZE else None
+        return buffer if buffer is not None else bytearray(size)
 
     def _fail(self, frame_length: int) -> FatalFrameError:
         self._failed = True

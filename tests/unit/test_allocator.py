@@ -21,7 +21,7 @@ def test_keep_freed_memory_applies_once_on_glibc() -> None:
 
 
 def test_a_kept_buffer_comes_back_only_once_nothing_refers_to_it() -> None:
-    pool = BufferPool(count=2, largest=1 << 20)
+    pool = BufferPool(max_bytes=1 << 20, largest=1 << 20)
     buffer = bytearray(b"x" * 100_000)
     view = memoryview(buffer)[10:20]
     pool.keep(buffer)
@@ -46,8 +46,8 @@ def test_a_kept_buffer_comes_back_only_once_nothing_refers_to_it() -> None:
     assert grown is not None and id(grown) == buffer_id and len(grown) == 100_000
 
 
-def test_a_pool_keeps_few_buffers_and_none_too_large_or_too_small_for_a_frame() -> None:
-    pool = BufferPool(count=2, largest=1 << 20)
+def test_a_pool_keeps_few_bytes_and_no_buffer_too_large_or_too_small_for_a_frame() -> None:
+    pool = BufferPool(max_bytes=600_000, largest=1 << 20)
     pool.keep(bytearray(2 << 20))  # larger than it keeps
     assert pool.take(2 << 20) is None
     for _ in range(3):  # the oldest is dropped
