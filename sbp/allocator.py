@@ -106,17 +106,18 @@ class BufferPool:
         if there is none of a size near it."""
         with self._lock:
             kept = self._kept
-            # oldest first: the buffers handed over longest ago are the ones
-            # most likely let go of
-            for index in range(len(kept)):
-                # only the deque and getrefcount's argument refer to it; and
+            # The oldest first, they are the likeliest to be let go of; a few
+            # at most, each one looked at going to the back, so that a take
+            # costs little however many are kept (and in use).
+            for _ in range(min(len(kept), _LOOKS_PER_TAKE)):
+                buffer = kept.popleft()
+                # only this name and getrefcount's argument refer to it; and
                 # ``size`` fits its allocation without leaving half of it
                 # unused (CPython reallocates either way: a copy)
-                if sys.getrefcount(kept[index]) == 2 and size < _allocated(kept[index]) < 2 * size:
-                    buffer = kept[index]
-                    del kept[index]
+                if sys.getrefcount(buffer) == 2 and size < _allocated(buffer) < 2 * size:
                     self._kept_bytes -= len(buffer)
                     break
+                kept.append(buffer)
             else:
                 return None
         if len(buffer) > size:
@@ -125,6 +126,9 @@ class BufferPool:
             buffer += bytes(size - len(buffer))
         return buffer
 
+
+#: kept buffers a take looks at, at most
+_LOOKS_PER_TAKE: Final = 4
 
 #: what ``sys.getsizeof`` counts of a bytearray besides its allocation
 _BYTEARRAY_OVERHEAD: Final = sys.getsizeof(bytearray())

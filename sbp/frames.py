@@ -28,7 +28,9 @@ sent a frame as large: then room for all the rest at once, so the frame is
 copied once at most and its buffer is its size. ``growth`` says how much
 the next room takes, before it is made, for a caller that must ask a
 budget first. Between frames the
-decoder keeps one read's worth of buffer, so an idle connection holds little;
+decoder keeps one read's worth of buffer (or, after a frame of up to two
+reads' worth, a buffer of that frame's size, which the next one as large
+arrives in without growing), so an idle connection holds little;
 the buffers of large frames handed over go to a process-wide pool
 (``sbp.allocator.RECEIVE_BUFFERS``) and receive a later large frame once
 nothing refers to them.
