@@ -190,7 +190,9 @@ class Appends:
                 counters.appended_records += outcome.record_count
                 counters.appended_bytes += len(item.batch)
                 self._waiters.notify(item.stream_id)
-        ticket.items = []  # the payload views: their receive buffers can go
+        # the payload views: their receive buffers can go, though the ticket
+        # stays in the timeout queue until that is next compacted
+        ticket.items = ticket.to_store = []
         # Batches of replicated ranges go to the followers even when this
         # ticket timed out already: their pipelines send what is durable.
         pipelines = self._pipelines(ticket, outcomes)

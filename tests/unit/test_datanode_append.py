@@ -21,6 +21,7 @@ from datanode.server import build_dispatcher
 from net.connection import Connection
 from net.limits import CLIENT_LIMITS
 from sbp import messages
+from sbp.allocator import RECEIVE_BUFFERS
 from sbp.batches import build_batch
 from sbp.connection import Side
 from sbp.constants import MAX_RECORD_OFFSET
@@ -282,3 +283,21 @@ async def test_describe_of_a_range_not_synced_here_yet_asks_the_pm(tmp_path: Pat
             assert result.range is not None and result.range.start_offset == 3
             assert pm.asked == [KNOWN]
             assert (await describe(7)).error_code == ErrorCode.RANGE_NOT_FOUND
+
+
+async def test_an_answered_append_leaves_its_receive_buffer_free(tmp_path: Path) -> None:
+    """An answered APPEND stays in the timeout queue until the queue is next
+    compacted, but holds nothing of its payload: the buffer its frame
+    arrived in goes back to the receive pool for a later frame (before, up
+    to a thousand answered requests' buffers stayed alive)."""
+    large = bytes(build_batch([b"v" * 200_000], 0))
+    with engine_at(tmp_path) as engine:
+        async with node_connection(engine) as (node, client, _):
+            for _ in range(3):
+                (result,) = await append(client, [(KNOWN, large)])
+                assert result.error_code == ErrorCode.NONE
+            assert len(node.append_timeouts) == 3  # answered, not yet compacted away
+            # the frames' buffers: free once nothing refers to them (a few
+            # tries: a take looks at a few kept buffers, oldest first)
+            free = [RECEIVE_BUFFERS.take(len(large)) for _ in range(64)]
+            assert any(buffer is not None for buffer in free)
