@@ -61,6 +61,11 @@ class Throughput:
     def mb_per_s(self) -> float:
         return self.bytes / self.seconds / 1e6
 
+    @property
+    def cpu_per_append(self) -> float:
+        """Seconds of node CPU per APPEND."""
+        return self.node_cpu * self.seconds / max(1, self.batches)
+
 
 class NodeProcess:
     """``python -m datanode`` in a temporary directory."""
@@ -319,9 +324,7 @@ def metrics_cost(root: Path, sync: str, seconds: float, rounds: int) -> None:
         without.stop()
     median_on = statistics.median(run.mb_per_s for run in on)
     median_off = statistics.median(run.mb_per_s for run in off)
-    node_cpu_per_request = statistics.median(
-        run.node_cpu * run.seconds / run.batches for run in off
-    )
+    node_cpu_per_request = statistics.median(run.cpu_per_append for run in off)
     observer = observer_seconds_per_request()
     print(f"metrics cost: 1 connection x {SINGLE_IN_FLIGHT} in flight, 64 KiB, sync {sync}")
     for label, runs, median in (("with /metrics", on, median_on), ("without", off, median_off)):
@@ -367,17 +370,20 @@ def main() -> None:
     engine_mb_s = engine.bytes / engine.seconds / 1e6
     print(f"data node, {len(batch):,}-byte batches, sync {args.sync}, {os.cpu_count()} cores")
     print()
-    print("| clients | in flight | MB/s | batches/s | node CPU | of engine rate |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "| clients | in flight | MB/s | batches/s | node CPU | node CPU per APPEND "
+        "| of engine rate |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for run, in_flight in zip(runs, (SINGLE_IN_FLIGHT, MULTI_IN_FLIGHT), strict=True):
         print(
             f"| {run.label} | {in_flight} per connection | {run.mb_per_s:,.0f} | "
             f"{run.batches / run.seconds:,.0f} | {run.node_cpu:.0%} | "
-            f"{run.mb_per_s / engine_mb_s:.0%} |"
+            f"{run.cpu_per_append * 1e6:,.0f} µs | {run.mb_per_s / engine_mb_s:.0%} |"
         )
     print(
         f"| storage engine alone (bench.storage) | 4 x 16 | {engine_mb_s:,.0f} | "
-        f"{engine.batches / engine.seconds:,.0f} | n/a | 100% |"
+        f"{engine.batches / engine.seconds:,.0f} | n/a | n/a | 100% |"
     )
     print()
     if latencies:
