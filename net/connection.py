@@ -446,7 +446,7 @@ class Connection:
     async def _read_loop(self) -> None:
         engine = self._engine
         stream = self._stream
-        # TCP is read straight into the decoder's buffer (recv_into): one copy
+        # TCP is read straight into the decoder's buffer (readv): one copy
         # of each received byte fewer than receive_some + feed.
         sock = self._socket
         events: list[Event] = []

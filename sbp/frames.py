@@ -235,7 +235,7 @@ class FrameDecoder:
     frame completed so far; a partial frame stays buffered.
 
     A socket reader can skip the copy ``feed`` makes: read into
-    ``receive_buffer()`` (``recv_into``), then call ``received(nbytes)``.
+    ``receive_buffer()`` (``recv_into``, ``readv``), then call ``received(nbytes)``.
     """
 
     def __init__(self, max_frame_length: int = DEFAULT_MAX_FRAME_LENGTH) -> None:
