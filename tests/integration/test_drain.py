@@ -164,9 +164,12 @@ async def test_a_drain_goes_on_after_the_pm_is_killed(tmp_path: Path) -> None:
     async with ConnectionPool() as pool:
         cluster = PMCluster(tmp_path, pool)
         try:
-            # slow moves, so that the kill lands in the middle of the drain
-            throttle = ("--max-move-bytes-per-s", "100KiB")
-            await cluster.start_pm("127.0.0.1:0", *throttle)
+            # Slow moves, so that the kill lands in the middle of the drain:
+            # at 20 KiB/s a 200 KB range's copy starts ~10 s after the one
+            # before, which no delay between seeing the first range moved and
+            # the kill reaches (at 100 KiB/s, 2 s: under a loaded test run the
+            # old PM sometimes finished the drain first)
+            await cluster.start_pm("127.0.0.1:0", "--max-move-bytes-per-s", "20KiB")
             await cluster.start_nodes((1, 2, 3))
             pm = cluster.pm_client()
             created = (await pm.create_stream(1)).range
@@ -194,9 +197,8 @@ async def test_a_drain_goes_on_after_the_pm_is_killed(tmp_path: Path) -> None:
             )
             address = cluster.pm_address
             await cluster.pm.kill()  # type: ignore[union-attr]
-            restarted = await cluster.start_pm(
-                address, *throttle, "--metrics-listen", "127.0.0.1:0"
-            )
+            # unthrottled: what is left moves at once
+            restarted = await cluster.start_pm(address, "--metrics-listen", "127.0.0.1:0")
             await _drained(cluster, victim, timeout=60)
             samples = await scrape(restarted)
             assert samples['sbp_pm_data_nodes_by_drain_state{state="drained"}'] == 1
