@@ -56,6 +56,8 @@ async def fetch_from_replicas(
 ) -> bytes | memoryview:
     """One fetch, from the first replica that answers (primary first)."""
     failure: Exception | None = None
+    # what each replica answered: Spark shows the message, not the cause
+    refusals: list[str] = []
     for address in piece.replicas:
         try:
             return await fetch_once(pool, address, piece.stream_id, offset, max_bytes, timeout)
@@ -65,9 +67,10 @@ async def fetch_from_replicas(
             failure = error
         except (ConnectionClosed, OSError) as error:
             failure = error
+        refusals.append(f"{address}: {type(failure).__name__}: {failure}")
     raise RuntimeError(
         f"no replica of range {piece.range_index} of stream {piece.stream_id} "
-        f"({', '.join(piece.replicas) or 'none listed'}) served offset {offset}"
+        f"served offset {offset} ({'; '.join(refusals) or 'no replica listed'})"
     ) from failure
 
 

@@ -310,6 +310,15 @@ async def test_readers_fall_over_to_a_follower_when_the_primary_is_dead(tmp_path
             data = await fetch_from_replicas(cluster.pool, piece, 0, 1 << 20, timeout=5)
         assert decode_batches(data).to_list() == values
 
+        # with every replica gone, the error says what each one answered
+        # (Spark shows a task's message, not its cause)
+        for replica in rng.replica_nodes:
+            if not replica.is_primary:
+                await cluster.nodes[node_of(cluster, replica.data_node)].kill()
+        with trio.fail_after(30), pytest.raises(RuntimeError) as refused:
+            await fetch_from_replicas(cluster.pool, piece, 0, 1 << 20, timeout=5)
+        assert all(f"{address}: " in str(refused.value) for address in addresses), refused.value
+
 
 @pytest.mark.deadline(90)
 async def test_a_consumer_tries_every_replica_before_giving_up(tmp_path: Path) -> None:
