@@ -21,7 +21,6 @@ The drain's rate counts the bytes node 1 held when the drain began.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ from typing import Any
 
 import trio
 
+from bench.output import emit
 from client.datanode_client import DataNodeClient
 from client.launcher import Plan, plan_children, running_plan
 from client.pm_client import PMClient
@@ -197,9 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-drain-") as root:
         result = trio.run(measure, Path(root), args.gb, args.seconds, args.pace)
-    print(json.dumps(result, indent=2))
-    if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    emit(result, args.out)
     return 0
 
 

@@ -19,7 +19,6 @@ for keeping lag current, and FIND_OFFSETS on a large range.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -35,6 +34,7 @@ from typing import Any
 import psutil
 import trio
 
+from bench.output import emit
 from client.launcher import Plan, plan_children, plan_ha, running_plan
 from client.pm_client import PMClient
 from net.pool import ConnectionPool
@@ -180,10 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lag: {result['lag']}", flush=True)
         result["find_offsets"] = find_offsets(root / "find", args.range_gb, 2000)
         print(f"find_offsets: {result['find_offsets']}", flush=True)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
     return 0
 
 

@@ -23,7 +23,6 @@ databases' size are reported.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -36,6 +35,7 @@ import lmdb
 import psutil
 import trio
 
+from bench.output import emit
 from client.launcher import Plan, plan_children, running_plan
 from client.pm_client import PMClient
 from client.producer import Producer
@@ -195,10 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.rounds, args.batches, args.records, args.producers = 2, 200, 50_000, 200
     with tempfile.TemporaryDirectory(prefix="bench-idempotence-") as tmp:
         result = trio.run(run, args, Path(tmp))
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
     return 0
 
 

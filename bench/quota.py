@@ -24,6 +24,7 @@ from typing import Any
 
 import trio
 
+from bench.output import emit
 from client.launcher import Plan, plan_children, running_plan
 
 from .harness import Load, LocalCluster, one_stream_64k
@@ -87,9 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-quota-") as root:
         result = trio.run(measure, Path(root), args.rounds, args.seconds)
-    print(json.dumps(result, indent=2))
-    if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    emit(result, args.out)
     return 0
 
 

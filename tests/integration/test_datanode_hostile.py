@@ -61,6 +61,32 @@ async def _served_quickly(node: ServerProcess, stream_id: int, rounds: int) -> f
     return slowest
 
 
+async def _half_send_frames(node: ServerProcess, count: int, seconds: float) -> list[RawConnection]:
+    """``count`` connections, each sending 15 MiB of a 16 MiB APPEND frame
+    (for ``seconds`` at most: the node may stop reading), then nothing."""
+    prefix = struct.pack(">IHBI", 16 * MiB, Opcode.APPEND, 0, 1) + b"\0" * 64 * 1024
+    body = prefix + b"\0" * (15 * MiB - len(prefix))
+    attackers = [await RawConnection.open(node.address) for _ in range(count)]
+
+    async def send_most_of_a_frame(raw: RawConnection) -> None:
+        with trio.move_on_after(seconds):
+            await raw.send(body)
+
+    async with trio.open_nursery() as nursery:
+        for raw in attackers:
+            nursery.start_soon(send_most_of_a_frame, raw)
+    return attackers
+
+
+async def _reset(connections: list[RawConnection]) -> None:
+    """An abortive close (RST) of each: a plain one would queue its FIN
+    behind the unsent bytes, and the node, not reading, would see it only
+    when its keepalive gives up on the peer."""
+    for raw in connections:
+        raw.stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await raw.aclose()
+
+
 async def test_a_client_that_never_reads_holds_a_bounded_share(datanodes: DataNodes) -> None:
     """2,000 FETCHes of 8 MiB on one connection that never reads its
     answers: the node holds its connection share and the kernel's buffers,
@@ -89,30 +115,14 @@ async def test_half_sent_frames_are_held_to_the_request_budget(datanodes: DataNo
     node = await datanodes.start(1, "--max-frame-bytes", "16MiB", "--max-request-bytes", "48MiB")
     await _fill_stream(node, 1, 1)
     before = rss_bytes(node)
-    length = 16 * MiB
-    prefix = struct.pack(">IHBI", length, Opcode.APPEND, 0, 1) + b"\0" * 64 * 1024
-    body = prefix + b"\0" * (15 * MiB - len(prefix))
-    attackers = [await RawConnection.open(node.address) for _ in range(40)]
-
-    async def send_most_of_a_frame(raw: RawConnection) -> None:
-        with trio.move_on_after(6):
-            await raw.send(body)
-
-    async with trio.open_nursery() as nursery:
-        for raw in attackers:
-            nursery.start_soon(send_most_of_a_frame, raw)
+    attackers = await _half_send_frames(node, 40, seconds=6)
     grown = rss_bytes(node) - before
     slowest = await _served_quickly(node, 1, 5)
     async with connect(node.address) as client:
         header, payload = append_request([(1, build_batch([b"small"], base_timestamp=1))])
         response = await client.request(Opcode.APPEND, header, payload, timeout=10)
         assert [r.error_code for r in response.header.append_responses] == [0]
-    for raw in attackers:
-        # An abortive close (RST): a plain one would queue its FIN behind the
-        # unsent bytes, and the node, not reading, would see it only when
-        # its keepalive gives up on the peer.
-        raw.stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        await raw.aclose()
+    await _reset(attackers)
     assert grown < 100 * MiB, f"the node grew by {grown / MiB:.0f} MiB"
     assert slowest < 2.0
     # Once they are gone their bytes are given back: a large append passes.
@@ -136,23 +146,11 @@ async def test_half_sent_frames_stay_within_the_default_budget_wave_after_wave(
     node = await datanodes.start(1)
     await _fill_stream(node, 1, 1)
     before = rss_bytes(node)
-    prefix = struct.pack(">IHBI", 16 * MiB, Opcode.APPEND, 0, 1) + b"\0" * 64 * 1024
-    body = prefix + b"\0" * (15 * MiB - len(prefix))
     for _wave in range(2):
-        attackers = [await RawConnection.open(node.address) for _ in range(40)]
-
-        async def send_most_of_a_frame(raw: RawConnection) -> None:
-            with trio.move_on_after(5):
-                await raw.send(body)
-
-        async with trio.open_nursery() as nursery:
-            for raw in attackers:
-                nursery.start_soon(send_most_of_a_frame, raw)
+        attackers = await _half_send_frames(node, 40, seconds=5)
         grown = rss_bytes(node) - before
         assert grown <= 288 * MiB, f"the node grew by {grown / MiB:.0f} MiB"
-        for raw in attackers:
-            raw.stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            await raw.aclose()
+        await _reset(attackers)
         await trio.sleep(2.5)  # a waiting connection notices a reset within a second
         left = rss_bytes(node) - before
         # glibc keeps up to 128 MiB of freed heap for the next buffers
