@@ -7,7 +7,8 @@ can make a server grow without bound.
   and whole requests whose handler still runs. Once it is spent, a
   connection that already holds some of it is not read from until it is
   given back (as Kafka's ``queued.max.request.bytes``); a connection holding
-  none may still read, so a small request is never starved by large ones.
+  less than a read's worth may still read that much, so a small request is
+  never starved by large ones.
 - ``ServerBudgets.answers`` counts bytes a handler has read for an answer
   that is not yet written to the socket (FETCH). A handler takes its share
   before reading and gives it back once the answer is (nearly) sent, so a
@@ -151,6 +152,18 @@ class ConnectionBudget:
         request of a client with a long poll in flight is never stuck
         behind others' bytes."""
         return self._partial + self._requests >= self._read_size
+
+    def may_read(self, growth: int) -> bool:
+        """Whether the next read, which grows the frame held here by
+        ``growth``, may go ahead: it fits in the server's budget (or nothing
+        else holds any of it), or this connection holds less than a read's
+        worth and the read adds no more than that. A small request is never
+        stuck behind others' bytes, and a connection held back holds a
+        read's worth past the budget at most, not the first MiB of a large
+        frame (40 such connections once held 40 MiB past it)."""
+        if not self.requests_spent and self.room_for(growth):
+            return True
+        return not self.holds_requests and growth <= self._read_size
 
     def room_for(self, growth: int) -> bool:
         """Whether this connection may hold ``growth`` more bytes of a frame:

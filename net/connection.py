@@ -474,14 +474,10 @@ class Connection:
             if events:
                 continue
             budget = self.budget
-            if (
-                budget is not None
-                and budget.holds_requests
-                and (budget.requests_spent or not budget.room_for(engine.growth))
-            ):
+            if budget is not None and not budget.may_read(engine.growth):
                 # The server's budget of request bytes is spent, or has no
-                # room for the rest of the frame we hold a read's worth of:
-                # read on once some are given back. A peer that hangs up
+                # room for the next read of the frame being received: read
+                # on once some are given back. A peer that hangs up
                 # meanwhile is noticed within a second.
                 with trio.move_on_after(_BUDGET_RECHECK_S):
                     await budget.wait_requests_given_back()

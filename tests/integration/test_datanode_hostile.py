@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -61,30 +63,31 @@ async def _served_quickly(node: ServerProcess, stream_id: int, rounds: int) -> f
     return slowest
 
 
-async def _half_send_frames(node: ServerProcess, count: int, seconds: float) -> list[RawConnection]:
+@asynccontextmanager
+async def _half_sent_frames(node: ServerProcess, count: int, seconds: float) -> AsyncIterator[None]:
     """``count`` connections, each sending 15 MiB of a 16 MiB APPEND frame
-    (for ``seconds`` at most: the node may stop reading), then nothing."""
+    (for ``seconds`` at most: the node may stop reading), then nothing;
+    reset on leaving, whatever the test found meanwhile."""
     prefix = struct.pack(">IHBI", 16 * MiB, Opcode.APPEND, 0, 1) + b"\0" * 64 * 1024
     body = prefix + b"\0" * (15 * MiB - len(prefix))
     attackers = [await RawConnection.open(node.address) for _ in range(count)]
+    try:
 
-    async def send_most_of_a_frame(raw: RawConnection) -> None:
-        with trio.move_on_after(seconds):
-            await raw.send(body)
+        async def send_most_of_a_frame(raw: RawConnection) -> None:
+            with trio.move_on_after(seconds):
+                await raw.send(body)
 
-    async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:
+            for raw in attackers:
+                nursery.start_soon(send_most_of_a_frame, raw)
+        yield
+    finally:
+        # An abortive close (RST) of each: a plain one would queue its FIN
+        # behind the unsent bytes, and the node, not reading, would see it
+        # only when its keepalive gives up on the peer.
         for raw in attackers:
-            nursery.start_soon(send_most_of_a_frame, raw)
-    return attackers
-
-
-async def _reset(connections: list[RawConnection]) -> None:
-    """An abortive close (RST) of each: a plain one would queue its FIN
-    behind the unsent bytes, and the node, not reading, would see it only
-    when its keepalive gives up on the peer."""
-    for raw in connections:
-        raw.stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        await raw.aclose()
+            raw.stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            await raw.aclose()
 
 
 async def test_a_client_that_never_reads_holds_a_bounded_share(datanodes: DataNodes) -> None:
@@ -115,14 +118,13 @@ async def test_half_sent_frames_are_held_to_the_request_budget(datanodes: DataNo
     node = await datanodes.start(1, "--max-frame-bytes", "16MiB", "--max-request-bytes", "48MiB")
     await _fill_stream(node, 1, 1)
     before = rss_bytes(node)
-    attackers = await _half_send_frames(node, 40, seconds=6)
-    grown = rss_bytes(node) - before
-    slowest = await _served_quickly(node, 1, 5)
-    async with connect(node.address) as client:
-        header, payload = append_request([(1, build_batch([b"small"], base_timestamp=1))])
-        response = await client.request(Opcode.APPEND, header, payload, timeout=10)
-        assert [r.error_code for r in response.header.append_responses] == [0]
-    await _reset(attackers)
+    async with _half_sent_frames(node, 40, seconds=6):
+        grown = rss_bytes(node) - before
+        slowest = await _served_quickly(node, 1, 5)
+        async with connect(node.address) as client:
+            header, payload = append_request([(1, build_batch([b"small"], base_timestamp=1))])
+            response = await client.request(Opcode.APPEND, header, payload, timeout=10)
+            assert [r.error_code for r in response.header.append_responses] == [0]
     assert grown < 100 * MiB, f"the node grew by {grown / MiB:.0f} MiB"
     assert slowest < 2.0
     # Once they are gone their bytes are given back: a large append passes.
@@ -147,10 +149,9 @@ async def test_half_sent_frames_stay_within_the_default_budget_wave_after_wave(
     await _fill_stream(node, 1, 1)
     before = rss_bytes(node)
     for _wave in range(2):
-        attackers = await _half_send_frames(node, 40, seconds=5)
-        grown = rss_bytes(node) - before
+        async with _half_sent_frames(node, 40, seconds=5):
+            grown = rss_bytes(node) - before
         assert grown <= 288 * MiB, f"the node grew by {grown / MiB:.0f} MiB"
-        await _reset(attackers)
         # A waiting connection notices a reset within a second; under a
         # loaded test run the node may take longer to get round to all 40.
         with trio.move_on_after(10):
