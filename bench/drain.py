@@ -16,11 +16,17 @@ stream on node 2:
    that time.
 
 The drain's rate counts the bytes node 1 held when the drain began.
+
+``--split-cpus`` runs the producer and node 2 on CPU 0 and everything else
+(node 1, node 3, the PM) on CPU 1, as on machines of their own: what the
+drain costs the producer through the cluster, apart from what it costs
+through sharing the CPUs of one machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -30,6 +36,7 @@ from typing import Any
 import trio
 
 from bench.output import emit
+from client.children import Child
 from client.datanode_client import DataNodeClient
 from client.launcher import Plan, plan_children, running_plan
 from client.pm_client import PMClient
@@ -102,10 +109,28 @@ async def _drained(pm: PMClient, node_id: int) -> bool:
     )
 
 
-async def measure(root: Path, gb: float, seconds: float, pace: str) -> dict[str, Any]:
+def _pin(pid: int, cpu: int) -> None:
+    """Every thread of process ``pid`` on ``cpu`` alone."""
+    for thread in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(thread.name), {cpu})
+
+
+def _child_pid(child: Child) -> int:
+    assert child.process is not None
+    return child.process.pid
+
+
+async def measure(
+    root: Path, gb: float, seconds: float, pace: str, split_cpus: bool = False
+) -> dict[str, Any]:
     pm_child, nodes = plan_children(root, 3, "127.0.0.1", 0, "always", sys.executable)
     pm_child.argv += ["--max-move-bytes-per-s", pace, "--rebalance-interval-ms", "0"]
     async with running_plan(Plan([], [pm_child], nodes), root), ConnectionPool() as pool:
+        if split_cpus:
+            for child in (pm_child, nodes[0], nodes[2]):
+                _pin(_child_pid(child), 1)
+            _pin(_child_pid(nodes[1]), 0)
+            _pin(os.getpid(), 0)
         pm = PMClient(pm_child.address, pool=pool, timeout=60)
         with trio.fail_after(30):
             while sum(s.alive for s in await pm.describe_cluster()) < 3:
@@ -175,6 +200,7 @@ async def measure(root: Path, gb: float, seconds: float, pace: str) -> dict[str,
         "producer_p99_ms_during_drain": drain_p99,
         "p99_ratio": round(drain_p99 / base_p99, 2) if base_p99 else None,
         "appends_during_drain": len(during),
+        "split_cpus": split_cpus,
     }
 
 
@@ -193,10 +219,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pace", default="0", help="the PM's --max-move-bytes-per-s (default 0: none)"
     )
+    parser.add_argument(
+        "--split-cpus",
+        action="store_true",
+        help="the producer and its node on CPU 0, the other nodes and the PM on CPU 1",
+    )
     parser.add_argument("--out", type=Path, help="write the result as JSON here too")
     args = parser.parse_args(argv)
+    if args.split_cpus and not {0, 1} <= os.sched_getaffinity(0):
+        parser.error("--split-cpus needs CPUs 0 and 1")
     with tempfile.TemporaryDirectory(prefix="bench-drain-") as root:
-        result = trio.run(measure, Path(root), args.gb, args.seconds, args.pace)
+        result = trio.run(measure, Path(root), args.gb, args.seconds, args.pace, args.split_cpus)
     emit(result, args.out)
     return 0
 
