@@ -36,7 +36,7 @@ from sbp.errors import NoAvailableDataNodeError, ProtocolError
 
 from .metadata import PutRange
 from .move_budget import MoveBudget
-from .placement import place
+from .placement import place_copies
 from .range_sizes import HoldingsLink
 from .records import Holding, RangeRecord
 from .upkeep import UpkeepHost
@@ -73,6 +73,9 @@ class NodeDrains:
         #: by draining node: the replicas of its ranges known to hold all of
         #: a sealed range, by (node_id, stream_id, range_index): (start, holding)
         self._whole: dict[int, dict[tuple[int, int, int], tuple[int, Holding]]] = {}
+        #: bytes still to be copied to each node by the moves seen this pass,
+        #: so that the ranges a pass places spread over the nodes
+        self._incoming: dict[int, int] = {}
 
     def state(self, node_id: int) -> DataNodeState:
         if node_id not in self._pm.registry.draining:
@@ -92,6 +95,7 @@ class NodeDrains:
         """One pass over every draining node that still holds ranges."""
         deadline = trio.current_time() + timeout
         draining = sorted(self._pm.registry.draining)
+        self._incoming = {}
         for node_id in list(self.bytes_to_move):
             if node_id not in draining:
                 del self.bytes_to_move[node_id]
@@ -191,15 +195,14 @@ class NodeDrains:
         if len(others) < wanted:
             if not self._budget.may_start(size):
                 return size
-            await self._add_replicas(rng, wanted - len(others), deadline)
+            await self._add_replicas(rng, wanted - len(others), size, deadline)
             return size
-        copied = max(
-            (holdings.get((n, *rng.key), _NONE).size for n in others if n not in whole),
-            default=0,
-        )
-        return max(size - copied, 0)
+        copying = {n: holdings.get((n, *rng.key), _NONE).size for n in others if n not in whole}
+        for target, copied in copying.items():
+            self._incoming[target] = self._incoming.get(target, 0) + max(size - copied, 0)
+        return max(size - max(copying.values(), default=0), 0)
 
-    async def _add_replicas(self, rng: RangeRecord, count: int, deadline: float) -> None:
+    async def _add_replicas(self, rng: RangeRecord, count: int, size: int, deadline: float) -> None:
         async with self._pm.hold(rng.stream_id):
             current = self._pm.store.range(rng.stream_id, rng.range_index)
             if current is None or current.is_open or current.nodes != rng.nodes:
@@ -208,7 +211,9 @@ class NodeDrains:
                 load for load in self._pm.registry.loads() if load.node_id not in current.nodes
             ]
             try:
-                added = place(candidates, count, min_free_space=self._min_free_space, at_least=1)
+                added = place_copies(
+                    candidates, count, size, self._incoming, min_free_space=self._min_free_space
+                )
             except NoAvailableDataNodeError as error:
                 _stuck.warning(
                     f"drain place {rng.key}",
@@ -218,6 +223,8 @@ class NodeDrains:
                     error,
                 )
                 return
+            for target in added:
+                self._incoming[target] = self._incoming.get(target, 0) + size
             await self._pm.commit([PutRange(replace(current, nodes=(*current.nodes, *added)))])
             await self._pm.sync_stream(rng.stream_id, deadline)
             log.info(

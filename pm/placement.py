@@ -1,4 +1,4 @@
-"""Choosing the data nodes of a new range.
+"""Choosing the data nodes of a new range, and of new replicas of a sealed one.
 
 A pure function of the candidates' loads, so that it is tested without a
 cluster. The load of a node comes from its latest REPORT_METRICS (free disk,
@@ -17,7 +17,7 @@ the node count still rotates the primaries (and the append traffic).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sbp.errors import InvalidRequestError, NoAvailableDataNodeError
@@ -103,3 +103,45 @@ def place(
     # min() keeps the first of equals, so ties stay in load order.
     primary = min(chosen, key=lambda c: c.primaries)
     return (primary.node_id, *(c.node_id for c in chosen if c is not primary))
+
+
+def place_copies(
+    candidates: Sequence[NodeLoad],
+    count: int,
+    size: int,
+    incoming: Mapping[int, int],
+    *,
+    min_free_space: int = 0,
+) -> tuple[int, ...]:
+    """The node ids for ``count`` new replicas of a sealed range of ``size``
+    bytes (a drain moving it, a repair replacing a dead node): the nodes with
+    the least already headed their way in this pass (``incoming`` by node id,
+    in bytes, or in ranges where sizes are not known), then the most free
+    space, then the fewest ranges, among those left with ``min_free_space``
+    once this copy and theirs land. A sealed range takes no appends, so the
+    append rate and open ranges that place new ranges do not apply (by them
+    every range of a drained node went to the one node without producers),
+    and copies spread by bytes, as Redpanda's balancer spreads replicas by
+    count under a disk limit: free space, reported every few seconds, lags
+    behind the copies of one pass. Evening out disk use is the rebalancer's.
+    Fewer than ``count`` when fewer are eligible; NoAvailableDataNodeError
+    when none is."""
+
+    def room_after(c: NodeLoad) -> int | None:
+        if c.disk_free_space is None:
+            return None
+        return c.disk_free_space - incoming.get(c.node_id, 0) - size
+
+    eligible = [c for c in candidates if has_room(room_after(c), min_free_space)]
+    if not eligible:
+        raise NoAvailableDataNodeError("no live data node with room for a new replica")
+    ranked = sorted(
+        eligible,
+        key=lambda c: (
+            incoming.get(c.node_id, 0),
+            -(c.disk_free_space or 0),
+            c.hosted_ranges,
+            c.node_id,
+        ),
+    )
+    return tuple(c.node_id for c in ranked[:count])

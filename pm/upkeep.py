@@ -32,7 +32,7 @@ from sbp.errors import NoAvailableDataNodeError, ProtocolError
 
 from .liveness import NodeRegistry, NodeState
 from .metadata import Change, Metadata, PutRange
-from .placement import place
+from .placement import place, place_copies
 from .records import RangeRecord
 
 log = logging.getLogger(__name__)
@@ -247,12 +247,14 @@ class ReplicaUpkeep:
         range placed on live nodes. Returns how many ranges were repaired."""
         deadline = trio.current_time() + timeout
         repaired = 0
+        #: replacements chosen so far, by node: the copies spread over the nodes
+        incoming: dict[int, int] = {}
         for rng in self._pm.store.ranges_on_node(node_id):
             if len(rng.nodes) <= 1 or trio.current_time() >= deadline:
                 continue  # a lone replica has nothing left to copy from
             with trio.move_on_at(deadline):
                 try:
-                    repaired += await self._repair_range(rng, node_id, deadline)
+                    repaired += await self._repair_range(rng, node_id, incoming, deadline)
                 except (ProtocolError, OSError) as error:
                     _seal_failures.warning(
                         f"repair {rng.key}",
@@ -264,7 +266,9 @@ class ReplicaUpkeep:
                     )
         return repaired
 
-    async def _repair_range(self, rng: RangeRecord, dead: int, deadline: float) -> int:
+    async def _repair_range(
+        self, rng: RangeRecord, dead: int, incoming: dict[int, int], deadline: float
+    ) -> int:
         if rng.is_open:
             await self._pm.seal_one(rng.stream_id, rng.range_index, deadline)
             self._pm.seals["repair"] += 1
@@ -275,7 +279,8 @@ class ReplicaUpkeep:
             loads = [
                 load for load in self._pm.registry.loads() if load.node_id not in current.nodes
             ]
-            [replacement] = place(loads, 1, min_free_space=self._min_free_space)
+            [replacement] = place_copies(loads, 1, 0, incoming, min_free_space=self._min_free_space)
+            incoming[replacement] = incoming.get(replacement, 0) + 1
             # The survivors first: the first one serves reads while the new
             # replica copies the range.
             nodes = (*(n for n in current.nodes if n != dead), replacement)

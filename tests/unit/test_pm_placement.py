@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from pm.liveness import NodeRegistry, NodeState
-from pm.placement import NodeLoad, place
+from pm.placement import NodeLoad, place, place_copies
 from pm.records import NodeRecord
 from sbp.errors import InvalidRequestError, NoAvailableDataNodeError
 
@@ -172,3 +172,33 @@ def test_a_node_near_full_is_seen_before_it_is_full(
         state.metrics = {"disk_free_space": free, "disk_in_rate": rate}
     assert state.is_near_full(10 << 20) is near
     assert state.seconds_to_full(10 << 20) == seconds
+
+
+def test_copies_of_sealed_ranges_spread_by_bytes_not_by_appends() -> None:
+    """A drain's ranges spread by the bytes already headed to each node:
+    node 2 takes producers' appends and node 3 none, which made every range
+    of a drained node go to node 3."""
+    nodes = [
+        NodeLoad(2, active_ranges=4, append_rate=2_000, disk_free_space=10_000),
+        NodeLoad(3, active_ranges=0, append_rate=0, disk_free_space=10_200),
+    ]
+    incoming: dict[int, int] = {}
+    chosen = []
+    for _ in range(6):
+        [target] = place_copies(nodes, 1, 1_000, incoming)
+        incoming[target] = incoming.get(target, 0) + 1_000
+        chosen.append(target)
+    assert chosen == [3, 2, 3, 2, 3, 2]
+
+
+def test_copies_go_only_where_they_leave_room_and_as_many_as_there_are() -> None:
+    nodes = [
+        NodeLoad(1, disk_free_space=1_500),
+        NodeLoad(2, disk_free_space=5_000),
+        NodeLoad(3, disk_free_space=9_000),
+        NodeLoad(4),  # not heard from yet: counts as having room
+    ]
+    assert place_copies(nodes, 4, 1_000, {}, min_free_space=1_000) == (3, 2, 4)
+    assert place_copies(nodes, 2, 1_000, {3: 7_500}, min_free_space=1_000) == (2, 4)
+    with pytest.raises(NoAvailableDataNodeError):
+        place_copies(nodes[:1], 1, 1_000, {}, min_free_space=1_000)

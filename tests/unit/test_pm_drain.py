@@ -1,0 +1,63 @@
+"""Where the new replicas of sealed ranges go when a drain (SPEC §12) or a
+repair (§7) moves many at once, over records with range sizes faked: they
+spread over the other nodes."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from pm.metadata import MetadataStore, PutRange, PutStream
+from pm.records import NodeRecord, RangeRecord, StreamRecord
+
+from .test_pm_rebalance import _cluster, store
+
+__all__ = ["store"]
+
+
+async def test_a_drained_nodes_ranges_spread_over_the_others_by_bytes(
+    store: MetadataStore,
+) -> None:
+    """Node 2 takes appends and node 3 none: placed as new ranges are, every
+    copy went to node 3; a pass of the drain gives each half the bytes."""
+    manager, _ = await _cluster(store, {1: list(range(1, 7))})
+    manager.registry.report(
+        NodeRecord(2, "127.0.0.1:9002"), {"network_append_rate": 5_000, "range_active_cnt": 4}
+    )
+    await manager.drain_nodes([1])
+    await manager.move_ranges(10)
+    added = Counter(
+        node
+        for stream_id in range(1, 7)
+        for node in manager.store.range(stream_id, 0).nodes  # type: ignore[union-attr]
+        if node != 1
+    )
+    assert added == {2: 3, 3: 3}
+
+
+async def test_a_dead_nodes_ranges_are_repaired_onto_every_other_node(
+    store: MetadataStore,
+) -> None:
+    """The same for the replacements of a dead node: node 4 takes appends,
+    so by the placement of new ranges every copy went to node 3."""
+    manager, _ = await _cluster(store, {4: []})
+    await manager.commit(
+        [
+            change
+            for stream_id in range(1, 7)
+            for change in (
+                PutStream(StreamRecord(stream_id, 2)),
+                PutRange(RangeRecord(stream_id, 0, 0, (1, 2), 10)),
+            )
+        ]
+    )
+    manager.registry.report(
+        NodeRecord(4, "127.0.0.1:9004"), {"network_append_rate": 5_000, "range_active_cnt": 4}
+    )
+    assert await manager.upkeep.repair_node(1, 10) == 6
+    added = Counter(
+        node
+        for stream_id in range(1, 7)
+        for node in manager.store.range(stream_id, 0).nodes  # type: ignore[union-attr]
+        if node not in (1, 2)
+    )
+    assert added == {3: 3, 4: 3}
