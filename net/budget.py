@@ -160,7 +160,7 @@ class ConnectionBudget:
         worth and the read adds no more than that. A small request is never
         stuck behind others' bytes, and a connection held back holds a
         read's worth past the budget at most, not the first MiB of a large
-        frame (40 such connections once held 40 MiB past it)."""
+        frame."""
         if not self.requests_spent and self.room_for(growth):
             return True
         return not self.holds_requests and growth <= self._read_size

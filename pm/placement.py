@@ -119,12 +119,10 @@ def place_copies(
     in bytes, or in ranges where sizes are not known), then the most free
     space, then the fewest ranges, among those left with ``min_free_space``
     once this copy and theirs land. A sealed range takes no appends, so the
-    append rate and open ranges that place new ranges do not apply (by them
-    every range of a drained node went to the one node without producers),
-    and copies spread by bytes, as Redpanda's balancer spreads replicas by
-    count under a disk limit: free space, reported every few seconds, lags
-    behind the copies of one pass. Evening out disk use is the rebalancer's.
-    Fewer than ``count`` when fewer are eligible; NoAvailableDataNodeError
+    append rate and open ranges that place new ranges do not apply, and
+    copies spread by what is headed to each node rather than by free space,
+    which is reported every few seconds and lags behind the copies of one
+    pass. Evening out disk use is the rebalancer's. Fewer than ``count`` when fewer are eligible; NoAvailableDataNodeError
     when none is."""
 
     def room_after(c: NodeLoad) -> int | None:

@@ -54,8 +54,7 @@ logger = logging.getLogger(__name__)
 _no_source = RateLimitedLog(logger, interval=30.0)
 
 #: bytes asked of a peer per FETCH, and so stored per write: appends to
-#: this node wait behind one such write at most (a drain's 4 MiB writes
-#: took a producer's p99 from 4-5 ms to 19-31 ms, 1 MiB ones to 14-18 ms)
+#: this node wait behind one such write at most
 COPY_BYTES: Final = 1 << 20
 #: how long one FETCH of a peer may take
 COPY_TIMEOUT_S: Final = 30.0
