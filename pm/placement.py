@@ -122,8 +122,8 @@ def place_copies(
     append rate and open ranges that place new ranges do not apply, and
     copies spread by what is headed to each node rather than by free space,
     which is reported every few seconds and lags behind the copies of one
-    pass. Evening out disk use is the rebalancer's. Fewer than ``count`` when fewer are eligible; NoAvailableDataNodeError
-    when none is."""
+    pass. Evening out disk use is the rebalancer's. Fewer than ``count``
+    when fewer are eligible; NoAvailableDataNodeError when none is."""
 
     def room_after(c: NodeLoad) -> int | None:
         if c.disk_free_space is None:
