@@ -193,6 +193,10 @@ class NodeDrains:
             await self._leave(node_id, rng, deadline)
             return 0
         if len(others) < wanted:
+            if not any((n, *rng.key) in holdings for n in rng.nodes):
+                # no replica answered RANGE_HOLDINGS in this pass: the copy's
+                # size, and so its share of the move budget, is not known
+                return 0
             if not self._budget.may_start(size):
                 return size
             await self._add_replicas(rng, wanted - len(others), size, deadline)

@@ -5,11 +5,14 @@ spread over the other nodes."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
+from pm.liveness import NodeRegistry
+from pm.manager import PlacementManager
 from pm.metadata import MetadataStore, PutRange, PutStream
-from pm.records import NodeRecord, RangeRecord, StreamRecord
+from pm.records import Holding, NodeRecord, RangeRecord, StreamRecord
 
-from .test_pm_rebalance import _cluster, store
+from .test_pm_rebalance import SizedNodes, _cluster, store
 
 __all__ = ["store"]
 
@@ -61,3 +64,50 @@ async def test_a_dead_nodes_ranges_are_repaired_onto_every_other_node(
         if node not in (1, 2)
     )
     assert added == {3: 3, 4: 3}
+
+
+class SilentNodes(SizedNodes):
+    """``SizedNodes`` whose nodes in ``silent`` do not answer RANGE_HOLDINGS."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.silent: set[int] = set()
+
+    async def range_holdings(
+        self, node_id: int, keys: Sequence[tuple[int, int]], skips: Sequence[int] = ()
+    ) -> dict[tuple[int, int], Holding]:
+        if node_id in self.silent:
+            raise OSError("no answer")
+        return await super().range_holdings(node_id, keys, skips)
+
+
+async def test_a_range_no_replica_tells_the_size_of_is_not_copied_yet(
+    store: MetadataStore,
+) -> None:
+    """Its share of the move budget is not known: taken as 0 bytes, every
+    such range started at once, whatever --max-move-bytes-per-s says."""
+    nodes = SilentNodes()
+    manager = PlacementManager(store, NodeRegistry(5.0), nodes, max_move_bytes_per_s=1_000)
+    for node_id in (1, 2, 3):
+        manager.registry.heartbeat(NodeRecord(node_id, f"127.0.0.1:{9000 + node_id}"))
+    await manager.commit(
+        [
+            change
+            for stream_id in (1, 2, 3)
+            for change in (
+                PutStream(StreamRecord(stream_id, 1)),
+                PutRange(RangeRecord(stream_id, 0, 0, (1,), 10)),
+            )
+        ]
+    )
+    for stream_id in (1, 2, 3):
+        nodes.sizes[(stream_id, 0)] = 5_000
+    nodes.silent.add(1)
+    await manager.drain_nodes([1])
+    await manager.move_ranges(10)
+    assert [manager.store.range(s, 0).nodes for s in (1, 2, 3)] == [(1,)] * 3  # type: ignore[union-attr]
+    nodes.silent.clear()
+    await manager.move_ranges(10)
+    # known now: one copy starts, the budget holds the others back
+    grown = [s for s in (1, 2, 3) if len(manager.store.range(s, 0).nodes) == 2]  # type: ignore[union-attr]
+    assert len(grown) == 1
