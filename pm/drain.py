@@ -247,8 +247,10 @@ class NodeDrains:
             nodes = tuple(n for n in current.nodes if n != node_id)
             wanted = current.replicas_wanted if len(nodes) < current.replicas_wanted else 0
             await self._pm.commit([PutRange(replace(current, nodes=nodes, replicas_wanted=wanted))])
-            await self._pm.sync_stream(rng.stream_id, deadline, also={node_id})
+            # counted with the commit that moves it, which is what DESCRIBE_CLUSTER
+            # shows at once (drained), not after telling the nodes
             self.moved += 1
+            await self._pm.sync_stream(rng.stream_id, deadline, also={node_id})
             log.info(
                 "stream %d range %d moved off draining node %d: now on %s",
                 rng.stream_id,

@@ -276,8 +276,8 @@ class Rebalancer:
                 return
             nodes = tuple(n for n in rng.nodes if n != move.from_node)
             await self._pm.commit([PutRange(replace(rng, nodes=nodes)), DeleteMove(*move.key)])
+            self.moved += 1  # with the commit, as the drain counts its moves
             await self._pm.sync_stream(rng.stream_id, deadline, also={move.from_node})
-        self.moved += 1
         log.info(
             "stream %d range %d moved from node %d to node %d",
             *move.key,

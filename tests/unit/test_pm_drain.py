@@ -7,11 +7,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+import trio
+
 from pm.liveness import NodeRegistry
 from pm.manager import PlacementManager
 from pm.metadata import MetadataStore, PutRange, PutStream
 from pm.records import Holding, NodeRecord, RangeRecord, StreamRecord
+from sbp.enums import DataNodeState
 
+from ..eventually import eventually
 from .test_pm_rebalance import SizedNodes, _cluster, store
 
 __all__ = ["store"]
@@ -111,3 +115,28 @@ async def test_a_range_no_replica_tells_the_size_of_is_not_copied_yet(
     # known now: one copy starts, the budget holds the others back
     grown = [s for s in (1, 2, 3) if len(manager.store.range(s, 0).nodes) == 2]  # type: ignore[union-attr]
     assert len(grown) == 1
+
+
+async def test_a_move_counts_once_committed_not_once_the_nodes_are_told(
+    store: MetadataStore,
+) -> None:
+    """DESCRIBE_CLUSTER shows a node drained as soon as its last range's
+    move is committed: the moves counted must include it by then."""
+    manager, nodes = await _cluster(store, {1: [1]})
+    await manager.drain_nodes([1])
+    await manager.move_ranges(10)  # the new replica is added
+    told = trio.Event()
+    slow_sync = nodes.sync_ranges
+
+    async def sync_ranges(
+        node_id: int, streams: Sequence[tuple[int, Sequence[RangeRecord]]]
+    ) -> None:
+        await told.wait()
+        await slow_sync(node_id, streams)
+
+    nodes.sync_ranges = sync_ranges  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(manager.move_ranges, 10)
+        await eventually(lambda: manager.drains.state(1) == DataNodeState.DRAINED)
+        assert manager.drains.moved == 1
+        told.set()
