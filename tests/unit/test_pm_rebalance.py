@@ -38,14 +38,26 @@ def store(tmp_path: Path) -> Iterator[MetadataStore]:
 
 
 async def _cluster(
-    store: MetadataStore, placed: dict[int, list[int]], *, size: int = 100, open_on: int = 0
+    store: MetadataStore,
+    placed: dict[int, list[int]],
+    *,
+    size: int = 100,
+    open_on: int = 0,
+    nodes: SizedNodes | None = None,
+    max_move_bytes_per_s: int = 0,
 ) -> tuple[PlacementManager, SizedNodes]:
     """Nodes 1-3 (and any named in ``placed``), each holding one sealed
     range of ``size`` bytes per stream listed for it; ``open_on`` gets an
     open range of one more stream."""
-    nodes = SizedNodes()
+    nodes = nodes or SizedNodes()
     registry = NodeRegistry(5.0)
-    manager = PlacementManager(store, registry, nodes, rebalance_threshold=0.2)
+    manager = PlacementManager(
+        store,
+        registry,
+        nodes,
+        rebalance_threshold=0.2,
+        max_move_bytes_per_s=max_move_bytes_per_s,
+    )
     for node_id in sorted({1, 2, 3, *placed}):
         registry.heartbeat(NodeRecord(node_id, f"127.0.0.1:{9000 + node_id}"))
     changes: list[PutStream | PutRange] = []
