@@ -308,6 +308,11 @@ class FrameDecoder:
     def _next_read_size(self) -> int:
         filled = self._filled
         size = self._read_size
+        if filled < LENGTH_FIELD_SIZE and size < self._large_frame <= 2 * READ_SIZE:
+            # between frames of a peer sending frames just over a read (64 KiB
+            # batches): room for all of the next one as large, so it takes
+            # one read, not a read and then its last few bytes
+            size = self._large_frame - filled
         if filled >= LENGTH_FIELD_SIZE and not self._failed:
             (frame_length,) = _LENGTH.unpack_from(self._buffer, 0)
             total = frame_length + LENGTH_FIELD_SIZE

@@ -312,6 +312,36 @@ def test_a_large_frame_is_read_into_a_buffer_of_its_own_and_handed_over() -> Non
     assert decoder.holding == 0
 
 
+def test_frames_just_over_a_read_arrive_in_one_read_each() -> None:
+    # 64 KiB batches make frames a little larger than a read: once one has
+    # come, each next one as large is offered in full, not a read and then
+    # its last few bytes
+    frames = [
+        encode_frame(Opcode.APPEND, Flags.NONE, n, b"h" * 40, bytes([n]) * READ_SIZE)
+        for n in range(4)
+    ]
+    decoder = FrameDecoder()
+    reads_per_frame = []
+    for n, frame in enumerate(frames):
+        reads = 0
+        position = 0
+        events: list[FrameEvent] = []
+        while not events:
+            target = decoder.receive_buffer()
+            buffer = target.obj
+            count = min(len(target), len(frame) - position)
+            target[:count] = frame[position : position + count]
+            position += count
+            reads += 1
+            events = decoder.received(count)
+        (event,) = events
+        assert isinstance(event, Frame) and event.payload == bytes([n]) * READ_SIZE
+        assert isinstance(event.payload, memoryview) and event.payload.obj is buffer
+        reads_per_frame.append(reads)
+    assert reads_per_frame[1:] == [1, 1, 1]
+    assert decoder.holding == 0
+
+
 def read_frame_in(decoder: FrameDecoder, frame: bytes) -> tuple[Frame, bytearray]:
     """One frame through ``receive_buffer``/``received``; the event and the
     buffer the rest of it was read into."""
