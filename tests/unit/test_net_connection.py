@@ -690,3 +690,45 @@ async def test_a_throttle_in_an_answer_holds_the_next_request_of_its_kind(
         await client.request(Opcode.HEARTBEAT, heartbeat("next"), timeout=5)
         (_, held), (_, after) = arrivals
         assert after - held >= 0.5
+
+
+class _SchedulingCounter(trio.abc.Instrument):
+    """How many times the tasks named ``sender`` were woken."""
+
+    def __init__(self) -> None:
+        self.wakeups = 0
+
+    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
+        if task.name == "sender":
+            self.wakeups += 1
+
+
+async def test_senders_over_the_high_water_mark_are_woken_one_at_a_time() -> None:
+    """64 requests of 64 KiB in flight leave most of them waiting for room
+    below the 1 MiB mark: room wakes one at a time, not all of them to find
+    it taken again (that cost a client more CPU than sending)."""
+    client, server, _ = await over_small_socket_buffers(echo)
+    senders = 64
+    payload = bytes(64 * 1024)
+    answered: list[str] = []
+    counter = _SchedulingCounter()
+
+    async def sender(index: int) -> None:
+        response = await client.request(Opcode.HEARTBEAT, heartbeat(str(index)), payload)
+        answered.append(response.header.client_id)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        await nursery.start(client.run)
+        trio.lowlevel.add_instrument(counter)
+        try:
+            async with trio.open_nursery() as calls:
+                for index in range(senders):
+                    calls.start_soon(sender, index, name="sender")
+        finally:
+            trio.lowlevel.remove_instrument(counter)
+        nursery.cancel_scope.cancel()
+    assert sorted(answered, key=int) == [str(i) for i in range(senders)]
+    # each sender runs when started, when woken with room (or once more,
+    # finding it taken), and when its answer comes
+    assert counter.wakeups <= 4 * senders
