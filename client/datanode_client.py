@@ -60,14 +60,17 @@ class DataNodeClient(RangeCalls):
             self.timeout_ms(timeout),
         )
         payload = b"".join(batch for _, batch in batches)
+        connection = await self.connection()
+        # one unary call, not a stream: the answer is one frame, rarely more,
+        # and the stream's context managers cost a producer ~10 % of its CPU
+        response = await connection.request(
+            Opcode.APPEND, request, payload, timeout=self._deadline(timeout)
+        )
         results: list[messages.AppendResult] = []
-        async with self.call_streaming(
-            Opcode.APPEND, request, payload, timeout=timeout
-        ) as responses:
-            async for response in responses:
-                header = header_as(response, messages.AppendResponse)
-                results.extend(header.append_responses)
-        results.sort(key=lambda result: result.request_index)
+        for part in response.parts or (response,):
+            results.extend(header_as(part, messages.AppendResponse).append_responses)
+        if len(results) > 1:
+            results.sort(key=lambda result: result.request_index)
         return tuple(results)
 
     async def append_batch(

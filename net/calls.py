@@ -39,13 +39,15 @@ class Response(Generic[H]):
 
 
 class Call:
-    """A request of ours awaiting its response frames (one consumer)."""
+    """A request of ours awaiting its response frames (one consumer) until
+    its ``deadline`` (trio time), when ``Caller.expire_calls`` fails it."""
 
-    __slots__ = ("_wakeup", "ended", "error", "frames", "opcode", "stream_id")
+    __slots__ = ("_wakeup", "deadline", "ended", "error", "frames", "opcode", "stream_id")
 
-    def __init__(self, opcode: Opcode, stream_id: int) -> None:
+    def __init__(self, opcode: Opcode, stream_id: int, deadline: float = math.inf) -> None:
         self.opcode = opcode
         self.stream_id = stream_id
+        self.deadline = deadline
         self.frames: deque[Frame] = deque()
         self.error: BaseException | None = None
         self.ended = False  # RESPONSE_END received (its frame may still be queued)
@@ -60,7 +62,13 @@ class Call:
         self.error = error
         self._wakeup.set()
 
-    async def next_frame(self, deadline: float) -> Frame:
+    def expire(self) -> None:
+        """The deadline passed: the frames received are still taken, then a
+        timeout is raised (an answer received whole is not failed)."""
+        if self.error is None and not self.ended:
+            self.fail(RequestTimeoutError(f"no response to {self.opcode.name} before the deadline"))
+
+    async def next_frame(self) -> Frame:
         """The next frame, raising the connection's error or a timeout."""
         while True:
             if self.frames:
@@ -70,23 +78,17 @@ class Call:
             if self._wakeup.is_set():
                 self._wakeup = trio.Event()
                 continue
-            if deadline == math.inf:  # a cancel scope costs µs: only for real deadlines
-                await self._wakeup.wait()
-                continue
-            with trio.move_on_at(deadline):
-                await self._wakeup.wait()
-                continue
-            raise RequestTimeoutError(f"no response to {self.opcode.name} before the deadline")
+            await self._wakeup.wait()
 
 
 class Responses:
     """The frames of one streamed response, up to RESPONSE_END (a plain
     iterator: leaving the loop early leaves no generator to finalize)."""
 
-    __slots__ = ("_call", "_deadline", "_done", "_peer", "_throttles")
+    __slots__ = ("_call", "_done", "_peer", "_throttles")
 
-    def __init__(self, call: Call, deadline: float, peer: str, throttles: dict[int, float]) -> None:
-        self._call, self._deadline, self._peer, self._done = call, deadline, peer, False
+    def __init__(self, call: Call, peer: str, throttles: dict[int, float]) -> None:
+        self._call, self._peer, self._done = call, peer, False
         self._throttles = throttles
 
     def __aiter__(self) -> Responses:
@@ -95,7 +97,7 @@ class Responses:
     async def __anext__(self) -> Response[Any]:
         if self._done:
             raise StopAsyncIteration
-        frame = await self._call.next_frame(self._deadline)
+        frame = await self._call.next_frame()
         self._done = frame.is_end
         return note_throttle(self._throttles, to_response(self._call.opcode, frame, self._peer))
 
@@ -160,6 +162,28 @@ class Caller:
         #: by opcode: the trio time before which no request of it is sent,
         #: as a server's throttle_time_ms asked (SPEC §12)
         self.throttles: dict[int, float] = {}
+        #: when ``expire_calls`` wakes next (the earliest deadline it knew of)
+        self._next_expiry = math.inf
+        self._earlier_deadline = trio.lowlevel.ParkingLot()
+
+    async def expire_calls(self) -> None:
+        """Fail each call whose deadline passed (a task of the connection's).
+
+        One task for all of them, waking at the earliest deadline, rather
+        than a cancel scope around each wait: that cost a client ~10 % of
+        its CPU per request. It scans the calls in flight once per wake,
+        which is about once per timeout when calls end in time."""
+        while True:
+            now = trio.current_time()
+            earliest = math.inf
+            for call in self.calls.values():
+                if call.deadline <= now:
+                    call.expire()
+                elif call.deadline < earliest:
+                    earliest = call.deadline
+            self._next_expiry = earliest
+            with trio.move_on_at(earliest):
+                await self._earlier_deadline.park()
 
     def fail_all(self, error: BaseException) -> None:
         for call in self.calls.values():
@@ -183,11 +207,9 @@ class Caller:
         call = await self.open_call(opcode, header, payload, deadline)
         try:
             peer, throttles = self._host.peer, self.throttles
-            parts = [
-                note_throttle(throttles, to_response(opcode, await call.next_frame(deadline), peer))
-            ]
+            parts = [note_throttle(throttles, to_response(opcode, await call.next_frame(), peer))]
             while not call.ended or call.frames:
-                frame = await call.next_frame(deadline)
+                frame = await call.next_frame()
                 parts.append(note_throttle(throttles, to_response(opcode, frame, peer)))
             if len(parts) == 1:
                 return parts[0]
@@ -211,7 +233,7 @@ class Caller:
         deadline = deadline_after(timeout)
         call = await self.open_call(opcode, header, payload, deadline)
         try:
-            yield Responses(call, deadline, self._host.peer, self.throttles)
+            yield Responses(call, self._host.peer, self.throttles)
         finally:
             self.close_call(call)
 
@@ -249,7 +271,10 @@ class Caller:
             if engine.outgoing_bytes > engine.high_water:
                 raise RequestTimeoutError(f"{opcode.name} could not be sent before the deadline")
         stream_id = engine.send_request(opcode, encoded, payload, after_goaway=after_goaway)
-        call = self.calls[stream_id] = Call(opcode, stream_id)
+        call = self.calls[stream_id] = Call(opcode, stream_id, deadline)
+        if deadline < self._next_expiry:
+            self._next_expiry = deadline
+            self._earlier_deadline.unpark_all()
         self.pings += opcode == Opcode.PING
         host.wake_writer()
         return call
@@ -271,7 +296,7 @@ class Caller:
             Opcode.PING, None, b"", deadline_after(timeout), after_goaway=True
         )
         try:
-            await call.next_frame(deadline_after(timeout))
+            await call.next_frame()
         except RequestTimeoutError:
             return False
         finally:

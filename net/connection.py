@@ -271,6 +271,7 @@ class Connection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write_loop)
+                nursery.start_soon(self.caller.expire_calls)
                 if self.limits.keepalive_interval is not None:
                     nursery.start_soon(
                         keep_alive,

@@ -109,7 +109,7 @@ async def test_a_lone_request_is_written_at_once_and_others_by_the_writer() -> N
         )
         assert client.engine.queued_frames == 1  # left to the writer
         for call, name in ((first, "first"), (second, "second")):
-            frame = await call.next_frame(deadline_after(5))
+            frame = await call.next_frame()
             assert messages.HeartbeatResponse.decode(frame.header).client_id == name
             client.caller.close_call(call)
     async with connected(serving(), tcp=False) as (client, _):
@@ -117,7 +117,7 @@ async def test_a_lone_request_is_written_at_once_and_others_by_the_writer() -> N
             Opcode.HEARTBEAT, heartbeat("memory"), b"", deadline_after(5)
         )
         assert client.engine.queued_frames == 1  # no socket: the writer task writes
-        await call.next_frame(deadline_after(5))
+        await call.next_frame()
         client.caller.close_call(call)
 
 
@@ -412,6 +412,31 @@ async def test_timeout_cancels_only_that_request(autojump_clock: trio.abc.Clock)
         await client.ping()
         assert client.engine.discarded == {"late_response": 1}
         assert not client.closed
+
+
+async def test_each_request_times_out_at_its_own_deadline(autojump_clock: trio.abc.Clock) -> None:
+    """One task of the connection expires the calls: a shorter timeout
+    sent after a longer one still ends on time, and the longer one later."""
+
+    async def never(request: Request, responder: Responder) -> None:
+        await trio.sleep_forever()
+
+    timed_out: dict[str, float] = {}
+
+    async def ask(name: str, timeout: float) -> None:
+        started = trio.current_time()
+        with pytest.raises(RequestTimeoutError):
+            await client.request(Opcode.HEARTBEAT, heartbeat(name), timeout=timeout)
+        timed_out[name] = trio.current_time() - started
+
+    async with connected(serving(never)) as (client, _):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask, "long", 100.0)
+            await trio.sleep(1)
+            nursery.start_soon(ask, "short", 2.0)
+        assert client.in_flight == 0 and not client.closed
+    assert timed_out["short"] == pytest.approx(2.0, abs=0.1)
+    assert timed_out["long"] == pytest.approx(100.0, abs=0.1)
 
 
 async def test_cancelled_request_is_abandoned() -> None:
