@@ -122,22 +122,21 @@ def _send_now(sock: trio.socket.SocketType, pieces: list[Buffer]) -> int:
     error writes nothing more and is left to the writer task to meet."""
     # trio's sendmsg always yields to the scheduler; this must not: the
     # buffers are valid only until the caller returns
+    # (writev on trio's non-blocking descriptor: wrapping it in a socket
+    # object for sendmsg cost a getsockname call per answer)
     fd = sock.fileno()
     if fd < 0:  # closed: the writer task reports it
         return 0
-    raw = socket.socket(sock.family, sock.type, sock.proto, fileno=fd)
     sent = 0
     try:
         for first in range(0, len(pieces), _MAX_IOV):
             group = pieces[first : first + _MAX_IOV]
-            taken = raw.sendmsg(group, (), socket.MSG_DONTWAIT)
+            taken = os.writev(fd, group)
             sent += taken
             if taken < sum(len(piece) for piece in group):
                 break
     except OSError:  # BlockingIOError: the socket buffer is full
         pass
-    finally:
-        raw.detach()  # the descriptor stays trio's
     return sent
 
 
