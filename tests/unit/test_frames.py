@@ -323,28 +323,20 @@ def test_frames_just_over_a_read_arrive_in_one_read_each() -> None:
     decoder = FrameDecoder()
     reads_per_frame = []
     for n, frame in enumerate(frames):
-        reads = 0
-        position = 0
-        events: list[FrameEvent] = []
-        while not events:
-            target = decoder.receive_buffer()
-            buffer = target.obj
-            count = min(len(target), len(frame) - position)
-            target[:count] = frame[position : position + count]
-            position += count
-            reads += 1
-            events = decoder.received(count)
-        (event,) = events
-        assert isinstance(event, Frame) and event.payload == bytes([n]) * READ_SIZE
+        reads: list[int] = []
+        event, buffer = read_frame_in(decoder, frame, reads)
+        assert event.payload == bytes([n]) * READ_SIZE
         assert isinstance(event.payload, memoryview) and event.payload.obj is buffer
-        reads_per_frame.append(reads)
+        reads_per_frame.append(len(reads))
     assert reads_per_frame[1:] == [1, 1, 1]
     assert decoder.holding == 0
 
 
-def read_frame_in(decoder: FrameDecoder, frame: bytes) -> tuple[Frame, bytearray]:
+def read_frame_in(
+    decoder: FrameDecoder, frame: bytes, reads: list[int] | None = None
+) -> tuple[Frame, bytearray]:
     """One frame through ``receive_buffer``/``received``; the event and the
-    buffer the rest of it was read into."""
+    buffer the rest of it was read into (``reads`` gets each read's size)."""
     events: list[FrameEvent] = []
     position = 0
     buffer = None
@@ -354,6 +346,8 @@ def read_frame_in(decoder: FrameDecoder, frame: bytes) -> tuple[Frame, bytearray
         n = min(len(target), len(frame) - position)
         target[:n] = frame[position : position + n]
         position += n
+        if reads is not None:
+            reads.append(n)
         events = decoder.received(n)
     (event,) = events
     assert isinstance(event, Frame) and isinstance(buffer, bytearray)
