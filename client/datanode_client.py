@@ -62,7 +62,7 @@ class DataNodeClient(RangeCalls):
         payload = b"".join(batch for _, batch in batches)
         connection = await self.connection()
         # one unary call, not a stream: the answer is one frame, rarely more,
-        # and the stream's context managers cost a producer ~10 % of its CPU
+        # and the stream's context managers cost a client ~5 % of its CPU per APPEND
         response = await connection.request(
             Opcode.APPEND, request, payload, timeout=self._deadline(timeout)
         )
