@@ -398,19 +398,26 @@ async def running_plan(
 
 
 async def _start_together(children: list[Child], extra_args: tuple[str, ...] = ()) -> None:
-    """Start the children at once; the first that fails is the error."""
+    """Start the children at once. The first failure stops the others; the
+    error names every child that failed by then, in the children's order
+    (several etcd members may find a port taken in the same instant)."""
+    failures: dict[int, ClusterError] = {}
+
+    async def start(index: int, child: Child) -> None:
+        try:
+            await start_child(child, extra_args)
+        except ClusterError as error:
+            failures[index] = error
+            raise
+
     try:
         async with trio.open_nursery() as starting:
-            for child in children:
-                starting.start_soon(start_child, child, extra_args)
-    except BaseExceptionGroup as group:
-        failed, _ = group.split(ClusterError)
-        if failed is None:
+            for index, child in enumerate(children):
+                starting.start_soon(start, index, child)
+    except BaseExceptionGroup:
+        if not failures:
             raise
-        first: BaseException = failed
-        while isinstance(first, BaseExceptionGroup):
-            first = first.exceptions[0]
-        raise first from None
+        raise ClusterError("; ".join(str(failures[i]) for i in sorted(failures))) from None
 
 
 async def _supervise(children: list[Child], *, restart: bool) -> None:
