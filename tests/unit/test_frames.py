@@ -12,6 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import sbp.frames
+from sbp.allocator import RECEIVE_BUFFERS, BufferPool
 from sbp.constants import FIXED_HEADER_SIZE, MAX_HEADER_LENGTH, MIN_FRAME_LENGTH
 from sbp.enums import ErrorCode, Flags, Opcode
 from sbp.frames import (
@@ -354,6 +356,15 @@ def read_frame_in(
     return event, buffer
 
 
+@pytest.fixture
+def own_buffer_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Receive buffers kept in a pool of the test's own: free buffers other
+    tests left in the process-wide one would be taken first."""
+    pool = BufferPool(RECEIVE_BUFFERS.max_bytes, RECEIVE_BUFFERS.largest)
+    monkeypatch.setattr(sbp.frames, "RECEIVE_BUFFERS", pool)
+
+
+@pytest.mark.usefixtures("own_buffer_pool")
 def test_a_large_frames_buffer_is_read_into_again_once_nothing_refers_to_it() -> None:
     frames = [
         encode_frame(Opcode.FETCH, Flags.RESPONSE, 9, b"h", bytes([i]) * (300_000 - i))
