@@ -117,7 +117,13 @@ async def test_producer_state_outlives_a_data_node_restart(tmp_path: Path) -> No
         assert (await client.append_batch(stream_id, _batch(b"a"), producer=stamp)).base_offset == 0
         assert await node.terminate() == 0
         restarted = await cluster.start_node(1)
-        await cluster.wait_alive({1})
+        # "alive" may still be the old process's last heartbeat: wait until
+        # the PM names the new address, which read_stream below goes to
+        await eventually(
+            lambda: pm.list_stream_ranges(stream_id),
+            until=lambda ranges: primary_address(ranges[0]) == restarted.address,
+            what="the PM naming the restarted node's address",
+        )
         client = cluster.node_client(restarted.address)
         again = await client.append_batch(stream_id, _batch(b"a"), producer=stamp)
         assert again.base_offset == 0
