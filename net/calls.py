@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -148,6 +148,8 @@ class CallHost(Protocol):
 
     async def wait_room(self) -> None: ...
 
+    def start_task(self, fn: Callable[[], Awaitable[None]]) -> None: ...
+
     def after_request(self) -> None: ...
 
 
@@ -162,17 +164,20 @@ class Caller:
         #: by opcode: the trio time before which no request of it is sent,
         #: as a server's throttle_time_ms asked (SPEC §12)
         self.throttles: dict[int, float] = {}
-        #: when ``expire_calls`` wakes next (the earliest deadline it knew of)
+        #: when ``_expire_calls`` wakes next (the earliest deadline it knew
+        #: of); infinite when the task is not running
         self._next_expiry = math.inf
         self._earlier_deadline = trio.lowlevel.ParkingLot()
 
-    async def expire_calls(self) -> None:
-        """Fail each call whose deadline passed (a task of the connection's).
+    async def _expire_calls(self) -> None:
+        """Fail each call whose deadline passed (a task of the connection's,
+        started by a call with a deadline, ended once none is left).
 
         One task for all of them, waking at the earliest deadline, rather
         than a cancel scope around each wait: that cost a client ~10 % of
         its CPU per request. It scans the calls in flight once per wake,
-        which is about once per timeout when calls end in time."""
+        which is about once per timeout when calls end in time; an idle
+        connection has no such task (it would cost ~4 KiB)."""
         while True:
             now = trio.current_time()
             earliest = math.inf
@@ -182,6 +187,8 @@ class Caller:
                 elif call.deadline < earliest:
                     earliest = call.deadline
             self._next_expiry = earliest
+            if earliest == math.inf:
+                return
             with trio.move_on_at(earliest):
                 await self._earlier_deadline.park()
 
@@ -273,8 +280,11 @@ class Caller:
         stream_id = engine.send_request(opcode, encoded, payload, after_goaway=after_goaway)
         call = self.calls[stream_id] = Call(opcode, stream_id, deadline)
         if deadline < self._next_expiry:
+            if self._next_expiry == math.inf:
+                host.start_task(self._expire_calls)
+            else:
+                self._earlier_deadline.unpark_all()
             self._next_expiry = deadline
-            self._earlier_deadline.unpark_all()
         self.pings += opcode == Opcode.PING
         host.wake_writer()
         return call

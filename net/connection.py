@@ -31,7 +31,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 import trio
@@ -270,7 +270,6 @@ class Connection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write_loop)
-                nursery.start_soon(self.caller.expire_calls)
                 if self.limits.keepalive_interval is not None:
                     nursery.start_soon(
                         keep_alive,
@@ -596,6 +595,11 @@ class Connection:
     def engine(self) -> ConnectionEngine:
         """The protocol engine this connection drives."""
         return self._engine
+
+    def start_task(self, fn: Callable[[], Awaitable[None]]) -> None:
+        """Run ``fn`` in a task of the connection's (ended with it)."""
+        assert self._nursery is not None  # a running connection's
+        self._nursery.start_soon(fn)
 
     def wake_writer(self) -> None:
         """A request of ours was queued."""

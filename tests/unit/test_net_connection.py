@@ -439,6 +439,28 @@ async def test_each_request_times_out_at_its_own_deadline(autojump_clock: trio.a
     assert timed_out["long"] == pytest.approx(100.0, abs=0.1)
 
 
+async def test_requests_are_expired_by_a_task_only_while_they_are_in_flight(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """An idle connection runs no expiry task (10,000 idle ones would hold
+    40 MB of them); a request with a deadline starts it, and it ends at the
+    deadline once nothing is in flight."""
+
+    def expiring(connection: Connection) -> bool:
+        assert connection._nursery is not None
+        return any("_expire_calls" in task.name for task in connection._nursery.child_tasks)
+
+    async with connected(serving()) as (client, _):
+        assert not expiring(client)
+        await client.request(Opcode.HEARTBEAT, heartbeat("a"), timeout=5)
+        assert expiring(client)  # until the deadline it woke for
+        await trio.sleep(6)
+        assert not expiring(client)
+        # and it comes back for the next one
+        await client.request(Opcode.HEARTBEAT, heartbeat("b"), timeout=5)
+        assert expiring(client)
+
+
 async def test_cancelled_request_is_abandoned() -> None:
     release = trio.Event()
 
