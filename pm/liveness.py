@@ -83,6 +83,7 @@ class NodeState:
             active_ranges=max(self.metrics.get("range_active_cnt", 0), 0)
             + self.placed_since_report,
             append_rate=max(self.metrics.get("network_append_rate", 0), 0),
+            write_rate=max(self.metrics.get("disk_in_rate", 0), 0),
             disk_free_space=free,
             hosted_ranges=self.hosted_ranges,
             primaries=self.primaries,

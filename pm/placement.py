@@ -32,6 +32,8 @@ class NodeLoad:
     active_ranges: int = 0
     #: appends per second at the last report
     append_rate: int = 0
+    #: bytes written to storage per second at the last report
+    write_rate: int = 0
     #: bytes free at the last report; None before the first report
     disk_free_space: int | None = None
     #: every range the node hosts (the tie-break that spreads ranges evenly)
@@ -112,18 +114,24 @@ def place_copies(
     incoming: Mapping[int, int],
     *,
     min_free_space: int = 0,
+    write_horizon_s: float = 0.0,
 ) -> tuple[int, ...]:
     """The node ids for ``count`` new replicas of a sealed range of ``size``
     bytes (a drain moving it, a repair replacing a dead node): the nodes with
-    the least already headed their way in this pass (``incoming`` by node id,
-    in bytes, or in ranges where sizes are not known), then the most free
-    space, then the fewest ranges, among those left with ``min_free_space``
-    once this copy and theirs land. A sealed range takes no appends, so the
-    append rate and open ranges that place new ranges do not apply, and
-    copies spread by what is headed to each node rather than by free space,
-    which is reported every few seconds and lags behind the copies of one
-    pass. Evening out disk use is the rebalancer's. Fewer than ``count``
-    when fewer are eligible; NoAvailableDataNodeError when none is."""
+    the least to write, then the most free space, then the fewest ranges,
+    among those left with ``min_free_space`` once this copy and theirs land.
+
+    What a node has to write is what is already headed its way in this pass
+    (``incoming`` by node id, in bytes, or in ranges where sizes are not
+    known), plus, with ``incoming`` in bytes, what its appends write in
+    ``write_horizon_s`` at its reported rate: a copy onto a node that takes
+    a producer's appends slows those appends, so it goes to a node writing
+    less while there is one. A sealed range takes no appends, so the append
+    rate and open ranges that place new ranges do not apply, and copies
+    spread by what is headed to each node rather than by free space, which
+    is reported every few seconds and lags behind the copies of one pass.
+    Evening out disk use is the rebalancer's. Fewer than ``count`` when
+    fewer are eligible; NoAvailableDataNodeError when none is."""
 
     def room_after(c: NodeLoad) -> int | None:
         if c.disk_free_space is None:
@@ -136,7 +144,7 @@ def place_copies(
     ranked = sorted(
         eligible,
         key=lambda c: (
-            incoming.get(c.node_id, 0),
+            incoming.get(c.node_id, 0) + c.write_rate * write_horizon_s,
             -(c.disk_free_space or 0),
             c.hosted_ranges,
             c.node_id,

@@ -41,6 +41,20 @@ async def test_a_drained_nodes_ranges_spread_over_the_others_by_bytes(
     assert added == {2: 3, 3: 3}
 
 
+async def test_a_drain_copies_onto_the_node_that_writes_less_first(
+    store: MetadataStore,
+) -> None:
+    """Node 2 writes 40 bytes/s of appends, 400 bytes over the 10 s a copy
+    counts against it, and node 3 nothing: of six 100-byte ranges node 3
+    takes the first four, after which both have 400 bytes to write."""
+    manager, _ = await _cluster(store, {1: list(range(1, 7))})
+    manager.registry.report(NodeRecord(2, "127.0.0.1:9002"), {"disk_in_rate": 40})
+    await manager.drain_nodes([1])
+    await manager.move_ranges(10)
+    added = [n for nodes in _replicas(manager, range(1, 7)) for n in nodes if n != 1]
+    assert added == [3, 3, 3, 3, 2, 3]
+
+
 async def test_a_dead_nodes_ranges_are_repaired_onto_every_other_node(
     store: MetadataStore,
 ) -> None:

@@ -191,6 +191,32 @@ def test_copies_of_sealed_ranges_spread_by_bytes_not_by_appends() -> None:
     assert chosen == [3, 2, 3, 2, 3, 2]
 
 
+def test_copies_count_against_a_node_what_its_appends_write_over_the_horizon() -> None:
+    """Node 2 writes a producer's 100 bytes/s and node 3 nothing: with a
+    10 s horizon, node 3 takes copies until more than 1,000 bytes are headed
+    its way, and from then on they alternate, as for nodes writing the same."""
+    nodes = [
+        NodeLoad(2, write_rate=100, disk_free_space=100_000),
+        NodeLoad(3, write_rate=0, disk_free_space=100_000),
+    ]
+    incoming: dict[int, int] = {}
+    chosen = []
+    for _ in range(8):
+        [target] = place_copies(nodes, 1, 300, incoming, write_horizon_s=10.0)
+        incoming[target] = incoming.get(target, 0) + 300
+        chosen.append(target)
+    assert chosen == [3, 3, 3, 3, 2, 3, 2, 3]
+    # without a horizon (a repair, which counts ranges) the rate plays no part
+    assert place_copies(nodes, 1, 0, {2: 1, 3: 2}) == (2,)
+
+
+def test_a_nodes_write_rate_is_its_reported_disk_in_rate() -> None:
+    state = NodeState(NodeRecord(1, "a:1"), last_seen=0.0)
+    assert state.load().write_rate == 0
+    state.metrics = {"disk_in_rate": 5_000_000}
+    assert state.load().write_rate == 5_000_000
+
+
 def test_copies_go_only_where_they_leave_room_and_as_many_as_there_are() -> None:
     nodes = [
         NodeLoad(1, disk_free_space=1_500),
