@@ -49,9 +49,9 @@ _NONE: Final = Holding(held_end=-1, size=0)
 #: sealed ranges of a draining node moved a step per pass (the rest wait
 #: for later passes, and count in its bytes to move only from then on)
 MAX_RANGES_PER_PASS: Final = 1000
-#: a copy counts against a target node's appends over this long: a node
-#: taking a producer's appends gets copies only once the others have been
-#: given about this many seconds of its writes (``place_copies``)
+#: what a target node's appends write over this long counts as headed its
+#: way: a node taking a producer's appends gets copies only once the others
+#: have been given about this many seconds of its writes (``place_copies``)
 COPY_WRITE_HORIZON_S: Final = 10.0
 
 
