@@ -545,10 +545,12 @@ class DataNode:
         return known
 
     async def install_ranges(self, stream_id: int, ranges: Sequence[messages.Range]) -> None:
-        """Apply ranges learned from the PM, as SYNC_RANGES would."""
+        """Apply ranges looked up on the PM, as SYNC_RANGES would, unless
+        the answer may be older than what SYNC_RANGES brought meanwhile
+        (``StorageEngine.learn_ranges``)."""
         infos = [range_to_info(r) for r in ranges]
         await self._prefetch_dropped([(stream_id, infos)])
-        await wait_future(self.engine.sync_ranges(stream_id, infos))
+        await wait_future(self.engine.learn_ranges(stream_id, infos))
         self.ranges_changed(stream_id)
 
     def ranges_changed(self, stream_id: int) -> None:

@@ -247,6 +247,28 @@ def delete_stream(ctx: WriteContext, stream_id: int) -> None:
     ctx.save_stream(state)
 
 
+def learn_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> list[RangeInfo]:
+    """Apply a view of a stream's ranges that this node asked the PM for
+    (LIST_RANGES), unless it may be older than the view held here.
+
+    SYNC_RANGES of one stream reach the node in the order the PM committed
+    them; an answer to a lookup has no place in that order, and applied
+    after a newer SYNC_RANGES it would take the node off a range it was
+    just placed on and drop what it held of it. A view is certainly newer
+    when the stream is unknown here or the view has a range above every one
+    known here: ranges are only ever added at the top, so every later view
+    has that range too. Any other view is left alone, and the live ranges
+    held here are returned: what the lookup was for comes with the PM's
+    SYNC_RANGES.
+    """
+    existing = ctx.current(stream_id)
+    if existing is not None and existing.ranges and not existing.deleted:
+        top = max(r.range_index for r in existing.ranges)
+        if all(r.range_index <= top for r in ranges):
+            return [existing.live(r) for r in existing.ranges]
+    return sync_ranges(ctx, stream_id, ranges)
+
+
 def sync_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> list[RangeInfo]:
     """Apply the PM's view of a stream's ranges; returns them with live next offsets.
 

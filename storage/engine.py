@@ -362,6 +362,13 @@ class StorageEngine:
         ranges = list(ranges)
         return self._command(lambda ctx: commands.sync_ranges(ctx, stream_id, ranges))
 
+    def learn_ranges(self, stream_id: int, ranges: Sequence[RangeInfo]) -> Future[list[RangeInfo]]:
+        """Apply a view of a stream's ranges this node looked up on the PM,
+        unless it may be older than the one held (``commands.learn_ranges``)."""
+        _check_stream_id(stream_id)
+        ranges = list(ranges)
+        return self._command(lambda ctx: commands.learn_ranges(ctx, stream_id, ranges))
+
     def seal_range(self, stream_id: int, range_index: int) -> Future[RangeInfo]:
         """Stop appends to a range; its end offset becomes the stream's next
         offset. Every append submitted before the seal is inside the range.

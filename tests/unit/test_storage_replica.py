@@ -204,3 +204,45 @@ def test_range_holding_and_the_cut_that_drops_a_number_of_bytes(
     follower.sync_ranges(STREAM, [sealed_range(0, 2, 4), open_range(1, 4)]).result()  # trimmed
     assert follower.range_holding(STREAM, 0) == (4, 2 * chunk)
     assert follower.offset_after_bytes(STREAM, 0, 1) == 3
+
+
+def moved(index: int, start: int, end: int, nodes: tuple[int, ...]) -> RangeInfo:
+    """A sealed range on ``nodes``, the first of them its primary."""
+    on = tuple(ReplicaInfo(n, f"127.0.0.1:{9000 + n}", n == nodes[0]) for n in nodes)
+    return RangeInfo(STREAM, index, start, end, replicas=on, epoch=EPOCH)
+
+
+def test_a_looked_up_view_older_than_the_one_synced_changes_nothing(
+    follower: StorageEngine,
+) -> None:
+    """A drain placed this node on sealed range 0, and it copies it; the
+    answer to a lookup the PM gave just before (range 0 not on this node)
+    arrives after that SYNC_RANGES. Applied, it would take the node off the
+    range and drop what it copied, and nothing would tell it again."""
+    before = [moved(0, 0, 3, (LEADER, 3)), open_range(1, 3)]
+    after = [moved(0, 0, 3, (LEADER, 3, FOLLOWER)), open_range(1, 3)]
+    follower.sync_ranges(STREAM, after).result()
+    assert follower.catch_up([item(0, b"a", b"b", b"c")]).result() == 3
+    answer = follower.learn_ranges(STREAM, before).result()
+    assert [r.replicas for r in answer] == [r.replicas for r in after]
+    assert follower.range_holding(STREAM, 0)[0] == 3
+    assert values(follower) == [b"a", b"b", b"c"]
+
+
+def test_a_looked_up_view_is_applied_when_certainly_newer(tmp_path: Path) -> None:
+    """A stream unknown here takes the answer whole; a known one takes it
+    when it has a range above every one known here (ranges only ever come
+    at the top): a range just placed here, its SYNC_RANGES still on the way."""
+    with StorageEngine(tmp_path / "node", node_id=FOLLOWER, map_size=64 << 20) as engine:
+        engine.learn_ranges(STREAM, [open_range()]).result()
+        assert [r.range_index for r in engine.list_ranges(STREAM)] == [0]
+        replicate(engine, item(0, b"a"))
+        engine.learn_ranges(STREAM, [sealed_range(0, 0, 1), open_range(1, 1)]).result()
+        assert [(r.range_index, r.end_offset) for r in engine.list_ranges(STREAM)] == [
+            (0, 1),
+            (1, -1),
+        ]
+        assert replicate(engine, item(1, b"b", index=1)) == [2]
+        # the same view again, or an older one, is left alone
+        engine.learn_ranges(STREAM, [open_range()]).result()
+        assert [r.range_index for r in engine.list_ranges(STREAM)] == [0, 1]
