@@ -41,6 +41,7 @@ DEFAULT_END_OFFSETS_INTERVAL_MS: Final = 5_000
 DEFAULT_SIZE_RETENTION_INTERVAL_MS: Final = 10_000
 DEFAULT_REBALANCE_THRESHOLD: Final = 0.2
 DEFAULT_REBALANCE_INTERVAL_MS: Final = 60_000
+DEFAULT_RECONCILE_INTERVAL_MS: Final = 60_000
 
 
 def _share(text: str) -> float:
@@ -184,6 +185,14 @@ OPTIONS: Final = (
         metavar="MS",
     ),
     Option(
+        "reconcile-interval-ms",
+        "how often the PM compares each live data node's ranges with the metadata and "
+        "sends it what differs, as it does when a node comes back (0: only then)",
+        non_negative_int,
+        default=str(DEFAULT_RECONCILE_INTERVAL_MS),
+        metavar="MS",
+    ),
+    Option(
         "size-retention-interval-ms",
         "how often streams with a size limit (retention_bytes) are sized and trimmed",
         positive_int,
@@ -285,6 +294,7 @@ class PMConfig:
     size_retention_interval_s: float = DEFAULT_SIZE_RETENTION_INTERVAL_MS / 1000
     rebalance_threshold: float = DEFAULT_REBALANCE_THRESHOLD
     rebalance_interval_s: float = DEFAULT_REBALANCE_INTERVAL_MS / 1000
+    reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_MS / 1000
     map_size: int = DEFAULT_MAP_SIZE
     max_frame_bytes: int = DEFAULT_MAX_FRAME_LENGTH
     max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -332,6 +342,7 @@ def parse_config(argv: Sequence[str] | None = None) -> PMConfig:
         size_retention_interval_s=values["size_retention_interval_ms"] / 1000,
         rebalance_threshold=values["rebalance_threshold"],
         rebalance_interval_s=values["rebalance_interval_ms"] / 1000,
+        reconcile_interval_s=values["reconcile_interval_ms"] / 1000,
         map_size=values["map_size"],
         max_frame_bytes=values["max_frame_bytes"],
         max_connections=values["max_connections"],

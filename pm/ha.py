@@ -132,6 +132,7 @@ async def run_pm_on_etcd(config: PMConfig) -> int:
                     size_retention_interval=config.size_retention_interval_s,
                     rebalance_threshold=config.rebalance_threshold,
                     rebalance_interval=config.rebalance_interval_s,
+                    reconcile_interval=config.reconcile_interval_s,
                 )
                 counts = manager.counts()
                 log.info(

@@ -100,6 +100,9 @@ MAX_LIST_LIMIT: Final = 10_000
 RECONCILE_TIMEOUT_S: Final = 60.0
 RECONCILE_RETRY_S: Final = 10.0
 RECONCILE_RETRY_MAX_S: Final = 600.0
+#: every live node is also compared with the metadata this often: what put a
+#: node out of step unnoticed is set right within this long
+RECONCILE_INTERVAL_S: Final = 60.0
 #: sealing a replicated range: how long replicas that have not answered yet
 #: may still answer once enough have, and how often that is looked at
 SEAL_GRACE_S: Final = 0.5
@@ -166,6 +169,7 @@ class PlacementManager:
         size_retention_interval: float = SIZE_RETENTION_INTERVAL_S,
         rebalance_threshold: float = REBALANCE_THRESHOLD,
         rebalance_interval: float = REBALANCE_INTERVAL_S,
+        reconcile_interval: float = RECONCILE_INTERVAL_S,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -187,6 +191,10 @@ class PlacementManager:
         # data may predate changes they were not told of; see reconcile_node.
         self._returning, self._returned = trio.open_memory_channel[int](math.inf)
         self._reconciling: set[int] = set()
+        #: how often every live node is reconciled anyway (0: never)
+        self._reconcile_interval = reconcile_interval
+        #: by node: the streams it holds that this PM never created, as last logged
+        self._foreign_told: dict[int, list[int]] = {}
         #: the replicas' upkeep: dead primaries, repairs, full nodes, short-handed ranges
         self.upkeep = ReplicaUpkeep(self, min_free_space=min_free_space, repair_after=repair_after)
         #: streams' size limits (SPEC §12)
@@ -250,12 +258,36 @@ class PlacementManager:
 
     async def reconcile_returning_nodes(self, timeout: float = RECONCILE_TIMEOUT_S) -> None:
         """Run forever: reconcile each data node as it comes back (see
-        ``reconcile_node``), several nodes at once."""
+        ``reconcile_node``), several nodes at once, and every live node
+        every ``reconcile_interval``."""
         async with trio.open_nursery() as nursery:
+            if self._reconcile_interval > 0:
+                nursery.start_soon(self._reconcile_live_nodes, timeout)
             async for node_id in self._returned:
                 if node_id not in self._reconciling:
                     self._reconciling.add(node_id)
                     nursery.start_soon(self._reconcile_until_done, node_id, timeout)
+
+    async def _reconcile_live_nodes(self, timeout: float) -> None:
+        """Every ``reconcile_interval``, send each live node the streams whose
+        ranges it sees otherwise than the metadata. A node's view can go out
+        of step without a failure the PM sees (a view applied out of order,
+        say); left alone, the PM would count on a replica that holds nothing
+        until the stream's ranges next change. Nothing is deleted here: only
+        a node that was away or missed a call is sent DELETE_STREAMS. A node
+        that does not answer is tried at the next interval."""
+        while True:
+            await trio.sleep(self._reconcile_interval)
+            for state in self.registry.states():
+                if self.stopping:
+                    return
+                if not state.alive or state.node_id in self._reconciling:
+                    continue
+                with trio.move_on_after(timeout):
+                    try:
+                        await self.reconcile_node(state.node_id, delete=False)
+                    except (SBPError, OSError) as exc:
+                        log.info("comparing data node %d with the metadata: %s", state.node_id, exc)
 
     async def _reconcile_until_done(self, node_id: int, timeout: float) -> None:
         """Reconcile, trying again after a failure with a delay that doubles
@@ -282,11 +314,12 @@ class PlacementManager:
         finally:
             self._reconciling.discard(node_id)
 
-    async def reconcile_node(self, node_id: int) -> ReconcilePlan:
+    async def reconcile_node(self, node_id: int, *, delete: bool = True) -> ReconcilePlan:
         """Tell a data node what it missed while away (``pm.reconcile``):
-        DELETE_STREAMS for streams deleted since, SYNC_RANGES (the PM's whole
-        list, under the stream's lock so it cannot overtake a newer change)
-        for streams trimmed, sealed or created since. Returns what was done."""
+        DELETE_STREAMS for streams deleted since (unless not ``delete``),
+        SYNC_RANGES (the PM's whole list, under the stream's lock so it
+        cannot overtake a newer change) for streams trimmed, sealed or
+        created since. Returns what was done."""
         hosted = await self._link.hosted_ranges(node_id)
         todo = reconcile.plan(
             hosted,
@@ -294,7 +327,12 @@ class PlacementManager:
             lambda stream_id: self.store.stream(stream_id) is not None,
             self._next_stream_id,
         )
-        if todo.foreign:
+        if not delete:
+            todo.delete = []
+        if todo.foreign and self._foreign_told.get(node_id) != todo.foreign:
+            # said once per node and set of streams: every live node is
+            # reconciled every reconcile_interval
+            self._foreign_told[node_id] = todo.foreign
             log.warning(
                 "data node %d holds streams this PM never created (%s): a PM with other "
                 "metadata placed them (another cluster's, or one PM's LMDB metadata where PMs "

@@ -59,6 +59,7 @@ async def run_pm(config: PMConfig) -> int:
                 size_retention_interval=config.size_retention_interval_s,
                 rebalance_threshold=config.rebalance_threshold,
                 rebalance_interval=config.rebalance_interval_s,
+                reconcile_interval=config.reconcile_interval_s,
             )
             metrics = PMMetrics(manager, lag_max_series=config.lag_metrics_max_series)
             access = access_control(config.security)
@@ -107,7 +108,8 @@ def build_server(config: PMConfig, handler: RequestHandler, metrics: PMMetrics) 
 async def run_manager(manager: PlacementManager, end_offsets_interval: float) -> None:
     """The manager's own work, for as long as it runs: liveness, the seals
     of dead primaries and repairs, writes moved off full nodes, replicas
-    restored, drains, nodes that come back, the ends of streams groups
+    restored, drains, nodes that come back (and every live node now and
+    then), the ends of streams groups
     read, streams' size limits."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_liveness, manager.registry)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,45 @@ async def test_a_node_back_from_the_dead_hears_what_it_missed(tmp_path: Path) ->
         )
         assert refused.error_code == ErrorCode.STREAM_DELETED
         assert await read_stream(cluster, trimmed.stream_id) == [b"3"]
+
+
+async def test_a_node_out_of_step_is_set_right_without_a_failed_call(tmp_path: Path) -> None:
+    """A node's view of a stream goes wrong while no call to it fails (here
+    an old SYNC_RANGES, sent straight to it, places the stream's open range
+    on another node): the PM's comparison of every live node with the
+    metadata (--reconcile-interval-ms) sends it the stream's ranges again."""
+    async with ConnectionPool() as pool:
+        cluster = PMCluster(tmp_path, pool)
+        try:
+            await cluster.start_pm("127.0.0.1:0", "--reconcile-interval-ms", "500")
+            await cluster.start_nodes([1])
+            created = (await cluster.pm_client().create_stream(1)).range
+            assert created is not None
+            assert await append_values(cluster, created, [b"a"]) == 0
+            address = primary_address(created)
+            node = cluster.node_client(address)
+            other = messages.ReplicaNode(
+                data_node=messages.DataNode(node_id=2, advertise_addr="127.0.0.1:1"),
+                is_primary=True,
+            )
+            stale = replace(created, replica_nodes=(other,))
+            [result] = await node.sync_ranges(
+                [messages.StreamRanges(stream_id=created.stream_id, ranges=(stale,))]
+            )
+            assert result.error_code == ErrorCode.NONE
+            assert [r.data_node.node_id for r in result.ranges[0].replica_nodes] == [2]
+            me = messages.DataNode(node_id=1, advertise_addr=address)
+            await eventually(
+                lambda: node.list_node_ranges(me),
+                until=lambda hosted: [r.stream_id for r in hosted] == [created.stream_id],
+                timeout=10,
+                what="the node hosts the stream's range again",
+            )
+            assert await append_values(cluster, created, [b"b"]) == 1
+            assert await read_stream(cluster, created.stream_id) == [b"a", b"b"]
+        finally:
+            with trio.CancelScope(shield=True):
+                await cluster.stop_all()
 
 
 @pytest.mark.deadline(90)

@@ -103,7 +103,7 @@ async def test_a_failed_reconcile_is_tried_again_later_and_later(
     nodes = FakeDataNodes()
     nodes.listings_failing = 2
     registry = NodeRegistry(5.0)
-    manager = PlacementManager(store, registry, nodes)
+    manager = PlacementManager(store, registry, nodes, reconcile_interval=0)
     node = NodeRecord(1, "127.0.0.1:9001")
     registry.restore([node], {})  # known from the metadata, as after a PM restart
     async with trio.open_nursery() as nursery:
@@ -142,7 +142,9 @@ async def test_a_live_node_that_missed_a_sync_ranges_is_reconciled(
     with nobody to tell it. It is reconciled instead, again until it answers."""
     nodes = _SyncsLost()
     registry = NodeRegistry(5.0)
-    manager = PlacementManager(store, registry, nodes)
+    # no comparison every interval: the mock clock jumps to its wake-ups
+    # while a commit runs on a thread
+    manager = PlacementManager(store, registry, nodes, reconcile_interval=0)
     node = NodeRecord(1, "127.0.0.1:9001")
     await manager.heartbeat(node)
     [created] = await manager.create_streams([StreamRecord(0, 1)], timeout=5)
@@ -184,3 +186,35 @@ async def test_no_new_stream_takes_the_id_of_a_stream_a_node_holds(store: Metada
     [created] = await manager.create_streams([StreamRecord(0, 1)], timeout=5)
     assert created.value is not None and created.value[0].stream_id == 4
     assert store.next_stream_id() == 5
+
+
+async def test_every_live_node_is_compared_with_the_metadata_now_and_then(
+    store: MetadataStore, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A node that went out of step without any call failing (it lists no
+    range of a stream the PM places on it) is sent the stream's ranges
+    within a reconcile interval; a stream it holds that the PM deleted is
+    not deleted by this comparison, only by the one when a node returns."""
+    nodes = FakeDataNodes()
+    registry = NodeRegistry(5.0)
+    manager = PlacementManager(store, registry, nodes, reconcile_interval=60.0)
+    node = NodeRecord(1, "127.0.0.1:9001")
+    await manager.heartbeat(node)
+    created = await manager.create_streams([StreamRecord(0, 1)] * 2, timeout=5)
+    kept, doomed = (r.value[1] for r in created if r.value is not None)
+    await manager.delete_streams([doomed.stream_id], timeout=5)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(manager.reconcile_returning_nodes)
+        await trio.sleep(1)  # the reconcile of the node first heard of
+        nodes.hosted[1] = [doomed]  # out of step: kept is missing, doomed still here
+        nodes.synced.clear()
+        nodes.deleted.clear()
+        started = trio.current_time()
+        for _ in range(130):  # a heartbeat a second
+            await manager.heartbeat(node)
+            await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    listed = [t - started for t in nodes.listed_at if t > started]
+    assert len(listed) == 2 and 59 <= listed[0] <= 60 and 119 <= listed[1] <= 120
+    assert [(n, sid) for n, sid, _ in nodes.synced] == [(1, kept.stream_id)] * 2
+    assert nodes.deleted == []
