@@ -22,6 +22,7 @@ encodings, so that ``sbp-pm migrate`` copies them as they are:
 ``groups/<group, hex>/<stream_id:020>`` offset, commit time, metadata (SPEC §11)
 ``meta/next_stream_id``                 the lowest id never handed out
 ``meta/next_producer_id``               the lowest producer id never handed out
+``meta/foreign_stream/<stream_id:020>`` empty: a stream another PM placed on a data node
 =====================================  ====================================
 
 etcd limits a transaction's operations (``--max-txn-ops``, 128 by default):
@@ -50,6 +51,7 @@ from .metadata import (
     DeleteNode,
     DeleteRange,
     DeleteStream,
+    MarkForeignStream,
     MetadataCounts,
     PutGroupOffsets,
     PutMove,
@@ -117,6 +119,7 @@ class EtcdMetadataStore:
         self._draining: set[int] = set()
         self._moves: dict[tuple[int, int], MoveRecord] = {}
         self._next_stream_id = FIRST_STREAM_ID
+        self._foreign: set[int] = set()
         self._producers: dict[str, ProducerRecord] = {}
         self._next_producer_id = FIRST_PRODUCER_ID
         #: group -> stream id -> position
@@ -142,6 +145,9 @@ class EtcdMetadataStore:
     @property
     def _next_id_key(self) -> bytes:
         return self._prefix + b"meta/next_stream_id"
+
+    def _foreign_key(self, stream_id: int) -> bytes:
+        return self._prefix + b"meta/foreign_stream/%020d" % stream_id
 
     def _producer_key(self, name: str) -> bytes:
         return self._prefix + b"producers/" + name.encode()
@@ -171,6 +177,7 @@ class EtcdMetadataStore:
         moves = self._prefix + b"moves/"
         producers = self._prefix + b"producers/"
         groups = self._prefix + b"groups/"
+        foreign = self._prefix + b"meta/foreign_stream/"
         for kv in kvs:
             if kv.key.startswith(streams):
                 stream_id = int(kv.key[len(streams) :])
@@ -196,6 +203,8 @@ class EtcdMetadataStore:
                     bytes.fromhex(name_hex.decode()).decode(), int(stream), kv.value
                 )
                 self._groups.setdefault(record.group, {})[record.stream_id] = record
+            elif kv.key.startswith(foreign):
+                self._foreign.add(int(kv.key[len(foreign) :]))
             elif kv.key == self._next_id_key:
                 self._next_stream_id = int(U64.unpack(kv.value)[0])
             elif kv.key == self._next_producer_id_key:
@@ -243,6 +252,9 @@ class EtcdMetadataStore:
 
     def next_stream_id(self) -> int:
         return self._next_stream_id
+
+    def foreign_streams(self) -> frozenset[int]:
+        return frozenset(self._foreign)
 
     def producer(self, name: str) -> ProducerRecord | None:
         return self._producers.get(name)
@@ -343,6 +355,8 @@ class EtcdMetadataStore:
                 if value <= self._next_stream_id:
                     return []
                 return [put_op(self._next_id_key, U64.pack(value))]
+            case MarkForeignStream(stream_id):
+                return [put_op(self._foreign_key(stream_id), b"")]
             case PutProducer(producer):
                 return [put_op(self._producer_key(producer.name), encode_producer(producer))]
             case RaiseNextProducerId(value):
@@ -394,6 +408,8 @@ class EtcdMetadataStore:
                 self._moves.pop((stream_id, range_index), None)
             case RaiseNextStreamId(value):
                 self._next_stream_id = max(self._next_stream_id, value)
+            case MarkForeignStream(stream_id):
+                self._foreign.add(stream_id)
             case PutProducer(producer):
                 self._producers[producer.name] = producer
             case RaiseNextProducerId(value):
@@ -436,6 +452,7 @@ def _groups(changes: Sequence[Change], op_count: Callable[[Change], int]) -> Ite
         PutNode
         | DeleteNode
         | SetDraining
+        | MarkForeignStream
         | PutProducer
         | RaiseNextProducerId
         | PutGroupOffsets

@@ -62,6 +62,7 @@ from .metadata import (
     DeleteNode,
     DeleteRange,
     DeleteStream,
+    MarkForeignStream,
     Metadata,
     MetadataCounts,
     PutNode,
@@ -321,14 +322,29 @@ class PlacementManager:
         cannot overtake a newer change) for streams trimmed, sealed or
         created since. Returns what was done."""
         hosted = await self._link.hosted_ranges(node_id)
+        known_foreign = self.store.foreign_streams()
         todo = reconcile.plan(
             hosted,
             self.store.ranges_on_node(node_id),
             lambda stream_id: self.store.stream(stream_id) is not None,
             self._next_stream_id,
+            known_foreign,
         )
         if not delete:
             todo.delete = []
+        if todo.foreign:
+            # A new stream with a held id would be handed the old records: the
+            # next id moves past them, and they are recorded as foreign so
+            # that no later reconcile takes them for deleted ones.
+            changes: list[Change] = [
+                MarkForeignStream(sid) for sid in todo.foreign if sid not in known_foreign
+            ]
+            beyond = max(todo.foreign) + 1
+            if beyond > self._next_stream_id:
+                self._next_stream_id = beyond
+                changes.append(RaiseNextStreamId(beyond))
+            if changes:
+                await self.commit(changes)
         if todo.foreign and self._foreign_told.get(node_id) != todo.foreign:
             # said once per node and set of streams: every live node is
             # reconciled every reconcile_interval
@@ -341,11 +357,6 @@ class PlacementManager:
                 node_id,
                 _id_list(todo.foreign),
             )
-            # A new stream with a held id would be handed the old records.
-            beyond = max(todo.foreign) + 1
-            if beyond > self._next_stream_id:
-                self._next_stream_id = beyond
-                await self.commit([RaiseNextStreamId(beyond)])
         if todo.delete:
             await self._link.delete_streams(node_id, todo.delete)
         for stream_id in todo.sync:

@@ -81,6 +81,8 @@ U64: Final = struct.Struct(">Q")
 _META_SCHEMA: Final = b"schema_version"
 _META_NEXT_STREAM_ID: Final = b"next_stream_id"
 _META_NEXT_PRODUCER_ID: Final = b"next_producer_id"
+#: followed by a stream id (U64): a stream another PM placed (MarkForeignStream)
+_META_FOREIGN_STREAM: Final = b"foreign_stream/"
 _PRODUCER_VALUE: Final = struct.Struct(">qi")
 _GROUP_VALUE_HEAD: Final = struct.Struct(">qq")
 #: stream ids start at 1; 0 means "not yet assigned" on the wire
@@ -158,6 +160,15 @@ class RaiseNextStreamId:
 
 
 @dataclass(frozen=True, slots=True)
+class MarkForeignStream:
+    """Record that a data node holds stream ``stream_id``, which this PM
+    never created (``pm.reconcile``): a reconcile never deletes it, though
+    the next stream id has since moved past it."""
+
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class PutProducer:
     producer: ProducerRecord
 
@@ -194,6 +205,7 @@ Change = (
     | PutMove
     | DeleteMove
     | RaiseNextStreamId
+    | MarkForeignStream
     | PutProducer
     | RaiseNextProducerId
     | PutGroupOffsets
@@ -223,6 +235,7 @@ class Metadata(Protocol):
     def draining_nodes(self) -> set[int]: ...
     def moves(self) -> list[MoveRecord]: ...
     def next_stream_id(self) -> int: ...
+    def foreign_streams(self) -> frozenset[int]: ...
     def producer(self, name: str) -> ProducerRecord | None: ...
     def producers(self) -> list[ProducerRecord]: ...
     def next_producer_id(self) -> int: ...
@@ -479,6 +492,18 @@ class MetadataStore:
             value = txn.get(_META_NEXT_STREAM_ID, db=self._meta)
         return FIRST_STREAM_ID if value is None else int(U64.unpack(value)[0])
 
+    def foreign_streams(self) -> frozenset[int]:
+        """Streams data nodes hold that this PM never created (MarkForeignStream)."""
+        found: set[int] = set()
+        with self._read() as txn:
+            cursor = txn.cursor(db=self._meta)
+            if cursor.set_range(_META_FOREIGN_STREAM):
+                for key in cursor.iternext(keys=True, values=False):
+                    if not key.startswith(_META_FOREIGN_STREAM):
+                        break
+                    found.add(int(U64.unpack(key[len(_META_FOREIGN_STREAM) :])[0]))
+        return frozenset(found)
+
     def producer(self, name: str) -> ProducerRecord | None:
         with self._read() as txn:
             value = txn.get(name.encode(), db=self._producers)
@@ -590,6 +615,8 @@ class MetadataStore:
                 txn.delete(_RANGE_KEY.pack(stream_id, range_index), db=self._moves)
             case RaiseNextStreamId(value):
                 self._raise(txn, _META_NEXT_STREAM_ID, value)
+            case MarkForeignStream(stream_id):
+                txn.put(_META_FOREIGN_STREAM + U64.pack(stream_id), b"", db=self._meta)
             case PutProducer(producer):
                 txn.put(producer.name.encode(), encode_producer(producer), db=self._producers)
             case RaiseNextProducerId(value):

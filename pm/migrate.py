@@ -30,6 +30,7 @@ from .etcd import Etcd, EtcdError, version_is
 from .etcd_metadata import EtcdMetadataStore
 from .metadata import (
     Change,
+    MarkForeignStream,
     MetadataError,
     MetadataStore,
     PutGroupOffsets,
@@ -137,6 +138,7 @@ def _everything(source: MetadataStore) -> list[Change]:
     changes: list[Change] = [PutNode(node) for node in source.nodes()]
     changes += [SetDraining(node_id, True) for node_id in sorted(source.draining_nodes())]
     changes.append(RaiseNextStreamId(source.next_stream_id()))
+    changes += [MarkForeignStream(stream_id) for stream_id in sorted(source.foreign_streams())]
     changes.append(RaiseNextProducerId(source.next_producer_id()))
     changes += [PutProducer(producer) for producer in source.producers()]
     start_after = 0

@@ -12,13 +12,15 @@ A stream the node has and the PM does not is deleted only when its id is
 below the next id the PM would hand out: stream ids are never reused, so
 such a stream existed here and was deleted. A higher id was never created
 by this PM (a data directory from another cluster, say); it is reported and
-left alone rather than destroyed.
+left alone rather than destroyed, and recorded as foreign in the metadata,
+since the next id then moves past it so that no new stream takes its id.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from .records import RangeRecord
@@ -47,9 +49,12 @@ def plan(
     in_metadata: Iterable[RangeRecord],
     stream_exists: Callable[[int], bool],
     next_stream_id: int,
+    foreign: AbstractSet[int] = frozenset(),
 ) -> ReconcilePlan:
     """Compare the ranges a node lists (``on_node``) with those the metadata
-    places on it (``in_metadata``); ``stream_exists`` asks the metadata."""
+    places on it (``in_metadata``); ``stream_exists`` asks the metadata, and
+    ``foreign`` holds the streams found foreign before (the next id has
+    moved past them since)."""
     node_view: dict[int, list[RangeRecord]] = defaultdict(list)
     pm_view: dict[int, list[RangeRecord]] = defaultdict(list)
     for rng in on_node:
@@ -59,7 +64,7 @@ def plan(
     result = ReconcilePlan()
     for stream_id in sorted(node_view.keys() | pm_view.keys()):
         if stream_id not in pm_view and not stream_exists(stream_id):
-            if stream_id < next_stream_id:
+            if stream_id < next_stream_id and stream_id not in foreign:
                 result.delete.append(stream_id)
             else:
                 result.foreign.append(stream_id)

@@ -16,6 +16,7 @@ from pm.leadership import Leadership
 from pm.metadata import (
     Change,
     DeleteStream,
+    MarkForeignStream,
     PutNode,
     PutRange,
     PutStream,
@@ -110,6 +111,7 @@ async def test_metadata_round_trips_and_large_commits_are_cut(tmp_path: Path) ->
             ]
             changes += [PutRange(RangeRecord(i, 0, 0, (1, 2, 3))) for i in range(1, count + 1)]
             changes.append(RaiseNextStreamId(count + 1))
+            changes.append(MarkForeignStream(count))
             changes.append(PutNode(NodeRecord(1, "127.0.0.1:7401")))
             await store.commit(changes)
             sealed = RangeRecord(7, 0, 0, (1, 2, 3), end_offset=50)
@@ -120,6 +122,7 @@ async def test_metadata_round_trips_and_large_commits_are_cut(tmp_path: Path) ->
             await reread.load()
             for view in (store, reread):
                 assert view.next_stream_id() == count + 1
+                assert view.foreign_streams() == {count}
                 assert view.counts().streams == count - 1
                 assert view.counts().ranges == count  # one each, stream 7 two, 9 none
                 assert view.stream(9) is None and view.ranges(9) == []

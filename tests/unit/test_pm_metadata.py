@@ -13,6 +13,7 @@ from pm.metadata import (
     DeleteNode,
     DeleteRange,
     DeleteStream,
+    MarkForeignStream,
     Metadata,
     MetadataError,
     MetadataStore,
@@ -23,6 +24,7 @@ from pm.metadata import (
     RaiseNextStreamId,
     SetDraining,
 )
+from pm.migrate import _everything
 from pm.records import MoveRecord, NodeRecord, RangeRecord, StreamRecord
 
 
@@ -40,6 +42,7 @@ def test_empty_store(store: MetadataStore) -> None:
     assert store.last_range(1) is None
     assert store.nodes() == []
     assert store.next_stream_id() == FIRST_STREAM_ID
+    assert store.foreign_streams() == frozenset()
     counts = store.counts()
     assert (counts.streams, counts.ranges, counts.nodes) == (0, 0, 0)
 
@@ -185,6 +188,16 @@ def test_everything_survives_reopen(tmp_path: Path) -> None:
         assert again.next_stream_id() == 2
     finally:
         again.close()
+
+
+def test_foreign_streams_are_kept_and_migrated(store: MetadataStore) -> None:
+    store.apply([MarkForeignStream(7), MarkForeignStream(3), MarkForeignStream(7)])
+    assert store.foreign_streams() == {3, 7}
+    moved = _everything(store)
+    assert [c for c in moved if isinstance(c, MarkForeignStream)] == [
+        MarkForeignStream(3),
+        MarkForeignStream(7),
+    ]
 
 
 async def test_commit_runs_one_transaction_off_the_loop(store: MetadataStore) -> None:

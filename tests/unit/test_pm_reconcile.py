@@ -218,3 +218,24 @@ async def test_every_live_node_is_compared_with_the_metadata_now_and_then(
     assert len(listed) == 2 and 59 <= listed[0] <= 60 and 119 <= listed[1] <= 120
     assert [(n, sid) for n, sid, _ in nodes.synced] == [(1, kept.stream_id)] * 2
     assert nodes.deleted == []
+
+
+async def test_streams_found_foreign_are_never_taken_for_deleted_ones(tmp_path: Path) -> None:
+    """Once the next id has moved past a node's foreign streams, their ids
+    are below it like those of deleted streams: a later reconcile, by this
+    PM or by one started again on the metadata, must still leave them alone."""
+    nodes = FakeDataNodes()
+    nodes.hosted[1] = [RangeRecord(1, 0, 0, (1,)), RangeRecord(3, 0, 0, (1,))]
+    for _ in range(2):  # the PM, then the PM started again
+        store = MetadataStore(tmp_path / "pm", map_size=64 << 20)
+        try:
+            manager = PlacementManager(store, NodeRegistry(5.0), nodes, reconcile_interval=0)
+            await manager.heartbeat(NodeRecord(1, "127.0.0.1:9001"))
+            for _ in range(2):
+                todo = await manager.reconcile_node(1)
+                assert (todo.foreign, todo.delete) == ([1, 3], [])
+            assert store.foreign_streams() == {1, 3}
+            assert store.next_stream_id() == 4
+        finally:
+            store.close()
+    assert nodes.deleted == []
