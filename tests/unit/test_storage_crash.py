@@ -396,3 +396,47 @@ def test_a_range_moved_off_the_node_goes_whole_or_not_at_all_through_sigkill(
             assert stats.stored_batches == len(seen) + (200 if held[1] else 0)
     moved = [held == (0, 0) for held in held_after]
     assert moved == sorted(moved) and moved[-1]  # once gone, gone; and it went
+
+
+# A node was placed on sealed range 0 of stream 1 and holds it; answers to
+# its own lookups of stream 1 that the PM gave before that (range 0 on node 2
+# only) keep arriving while it appends to stream 2.
+STALE_LOOKUP_CHILD = MOVE_CHILD.replace(
+    "    engine.sync_ranges(1, [RangeInfo(1, 0, 0, 200, replicas=(there,)),\n"
+    "                           RangeInfo(1, 1, 200, replicas=(here,))]).result()\n"
+    "    open(os.path.join(sys.argv[1], 'moved'), 'w').close()\n",
+    "    while True:\n"
+    "        engine.learn_ranges(1, [RangeInfo(1, 0, 0, 200, replicas=(there,)),\n"
+    "                                RangeInfo(1, 1, 200, replicas=(here,))]).result()\n"
+    "        open(os.path.join(sys.argv[1], 'learned'), 'w').close()\n"
+    "        time.sleep(0.01)\n",
+)
+
+
+@pytest.mark.slow
+def test_an_old_lookup_answer_drops_no_range_through_sigkill(tmp_path: Path) -> None:
+    """Killed while old lookup answers are applied again and again: after
+    each restart the node still holds the whole range it was placed on, the
+    stored counters agree, and every acknowledged append is intact."""
+    assert "learn_ranges" in STALE_LOOKUP_CHILD
+    rng = random.Random(20261128)
+    path = tmp_path / "data"
+    acknowledged: dict[int, tuple[int, str]] = {}
+    for round_index in range(6):
+        # the last child is killed once old answers were applied
+        until = path / "learned" if round_index == 5 else None
+        acks = run_child_and_kill(path, rng, STALE_LOOKUP_CHILD, until)
+        acknowledged.update((offset, (count, digest)) for offset, count, digest in acks)
+        with StorageEngine(path, map_size=MAP_SIZE, node_id=1) as engine:
+            held = engine.range_holding(1, 0)
+            assert held[0] == 200 and held[1] == len(engine.read(1, 0, 1 << 40)), held
+            assert [r.range_index for r in engine.list_ranges(1)] == [0, 1]
+            next_offset = engine.next_offset(2)
+            payload = engine.read(2, 0, 1 << 40) if next_offset else bytearray()
+            seen = acknowledgements_of(payload)
+            for offset, expected in acknowledged.items():
+                assert seen.get(offset) == expected
+            acknowledged = seen
+            stats = engine.stats()
+            assert stats.stored_bytes == len(payload) + held[1]
+            assert stats.stored_batches == len(seen) + 200
