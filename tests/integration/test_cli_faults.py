@@ -201,11 +201,24 @@ async def test_tail_outlives_a_pm_restart(tmp_path: Path) -> None:
         created = await cluster.pm_client().create_stream(1)
         assert created.stream is not None and created.range is not None
         pm = cluster.pm_address
+        await append_values(cluster, created.range, [b"before"])
         tail = sbp_process(
-            pm, "--timeout", "2", "tail", str(created.stream.stream_id), "--count", "2"
+            pm,
+            "--timeout",
+            "2",
+            "tail",
+            str(created.stream.stream_id),
+            "--from",
+            "0",
+            "--count",
+            "3",
         )
         try:
-            await trio.sleep(1.5)  # it found the stream's end
+            # its first record printed: it follows the stream's end now
+            assert tail.stdout is not None
+            with trio.fail_after(30):
+                first = await trio.to_thread.run_sync(tail.stdout.readline, abandon_on_cancel=True)
+            assert first == b"before\n"
             assert cluster.pm is not None
             await cluster.pm.terminate()
             await trio.sleep(4)  # twice its --timeout without a PM
