@@ -363,6 +363,23 @@ MOVE_CHILD = (
 )
 
 
+def check_stream_2(
+    engine: StorageEngine, acknowledged: dict[int, tuple[int, str]], held: tuple[int, int]
+) -> dict[int, tuple[int, str]]:
+    """Every acknowledged append of stream 2 is there, and the stored
+    counters count stream 2 and what is ``held`` of stream 1's 200-record
+    range; returns stream 2's appends as found."""
+    next_offset = engine.next_offset(2)
+    payload = engine.read(2, 0, 1 << 40) if next_offset else bytearray()
+    seen = acknowledgements_of(payload)
+    for offset, expected in acknowledged.items():
+        assert seen.get(offset) == expected
+    stats = engine.stats()
+    assert stats.stored_bytes == len(payload) + held[1]
+    assert stats.stored_batches == len(seen) + (200 if held[1] else 0)
+    return seen
+
+
 @pytest.mark.slow
 def test_a_range_moved_off_the_node_goes_whole_or_not_at_all_through_sigkill(
     tmp_path: Path,
@@ -385,15 +402,7 @@ def test_a_range_moved_off_the_node_goes_whole_or_not_at_all_through_sigkill(
             whole = engine.read(1, 0, 1 << 40) if held[0] == 200 else bytearray()
             assert held in ((200, len(whole)), (0, 0)), held
             held_after.append(held)
-            next_offset = engine.next_offset(2)
-            payload = engine.read(2, 0, 1 << 40) if next_offset else bytearray()
-            seen = acknowledgements_of(payload)
-            for offset, expected in acknowledged.items():
-                assert seen.get(offset) == expected
-            acknowledged = seen
-            stats = engine.stats()
-            assert stats.stored_bytes == len(payload) + held[1]
-            assert stats.stored_batches == len(seen) + (200 if held[1] else 0)
+            acknowledged = check_stream_2(engine, acknowledged, held)
     moved = [held == (0, 0) for held in held_after]
     assert moved == sorted(moved) and moved[-1]  # once gone, gone; and it went
 
@@ -431,12 +440,4 @@ def test_an_old_lookup_answer_drops_no_range_through_sigkill(tmp_path: Path) -> 
             held = engine.range_holding(1, 0)
             assert held[0] == 200 and held[1] == len(engine.read(1, 0, 1 << 40)), held
             assert [r.range_index for r in engine.list_ranges(1)] == [0, 1]
-            next_offset = engine.next_offset(2)
-            payload = engine.read(2, 0, 1 << 40) if next_offset else bytearray()
-            seen = acknowledgements_of(payload)
-            for offset, expected in acknowledged.items():
-                assert seen.get(offset) == expected
-            acknowledged = seen
-            stats = engine.stats()
-            assert stats.stored_bytes == len(payload) + held[1]
-            assert stats.stored_batches == len(seen) + 200
+            acknowledged = check_stream_2(engine, acknowledged, held)
