@@ -263,7 +263,7 @@ def learn_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> 
     """
     existing = ctx.current(stream_id)
     if existing is not None and existing.ranges and not existing.deleted:
-        top = max(r.range_index for r in existing.ranges)
+        top = existing.ranges[-1].range_index  # sorted by index
         if all(r.range_index <= top for r in ranges):
             return [existing.live(r) for r in existing.ranges]
     return sync_ranges(ctx, stream_id, ranges)
