@@ -194,6 +194,8 @@ class PlacementManager:
         self._reconciling: set[int] = set()
         #: how often every live node is reconciled anyway (0: never)
         self._reconcile_interval = reconcile_interval
+        #: streams sent to a node by a reconcile, by cause (metrics)
+        self.reconciled: Counter[str] = Counter()
         #: by node: the streams it holds that this PM never created, as last logged
         self._foreign_told: dict[int, list[int]] = {}
         #: the replicas' upkeep: dead primaries, repairs, full nodes, short-handed ranges
@@ -286,7 +288,7 @@ class PlacementManager:
                     continue
                 with trio.move_on_after(timeout):
                     try:
-                        await self.reconcile_node(state.node_id, delete=False)
+                        await self.reconcile_node(state.node_id, periodic=True)
                     except (SBPError, OSError) as exc:
                         log.info("comparing data node %d with the metadata: %s", state.node_id, exc)
 
@@ -315,12 +317,12 @@ class PlacementManager:
         finally:
             self._reconciling.discard(node_id)
 
-    async def reconcile_node(self, node_id: int, *, delete: bool = True) -> ReconcilePlan:
+    async def reconcile_node(self, node_id: int, *, periodic: bool = False) -> ReconcilePlan:
         """Tell a data node what it missed while away (``pm.reconcile``):
-        DELETE_STREAMS for streams deleted since (unless not ``delete``),
-        SYNC_RANGES (the PM's whole list, under the stream's lock so it
-        cannot overtake a newer change) for streams trimmed, sealed or
-        created since. Returns what was done."""
+        DELETE_STREAMS for streams deleted since (not in the ``periodic``
+        comparison of a live node), SYNC_RANGES (the PM's whole list, under
+        the stream's lock so it cannot overtake a newer change) for streams
+        trimmed, sealed or created since. Returns what was done."""
         hosted = await self._link.hosted_ranges(node_id)
         known_foreign = self.store.foreign_streams()
         todo = reconcile.plan(
@@ -330,7 +332,7 @@ class PlacementManager:
             self._next_stream_id,
             known_foreign,
         )
-        if not delete:
+        if periodic:
             todo.delete = []
         if todo.foreign:
             # A new stream with a held id would be handed the old records: the
@@ -363,6 +365,7 @@ class PlacementManager:
             async with self._locks.hold(stream_id):
                 ranges = self.store.ranges(stream_id)
                 await self._link.sync_ranges(node_id, [(stream_id, ranges)])
+            self.reconciled["periodic" if periodic else "returning"] += 1
         if not todo.empty:
             log.info(
                 "data node %d was behind: deleted streams %s, synced streams %s",

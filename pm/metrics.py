@@ -110,6 +110,14 @@ class ClusterCollector(Collector):
         ):
             seals.add_metric([cause], manager.seals[cause])
         yield seals
+        reconciled = CounterMetricFamily(
+            f"{NAMESPACE}_reconciled_streams",
+            "streams sent to a data node whose view of them differed from the metadata, by cause",
+            labels=["cause"],
+        )
+        for cause in ("returning", "periodic"):
+            reconciled.add_metric([cause], manager.reconciled[cause])
+        yield reconciled
         yield CounterMetricFamily(
             f"{NAMESPACE}_repairs",
             "ranges given a replica on a live node (a dead one replaced, or one they lacked)",

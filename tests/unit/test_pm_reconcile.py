@@ -218,6 +218,7 @@ async def test_every_live_node_is_compared_with_the_metadata_now_and_then(
     assert len(listed) == 2 and 59 <= listed[0] <= 60 and 119 <= listed[1] <= 120
     assert [(n, sid) for n, sid, _ in nodes.synced] == [(1, kept.stream_id)] * 2
     assert nodes.deleted == []
+    assert manager.reconciled == {"periodic": 2}
 
 
 async def test_streams_found_foreign_are_never_taken_for_deleted_ones(tmp_path: Path) -> None:
