@@ -124,18 +124,22 @@ def catch_up(ctx: WriteContext, items: Sequence[ReplicaBatch]) -> int:
     held = ctx.held_end(first.stream_id, start, info.end_offset)
     state = ctx.for_update(first.stream_id)
     for item in items:
-        if item.base_offset + item.record_count <= held:
+        item_end = item.base_offset + item.record_count
+        if item_end <= held:
             continue
-        if item.base_offset != held or held + item.record_count > info.end_offset:
+        # A trim may have cut the range's first batch: every replica keeps
+        # it whole (reads return whole batches), and so does this one.
+        cut_by_trim = held == start and item.base_offset < held
+        if (item.base_offset != held and not cut_by_trim) or item_end > info.end_offset:
             break
-        ctx.add_batch(state, held, item.batch, item.record_count, advance=False)
+        ctx.add_batch(state, item.base_offset, item.batch, item.record_count, advance=False)
         if 0 <= state.producers_from <= held:
             # copied without its producer's fields: the table is not whole
             # past here until it is taken in from a replica (SPEC §10)
             state.producers_from = -1
             ctx.refresh_producers_ready(state)
             ctx.save_stream(state)
-        held += item.record_count
+        held = item_end
     return held
 
 

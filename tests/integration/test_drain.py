@@ -22,7 +22,7 @@ from sbp.enums import DataNodeState, ErrorCode
 from ..eventually import eventually
 from .conftest import scrape
 from .local_cluster import sbp
-from .pm_cluster import PMCluster, pm_cluster, primary_address
+from .pm_cluster import PMCluster, append_values, pm_cluster, primary_address, read_stream
 
 pytestmark = pytest.mark.integration
 
@@ -158,6 +158,28 @@ async def test_a_drained_node_holds_nothing_and_loses_nothing_under_load(tmp_pat
                             break
             assert values == acked
             assert load.read[stream_id] == acked[: len(load.read[stream_id])]
+
+
+async def test_a_range_a_trim_cut_mid_batch_moves_whole(tmp_path: Path) -> None:
+    """A trim inside a batch leaves the range starting in the middle of it;
+    draining its node copies that batch whole and the rest after it, so the
+    drain ends and the stream reads the same from the new replica."""
+    async with pm_cluster(tmp_path, (1, 2)) as cluster:
+        pm = cluster.pm_client()
+        created = (await pm.create_stream(1)).range
+        assert created is not None
+        stream_id = created.stream_id
+        values = [b"v%02d" % i for i in range(12)]
+        for start in range(0, 12, 3):  # batches [0, 3), [3, 6) ...
+            await append_values(cluster, created, values[start : start + 3])
+        await pm.seal_range(stream_id, 0)
+        await pm.trim_stream(stream_id, 4)
+        [victim] = _nodes(created)
+        await pm.drain_data_nodes([victim])
+        await _drained(cluster, victim, timeout=30)
+        [moved, _] = await pm.list_stream_ranges(stream_id)
+        assert (moved.start_offset, moved.end_offset, _nodes(moved)) == (4, 12, {3 - victim})
+        assert await read_stream(cluster, stream_id) == values[4:]
 
 
 async def test_a_drain_goes_on_after_the_pm_is_killed(tmp_path: Path) -> None:

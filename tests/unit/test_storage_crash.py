@@ -441,3 +441,64 @@ def test_an_old_lookup_answer_drops_no_range_through_sigkill(tmp_path: Path) -> 
             assert held[0] == 200 and held[1] == len(engine.read(1, 0, 1 << 40)), held
             assert [r.range_index for r in engine.list_ranges(1)] == [0, 1]
             acknowledged = check_stream_2(engine, acknowledged, held)
+
+
+# A new replica of sealed range 0 of stream 1, whose start a trim put at 4,
+# inside the batch [3, 6), copies it from offset 3 on, 20 batches per
+# catch-up, printing how far it holds the range after each one.
+TRIMMED_COPY_CHILD = r"""
+import os, sys
+from sbp.batches import build_batch, stamp_base_offset
+from storage import RangeInfo, ReplicaBatch, ReplicaInfo, StorageEngine
+
+engine = StorageEngine(sys.argv[1], map_size=int(sys.argv[2]), node_id=2)
+if engine.next_offset(1) is None:
+    on = (ReplicaInfo(1, "127.0.0.1:1", True), ReplicaInfo(2, "127.0.0.1:2", False))
+    engine.sync_ranges(1, [RangeInfo(1, 0, 4, 30000, replicas=on),
+                           RangeInfo(1, 1, 30000, replicas=on)]).result()
+
+def copied(base):
+    data = build_batch([b"%d|" % (base + i) * 40 for i in range(3)], base)
+    stamp_base_offset(data, base)
+    return ReplicaBatch(1, 0, 0, base, data, 3)
+
+os.write(1, b"ready\n")
+held = engine.held_end(1, 4, 30000)
+while held < 30000:
+    base = held - held % 3
+    held = engine.catch_up([copied(b) for b in range(base, min(base + 60, 30000), 3)]).result()
+    os.write(1, b"%d\n" % held)
+"""
+
+
+@pytest.mark.slow
+def test_a_copy_of_a_range_a_trim_cut_mid_batch_survives_sigkill(tmp_path: Path) -> None:
+    """Killed while it copies a range whose start is inside a batch: after
+    each restart it holds at least what it said it held, from the cut batch
+    on without a gap, and it goes on to the range's end."""
+    rng = random.Random(20261128)
+    path = tmp_path / "data"
+    said = 4
+    for _round in range(30):
+        child = subprocess.Popen(
+            [sys.executable, "-c", TRIMMED_COPY_CHILD, str(path), str(MAP_SIZE)],
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"ready\n"
+        time.sleep(rng.uniform(0.02, 0.12))
+        child.send_signal(signal.SIGKILL)
+        output = child.stdout.read()
+        child.wait()
+        child.stdout.close()
+        said = max([said, *(int(line) for line in output.split(b"\n")[:-1] if line.isdigit())])
+        with StorageEngine(path, map_size=MAP_SIZE, node_id=2) as engine:
+            held = engine.held_end(1, 4, 30000)
+            assert held >= said
+            records = decode_batches(engine.read(1, 4, 1 << 40))
+            assert records.offsets.tolist() == list(range(3, held))
+            assert all(records.value(i) == b"%d|" % (i + 3) * 40 for i in range(len(records)))
+        if held == 30000:
+            break
+    assert held == 30000

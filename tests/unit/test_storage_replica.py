@@ -246,3 +246,17 @@ def test_a_looked_up_view_is_applied_when_certainly_newer(tmp_path: Path) -> Non
         # the same view again, or an older one, is left alone
         engine.learn_ranges(STREAM, [open_range()]).result()
         assert [r.range_index for r in engine.list_ranges(STREAM)] == [0, 1]
+
+
+def test_a_range_whose_start_a_trim_cut_mid_batch_is_caught_up(tmp_path: Path) -> None:
+    """A trim at offset 3 left range 0 starting inside the batch [2, 5),
+    which its replicas keep whole. A replica placed on the range later
+    copies that batch whole too, and the rest after it: without it the copy
+    never began, and the new replica held nothing of the range for ever."""
+    with StorageEngine(tmp_path / "node", node_id=FOLLOWER, map_size=64 << 20) as engine:
+        engine.sync_ranges(STREAM, [sealed_range(0, 3, 8), open_range(1, 8)]).result()
+        assert engine.held_end(STREAM, 3, 8) == 3
+        copied = [item(0, b"a", b"b"), item(2, b"c", b"d", b"e"), item(5, b"f", b"g", b"h")]
+        assert engine.catch_up(copied).result() == 8
+        assert engine.range_holding(STREAM, 0)[0] == 8
+        assert values(engine, 3) == [b"c", b"d", b"e", b"f", b"g", b"h"]
