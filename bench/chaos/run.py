@@ -29,6 +29,9 @@ SETTLE_S = 8.0
 FINAL_READ_TIMEOUT_S = 120.0
 #: how long a replica holding fewer records than its stream is given to catch up
 REPLICA_SETTLE_S = 15.0
+#: how long the moves of ranges under way at the end (a rebalance) may take
+#: to finish before the streams are read back
+MOVES_SETTLE_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ async def run(settings: RunSettings, root: Path) -> RunResult:
                 await trio.sleep(SETTLE_S)
                 await workload.settled()
                 running.cancel_scope.cancel()
+            await _moves_done(cluster.pm_address)
             stored = await _read_back(cluster.pm_address, history.streams)
         finally:
             await cluster.stop_all()
@@ -133,6 +137,23 @@ async def _progress(history: History, started: float, duration: float) -> None:
             f"faults {len(history.faults)}",
             flush=True,
         )
+
+
+async def _moves_done(pm_address: str) -> None:
+    """Wait (up to ``MOVES_SETTLE_S``) until no rebalance moves ranges: the
+    copies of a move started near the end would otherwise be read while
+    they catch up, each replica waited for in turn."""
+    with trio.move_on_after(MOVES_SETTLE_S) as waited:
+        async with PMClient(pm_address) as pm:
+            while True:
+                try:
+                    if (await pm.rebalance(dry_run=True, timeout=10)).pending == 0:
+                        return
+                except EXPECTED:
+                    pass
+                await trio.sleep(0.5)
+    if waited.cancelled_caught:
+        print(f"moves of ranges still under way after {MOVES_SETTLE_S:.0f} s", flush=True)
 
 
 async def _read_back(pm_address: str, streams: list[int]) -> list[checker.StoredStream]:
