@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench import report
+from bench.peers.servers import ServerNotInstalled
 from bench.scenarios import append, catch_up, latency, pm_ha, replication, spark, tail, tls
 from bench.scenarios.options import Options
 from sbp.allocator import keep_freed_memory
@@ -76,6 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench {name}{' --quick' if args.quick else ''} …", flush=True)
         try:
             result = SCENARIOS[name](Options(quick=args.quick, scratch=scratch))
+        except ServerNotInstalled as missing:
+            print(
+                f"bench {name}: {missing}; `make system-deps` installs the peer servers",
+                file=sys.stderr,
+            )
+            return 2
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         report.write(result, args.out, args.quick)

@@ -201,6 +201,26 @@ def test_cli_offers_every_scenario_and_an_output_option(tmp_path: Path) -> None:
     assert (args.scenario, args.quick, args.out) == ("all", True, tmp_path)
 
 
+def test_a_missing_peer_server_is_named_without_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import bench.__main__ as runner
+    from bench.peers.servers import ServerProcess
+
+    def needs_a_peer(options: Any) -> Any:
+        ServerProcess("redis-server", lambda port, directory: [], lambda port: True)
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    # the runner makes SIGTERM unwind like Ctrl-C: not in the test's process
+    monkeypatch.setattr(runner.signal, "signal", lambda *args: None)
+    monkeypatch.setitem(runner.SCENARIOS, "append", needs_a_peer)
+    assert runner.main(["append", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        "bench append: redis-server is not installed; "
+        "`make system-deps` installs the peer servers\n"
+    )
+
+
 def test_replication_compares_one_replica_with_three(tmp_path: Path) -> None:
     doc = run_quick("replication", tmp_path)
     systems = _by_system(doc)
