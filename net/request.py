@@ -178,8 +178,10 @@ class Responder:
         """``send_nowait`` for a payload in buffers valid only until this
         returns (record batches in a read transaction): they are written or
         copied before it does."""
-        self._check_open(end)
-        return self._connection.queue_borrowed_response(self, header.encode(), payload, end=end)
+        self._check_open()
+        queued = self._connection.queue_borrowed_response(self, header.encode(), payload, end=end)
+        self.done = end
+        return queued
 
     async def send(
         self,
@@ -234,16 +236,19 @@ class Responder:
         end: bool,
         system_error: bool = False,
     ) -> bool:
-        self._check_open(end)
-        return self._connection.queue_response(
+        self._check_open()
+        queued = self._connection.queue_response(
             self, header, payload, end=end, system_error=system_error
         )
+        # only once queued: a frame that cannot be (a header over the frame
+        # limit) leaves the request open, for its error answer
+        self.done = end
+        return queued
 
-    def _check_open(self, end: bool) -> None:
-        """Refuse a frame after the last one; note whether this one is it."""
+    def _check_open(self) -> None:
+        """Refuse a frame after the last one."""
         if self.done:
             raise RuntimeError(f"response to stream {self.stream_id} already ended")
-        self.done = end
 
 
 class RequestHandler(Protocol):

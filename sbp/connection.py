@@ -488,6 +488,7 @@ class ConnectionEngine:
         is written."""
         opcode, flags = self._answering(stream_id, end=end, system_error=system_error)
         pieces = frame_pieces(opcode, flags, stream_id, header, payload)
+        self._answered(stream_id, end)
         if len(payload) >= GATHERED_PAYLOAD_BYTES:
             self._queue_pieces(opcode, pieces, sum(len(piece) for piece in pieces))
         else:
@@ -507,6 +508,7 @@ class ConnectionEngine:
             raise RuntimeError("frames are queued ahead of a borrowed payload")
         opcode, flags = self._answering(stream_id, end=end, system_error=False)
         pieces = gathered_frame_pieces(opcode, flags, stream_id, header, payload)
+        self._answered(stream_id, end)
         self._count_frame(opcode, sum(len(piece) for piece in pieces))
         return pieces
 
@@ -530,10 +532,14 @@ class ConnectionEngine:
         flags = _RESPONSE_END if end else Flags.RESPONSE
         if system_error:
             flags |= Flags.SYSTEM_ERROR
+        return opcode, flags
+
+    def _answered(self, stream_id: int, end: bool) -> None:
+        """A response frame was framed (one that cannot be, a header over
+        its limit, raises before this and leaves the request to be answered)."""
         if end:
             # Before the frame can reach the peer, which may then reuse the id.
             del self._serving[stream_id]
-        return opcode, flags
 
     def send_goaway(self, code: ErrorCode = ErrorCode.NONE, message: str = "") -> None:
         """Tell the peer to send no new requests; requests already being

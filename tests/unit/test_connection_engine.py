@@ -155,6 +155,19 @@ def test_ping_is_answered_at_once_with_its_bytes() -> None:
     assert engine.serving == 0
 
 
+def test_an_answer_too_large_to_frame_leaves_the_request_to_be_answered() -> None:
+    engine = server()
+    [received] = engine.feed(encode_frame(Opcode.HEARTBEAT, Flags.NONE, 7, HEARTBEAT))
+    assert isinstance(received, RequestReceived)
+    with pytest.raises(ValueError, match="exceeds"):
+        engine.send_response(7, bytes(1 << 24))
+    assert engine.serving == 1 and sent_frames(engine) == []
+    engine.send_response(7, b"", system_error=True)
+    [answer] = sent_frames(engine)
+    assert (answer.stream_id, answer.flags) == (7, END | Flags.SYSTEM_ERROR)  # type: ignore[union-attr]
+    assert engine.serving == 0
+
+
 def test_a_duplicate_id_is_refused_and_the_first_request_carries_on() -> None:
     engine = server()
     frame = encode_frame(Opcode.HEARTBEAT, Flags.NONE, 5, HEARTBEAT)

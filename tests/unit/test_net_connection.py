@@ -553,11 +553,18 @@ async def test_handler_failures_answer_and_keep_the_connection() -> None:
         if case == "silent":
             await responder.send(messages.HeartbeatResponse(client_id="x"), end=False)
             return
+        if case == "too large":
+            # a header over the 2^24 - 1 the frame can carry cannot be sent
+            await responder.send(messages.HeartbeatResponse(client_id="x" * (1 << 24)))
+            return
         await echo(request, responder)
 
     async with connected(serving(handler)) as (client, _):
         with pytest.raises(UnknownServerError, match="internal server error"):
             await client.request(Opcode.HEARTBEAT, heartbeat("crash"))
+        # answered at once, not left to the request's deadline
+        with trio.fail_after(5), pytest.raises(UnknownServerError, match="internal server error"):
+            await client.request(Opcode.HEARTBEAT, heartbeat("too large"), timeout=60)
         with pytest.raises(ThrottledError, match="slow down"):
             await client.request(Opcode.HEARTBEAT, heartbeat("throttle"))
         with pytest.raises(UnknownServerError, match="no complete response"):
