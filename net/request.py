@@ -198,6 +198,12 @@ class Responder:
         if not self._queue(header.encode(), payload, end=end):
             raise ConnectionClosed(f"connection to {self._connection.peer} closed")
 
+    async def send_sequence(self, headers: Sequence[messages.Message]) -> None:
+        """``send`` each of ``headers`` as a frame of one response sequence,
+        RESPONSE_END on the last."""
+        for i, header in enumerate(headers, 1):
+            await self.send(header, end=i == len(headers))
+
     @asynccontextmanager
     async def answer_room(self, nbytes: int) -> AsyncIterator[None]:
         """Room to read an answer of up to ``nbytes`` and queue it: once the

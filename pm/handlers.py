@@ -31,6 +31,7 @@ from sbp.errors import (
     ProducerFencedError,
     ProtocolError,
 )
+from sbp.range_lists import list_frames
 
 from .groups import OffsetItem
 from .liveness import NodeState
@@ -465,7 +466,7 @@ class PMHandlers:
             self._list_one(owner, self._may_list(request.principal, owner))
             for owner in header.range_owners
         )
-        await responder.send(messages.ListRangesResponse(list_responses=results))
+        await responder.send_sequence(list(list_frames(results)))
 
     def _may_list(self, principal: str, owner: messages.RangeOwner) -> ProtocolError | None:
         """A stream's ranges need DESCRIBE of it; a data node's, CLUSTER."""

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 import trio
 
+from client.datanode_client import DataNodeClient
 from sbp import messages
 from sbp.batches import build_batch, decode_batches, peek_header
 from sbp.constants import (
@@ -254,6 +255,29 @@ async def test_seal_describe_list_and_sealed_errors(
     assert [(r.stream_id, r.end_offset) for r in by_stream.ranges] == [(40, 3)]
     assert (40, 0) in {(r.stream_id, r.range_index) for r in by_node.ranges}
     assert other_node.error_code == ErrorCode.DATA_NODE_NOT_FOUND
+
+
+async def test_a_node_with_more_ranges_than_a_frame_holds_lists_them_in_several(
+    raw: RawConnection, node: ServerProcess
+) -> None:
+    count = 50_000  # ~9 MB of ranges: over the 4 MiB of ranges a frame is given
+    for first in range(0, count, 10_000):
+        await raw_sync(raw, *(hosted_range(s, node) for s in range(first, first + 10_000)))
+    owner = messages.RangeOwner(data_node=messages.DataNode(node_id=1, advertise_addr=node.address))
+    frames = await raw.call(
+        Opcode.LIST_RANGES, messages.ListRangesRequest(range_owners=(owner,)), stream_id=8
+    )
+    assert len(frames) >= 2
+    assert [frame.flags for frame in frames] == [Flags.RESPONSE] * (len(frames) - 1) + [END]
+    answers = [messages.ListRangesResponse.decode(frame.header) for frame in frames]
+    for answer in answers:  # each frame a part of the one result, in order
+        (part,) = answer.list_responses
+        assert (part.range_owner, part.error_code) == (owner, ErrorCode.NONE)
+    listed = [r.stream_id for answer in answers for r in answer.list_responses[0].ranges]
+    assert sorted(listed) == list(range(count))
+    async with DataNodeClient(node.address, timeout=30) as client:
+        ranges = await client.list_node_ranges(owner.data_node)  # type: ignore[arg-type]
+    assert [r.stream_id for r in ranges] == listed
 
 
 async def test_fetch_errors(raw: RawConnection, node: ServerProcess) -> None:
