@@ -98,7 +98,6 @@ def run_child_and_kill(
     return acks
 
 
-@pytest.mark.slow
 def acknowledgements_of(payload: bytearray) -> dict[int, tuple[int, str]]:
     """base offset -> (record count, digest) of each stored batch, as the
     child prints them when acknowledged."""
@@ -111,6 +110,7 @@ def acknowledgements_of(payload: bytearray) -> dict[int, tuple[int, str]]:
     }
 
 
+@pytest.mark.slow
 def test_acknowledged_appends_survive_sigkill(tmp_path: Path) -> None:
     rng = random.Random(20240611)
     path = tmp_path / "data"
