@@ -248,6 +248,25 @@ async def test_a_thousand_streams_in_one_frame(tmp_path: Path) -> None:
             assert len(hosted) == per_node[node_id]
 
 
+@pytest.mark.deadline(90)
+async def test_a_node_with_more_ranges_than_a_frame_holds_is_listed_whole(tmp_path: Path) -> None:
+    async with pm_cluster(tmp_path, node_ids=(1,)) as cluster:
+        pm = cluster.pm_client(timeout=60)
+        count = 30_000  # ~5 MB of ranges: over the 4 MiB of ranges a frame is given
+        for _ in range(0, count, 3_000):
+            results = await pm.create_streams([messages.Stream(replica_nums=1)] * 3_000)
+            assert {r.error_code for r in results} == {ErrorCode.NONE}
+        node = messages.DataNode(node_id=1)
+        request = messages.ListRangesRequest(range_owners=(messages.RangeOwner(data_node=node),))
+        answer = await pm.call(Opcode.LIST_RANGES, request)
+        assert answer.frames >= 2
+        ranges = await pm.list_node_ranges(node)
+        assert len({r.stream_id for r in ranges}) == count
+        # and the node's own listing, which the PM's reconcile asks for
+        hosted = await cluster.node_client(cluster.nodes[1].address, 60).list_node_ranges(node)
+        assert sorted(r.stream_id for r in hosted) == sorted(r.stream_id for r in ranges)
+
+
 async def test_the_pm_does_not_serve_append(tmp_path: Path) -> None:
     async with pm_cluster(tmp_path, node_ids=()) as cluster:
         connection = await cluster.pool.get(cluster.pm_address)
