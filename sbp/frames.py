@@ -65,6 +65,7 @@ from .constants import (
     MIN_FRAME_LENGTH,
 )
 from .enums import KNOWN_FLAGS, KNOWN_OPCODES, ErrorCode, Flags
+from .errors import FrameTooLargeError
 
 #: any bytes-like buffer a frame, a payload or a record batch may come in
 Buffer: TypeAlias = bytes | bytearray | memoryview
@@ -202,7 +203,10 @@ def _frame_head(
     """The fixed header and the extended header of a frame."""
     header_length = len(header)
     if header_length > MAX_HEADER_LENGTH:
-        raise ValueError(f"header of {header_length} bytes exceeds {MAX_HEADER_LENGTH}")
+        raise FrameTooLargeError(
+            f"a header of {header_length:,} bytes is over the {MAX_HEADER_LENGTH:,} a frame "
+            "carries: ask for fewer items at a time"
+        )
     if not 0 <= stream_id <= MAX_STREAM_ID:
         raise ValueError(f"stream id {stream_id} out of range")
     frame_length = MIN_FRAME_LENGTH + header_length + payload_length

@@ -27,7 +27,12 @@ from sbp.connection import (
 )
 from sbp.constants import DEFAULT_MAX_FRAME_LENGTH, MAX_CLIENT_STREAM_ID, SERVER_STREAM_ID_BIT
 from sbp.enums import ErrorCode, Flags, Opcode
-from sbp.errors import ChecksumMismatchError, ConnectionClosed, ShuttingDownError
+from sbp.errors import (
+    ChecksumMismatchError,
+    ConnectionClosed,
+    FrameTooLargeError,
+    ShuttingDownError,
+)
 from sbp.frames import FrameDecoder, FrameEvent, encode_frame
 
 MORE = Flags.RESPONSE
@@ -159,7 +164,7 @@ def test_an_answer_too_large_to_frame_leaves_the_request_to_be_answered() -> Non
     engine = server()
     [received] = engine.feed(encode_frame(Opcode.HEARTBEAT, Flags.NONE, 7, HEARTBEAT))
     assert isinstance(received, RequestReceived)
-    with pytest.raises(ValueError, match="exceeds"):
+    with pytest.raises(FrameTooLargeError):
         engine.send_response(7, bytes(1 << 24))
     assert engine.serving == 1 and sent_frames(engine) == []
     engine.send_response(7, b"", system_error=True)

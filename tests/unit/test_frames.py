@@ -16,6 +16,7 @@ import sbp.frames
 from sbp.allocator import RECEIVE_BUFFERS, BufferPool
 from sbp.constants import FIXED_HEADER_SIZE, MAX_HEADER_LENGTH, MIN_FRAME_LENGTH
 from sbp.enums import ErrorCode, Flags, Opcode
+from sbp.errors import FrameTooLargeError
 from sbp.frames import (
     MAX_READ_SIZE,
     MIN_READ_SIZE,
@@ -78,7 +79,7 @@ def test_encode_rejects_what_the_wire_cannot_carry() -> None:
         encode_frame(Opcode.PING, 0, 1 << 32)
     with pytest.raises(ValueError, match="stream id"):
         encode_frame(Opcode.PING, 0, -1)
-    with pytest.raises(ValueError, match="exceeds"):
+    with pytest.raises(FrameTooLargeError, match="is over the 16,777,215 a frame carries"):
         encode_frame(Opcode.PING, 0, 0, bytes(MAX_HEADER_LENGTH + 1))
 
 
