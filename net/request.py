@@ -21,7 +21,7 @@ import trio
 from sbp import messages
 from sbp.connection import RequestReceived, system_error_header
 from sbp.enums import ErrorCode, Opcode
-from sbp.errors import ConnectionClosed, ProtocolError, wire_code
+from sbp.errors import ConnectionClosed, FrameTooLargeError, ProtocolError, wire_code
 from sbp.frames import Buffer
 
 from .budget import ConnectionBudget
@@ -178,10 +178,12 @@ class Responder:
         """``send_nowait`` for a payload in buffers valid only until this
         returns (record batches in a read transaction): they are written or
         copied before it does."""
-        self._check_open()
-        queued = self._connection.queue_borrowed_response(self, header.encode(), payload, end=end)
-        self.done = end
-        return queued
+        self._check_open(end)
+        try:
+            return self._connection.queue_borrowed_response(self, header.encode(), payload, end=end)
+        except FrameTooLargeError:
+            self.done = False  # nothing was queued: the request is still to answer
+            raise
 
     async def send(
         self,
@@ -242,19 +244,22 @@ class Responder:
         end: bool,
         system_error: bool = False,
     ) -> bool:
-        self._check_open()
-        queued = self._connection.queue_response(
-            self, header, payload, end=end, system_error=system_error
-        )
-        # only once queued: a frame that cannot be (a header over the frame
-        # limit) leaves the request open, for its error answer
-        self.done = end
-        return queued
+        self._check_open(end)
+        try:
+            return self._connection.queue_response(
+                self, header, payload, end=end, system_error=system_error
+            )
+        except FrameTooLargeError:
+            # raised before anything was queued: the request is still to
+            # answer, with this error
+            self.done = False
+            raise
 
-    def _check_open(self) -> None:
-        """Refuse a frame after the last one."""
+    def _check_open(self, end: bool) -> None:
+        """Refuse a frame after the last one; note whether this one is it."""
         if self.done:
             raise RuntimeError(f"response to stream {self.stream_id} already ended")
+        self.done = end
 
 
 class RequestHandler(Protocol):
