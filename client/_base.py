@@ -163,12 +163,20 @@ class SBPClient:
     ) -> R:
         """``call`` whose answer header must be ``expected``: typed for the caller."""
         answer = (await self.call(opcode, header, payload, timeout=timeout)).header
-        if not isinstance(answer, expected):
-            raise InvalidRequestError(
-                f"{opcode.name}: the server answered {type(answer).__name__}, "
-                f"not {expected.__name__}"
-            )
-        return answer
+        return _expected(expected, opcode, answer)
+
+    async def call_for_frames(
+        self,
+        expected: type[R],
+        opcode: Opcode,
+        header: messages.Message,
+        *,
+        timeout: float | None = None,
+    ) -> list[R]:
+        """``call_for`` of an answer that may come in several frames: each
+        frame's header, in order."""
+        response = await self.call(opcode, header, timeout=timeout)
+        return [_expected(expected, opcode, part.header) for part in response.parts or (response,)]
 
     def _follow(self, leader: str) -> None:
         """Point later calls at the leader named, or at the next address."""
@@ -232,3 +240,13 @@ class SBPClient:
             messages.HeartbeatResponse, Opcode.HEARTBEAT, request, timeout=timeout
         )
         return header
+
+
+def _expected(expected: type[R], opcode: Opcode, answer: object) -> R:
+    """``answer``, if it is the header ``expected``: a server that answers
+    something else is refused."""
+    if not isinstance(answer, expected):
+        raise InvalidRequestError(
+            f"{opcode.name}: the server answered {type(answer).__name__}, not {expected.__name__}"
+        )
+    return answer

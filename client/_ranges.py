@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from sbp import messages
 from sbp.enums import Opcode
-from sbp.errors import InvalidRequestError, RangeNotFoundError, raise_for_code
+from sbp.errors import RangeNotFoundError, raise_for_code
 from sbp.range_lists import join_list_frames
 
 from ._base import SBPClient, single
@@ -23,14 +23,9 @@ class RangeCalls(SBPClient):
         request = messages.ListRangesRequest(
             timeout_ms=self.timeout_ms(timeout), range_owners=tuple(owners)
         )
-        response = await self.call(Opcode.LIST_RANGES, request, timeout=timeout)
-        frames = [part.header for part in response.parts] or [response.header]
-        for frame in frames:
-            if not isinstance(frame, messages.ListRangesResponse):
-                raise InvalidRequestError(
-                    f"LIST_RANGES: the server answered {type(frame).__name__}, "
-                    "not ListRangesResponse"
-                )
+        frames = await self.call_for_frames(
+            messages.ListRangesResponse, Opcode.LIST_RANGES, request, timeout=timeout
+        )
         return join_list_frames(frames).list_responses
 
     async def list_stream_ranges(
