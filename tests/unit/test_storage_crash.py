@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -61,11 +62,16 @@ while True:
 """
 
 
-def run_child_and_kill(
-    path: Path, rng: random.Random, program: str = CHILD, until: Path | None = None
-) -> list[tuple[int, int, str]]:
-    """Run the child, SIGKILL it a random while after it is ready (or once
-    the file ``until`` exists), and return the appends it acknowledged."""
+def lines_until_killed(
+    path: Path,
+    rng: random.Random,
+    program: str,
+    until: Path | None = None,
+    longest: float = 0.25,
+) -> list[bytes]:
+    """Run ``program`` as a child on ``path``, SIGKILL it a random while (up
+    to ``longest`` seconds) after it is ready, or once the file ``until``
+    exists, and return the lines it printed whole."""
     child = subprocess.Popen(
         [sys.executable, "-c", program, str(path), str(MAP_SIZE)],
         stdout=subprocess.PIPE,
@@ -74,7 +80,7 @@ def run_child_and_kill(
     assert child.stdout is not None
     assert child.stdout.readline() == b"ready\n"
     if until is None:
-        time.sleep(rng.uniform(0.02, 0.25))
+        time.sleep(rng.uniform(0.02, longest))
         child.send_signal(signal.SIGKILL)
         output = child.stdout.read()
     else:
@@ -91,8 +97,15 @@ def run_child_and_kill(
         output = b"".join(chunks)
     child.wait()
     child.stdout.close()
+    return output.split(b"\n")[:-1]  # a line cut by the kill is not complete
+
+
+def run_child_and_kill(
+    path: Path, rng: random.Random, program: str = CHILD, until: Path | None = None
+) -> list[tuple[int, int, str]]:
+    """``lines_until_killed``: the appends the child acknowledged."""
     acks = []
-    for line in output.split(b"\n")[:-1]:  # a line cut by the kill is not complete
+    for line in lines_until_killed(path, rng, program, until):
         offset, count, digest = line.split()
         acks.append((int(offset), int(count), digest.decode()))
     return acks
@@ -380,6 +393,31 @@ def check_stream_2(
     return seen
 
 
+def kill_and_check(
+    path: Path,
+    rng: random.Random,
+    child: str,
+    rounds: int,
+    marker: str,
+    check: Callable[[StorageEngine], tuple[int, int]],
+) -> list[tuple[int, int]]:
+    """Run ``child`` ``rounds`` times, each killed at random (the last once
+    it has written ``marker``); after each restart ``check`` the engine (it
+    returns what is held of stream 1's range 0) and every acknowledged
+    append of stream 2. Returns what ``check`` returned, round by round."""
+    acknowledged: dict[int, tuple[int, str]] = {}
+    held_after: list[tuple[int, int]] = []
+    for round_index in range(rounds):
+        until = path / marker if round_index == rounds - 1 else None
+        acks = run_child_and_kill(path, rng, child, until)
+        acknowledged.update((offset, (count, digest)) for offset, count, digest in acks)
+        with StorageEngine(path, map_size=MAP_SIZE, node_id=1) as engine:
+            held = check(engine)
+            held_after.append(held)
+            acknowledged = check_stream_2(engine, acknowledged, held)
+    return held_after
+
+
 @pytest.mark.slow
 def test_a_range_moved_off_the_node_goes_whole_or_not_at_all_through_sigkill(
     tmp_path: Path,
@@ -388,21 +426,17 @@ def test_a_range_moved_off_the_node_goes_whole_or_not_at_all_through_sigkill(
     after each restart the range's chunks are all there or all gone (and
     once gone stay gone), the stored counters agree, and every acknowledged
     append of the other stream is intact."""
-    rng = random.Random(20261127)
-    path = tmp_path / "data"
-    acknowledged: dict[int, tuple[int, str]] = {}
-    held_after: list[tuple[int, int]] = []
-    for round_index in range(8):
-        # the last child is killed once its move is committed, whatever the load
-        until = path / "moved" if round_index == 7 else None
-        acks = run_child_and_kill(path, rng, MOVE_CHILD, until)
-        acknowledged.update((offset, (count, digest)) for offset, count, digest in acks)
-        with StorageEngine(path, map_size=MAP_SIZE, node_id=1) as engine:
-            held = engine.range_holding(1, 0)
-            whole = engine.read(1, 0, 1 << 40) if held[0] == 200 else bytearray()
-            assert held in ((200, len(whole)), (0, 0)), held
-            held_after.append(held)
-            acknowledged = check_stream_2(engine, acknowledged, held)
+
+    def whole_or_gone(engine: StorageEngine) -> tuple[int, int]:
+        held = engine.range_holding(1, 0)
+        whole = engine.read(1, 0, 1 << 40) if held[0] == 200 else bytearray()
+        assert held in ((200, len(whole)), (0, 0)), held
+        return held
+
+    # the last child is killed once its move is committed, whatever the load
+    held_after = kill_and_check(
+        tmp_path / "data", random.Random(20261127), MOVE_CHILD, 8, "moved", whole_or_gone
+    )
     moved = [held == (0, 0) for held in held_after]
     assert moved == sorted(moved) and moved[-1]  # once gone, gone; and it went
 
@@ -428,19 +462,17 @@ def test_an_old_lookup_answer_drops_no_range_through_sigkill(tmp_path: Path) -> 
     each restart the node still holds the whole range it was placed on, the
     stored counters agree, and every acknowledged append is intact."""
     assert "learn_ranges" in STALE_LOOKUP_CHILD
-    rng = random.Random(20261128)
-    path = tmp_path / "data"
-    acknowledged: dict[int, tuple[int, str]] = {}
-    for round_index in range(6):
-        # the last child is killed once old answers were applied
-        until = path / "learned" if round_index == 5 else None
-        acks = run_child_and_kill(path, rng, STALE_LOOKUP_CHILD, until)
-        acknowledged.update((offset, (count, digest)) for offset, count, digest in acks)
-        with StorageEngine(path, map_size=MAP_SIZE, node_id=1) as engine:
-            held = engine.range_holding(1, 0)
-            assert held[0] == 200 and held[1] == len(engine.read(1, 0, 1 << 40)), held
-            assert [r.range_index for r in engine.list_ranges(1)] == [0, 1]
-            acknowledged = check_stream_2(engine, acknowledged, held)
+
+    def still_whole(engine: StorageEngine) -> tuple[int, int]:
+        held = engine.range_holding(1, 0)
+        assert held[0] == 200 and held[1] == len(engine.read(1, 0, 1 << 40)), held
+        assert [r.range_index for r in engine.list_ranges(1)] == [0, 1]
+        return held
+
+    # the last child is killed once old answers were applied
+    kill_and_check(
+        tmp_path / "data", random.Random(20261128), STALE_LOOKUP_CHILD, 6, "learned", still_whole
+    )
 
 
 # A new replica of sealed range 0 of stream 1, whose start a trim put at 4,
@@ -480,19 +512,8 @@ def test_a_copy_of_a_range_a_trim_cut_mid_batch_survives_sigkill(tmp_path: Path)
     path = tmp_path / "data"
     said = 4
     for _round in range(30):
-        child = subprocess.Popen(
-            [sys.executable, "-c", TRIMMED_COPY_CHILD, str(path), str(MAP_SIZE)],
-            stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        assert child.stdout is not None
-        assert child.stdout.readline() == b"ready\n"
-        time.sleep(rng.uniform(0.02, 0.12))
-        child.send_signal(signal.SIGKILL)
-        output = child.stdout.read()
-        child.wait()
-        child.stdout.close()
-        said = max([said, *(int(line) for line in output.split(b"\n")[:-1] if line.isdigit())])
+        lines = lines_until_killed(path, rng, TRIMMED_COPY_CHILD, longest=0.12)
+        said = max([said, *(int(line) for line in lines if line.isdigit())])
         with StorageEngine(path, map_size=MAP_SIZE, node_id=2) as engine:
             held = engine.held_end(1, 4, 30000)
             assert held >= said
