@@ -17,6 +17,11 @@ stream on node 2:
 
 The drain's rate counts the bytes node 1 held when the drain began.
 
+``--ranges N`` measures the other bound of a drain, its steps per range:
+a PM and two data nodes, ``2N`` streams of one replica created empty (about
+``N`` of them on node 1), and node 1 drained with nothing else running: the
+ranges moved per second, sealing the open ones included.
+
 ``--split-cpus`` runs the producer and node 2 on CPU 0 and everything else
 (node 1, node 3, the PM) on CPU 1, as on machines of their own: what the
 drain costs the producer through the cluster, apart from what it costs
@@ -204,6 +209,31 @@ async def measure(
     }
 
 
+async def measure_ranges(root: Path, ranges: int) -> dict[str, Any]:
+    pm_child, nodes = plan_children(root, 2, "127.0.0.1", 0, "always", sys.executable)
+    pm_child.argv += ["--max-move-bytes-per-s", "0", "--rebalance-interval-ms", "0"]
+    async with running_plan(Plan([], [pm_child], nodes), root), ConnectionPool() as pool:
+        pm = PMClient(pm_child.address, pool=pool, timeout=120)
+        with trio.fail_after(30):
+            while sum(s.alive for s in await pm.describe_cluster()) < 2:
+                await trio.sleep(0.2)
+        streams = 2 * ranges  # placed in turn on the two nodes
+        for start in range(0, streams, 100):
+            await pm.create_streams([messages.Stream(replica_nums=1)] * min(100, streams - start))
+        held = len(await pm.list_node_ranges(messages.DataNode(1, nodes[0].address)))
+        print(f"draining node 1, which holds {held:,} ranges …", flush=True)
+        started = time.perf_counter()
+        await pm.drain_data_nodes([1])
+        while not await _drained(pm, 1):
+            await trio.sleep(0.1)
+        seconds = time.perf_counter() - started
+    return {
+        "ranges_moved": held,
+        "drain_seconds": round(seconds, 2),
+        "ranges_per_s": round(held / seconds),
+    }
+
+
 async def _timed(send: Any, into: list[float]) -> None:
     started = time.perf_counter()
     await send()
@@ -224,12 +254,26 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the producer and its node on CPU 0, the other nodes and the PM on CPU 1",
     )
+    parser.add_argument(
+        "--ranges",
+        type=int,
+        metavar="N",
+        help="instead: drain a node holding about N empty ranges, with nothing else running; "
+        "ranges moved per second",
+    )
     parser.add_argument("--out", type=Path, help="write the result as JSON here too")
     args = parser.parse_args(argv)
     if args.split_cpus and not {0, 1} <= os.sched_getaffinity(0):
         parser.error("--split-cpus needs CPUs 0 and 1")
+    if args.ranges is not None and args.ranges < 1:
+        parser.error("--ranges must be at least 1")
     with tempfile.TemporaryDirectory(prefix="bench-drain-") as root:
-        result = trio.run(measure, Path(root), args.gb, args.seconds, args.pace, args.split_cpus)
+        if args.ranges is not None:
+            result = trio.run(measure_ranges, Path(root), args.ranges)
+        else:
+            result = trio.run(
+                measure, Path(root), args.gb, args.seconds, args.pace, args.split_cpus
+            )
     emit(result, args.out)
     return 0
 

@@ -18,14 +18,18 @@ restarts or takes over goes on where the last one was. A range never has
 fewer replicas than before (the new ones are added before the old one
 leaves), so never fewer than ``ack_nums``.
 
-New copies start no faster than the PM's ``MoveBudget`` allows.
+A pass takes each step for many ranges at once (up to
+``MAX_RANGES_PER_PASS``): the ranges that step 3 moves go in one commit,
+then one SYNC_RANGES per node for all of them, and the same for those that
+step 2 gives new replicas. New copies start no faster than the PM's
+``MoveBudget`` allows.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 import trio
@@ -48,7 +52,14 @@ _stuck = RateLimitedLog(log, interval=60.0)
 _NONE: Final = Holding(held_end=-1, size=0)
 #: sealed ranges of a draining node moved a step per pass (the rest wait
 #: for later passes, and count in its bytes to move only from then on)
-MAX_RANGES_PER_PASS: Final = 1000
+MAX_RANGES_PER_PASS: Final = 4000
+#: of those, copies started in one pass at most: the ranges copied since
+#: the last pass (the first ones) leave in the same pass
+MAX_COPIES_PER_PASS: Final = MAX_RANGES_PER_PASS // 2
+#: open ranges of a draining node sealed at once: each seal asks its
+#: replicas and tells its nodes, and many thousands at once would keep those
+#: calls waiting past the pass's deadline
+SEALS_AT_ONCE: Final = 1000
 #: what a target node's appends write over this long counts as headed its
 #: way: a node taking a producer's appends gets copies only once the others
 #: have been given about this many seconds of its writes (``place_copies``)
@@ -123,15 +134,22 @@ class NodeDrains:
                 log.warning("data node %d is drained: it holds no range", node_id)
             return
         open_here = [rng.key for rng in held if rng.is_open]
+        took = 0.0
+        for start in range(0, len(open_here), SEALS_AT_ONCE):
+            began = trio.current_time()
+            if deadline - began < 2 * took:
+                break  # the next pass goes on
+            chunk = open_here[start : start + SEALS_AT_ONCE]
+            await self._pm.seal_ranges(chunk, deadline - began, cause="drain")
+            took = trio.current_time() - began
         if open_here:
-            await self._pm.seal_ranges(open_here, deadline - trio.current_time(), cause="drain")
             held = store.ranges_on_node(node_id)
         sealed = [rng for rng in held if not rng.is_open][:MAX_RANGES_PER_PASS]
         holdings = await self._holdings(node_id, sealed)
-        to_move = 0
-        for rng in sealed:
-            to_move += await self._step(node_id, rng, holdings, deadline)
-        self.bytes_to_move[node_id] = to_move
+        steps = self._steps(sealed, holdings)
+        await self._leave(node_id, steps.leaving, deadline)
+        await self._add_replicas(steps.adding, deadline)
+        self.bytes_to_move[node_id] = steps.to_move
 
     async def _holdings(
         self, node_id: int, ranges: Sequence[RangeRecord]
@@ -176,97 +194,131 @@ class NodeDrains:
                 nursery.start_soon(ask, member, keys)
         return found
 
-    async def _step(
-        self,
-        node_id: int,
-        rng: RangeRecord,
-        holdings: dict[tuple[int, int, int], Holding],
-        deadline: float,
-    ) -> int:
-        """Move one sealed range a step off ``node_id``; returns the bytes
-        still to copy for it."""
-        stream = self._pm.store.stream(rng.stream_id)
-        if stream is None:
-            return 0  # being deleted
+    def _steps(
+        self, ranges: Sequence[RangeRecord], holdings: dict[tuple[int, int, int], Holding]
+    ) -> _Steps:
+        """The step each sealed range of a draining node takes in this pass,
+        and the bytes still to copy for them."""
+        steps = _Steps()
         draining = self._pm.registry.draining
-        others = [n for n in rng.nodes if n not in draining]
-        wanted = max(stream.replica_nums, rng.replicas_wanted, 1)
-        size = max((holdings.get((n, *rng.key), _NONE).size for n in rng.nodes), default=0)
-        whole = [n for n in others if holdings.get((n, *rng.key), _NONE).covers(rng)]
-        if len(whole) >= wanted:
-            await self._leave(node_id, rng, deadline)
-            return 0
-        if len(others) < wanted:
-            if not any((n, *rng.key) in holdings for n in rng.nodes):
-                # no replica answered RANGE_HOLDINGS in this pass: the copy's
-                # size, and so its share of the move budget, is not known
-                return 0
-            if not self._budget.may_start(size):
-                return size
-            await self._add_replicas(rng, wanted - len(others), size, deadline)
-            return size
-        copying = {n: holdings.get((n, *rng.key), _NONE).size for n in others if n not in whole}
-        for target, copied in copying.items():
-            self._incoming[target] = self._incoming.get(target, 0) + max(size - copied, 0)
-        return max(size - max(copying.values(), default=0), 0)
+        for rng in ranges:
+            stream = self._pm.store.stream(rng.stream_id)
+            if stream is None:
+                continue  # being deleted
+            others = [n for n in rng.nodes if n not in draining]
+            wanted = max(stream.replica_nums, rng.replicas_wanted, 1)
+            size = max((holdings.get((n, *rng.key), _NONE).size for n in rng.nodes), default=0)
+            whole = [n for n in others if holdings.get((n, *rng.key), _NONE).covers(rng)]
+            if len(whole) >= wanted:
+                steps.leaving.append(rng)
+            elif len(others) < wanted:
+                if not any((n, *rng.key) in holdings for n in rng.nodes):
+                    # no replica answered RANGE_HOLDINGS in this pass: the copy's
+                    # size, and so its share of the move budget, is not known
+                    continue
+                steps.to_move += size
+                if len(steps.adding) < MAX_COPIES_PER_PASS and self._budget.may_start(size):
+                    steps.adding.append((rng, wanted - len(others), size))
+            else:
+                copying = {
+                    n: holdings.get((n, *rng.key), _NONE).size for n in others if n not in whole
+                }
+                for target, copied in copying.items():
+                    self._incoming[target] = self._incoming.get(target, 0) + max(size - copied, 0)
+                steps.to_move += max(size - max(copying.values(), default=0), 0)
+        return steps
 
-    async def _add_replicas(self, rng: RangeRecord, count: int, size: int, deadline: float) -> None:
-        async with self._pm.hold(rng.stream_id):
-            current = self._pm.store.range(rng.stream_id, rng.range_index)
-            if current is None or current.is_open or current.nodes != rng.nodes:
-                return  # changed meanwhile: the next pass looks again
-            candidates = [
-                load for load in self._pm.registry.loads() if load.node_id not in current.nodes
-            ]
-            try:
-                added = place_copies(
-                    candidates,
-                    count,
-                    size,
-                    self._incoming,
-                    min_free_space=self._min_free_space,
-                    write_horizon_s=COPY_WRITE_HORIZON_S,
+    async def _add_replicas(
+        self, adding: Sequence[tuple[RangeRecord, int, int]], deadline: float
+    ) -> None:
+        """Give each range ``count`` new replicas, which copy ``size``
+        bytes: placed one after another, in one commit."""
+        if not adding:
+            return
+        async with self._pm.hold_all(rng.stream_id for rng, _, _ in adding):
+            changes: list[PutRange] = []
+            added_to: list[tuple[RangeRecord, tuple[int, ...]]] = []
+            for rng, count, size in adding:
+                current = self._pm.store.range(rng.stream_id, rng.range_index)
+                if current is None or current.is_open or current.nodes != rng.nodes:
+                    continue  # changed meanwhile: the next pass looks again
+                candidates = [
+                    load for load in self._pm.registry.loads() if load.node_id not in current.nodes
+                ]
+                try:
+                    added = place_copies(
+                        candidates,
+                        count,
+                        size,
+                        self._incoming,
+                        min_free_space=self._min_free_space,
+                        write_horizon_s=COPY_WRITE_HORIZON_S,
+                    )
+                except NoAvailableDataNodeError as error:
+                    _stuck.warning(
+                        f"drain place {rng.key}",
+                        "stream %d range %d cannot leave its draining replica yet: %s",
+                        rng.stream_id,
+                        rng.range_index,
+                        error,
+                    )
+                    continue
+                for target in added:
+                    self._incoming[target] = self._incoming.get(target, 0) + size
+                changes.append(PutRange(replace(current, nodes=(*current.nodes, *added))))
+                added_to.append((current, tuple(added)))
+            await self._pm.commit(changes)
+            await self._pm.sync_streams((c.range.stream_id for c in changes), deadline)
+            for current, added in added_to:
+                log.info(
+                    "stream %d range %d: node(s) %s added, which copy it off draining node(s) %s",
+                    current.stream_id,
+                    current.range_index,
+                    _ids(added),
+                    _ids(n for n in current.nodes if n in self._pm.registry.draining),
                 )
-            except NoAvailableDataNodeError as error:
-                _stuck.warning(
-                    f"drain place {rng.key}",
-                    "stream %d range %d cannot leave its draining replica yet: %s",
-                    rng.stream_id,
-                    rng.range_index,
-                    error,
-                )
-                return
-            for target in added:
-                self._incoming[target] = self._incoming.get(target, 0) + size
-            await self._pm.commit([PutRange(replace(current, nodes=(*current.nodes, *added)))])
-            await self._pm.sync_stream(rng.stream_id, deadline)
-            log.info(
-                "stream %d range %d: node(s) %s added, which copy it off draining node(s) %s",
-                rng.stream_id,
-                rng.range_index,
-                _ids(added),
-                _ids(n for n in current.nodes if n in self._pm.registry.draining),
-            )
 
-    async def _leave(self, node_id: int, rng: RangeRecord, deadline: float) -> None:
-        async with self._pm.hold(rng.stream_id):
-            current = self._pm.store.range(rng.stream_id, rng.range_index)
-            if current is None or current.nodes != rng.nodes:
-                return
-            nodes = tuple(n for n in current.nodes if n != node_id)
-            wanted = current.replicas_wanted if len(nodes) < current.replicas_wanted else 0
-            await self._pm.commit([PutRange(replace(current, nodes=nodes, replicas_wanted=wanted))])
-            # counted with the commit that moves it, which is what DESCRIBE_CLUSTER
+    async def _leave(self, node_id: int, ranges: Sequence[RangeRecord], deadline: float) -> None:
+        """``node_id`` leaves the replicas of ``ranges``, in one commit."""
+        if not ranges:
+            return
+        async with self._pm.hold_all(rng.stream_id for rng in ranges):
+            changes: list[PutRange] = []
+            for rng in ranges:
+                current = self._pm.store.range(rng.stream_id, rng.range_index)
+                if current is None or current.nodes != rng.nodes:
+                    continue
+                nodes = tuple(n for n in current.nodes if n != node_id)
+                wanted = current.replicas_wanted if len(nodes) < current.replicas_wanted else 0
+                changes.append(PutRange(replace(current, nodes=nodes, replicas_wanted=wanted)))
+            await self._pm.commit(changes)
+            # counted with the commit that moves them, which is what DESCRIBE_CLUSTER
             # shows at once (drained), not after telling the nodes
-            self.moved += 1
-            await self._pm.sync_stream(rng.stream_id, deadline, also={node_id})
-            log.info(
-                "stream %d range %d moved off draining node %d: now on %s",
-                rng.stream_id,
-                rng.range_index,
-                node_id,
-                _ids(nodes),
+            self.moved += len(changes)
+            await self._pm.sync_streams(
+                (c.range.stream_id for c in changes), deadline, also={node_id}
             )
+            for change in changes:
+                log.info(
+                    "stream %d range %d moved off draining node %d: now on %s",
+                    change.range.stream_id,
+                    change.range.range_index,
+                    node_id,
+                    _ids(change.range.nodes),
+                )
+
+
+@dataclass
+class _Steps:
+    """What a pass does with a draining node's sealed ranges."""
+
+    #: ranges that others hold whole: the draining node leaves them
+    leaving: list[RangeRecord] = field(default_factory=list)
+    #: ranges short of replicas that may start a copy now: (range, new
+    #: replicas wanted, bytes to copy)
+    adding: list[tuple[RangeRecord, int, int]] = field(default_factory=list)
+    #: bytes still to copy for the ranges looked at
+    to_move: int = 0
 
 
 def _ids(nodes: Iterable[int]) -> str:

@@ -379,6 +379,10 @@ class PlacementManager:
         """The stream's lock: one change of a stream's ranges at a time."""
         return self._locks.hold(stream_id)
 
+    def hold_all(self, stream_ids: Iterable[int]) -> AbstractAsyncContextManager[None]:
+        """The locks of several streams, for a change of all of them at once."""
+        return self._locks.hold_all(stream_ids)
+
     def stop_outgoing(self) -> None:
         """Shutdown: end every call to data nodes still running after its
         request's commit, and any that would start, whatever its deadline
@@ -599,8 +603,7 @@ class PlacementManager:
                 # The hosting data nodes apply retention; a SYNC_RANGES makes
                 # them read the stream's new period now rather than on their
                 # next pass.
-                for stream_id in sorted(retention_changed):
-                    await self.sync_stream(stream_id, deadline)
+                await self.sync_streams(retention_changed, deadline)
         return results
 
     def get_streams(self, stream_ids: Sequence[int]) -> list[Outcome[StreamRecord]]:
@@ -918,17 +921,29 @@ class PlacementManager:
         return [Outcome(error=timeout) if r is None else r for r in results]
 
     async def sync_stream(self, stream_id: int, deadline: float, also: Iterable[int] = ()) -> None:
-        ranges = self.store.ranges(stream_id)
-        nodes = {n for rng in ranges for n in rng.nodes} | set(also)
+        await self.sync_streams([stream_id], deadline, also)
+
+    async def sync_streams(
+        self, stream_ids: Iterable[int], deadline: float, also: Iterable[int] = ()
+    ) -> None:
+        """SYNC_RANGES of each stream, with its current ranges, to every node
+        of its ranges and to ``also``: one call per node for all of them."""
+        by_node: dict[int, list[tuple[int, list[RangeRecord]]]] = defaultdict(list)
+        extra = set(also)
+        for stream_id in sorted(set(stream_ids)):
+            ranges = self.store.ranges(stream_id)
+            for node_id in sorted({n for rng in ranges for n in rng.nodes} | extra):
+                by_node[node_id].append((stream_id, ranges))
         await self._tell_nodes(
             deadline,
             [
                 (
                     node_id,
-                    f"SYNC_RANGES of stream {stream_id} to node {node_id}",
-                    partial(self._link.sync_ranges, node_id, [(stream_id, ranges)]),
+                    f"SYNC_RANGES of {_streams_text([sid for sid, _ in streams])} "
+                    f"to node {node_id}",
+                    partial(self._link.sync_ranges, node_id, streams),
                 )
-                for node_id in sorted(nodes)
+                for node_id, streams in by_node.items()
             ],
         )
 
@@ -978,6 +993,12 @@ def _id_list(ids: Sequence[int], shown: int = 10) -> str:
     """Ids for a log line: the first few and how many more."""
     text = ", ".join(str(i) for i in ids[:shown])
     return f"{text} and {len(ids) - shown} more" if len(ids) > shown else text
+
+
+def _streams_text(stream_ids: Sequence[int]) -> str:
+    if len(stream_ids) == 1:
+        return f"stream {stream_ids[0]}"
+    return f"{len(stream_ids)} streams ({_id_list(stream_ids)})"
 
 
 def _no_stream(stream_id: int) -> StreamNotFoundError:

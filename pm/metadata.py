@@ -339,6 +339,17 @@ def range_from_value(stream_id: int, range_index: int, value: bytes) -> RangeRec
 # -- the store ----------------------------------------------------------------
 
 
+class _PendingCommit:
+    """One ``MetadataStore.commit`` waiting for its transaction."""
+
+    __slots__ = ("changes", "done", "error")
+
+    def __init__(self, changes: Sequence[Change]) -> None:
+        self.changes = changes
+        self.done = False
+        self.error: Exception | None = None
+
+
 class MetadataStore:
     """Streams, ranges and data nodes of one PM, persisted in LMDB."""
 
@@ -363,8 +374,10 @@ class MetadataStore:
         self._group_by_stream = self._env.open_db(b"group_by_stream")
         self._check_schema()
         # One writer at a time: LMDB serialises write transactions anyway, and
-        # a limiter keeps waiting writers off worker threads.
-        self._writer = trio.CapacityLimiter(1)
+        # commits that arrive meanwhile wait here, off worker threads, to go
+        # together in the next transaction.
+        self._writer = trio.Lock()
+        self._waiting: list[_PendingCommit] = []
 
     def _check_schema(self) -> None:
         with self._env.begin(write=True) as txn:
@@ -572,13 +585,43 @@ class MetadataStore:
     # -- writes ---------------------------------------------------------------
 
     async def commit(self, changes: Sequence[Change]) -> None:
-        """Apply ``changes`` durably in one transaction, off the event loop.
+        """Apply ``changes`` durably and atomically, off the event loop.
 
-        Not cancellable once started: the caller must learn whether the
-        transaction committed before it answers anyone.
+        Commits made while another is being written wait for it, then go
+        together in one transaction: one sync for all of them, which is what
+        many concurrent seals or moves wait on. When that transaction fails,
+        each commit of it is tried again alone, so that only one that fails
+        on its own fails.
+
+        Not cancellable: the caller must learn whether its changes were
+        committed before it answers anyone.
         """
-        if changes:
-            await trio.to_thread.run_sync(self.apply, changes, limiter=self._writer)
+        if not changes:
+            return
+        pending = _PendingCommit(changes)
+        self._waiting.append(pending)
+        with trio.CancelScope(shield=True):
+            async with self._writer:
+                if not pending.done:
+                    group, self._waiting = self._waiting, []
+                    await trio.to_thread.run_sync(self._apply_group, group)
+        if pending.error is not None:
+            raise pending.error
+
+    def _apply_group(self, group: Sequence[_PendingCommit]) -> None:
+        try:
+            self.apply(change for pending in group for change in pending.changes)
+        except Exception as error:
+            if len(group) == 1:
+                group[0].error = error
+            else:
+                for pending in group:
+                    try:
+                        self.apply(pending.changes)
+                    except Exception as alone:
+                        pending.error = alone
+        for pending in group:
+            pending.done = True
 
     def apply(self, changes: Iterable[Change]) -> None:
         """Apply ``changes`` in one write transaction, synced on commit."""

@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+import pytest
 import trio
 
+import pm.drain
 from pm.manager import PlacementManager
 from pm.metadata import MetadataStore, PutRange, PutStream
 from pm.records import Holding, NodeRecord, RangeRecord, StreamRecord
@@ -138,3 +140,60 @@ async def test_a_move_counts_once_committed_not_once_the_nodes_are_told(
         await eventually(lambda: manager.drains.state(1) == DataNodeState.DRAINED)
         assert manager.drains.moved == 1
         told.set()
+
+
+class CountingNodes(SizedNodes):
+    """``SizedNodes`` that count SYNC_RANGES calls, by node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sync_calls: Counter[int] = Counter()
+
+    async def sync_ranges(
+        self, node_id: int, streams: Sequence[tuple[int, Sequence[RangeRecord]]]
+    ) -> None:
+        self.sync_calls[node_id] += 1
+        await super().sync_ranges(node_id, streams)
+
+
+async def test_a_pass_moves_many_ranges_in_one_commit_and_one_call_per_node(
+    store: MetadataStore,
+) -> None:
+    """60 ranges: one pass gives each a new replica, the next moves them
+    all off; each tells every node once, however many ranges it moved."""
+    nodes = CountingNodes()
+    manager, _ = await _cluster(store, {1: list(range(1, 61))}, nodes=nodes)
+    await manager.drain_nodes([1])
+    await manager.move_ranges(10)
+    assert all(len(nodes) == 2 for nodes in _replicas(manager, range(1, 61)))
+    assert nodes.sync_calls == {1: 1, 2: 1, 3: 1}
+    nodes.sync_calls.clear()
+    await manager.move_ranges(10)
+    assert all(1 not in nodes for nodes in _replicas(manager, range(1, 61)))
+    assert nodes.sync_calls == {1: 1, 2: 1, 3: 1}
+    assert manager.drains.state(1) == DataNodeState.DRAINED
+    assert manager.drains.moved == 60
+
+
+async def test_a_pass_moves_the_ranges_copied_since_the_last_while_it_starts_others(
+    store: MetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With room for 4 ranges and 2 new copies a pass, 6 ranges leave in 4
+    passes: each pass after the first moves the 2 copied since the last
+    and starts 2 more."""
+    monkeypatch.setattr(pm.drain, "MAX_RANGES_PER_PASS", 4)
+    monkeypatch.setattr(pm.drain, "MAX_COPIES_PER_PASS", 2)
+    manager, _ = await _cluster(store, {1: list(range(1, 7))})
+    await manager.drain_nodes([1])
+    seen = []
+    for _ in range(4):
+        await manager.move_ranges(10)
+        seen.append([len(nodes) for nodes in _replicas(manager, range(1, 7))])
+    # 2: a new replica beside node 1; 1: moved off it
+    assert seen == [
+        [2, 2, 1, 1, 1, 1],
+        [1, 1, 2, 2, 1, 1],
+        [1, 1, 1, 1, 2, 2],
+        [1, 1, 1, 1, 1, 1],
+    ]
+    assert all(1 not in nodes for nodes in _replicas(manager, range(1, 7)))

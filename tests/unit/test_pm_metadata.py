@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
 from pm.metadata import (
     FIRST_STREAM_ID,
@@ -205,6 +207,46 @@ async def test_commit_runs_one_transaction_off_the_loop(store: MetadataStore) ->
     assert store.counts().streams == 1000
     await store.commit([])
     assert store.counts().streams == 1000
+
+
+def _stream_with_range(stream_id: int, node_id: int = 1) -> list[PutStream | PutRange]:
+    return [
+        PutStream(StreamRecord(stream_id, 1)),
+        PutRange(RangeRecord(stream_id, 0, 0, (node_id,))),
+    ]
+
+
+async def test_commits_made_meanwhile_share_one_transaction(store: MetadataStore) -> None:
+    """50 commits at once are written together (or the first alone, if
+    its thread starts before the others queue): one sync for all of them."""
+    before = store._env.info()["last_txnid"]
+    async with trio.open_nursery() as nursery:
+        for stream_id in range(1, 51):
+            nursery.start_soon(store.commit, _stream_with_range(stream_id))
+    assert store.counts().streams == 50
+    assert [rng.stream_id for rng in store.ranges_on_node(1)] == list(range(1, 51))
+    assert store._env.info()["last_txnid"] - before <= 2
+
+
+async def test_a_commit_that_fails_in_a_shared_transaction_fails_alone(
+    store: MetadataStore,
+) -> None:
+    """A node id no range value can hold fails its commit; the others
+    waiting with it are written all the same."""
+    failed: list[int] = []
+
+    async def commit(stream_id: int, node_id: int) -> None:
+        try:
+            await store.commit(_stream_with_range(stream_id, node_id))
+        except struct.error:
+            failed.append(stream_id)
+
+    async with trio.open_nursery() as nursery:
+        for stream_id in range(1, 21):
+            nursery.start_soon(commit, stream_id, 1 << 40 if stream_id == 7 else 1)
+    assert failed == [7]
+    assert store.stream(7) is None
+    assert [s.stream_id for s in store.streams(limit=100)] == [i for i in range(1, 21) if i != 7]
 
 
 def test_unusable_directory_is_a_clear_error(tmp_path: Path) -> None:
