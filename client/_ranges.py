@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sbp import messages
+from sbp.answer_frames import join_list_ranges
 from sbp.enums import Opcode
 from sbp.errors import RangeNotFoundError, raise_for_code
-from sbp.range_lists import join_list_frames
 
 from ._base import SBPClient, single
 
@@ -26,7 +26,7 @@ class RangeCalls(SBPClient):
         frames = await self.call_for_frames(
             messages.ListRangesResponse, Opcode.LIST_RANGES, request, timeout=timeout
         )
-        return join_list_frames(frames).list_responses
+        return join_list_ranges(frames).list_responses
 
     async def list_stream_ranges(
         self, stream_id: int, *, timeout: float | None = None

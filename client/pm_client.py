@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 
 from sbp import messages
+from sbp.answer_frames import join_fetch_offsets, join_list_groups
 from sbp.enums import Opcode
 from sbp.errors import StreamNotFoundError, raise_for_code
 
@@ -260,8 +261,10 @@ class PMClient(RangeCalls):
         request = messages.FetchOffsetsRequest(
             timeout_ms=self.timeout_ms(timeout), group=group, stream_ids=tuple(stream_ids)
         )
-        header = await self.call_for(
-            messages.FetchOffsetsResponse, Opcode.FETCH_OFFSETS, request, timeout=timeout
+        header = join_fetch_offsets(
+            await self.call_for_frames(
+                messages.FetchOffsetsResponse, Opcode.FETCH_OFFSETS, request, timeout=timeout
+            )
         )
         raise_for_code(header.error_code, header.error_message)
         return header.fetch_responses
@@ -271,8 +274,10 @@ class PMClient(RangeCalls):
     ) -> tuple[messages.GroupListing, ...]:
         """LIST_GROUPS: every group, with the streams it has positions on."""
         request = messages.ListGroupsRequest(timeout_ms=self.timeout_ms(timeout))
-        header = await self.call_for(
-            messages.ListGroupsResponse, Opcode.LIST_GROUPS, request, timeout=timeout
+        header = join_list_groups(
+            await self.call_for_frames(
+                messages.ListGroupsResponse, Opcode.LIST_GROUPS, request, timeout=timeout
+            )
         )
         raise_for_code(header.error_code, header.error_message)
         return header.groups

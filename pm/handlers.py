@@ -23,6 +23,7 @@ from net.authz import AccessControl
 from net.request import Request, Responder, request_timeout
 from net.server import Dispatcher
 from sbp import messages
+from sbp.answer_frames import fetch_offsets_frames, list_groups_frames, list_ranges_frames
 from sbp.enums import ClientRole, DataNodeState, ErrorCode, Opcode
 from sbp.errors import (
     AuthorizationFailedError,
@@ -31,7 +32,6 @@ from sbp.errors import (
     ProducerFencedError,
     ProtocolError,
 )
-from sbp.range_lists import list_frames
 
 from .groups import OffsetItem
 from .liveness import NodeState
@@ -247,7 +247,7 @@ class PMHandlers:
                     lag_records=position.lag_records,
                 )
             )
-        await responder.send(messages.FetchOffsetsResponse(fetch_responses=tuple(results)))
+        await responder.send_sequence(list(fetch_offsets_frames(results)))
 
     async def list_groups(self, request: Request, responder: Responder) -> None:
         request.header_as(messages.ListGroupsRequest)
@@ -264,7 +264,7 @@ class PMHandlers:
             )
             for group, ids in streams.items()
         )
-        await responder.send(messages.ListGroupsResponse(groups=listings))
+        await responder.send_sequence(list(list_groups_frames(listings)))
 
     async def delete_groups(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.DeleteGroupsRequest)
@@ -466,7 +466,7 @@ class PMHandlers:
             self._list_one(owner, self._may_list(request.principal, owner))
             for owner in header.range_owners
         )
-        await responder.send_sequence(list(list_frames(results)))
+        await responder.send_sequence(list(list_ranges_frames(results)))
 
     def _may_list(self, principal: str, owner: messages.RangeOwner) -> ProtocolError | None:
         """A stream's ranges need DESCRIBE of it; a data node's, CLUSTER."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from net.request import Request, Responder
 from sbp import messages
+from sbp.answer_frames import list_ranges_frames
 from sbp.errors import ProtocolError
-from sbp.range_lists import list_frames
 
 from ..items import failed
 from ..node import DataNode
@@ -34,7 +34,7 @@ class RangeHandlers:
                 continue
             ranges = tuple(self._node.wire_range(info) for info in infos)
             results.append(messages.ListRangesResult(range_owner=owner, ranges=ranges))
-        await responder.send_sequence(list(list_frames(results)))
+        await responder.send_sequence(list(list_ranges_frames(results)))
 
     async def seal_ranges(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.SealRangesRequest)

@@ -18,6 +18,7 @@ from client.consumer import Consumer
 from client.producer import Producer
 from net.pool import ConnectionPool
 from sbp import messages
+from sbp.constants import MAX_GROUP_COMMIT_ITEMS, MAX_GROUP_METADATA_BYTES
 from sbp.enums import ErrorCode
 from sbp.errors import GroupNotFoundError
 
@@ -247,6 +248,42 @@ async def test_a_loop_left_part_way_through_a_batch_goes_on_from_the_next_record
                 assert (await _values(consumer, 2)) == [b"53", b"54"]
             [position] = await pm.fetch_offsets("parts")
             assert position.offset == 55
+        finally:
+            with trio.CancelScope(shield=True):
+                await cluster.stop_all()
+
+
+async def test_a_group_with_more_positions_than_a_frame_holds_is_fetched_whole(
+    tmp_path: Path,
+) -> None:
+    """5,000 positions with 4 KiB of metadata each take 21 MB, over the
+    16 MiB a frame's header holds: FETCH_OFFSETS of the whole group comes
+    in several frames, which the client library joins."""
+    metadata = "m" * MAX_GROUP_METADATA_BYTES
+    async with ConnectionPool() as pool:
+        cluster = PMCluster(tmp_path, pool)
+        try:
+            await cluster.start_pm("127.0.0.1:0")
+            await cluster.start_nodes((1,))
+            pm = cluster.pm_client()
+            stream_ids: list[int] = []
+            for _ in range(50):
+                created = await pm.create_streams([messages.Stream(replica_nums=1)] * 100)
+                stream_ids += [result.stream.stream_id for result in created if result.stream]
+            for start in range(0, len(stream_ids), MAX_GROUP_COMMIT_ITEMS):
+                chunk = stream_ids[start : start + MAX_GROUP_COMMIT_ITEMS]
+                results = await pm.commit_offsets(
+                    "wide",
+                    [messages.GroupOffset(stream_id=s, offset=0, metadata=metadata) for s in chunk],
+                )
+                assert {r.error_code for r in results} == {ErrorCode.NONE}
+            positions = await pm.fetch_offsets("wide")
+            assert sorted(p.stream_id for p in positions) == stream_ids
+            assert {(p.offset, p.metadata, p.error_code) for p in positions} == {
+                (0, metadata, ErrorCode.NONE)
+            }
+            [listing] = await pm.list_groups()
+            assert sorted(listing.stream_ids) == stream_ids
         finally:
             with trio.CancelScope(shield=True):
                 await cluster.stop_all()
