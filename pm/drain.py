@@ -19,10 +19,10 @@ fewer replicas than before (the new ones are added before the old one
 leaves), so never fewer than ``ack_nums``.
 
 A pass takes each step for many ranges at once (up to
-``MAX_RANGES_PER_PASS``): the ranges that step 3 moves go in one commit,
-then one SYNC_RANGES per node for all of them, and the same for those that
-step 2 gives new replicas. New copies start no faster than the PM's
-``MoveBudget`` allows.
+``MAX_RANGES_PER_PASS``): step 1 seals ``pm.upkeep.SEALS_AT_ONCE`` at a time; the
+ranges that step 3 moves go in one commit, then one SYNC_RANGES per node
+for all of them, and the same for those that step 2 gives new replicas.
+New copies start no faster than the PM's ``MoveBudget`` allows.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from .move_budget import MoveBudget
 from .placement import place_copies
 from .range_sizes import HoldingsLink
 from .records import Holding, RangeRecord
-from .upkeep import UpkeepHost
+from .upkeep import UpkeepHost, seal_in_turn
 
 log = logging.getLogger(__name__)
 _stuck = RateLimitedLog(log, interval=60.0)
@@ -56,10 +56,6 @@ MAX_RANGES_PER_PASS: Final = 4000
 #: of those, copies started in one pass at most: the ranges copied since
 #: the last pass (the first ones) leave in the same pass
 MAX_COPIES_PER_PASS: Final = MAX_RANGES_PER_PASS // 2
-#: open ranges of a draining node sealed at once: each seal asks its
-#: replicas and tells its nodes, and many thousands at once would keep those
-#: calls waiting past the pass's deadline
-SEALS_AT_ONCE: Final = 1000
 #: what a target node's appends write over this long counts as headed its
 #: way: a node taking a producer's appends gets copies only once the others
 #: have been given about this many seconds of its writes (``place_copies``)
@@ -134,15 +130,8 @@ class NodeDrains:
                 log.warning("data node %d is drained: it holds no range", node_id)
             return
         open_here = [rng.key for rng in held if rng.is_open]
-        took = 0.0
-        for start in range(0, len(open_here), SEALS_AT_ONCE):
-            began = trio.current_time()
-            if deadline - began < 2 * took:
-                break  # the next pass goes on
-            chunk = open_here[start : start + SEALS_AT_ONCE]
-            await self._pm.seal_ranges(chunk, deadline - began, cause="drain")
-            took = trio.current_time() - began
         if open_here:
+            await seal_in_turn(self._pm, open_here, deadline, cause="drain")
             held = store.ranges_on_node(node_id)
         sealed = [rng for rng in held if not rng.is_open][:MAX_RANGES_PER_PASS]
         holdings = await self._holdings(node_id, sealed)

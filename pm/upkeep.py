@@ -46,6 +46,12 @@ def _size(value: int) -> str:
 
 #: how often the PM looks at the data nodes' liveness and load
 DEAD_NODE_CHECK_S: Final = 1.0
+#: open ranges sealed at once by a pass (a drain's, a repair's): each seal
+#: asks its replicas and tells its nodes, and many thousands at once would
+#: keep those calls waiting past the pass's deadline
+SEALS_AT_ONCE: Final = 1000
+#: a dead node's ranges replaced in one commit
+REPAIRS_AT_ONCE: Final = 2000
 
 
 class _Outcome(Protocol):
@@ -83,6 +89,24 @@ class UpkeepHost(Protocol):
     ) -> None: ...
 
     async def move_ranges(self, timeout: float) -> None: ...
+
+
+async def seal_in_turn(
+    pm: UpkeepHost, keys: Sequence[tuple[int, int]], deadline: float, *, cause: str
+) -> list[_Outcome]:
+    """Seal the open ranges ``keys``, ``SEALS_AT_ONCE`` at a time, starting
+    none that the last one's time says would not end by the deadline: the
+    outcomes of those tried (a later pass seals the rest)."""
+    outcomes: list[_Outcome] = []
+    took = 0.0
+    for start in range(0, len(keys), SEALS_AT_ONCE):
+        began = trio.current_time()
+        if deadline - began < 2 * took:
+            break
+        chunk = keys[start : start + SEALS_AT_ONCE]
+        outcomes += await pm.seal_ranges(chunk, deadline - began, cause=cause)
+        took = trio.current_time() - began
+    return outcomes
 
 
 class ReplicaUpkeep:
@@ -250,57 +274,97 @@ class ReplicaUpkeep:
         """Replace the dead ``node_id`` in every replicated range it holds by a
         live node, which copies the range from a surviving replica (its
         catch-up); an open range is sealed first, so its writers go on in a
-        range placed on live nodes. Returns how many ranges were repaired."""
+        range placed on live nodes. Ranges are replaced ``REPAIRS_AT_ONCE``
+        at a time, each batch one commit and one SYNC_RANGES per node.
+        Returns how many ranges were repaired."""
         deadline = trio.current_time() + timeout
+
+        def replicated() -> list[RangeRecord]:
+            # a lone replica has nothing left to copy from
+            return [rng for rng in self._pm.store.ranges_on_node(node_id) if len(rng.nodes) > 1]
+
+        held = replicated()
+        open_here = [rng.key for rng in held if rng.is_open]
+        if open_here:
+            outcomes = await seal_in_turn(self._pm, open_here, deadline, cause="repair")
+            for key, outcome in zip(open_here, outcomes, strict=False):
+                if outcome.error is not None:
+                    _seal_failures.warning(
+                        f"repair {key}",
+                        "stream %d range %d: replacing dead node %d failed: %s",
+                        *key,
+                        node_id,
+                        outcome.error,
+                    )
+            held = replicated()
+        sealed = [rng for rng in held if not rng.is_open]
         repaired = 0
         #: replacements chosen so far, by node: the copies spread over the nodes
         incoming: dict[int, int] = {}
-        for rng in self._pm.store.ranges_on_node(node_id):
-            if len(rng.nodes) <= 1 or trio.current_time() >= deadline:
-                continue  # a lone replica has nothing left to copy from
+        for start in range(0, len(sealed), REPAIRS_AT_ONCE):
+            if trio.current_time() >= deadline:
+                break
             with trio.move_on_at(deadline):
                 try:
-                    repaired += await self._repair_range(rng, node_id, incoming, deadline)
+                    repaired += await self._replace(
+                        node_id, sealed[start : start + REPAIRS_AT_ONCE], incoming, deadline
+                    )
                 except (ProtocolError, OSError) as error:
+                    _seal_failures.warning(
+                        f"repair {node_id}", "replacing dead node %d failed: %s", node_id, error
+                    )
+        return repaired
+
+    async def _replace(
+        self,
+        dead: int,
+        ranges: Sequence[RangeRecord],
+        incoming: dict[int, int],
+        deadline: float,
+    ) -> int:
+        """Replace ``dead`` in the sealed ``ranges``, in one commit."""
+        async with self._pm.hold_all(rng.stream_id for rng in ranges):
+            changes: list[PutRange] = []
+            for rng in ranges:
+                current = self._pm.store.range(rng.stream_id, rng.range_index)
+                if current is None or current.is_open or dead not in current.nodes:
+                    continue
+                loads = [
+                    load for load in self._pm.registry.loads() if load.node_id not in current.nodes
+                ]
+                try:
+                    [replacement] = place_copies(
+                        loads, 1, 0, incoming, min_free_space=self._min_free_space
+                    )
+                except NoAvailableDataNodeError as error:
                     _seal_failures.warning(
                         f"repair {rng.key}",
                         "stream %d range %d: replacing dead node %d failed: %s",
                         rng.stream_id,
                         rng.range_index,
-                        node_id,
+                        dead,
                         error,
                     )
-        return repaired
-
-    async def _repair_range(
-        self, rng: RangeRecord, dead: int, incoming: dict[int, int], deadline: float
-    ) -> int:
-        if rng.is_open:
-            await self._pm.seal_one(rng.stream_id, rng.range_index, deadline)
-            self._pm.seals["repair"] += 1
-        async with self._pm.hold(rng.stream_id):
-            current = self._pm.store.range(rng.stream_id, rng.range_index)
-            if current is None or current.is_open or dead not in current.nodes:
-                return 0
-            loads = [
-                load for load in self._pm.registry.loads() if load.node_id not in current.nodes
-            ]
-            [replacement] = place_copies(loads, 1, 0, incoming, min_free_space=self._min_free_space)
-            incoming[replacement] = incoming.get(replacement, 0) + 1
-            # The survivors first: the first one serves reads while the new
-            # replica copies the range.
-            nodes = (*(n for n in current.nodes if n != dead), replacement)
-            await self._pm.commit([PutRange(replace(current, nodes=nodes))])
-            await self._pm.sync_stream(current.stream_id, deadline, also={dead})
-            log.warning(
-                "stream %d range %d: dead node %d replaced by node %d, which copies it",
-                current.stream_id,
-                current.range_index,
-                dead,
-                replacement,
+                    continue
+                incoming[replacement] = incoming.get(replacement, 0) + 1
+                # The survivors first: the first one serves reads while the new
+                # replica copies the range.
+                nodes = (*(n for n in current.nodes if n != dead), replacement)
+                changes.append(PutRange(replace(current, nodes=nodes)))
+            await self._pm.commit(changes)
+            await self._pm.sync_streams(
+                (change.range.stream_id for change in changes), deadline, also={dead}
             )
-            self.repairs += 1
-            return 1
+            for change in changes:
+                log.warning(
+                    "stream %d range %d: dead node %d replaced by node %d, which copies it",
+                    change.range.stream_id,
+                    change.range.range_index,
+                    dead,
+                    change.range.nodes[-1],
+                )
+            self.repairs += len(changes)
+            return len(changes)
 
     async def restore_replication(self, timeout: float) -> int:
         """Give each short-handed range the replicas it lacks, on live nodes

@@ -197,3 +197,23 @@ async def test_a_pass_moves_the_ranges_copied_since_the_last_while_it_starts_oth
         [1, 1, 1, 1, 1, 1],
     ]
     assert all(1 not in nodes for nodes in _replicas(manager, range(1, 7)))
+
+
+async def test_a_dead_nodes_ranges_are_replaced_in_one_commit_and_one_call_per_node(
+    store: MetadataStore,
+) -> None:
+    nodes = CountingNodes()
+    manager, _ = await _cluster(store, {4: []}, nodes=nodes)
+    await manager.commit(
+        [
+            change
+            for stream_id in range(1, 61)
+            for change in (
+                PutStream(StreamRecord(stream_id, 2)),
+                PutRange(RangeRecord(stream_id, 0, 0, (1, 2), 10)),
+            )
+        ]
+    )
+    assert await manager.upkeep.repair_node(1, 10) == 60
+    assert all(1 not in nodes and len(nodes) == 2 for nodes in _replicas(manager, range(1, 61)))
+    assert nodes.sync_calls == {1: 1, 2: 1, 3: 1, 4: 1}
