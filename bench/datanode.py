@@ -67,10 +67,22 @@ class Throughput:
         return self.node_cpu * self.seconds / max(1, self.batches)
 
 
-class NodeProcess:
-    """``python -m datanode`` in a temporary directory."""
+#: bytes a node may append per second at most, for sizing its map: above
+#: what any of these hosts reaches, so that a long run never fills it
+APPEND_RATE_CEILING = 2_000_000_000
 
-    def __init__(self, root: Path, sync: str, extra: tuple[str, ...] = ()) -> None:
+
+def map_size_for(seconds: float) -> int:
+    """An LMDB map for ``seconds`` of appending, at least the node's default
+    (it is address space: the file grows with the data)."""
+    return max(8 << 30, int(seconds * APPEND_RATE_CEILING))
+
+
+class NodeProcess:
+    """``python -m datanode`` in a temporary directory, its map sized for
+    ``seconds`` of appending."""
+
+    def __init__(self, root: Path, sync: str, seconds: float, extra: tuple[str, ...] = ()) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.stdout_path = root / "node.stdout"
         with self.stdout_path.open("wb") as out, (root / "node.stderr").open("wb") as err:
@@ -87,6 +99,8 @@ class NodeProcess:
                     sync,
                     "--log-level",
                     "warning",
+                    "--map-size",
+                    str(map_size_for(seconds)),
                     *extra,
                 ],
                 stdout=out,
@@ -315,8 +329,9 @@ def observer_seconds_per_request() -> float:
 
 
 def metrics_cost(root: Path, sync: str, seconds: float, rounds: int) -> None:
-    with_metrics = NodeProcess(root / "on", sync, ("--metrics-listen", "127.0.0.1:0"))
-    without = NodeProcess(root / "off", sync)
+    writing = seconds * rounds
+    with_metrics = NodeProcess(root / "on", sync, writing, ("--metrics-listen", "127.0.0.1:0"))
+    without = NodeProcess(root / "off", sync, writing)
     try:
         on, off = trio.run(compare_metrics, with_metrics, without, seconds, rounds)
     finally:
@@ -356,7 +371,7 @@ def main() -> None:
         return
     root = Path(tempfile.mkdtemp(prefix="bench-datanode-"))
     try:
-        node = NodeProcess(root, args.sync)
+        node = NodeProcess(root, args.sync, 3 * args.seconds)  # two runs and the probes
         try:
             runs, latencies, peak = trio.run(run_node_benchmarks, node, args.seconds)
         finally:
