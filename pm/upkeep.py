@@ -371,75 +371,95 @@ class ReplicaUpkeep:
         with room: a sealed one gets them at once and they copy it from its
         replicas (catch-up); an open one is sealed once its next range can be
         placed on every replica its stream wants, and is then topped up as a
-        sealed one. Returns how many ranges got replicas."""
+        sealed one. Seals go ``SEALS_AT_ONCE`` at a time, top-ups
+        ``REPAIRS_AT_ONCE`` per commit. Returns how many ranges got replicas."""
         deadline = trio.current_time() + timeout
+        to_seal: list[tuple[int, int]] = []
+        sealed: list[tuple[int, int]] = []
+        for key in sorted(self._short_handed or ()):
+            current = self._pm.store.range(*key)
+            stream = self._pm.store.stream(key[0])
+            if current is None or stream is None or not current.short_handed:
+                if self._short_handed is not None:
+                    self._short_handed.discard(key)
+            elif not current.is_open:
+                sealed.append(key)
+            elif self._next_range_fits(stream.replica_nums):
+                to_seal.append(key)
+        if to_seal:
+            outcomes = await seal_in_turn(self._pm, to_seal, deadline, cause="under_replicated")
+            for key, outcome in zip(to_seal, outcomes, strict=False):
+                if outcome.error is None:
+                    log.warning(
+                        "stream %d range %d sealed: its next range can be placed on all its "
+                        "replicas",
+                        *key,
+                    )
+                    sealed.append(key)
+                else:
+                    _seal_failures.warning(
+                        f"top up {key}",
+                        "stream %d range %d: adding replicas failed: %s",
+                        *key,
+                        outcome.error,
+                    )
         restored = 0
-        for stream_id, range_index in sorted(self._short_handed or ()):
+        for start in range(0, len(sealed), REPAIRS_AT_ONCE):
             if trio.current_time() >= deadline or self._pm.stopping:
                 break
             with trio.move_on_at(deadline):
                 try:
-                    restored += await self._top_up(stream_id, range_index, deadline)
-                except (ProtocolError, OSError) as error:
-                    _seal_failures.warning(
-                        f"top up {stream_id} {range_index}",
-                        "stream %d range %d: adding replicas failed: %s",
-                        stream_id,
-                        range_index,
-                        error,
+                    restored += await self._top_up(
+                        sealed[start : start + REPAIRS_AT_ONCE], deadline
                     )
+                except (ProtocolError, OSError) as error:
+                    _seal_failures.warning("top up", "adding replicas failed: %s", error)
         return restored
 
-    async def _top_up(self, stream_id: int, range_index: int, deadline: float) -> int:
-        current = self._pm.store.range(stream_id, range_index)
-        stream = self._pm.store.stream(stream_id)
-        if current is None or stream is None or not current.short_handed:
-            if self._short_handed is not None:
-                self._short_handed.discard((stream_id, range_index))
-            return 0
-        if current.is_open:
-            try:
-                place(
-                    self._pm.registry.loads(),
-                    stream.replica_nums,
-                    min_free_space=self._min_free_space,
+    def _next_range_fits(self, replica_nums: int) -> bool:
+        """Whether a next range would get all its replicas (sealing an open
+        short-handed range is of no use until then: it would make another)."""
+        try:
+            place(self._pm.registry.loads(), replica_nums, min_free_space=self._min_free_space)
+        except NoAvailableDataNodeError:
+            return False
+        return True
+
+    async def _top_up(self, keys: Sequence[tuple[int, int]], deadline: float) -> int:
+        """Give the sealed short-handed ranges ``keys`` the replicas they
+        lack, in one commit; returns how many got some."""
+        async with self._pm.hold_all(stream_id for stream_id, _ in keys):
+            grown: list[tuple[RangeRecord, tuple[int, ...]]] = []
+            for key in keys:
+                current = self._pm.store.range(*key)
+                if current is None or current.is_open or not current.short_handed:
+                    continue
+                candidates = [
+                    n for n in self._pm.registry.loads() if n.node_id not in current.nodes
+                ]
+                try:
+                    added = place(
+                        candidates,
+                        current.replicas_wanted - len(current.nodes),
+                        min_free_space=self._min_free_space,
+                        at_least=1,
+                    )
+                except NoAvailableDataNodeError:
+                    continue
+                bigger = replace(current, nodes=(*current.nodes, *added))
+                if not bigger.short_handed:
+                    bigger = replace(bigger, replicas_wanted=0)
+                grown.append((bigger, added))
+            await self._pm.commit([PutRange(rng) for rng, _ in grown])
+            await self._pm.sync_streams((rng.stream_id for rng, _ in grown), deadline)
+            for rng, added in grown:
+                log.warning(
+                    "stream %d range %d: node(s) %s added, which copy it (%d of %d replicas)",
+                    rng.stream_id,
+                    rng.range_index,
+                    ", ".join(map(str, added)),
+                    len(rng.nodes),
+                    max(rng.replicas_wanted, len(rng.nodes)),
                 )
-            except NoAvailableDataNodeError:
-                return 0  # not yet: the next range would be short-handed too
-            await self._pm.seal_one(stream_id, range_index, deadline)
-            self._pm.seals["under_replicated"] += 1
-            log.warning(
-                "stream %d range %d sealed: its next range can be placed on all %d replicas",
-                stream_id,
-                range_index,
-                stream.replica_nums,
-            )
-        async with self._pm.hold(stream_id):
-            current = self._pm.store.range(stream_id, range_index)
-            if current is None or current.is_open or not current.short_handed:
-                return 0
-            candidates = [n for n in self._pm.registry.loads() if n.node_id not in current.nodes]
-            try:
-                added = place(
-                    candidates,
-                    current.replicas_wanted - len(current.nodes),
-                    min_free_space=self._min_free_space,
-                    at_least=1,
-                )
-            except NoAvailableDataNodeError:
-                return 0
-            grown = replace(current, nodes=(*current.nodes, *added))
-            if not grown.short_handed:
-                grown = replace(grown, replicas_wanted=0)
-            await self._pm.commit([PutRange(grown)])
-            await self._pm.sync_stream(stream_id, deadline)
-            log.warning(
-                "stream %d range %d: node(s) %s added, which copy it (%d of %d replicas)",
-                stream_id,
-                range_index,
-                ", ".join(map(str, added)),
-                len(grown.nodes),
-                max(grown.replicas_wanted, len(grown.nodes)),
-            )
-            self.repairs += 1
-            return 1
+            self.repairs += len(grown)
+            return len(grown)

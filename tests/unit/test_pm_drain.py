@@ -217,3 +217,30 @@ async def test_a_dead_nodes_ranges_are_replaced_in_one_commit_and_one_call_per_n
     assert await manager.upkeep.repair_node(1, 10) == 60
     assert all(1 not in nodes and len(nodes) == 2 for nodes in _replicas(manager, range(1, 61)))
     assert nodes.sync_calls == {1: 1, 2: 1, 3: 1, 4: 1}
+
+
+async def test_short_handed_ranges_are_topped_up_in_one_commit_and_one_call_per_node(
+    store: MetadataStore,
+) -> None:
+    """60 sealed ranges on two nodes that want three, and 60 open ones
+    whose next range fits on three nodes now: the open ones are sealed,
+    then all 120 get node 3, with one SYNC_RANGES per node."""
+    nodes = CountingNodes()
+    manager, _ = await _cluster(store, {}, nodes=nodes)
+    changes: list[PutStream | PutRange] = []
+    for stream_id in range(1, 61):
+        changes.append(PutStream(StreamRecord(stream_id, 3)))
+        changes.append(PutRange(RangeRecord(stream_id, 0, 0, (1, 2), 10, replicas_wanted=3)))
+        changes.append(PutRange(RangeRecord(stream_id, 1, 10, (1, 2), replicas_wanted=3)))
+    await manager.commit(changes)
+    await manager.upkeep.find_short_handed()
+    assert manager.upkeep.under_replicated() == 120
+    assert await manager.upkeep.restore_replication(10) == 120
+    assert manager.upkeep.under_replicated() == 0
+    assert manager.seals["under_replicated"] == 60
+    for stream_id in range(1, 61):
+        first, second, last = store.ranges(stream_id)
+        assert first.nodes == second.nodes == (1, 2, 3)
+        assert last.is_open and sorted(last.nodes) == [1, 2, 3]
+    # the seals tell each stream's nodes one by one; the top-ups all at once
+    assert nodes.sync_calls == {n: 60 + 1 for n in (1, 2, 3)}
