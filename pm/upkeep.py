@@ -50,7 +50,7 @@ DEAD_NODE_CHECK_S: Final = 1.0
 #: asks its replicas and tells its nodes, and many thousands at once would
 #: keep those calls waiting past the pass's deadline
 SEALS_AT_ONCE: Final = 1000
-#: a dead node's ranges replaced in one commit
+#: ranges given replicas in one commit (a dead node replaced, or ones they lack)
 REPAIRS_AT_ONCE: Final = 2000
 
 
