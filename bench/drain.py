@@ -107,6 +107,13 @@ async def _peak(node: DataNodeClient, stream_id: int) -> float:
     return done / (time.perf_counter() - started)
 
 
+async def _nodes_alive(pm: PMClient, count: int) -> None:
+    """Wait until the PM holds ``count`` data nodes alive."""
+    with trio.fail_after(30):
+        while sum(s.alive for s in await pm.describe_cluster()) < count:
+            await trio.sleep(0.2)
+
+
 async def _drained(pm: PMClient, node_id: int) -> bool:
     statuses = await pm.describe_cluster()
     return any(
@@ -137,9 +144,7 @@ async def measure(
             _pin(_child_pid(nodes[1]), 0)
             _pin(os.getpid(), 0)
         pm = PMClient(pm_child.address, pool=pool, timeout=60)
-        with trio.fail_after(30):
-            while sum(s.alive for s in await pm.describe_cluster()) < 3:
-                await trio.sleep(0.2)
+        await _nodes_alive(pm, 3)
         victim, neighbour = nodes[0].address, nodes[1].address
         print(f"filling node 1 with {gb:g} GB of sealed ranges …", flush=True)
         await _fill(pm, pool, victim, int(gb * 1e9))
@@ -214,9 +219,7 @@ async def measure_ranges(root: Path, ranges: int) -> dict[str, Any]:
     pm_child.argv += ["--max-move-bytes-per-s", "0", "--rebalance-interval-ms", "0"]
     async with running_plan(Plan([], [pm_child], nodes), root), ConnectionPool() as pool:
         pm = PMClient(pm_child.address, pool=pool, timeout=120)
-        with trio.fail_after(30):
-            while sum(s.alive for s in await pm.describe_cluster()) < 2:
-                await trio.sleep(0.2)
+        await _nodes_alive(pm, 2)
         streams = 2 * ranges  # placed in turn on the two nodes
         for start in range(0, streams, 100):
             await pm.create_streams([messages.Stream(replica_nums=1)] * min(100, streams - start))
