@@ -225,7 +225,6 @@ class NodeDrains:
         if not adding:
             return
         async with self._pm.hold_all(rng.stream_id for rng, _, _ in adding):
-            changes: list[PutRange] = []
             added_to: list[tuple[RangeRecord, tuple[int, ...]]] = []
             for rng, count, size in adding:
                 current = self._pm.store.range(rng.stream_id, rng.range_index)
@@ -254,10 +253,11 @@ class NodeDrains:
                     continue
                 for target in added:
                     self._incoming[target] = self._incoming.get(target, 0) + size
-                changes.append(PutRange(replace(current, nodes=(*current.nodes, *added))))
                 added_to.append((current, tuple(added)))
-            await self._pm.commit(changes)
-            await self._pm.sync_streams((c.range.stream_id for c in changes), deadline)
+            await self._pm.commit(
+                [PutRange(replace(rng, nodes=(*rng.nodes, *added))) for rng, added in added_to]
+            )
+            await self._pm.sync_streams((rng.stream_id for rng, _ in added_to), deadline)
             for current, added in added_to:
                 log.info(
                     "stream %d range %d: node(s) %s added, which copy it off draining node(s) %s",
