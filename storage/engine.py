@@ -502,10 +502,17 @@ class StorageEngine:
         """Each live stream's retention period in ms (0: kept forever)."""
         return {
             stream_id: state.retention_period_ms
-            # list() copies in one step: the writer thread may publish meanwhile
-            for stream_id, state in list(self._store.streams.items())
+            for stream_id, state in self._published_streams().items()
             if not state.deleted
         }
+
+    def _published_streams(self) -> dict[int, StreamState]:
+        """The streams as the last commit left them, copied: the writer thread
+        publishes into the dict meanwhile. ``dict.copy`` makes no object per
+        item, so no garbage collection (nor the Python code one can run) lets
+        the writer in mid-copy, as it can while ``list(d.items())`` makes its
+        tuples: "dictionary changed size during iteration"."""
+        return self._store.streams.copy()
 
     # -- reads ----------------------------------------------------------------
 
@@ -724,7 +731,7 @@ class StorageEngine:
         if stream_id is not None:
             states = [self._state(stream_id)]
         else:
-            states = [self._store.streams[k] for k in sorted(list(self._store.streams))]
+            states = [state for _, state in sorted(self._published_streams().items())]
         return [s.live(r) for s in states for r in s.ranges if hosts(r, node_id) and not r.deleted]
 
     def pm_term(self) -> int:
@@ -734,7 +741,7 @@ class StorageEngine:
 
     def stream_ids(self) -> list[int]:
         """Every stream this node has a record of, deleted ones included."""
-        return sorted(list(self._store.streams))
+        return sorted(self._published_streams())
 
     def stats(self) -> StorageStats:
         """A snapshot of sizes and writer counters (cheap: one read transaction)."""
@@ -743,7 +750,7 @@ class StorageEngine:
         with store.env.begin() as txn:
             used_pages = store.pages_in_use(txn)
         info: dict[str, Any] = store.env.info()
-        streams = list(store.streams.values())
+        streams = list(self._published_streams().values())
         return StorageStats(
             stored_bytes=store.stored_bytes,
             stored_batches=store.stored_batches,

@@ -3,8 +3,10 @@ restart, a full map and group commit."""
 
 from __future__ import annotations
 
+import gc
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -909,3 +911,45 @@ def test_a_full_store_frees_every_deleted_stream_before_refusing(tmp_path: Path)
             engine.append(2, big).result()
     finally:
         engine.close()
+
+
+def test_the_streams_can_be_read_while_the_writer_publishes(engine: StorageEngine) -> None:
+    """The event loop lists the streams (retention, LIST_RANGES, stats)
+    while the writer thread publishes each commit's streams into the same
+    dict. A garbage collection that runs Python code (a finalizer, a gc
+    callback) in the middle of a listing lets the writer in: the listing
+    must not fail with "dictionary changed size during iteration"."""
+    # more streams than the 2,000 pairs CPython keeps for reuse: listing them
+    # as (id, state) tuples allocates, and so collects
+    for future in [engine.sync_ranges(s, [open_range(s)]) for s in range(1, 6001)]:
+        future.result()
+    stop = threading.Event()
+
+    def churn() -> None:
+        # streams come and go, each change a commit the writer publishes
+        stream_id = 10_000
+        while not stop.is_set():
+            engine.sync_ranges(stream_id, [open_range(stream_id)]).result()
+            engine.sync_ranges(stream_id, []).result()
+            stream_id += 1
+
+    def collection_lets_others_in(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            time.sleep(0.0002)
+
+    gc.callbacks.append(collection_lets_others_in)
+    threshold = gc.get_threshold()
+    gc.set_threshold(100)
+    churner = threading.Thread(target=churn)
+    churner.start()
+    try:
+        for _ in range(10):
+            assert len(engine.retention_periods()) >= 6000
+            assert len(engine.list_ranges()) >= 6000
+            assert len(engine.stream_ids()) >= 6000
+            engine.stats()
+    finally:
+        stop.set()
+        churner.join()
+        gc.callbacks.remove(collection_lets_others_in)
+        gc.set_threshold(*threshold)
