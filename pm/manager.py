@@ -18,13 +18,15 @@ Rules that hold throughout:
   primary's answer, so a seal fails when the primary does not answer.
 - Changes to one stream's ranges (seal, trim, update, delete) are serialised
   by a per-stream lock, held until the data nodes were told, so two racing
-  seals produce exactly one next range and SYNC_RANGES of one stream reach a
-  node in order.
+  seals produce exactly one next range. SYNC_RANGES reach a node one call
+  at a time, each with the ranges as they are when it is sent
+  (``pm.node_syncs``), so a node never gets an older view after a newer one.
 - Per-item errors never fail the other items of a batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections import Counter, defaultdict
@@ -72,6 +74,7 @@ from .metadata import (
     SetDraining,
 )
 from .move_budget import MoveBudget
+from .node_syncs import NodeSyncs
 from .placement import place
 from .producers import ProducerIds
 from .range_sizes import RangeSizes
@@ -178,6 +181,8 @@ class PlacementManager:
         #: below this free space a data node is full (``--min-free-space``)
         self.min_free_space = min_free_space
         self._locks = StreamLocks()
+        #: SYNC_RANGES to the data nodes, one call at a time per node
+        self._node_syncs = NodeSyncs(self._send_sync, self._sync_failed)
         #: the shielded scopes of calls to data nodes running now, and whether
         #: shutdown has ended them (``stop_outgoing``)
         self._outgoing: set[trio.CancelScope] = set()
@@ -363,8 +368,7 @@ class PlacementManager:
             await self._link.delete_streams(node_id, todo.delete)
         for stream_id in todo.sync:
             async with self._locks.hold(stream_id):
-                ranges = self.store.ranges(stream_id)
-                await self._link.sync_ranges(node_id, [(stream_id, ranges)])
+                await self._node_syncs.sync(node_id, [stream_id])
             self.reconciled["periodic" if periodic else "returning"] += 1
         if not todo.empty:
             log.info(
@@ -388,6 +392,7 @@ class PlacementManager:
         request's commit, and any that would start, whatever its deadline
         (those that miss the change hear it when reconciled)."""
         self.stopping = True
+        self._node_syncs.stop()
         for scope in list(self._outgoing):
             scope.cancel()
 
@@ -926,26 +931,51 @@ class PlacementManager:
     async def sync_streams(
         self, stream_ids: Iterable[int], deadline: float, also: Iterable[int] = ()
     ) -> None:
-        """SYNC_RANGES of each stream, with its current ranges, to every node
-        of its ranges and to ``also``: one call per node for all of them."""
-        by_node: dict[int, list[tuple[int, list[RangeRecord]]]] = defaultdict(list)
+        """SYNC_RANGES of each stream, with its current ranges, to every live
+        node of its ranges and to ``also`` (``pm.node_syncs``): waited for
+        until the deadline, and sent after it all the same. A node that does
+        not take its call is reconciled."""
+        by_node: dict[int, list[int]] = defaultdict(list)
         extra = set(also)
         for stream_id in sorted(set(stream_ids)):
             ranges = self.store.ranges(stream_id)
             for node_id in sorted({n for rng in ranges for n in rng.nodes} | extra):
-                by_node[node_id].append((stream_id, ranges))
-        await self._tell_nodes(
-            deadline,
-            [
-                (
-                    node_id,
-                    f"SYNC_RANGES of {_streams_text([sid for sid, _ in streams])} "
-                    f"to node {node_id}",
-                    partial(self._link.sync_ranges, node_id, streams),
-                )
-                for node_id, streams in by_node.items()
-            ],
-        )
+                by_node[node_id].append(stream_id)
+        # Shielded: the change is committed, and its request learns it was
+        # even when the calls run out of its time.
+        with trio.CancelScope(deadline=deadline, shield=True):
+            async with trio.open_nursery() as nursery:
+                for node_id, ids in by_node.items():
+                    # A dead node is reconciled when it is back (reconcile_node).
+                    if self.registry.is_alive(node_id):
+                        nursery.start_soon(self._sync_node, node_id, ids)
+                    else:
+                        log.info(
+                            "SYNC_RANGES of %s to node %d skipped: the node is dead",
+                            _streams_text(ids),
+                            node_id,
+                        )
+
+    async def _sync_node(self, node_id: int, stream_ids: Sequence[int]) -> None:
+        # a failure was logged and the node is reconciled (_sync_failed)
+        with contextlib.suppress(SBPError, OSError):
+            await self._node_syncs.sync(node_id, stream_ids)
+
+    async def _send_sync(self, node_id: int, stream_ids: Sequence[int]) -> None:
+        """SYNC_RANGES of the streams, with their ranges as they are now."""
+        streams = [(stream_id, self.store.ranges(stream_id)) for stream_id in stream_ids]
+        await self._link.sync_ranges(node_id, streams)
+
+    def _sync_failed(self, node_id: int, stream_ids: Sequence[int], error: Exception) -> None:
+        """A live node that did not take a SYNC_RANGES (cut off from the PM,
+        say, while its heartbeats still come) is reconciled as a returning
+        node is: until then it could hold a range open that the PM sealed,
+        short of its end, with nobody to tell it."""
+        if not self.stopping:
+            log.warning(
+                "SYNC_RANGES of %s to node %d failed: %s", _streams_text(stream_ids), node_id, error
+            )
+        self._returning.send_nowait(node_id)
 
     async def _tell_nodes(
         self, deadline: float, calls: Sequence[tuple[int, str, Callable[[], Awaitable[None]]]]

@@ -143,16 +143,19 @@ async def test_a_move_counts_once_committed_not_once_the_nodes_are_told(
 
 
 class CountingNodes(SizedNodes):
-    """``SizedNodes`` that count SYNC_RANGES calls, by node."""
+    """``SizedNodes`` that count SYNC_RANGES calls, by node; each call takes
+    ``sync_s``, as a round trip to a node would."""
 
-    def __init__(self) -> None:
+    def __init__(self, sync_s: float = 0.0) -> None:
         super().__init__()
         self.sync_calls: Counter[int] = Counter()
+        self.sync_s = sync_s
 
     async def sync_ranges(
         self, node_id: int, streams: Sequence[tuple[int, Sequence[RangeRecord]]]
     ) -> None:
         self.sync_calls[node_id] += 1
+        await trio.sleep(self.sync_s)
         await super().sync_ranges(node_id, streams)
 
 
@@ -225,7 +228,7 @@ async def test_short_handed_ranges_are_topped_up_in_one_commit_and_one_call_per_
     """60 sealed ranges on two nodes that want three, and 60 open ones
     whose next range fits on three nodes now: the open ones are sealed,
     then all 120 get node 3, with one SYNC_RANGES per node."""
-    nodes = CountingNodes()
+    nodes = CountingNodes(sync_s=0.01)
     manager, _ = await _cluster(store, {}, nodes=nodes)
     changes: list[PutStream | PutRange] = []
     for stream_id in range(1, 61):
@@ -242,5 +245,43 @@ async def test_short_handed_ranges_are_topped_up_in_one_commit_and_one_call_per_
         first, second, last = store.ranges(stream_id)
         assert first.nodes == second.nodes == (1, 2, 3)
         assert last.is_open and sorted(last.nodes) == [1, 2, 3]
-    # the seals tell each stream's nodes one by one; the top-ups all at once
-    assert nodes.sync_calls == {n: 60 + 1 for n in (1, 2, 3)}
+    # the 60 seals' SYNC_RANGES go to each node in a few calls (pm.node_syncs),
+    # the top-ups' in one
+    assert all(calls <= 1 + MAX_SEAL_SYNC_CALLS for calls in nodes.sync_calls.values())
+
+
+#: SYNC_RANGES to a node for 60 ranges sealed at once: the seals reach their
+#: commit in one or two groups and their calls to a node queue behind the first
+MAX_SEAL_SYNC_CALLS = 5
+
+
+async def test_the_seals_after_a_primary_dies_tell_each_node_in_a_few_calls(
+    store: MetadataStore,
+) -> None:
+    """60 open ranges led by node 1, sealed at once: each seal tells the
+    stream's nodes of the next range, but a node hears of them in a few
+    SYNC_RANGES, not 60 at the same moment."""
+    nodes = CountingNodes(sync_s=0.01)
+    manager, _ = await _cluster(store, {}, nodes=nodes)
+    await manager.commit(
+        [
+            change
+            for stream_id in range(1, 61)
+            for change in (
+                PutStream(StreamRecord(stream_id, 2)),
+                PutRange(RangeRecord(stream_id, 0, 0, (1, 2))),
+            )
+        ]
+    )
+    assert await manager.upkeep.seal_after_failure(1, 10) == 60
+    for stream_id in range(1, 61):
+        sealed, following = store.ranges(stream_id)
+        assert not sealed.is_open and following.is_open
+    told = {node_id for node_id, _, _ in nodes.synced}
+    assert told == {1, 2, 3}
+    assert all(1 <= calls <= MAX_SEAL_SYNC_CALLS for calls in nodes.sync_calls.values())
+    # and every stream's last call to a node carried its sealed range and the next
+    last = {(node_id, stream_id): ranges for node_id, stream_id, ranges in nodes.synced}
+    for stream_id in range(1, 61):
+        for node_id in {n for rng in store.ranges(stream_id) for n in rng.nodes}:
+            assert last[(node_id, stream_id)] == tuple(store.ranges(stream_id))

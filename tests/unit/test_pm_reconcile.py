@@ -3,6 +3,7 @@ trimmed or sealed, and nothing of streams this PM never created."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -121,15 +122,14 @@ async def test_a_failed_reconcile_is_tried_again_later_and_later(
 
 
 class _SyncsLost(FakeDataNodes):
-    """The next ``lost`` SYNC_RANGES go unanswered."""
+    """SYNC_RANGES sent before ``lost_until`` (trio time) go unanswered."""
 
-    lost = 0
+    lost_until = -math.inf
 
     async def sync_ranges(
         self, node_id: int, streams: Sequence[tuple[int, Sequence[RangeRecord]]]
     ) -> None:
-        if self.lost:
-            self.lost -= 1
+        if trio.current_time() < self.lost_until:
             await trio.sleep_forever()
         await super().sync_ranges(node_id, streams)
 
@@ -154,7 +154,8 @@ async def test_a_live_node_that_missed_a_sync_ranges_is_reconciled(
     nodes.next_offsets[opened.stream_id] = 5
     async with trio.open_nursery() as nursery:
         nursery.start_soon(manager.reconcile_returning_nodes)
-        nodes.lost = 1  # the seal's own SYNC_RANGES
+        # the seal's own SYNC_RANGES
+        nodes.lost_until = trio.current_time() + 5.0
         nodes.listings_failing = 1  # and the first reconcile's listing
         nodes.synced.clear()
         await manager.seal_ranges([(opened.stream_id, 0)], 2.0)
