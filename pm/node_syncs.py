@@ -54,6 +54,8 @@ class _Batch:
 
 
 class _NodeQueue:
+    """One node's next call, and whether its sending task runs."""
+
     __slots__ = ("sending", "waiting")
 
     def __init__(self) -> None:
