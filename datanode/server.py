@@ -23,7 +23,7 @@ import trio
 
 from net.address import format_address
 from net.authz import access_control
-from net.budget import ServerBudgets
+from net.budget import ByteBudget, ServerBudgets
 from net.dirlock import locked_dir
 from net.limits import KEEPALIVE_INTERVAL_S, ConnectionLimits
 from net.metrics_http import bound_metrics
@@ -38,6 +38,7 @@ from net.service import (
     announce,
     drain_on_signals,
 )
+from sbp.allocator import TRIM_THRESHOLD, give_back_free_heap
 from sbp.enums import Opcode
 from storage.engine import StorageEngine
 
@@ -54,6 +55,8 @@ from .quotas import quotas_from
 logger = logging.getLogger(__name__)
 
 LOCK_FILE: Final = "datanode.lock"
+#: how often the node looks whether freed heap should go back to the kernel
+GIVE_BACK_INTERVAL_S: Final = 2.0
 
 
 def build_dispatcher(node: DataNode, max_frame_bytes: int) -> Dispatcher:
@@ -159,6 +162,7 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
             )
         async with pool, trio.open_nursery() as nursery:
             nursery.start_soon(signals.watch)
+            nursery.start_soon(_give_back_heap_after_bursts, server.budgets.requests)
             await nursery.start(node.run)
             host, port = await _listen(nursery, server, config.listen)
             node.serving_at(format_address(*(config.advertise or (host, port))))
@@ -178,6 +182,18 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
             node.drain()
             await drain_on_signals(server, signals, config.drain_timeout_s)
             nursery.cancel_scope.cancel()
+
+
+async def _give_back_heap_after_bursts(requests: ByteBudget) -> None:
+    """Once requests held at once (half-sent frames of peers that went away,
+    say) have dropped by ``TRIM_THRESHOLD`` or more, hand the freed heap
+    beyond what ``sbp.allocator`` keeps for reuse back to the kernel: glibc
+    alone keeps all of it resident whenever a live block lies above it."""
+    while True:
+        await trio.sleep(GIVE_BACK_INTERVAL_S)
+        if requests.peak - requests.used >= TRIM_THRESHOLD:
+            requests.peak = requests.used
+            await trio.to_thread.run_sync(give_back_free_heap)
 
 
 async def _listen(

@@ -52,6 +52,7 @@ class ByteBudget:
             raise ValueError("a byte budget must be at least 1 byte")
         self.limit = limit
         self.used = 0
+        #: the most in use at once since it was last set (to ``used``)
         self.peak = 0
         self._room = trio.lowlevel.ParkingLot()
 

@@ -27,6 +27,12 @@ reading with ``Consumer`` may call it at start-up, or set
 ``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=134217728``. The
 data node calls it too: a FETCH answer the socket does not take at once is
 copied out of LMDB into a buffer of its own.
+
+glibc hands free heap back only from the heap's top: one live block above
+a burst of freed buffers (the half-sent frames of peers that went away)
+keeps every page of them resident. ``give_back_free_heap`` hands back what
+is free beyond ``TRIM_THRESHOLD`` wherever it lies; the data node calls it
+when the requests it holds at once have dropped by that much.
 """
 
 from __future__ import annotations
@@ -46,7 +52,19 @@ MMAP_THRESHOLD: Final = 32 * 1024 * 1024
 #: free heap kept before any is handed back to the kernel
 TRIM_THRESHOLD: Final = 128 * 1024 * 1024
 
+#: free heap past ``TRIM_THRESHOLD`` worth handing back to the kernel
+GIVE_BACK_SLACK: Final = 32 * 1024 * 1024
+
 _done = False
+
+
+def _glibc() -> ctypes.CDLL | None:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
 
 
 def keep_freed_memory() -> bool:
@@ -54,12 +72,9 @@ def keep_freed_memory() -> bool:
     global _done
     if _done:
         return True
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    libc = _glibc()
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
@@ -67,6 +82,43 @@ def keep_freed_memory() -> bool:
         mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     )
     return _done
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (malloc.h, glibc 2.33 and later)."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def give_back_free_heap() -> int:
+    """When more than ``TRIM_THRESHOLD`` + ``GIVE_BACK_SLACK`` of the heap is
+    free, hand the free pages back to the kernel wherever they lie
+    (``malloc_trim``). Returns the free bytes found (0 without glibc)."""
+    libc = _glibc()
+    mallinfo2 = getattr(libc, "mallinfo2", None)
+    malloc_trim = getattr(libc, "malloc_trim", None)
+    if mallinfo2 is None or malloc_trim is None:
+        return 0
+    mallinfo2.restype = _MallInfo2
+    free = int(mallinfo2().fordblks)
+    if free > TRIM_THRESHOLD + GIVE_BACK_SLACK:
+        malloc_trim.argtypes = (ctypes.c_size_t,)
+        malloc_trim(TRIM_THRESHOLD)
+    return free
 
 
 class BufferPool:

@@ -4,8 +4,12 @@ pool keeps buffers of large frames to receive into again."""
 from __future__ import annotations
 
 import platform
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
+import pytest
 
 from sbp.allocator import BufferPool, keep_freed_memory
 
@@ -58,3 +62,44 @@ def test_a_pool_keeps_few_bytes_and_no_buffer_too_large_or_too_small_for_a_frame
     pool.keep(bytearray(300_000))
     assert pool.take(100_000) is None  # would leave most of it unused
     assert pool.take(400_000) is None  # does not fit its allocation
+
+
+ON_GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+#: in a fresh process: 256 MiB of buffers freed below a live block, as the
+#: half-sent frames of peers that went away; the resident MiB after the
+#: free, then after give_back_free_heap
+_FREED_BELOW_A_LIVE_BLOCK = textwrap.dedent(
+    """
+    from sbp.allocator import give_back_free_heap, keep_freed_memory
+
+    def resident_mib():
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * 4096 >> 20
+
+    keep_freed_memory()
+    before = resident_mib()
+    buffers = [bytearray(int(6.4 * 2**20)) for _ in range(40)]
+    above = bytearray(100_000)
+    del buffers
+    freed = resident_mib() - before
+    give_back_free_heap()
+    print(freed, resident_mib() - before)
+    """
+)
+
+
+@pytest.mark.skipif(not ON_GLIBC, reason="glibc's allocator")
+def test_heap_freed_below_a_live_block_goes_back_to_the_kernel() -> None:
+    """glibc hands back only the top of the heap: one live block above them
+    keeps 256 MiB of freed buffers resident until give_back_free_heap."""
+    out = subprocess.run(
+        [sys.executable, "-c", _FREED_BELOW_A_LIVE_BLOCK],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    freed, given_back = map(int, out.split())
+    assert freed >= 250
+    assert given_back < 32
