@@ -9,7 +9,6 @@ import sys
 import textwrap
 
 import numpy as np
-import pytest
 
 from sbp.allocator import BufferPool, keep_freed_memory
 
@@ -64,8 +63,6 @@ def test_a_pool_keeps_few_bytes_and_no_buffer_too_large_or_too_small_for_a_frame
     assert pool.take(400_000) is None  # does not fit its allocation
 
 
-ON_GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
-
 #: in a fresh process: 256 MiB of buffers freed below a live block, as the
 #: half-sent frames of peers that went away; the resident MiB after the
 #: free, then after give_back_free_heap
@@ -89,7 +86,6 @@ _FREED_BELOW_A_LIVE_BLOCK = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not ON_GLIBC, reason="glibc's allocator")
 def test_heap_freed_below_a_live_block_goes_back_to_the_kernel() -> None:
     """glibc hands back only the top of the heap: one live block above them
     keeps 256 MiB of freed buffers resident until give_back_free_heap."""

@@ -14,12 +14,23 @@ import pm.drain
 from pm.manager import PlacementManager
 from pm.metadata import MetadataStore, PutRange, PutStream
 from pm.records import Holding, NodeRecord, RangeRecord, StreamRecord
+from sbp.constants import OPEN_END_OFFSET
 from sbp.enums import DataNodeState
 
 from ..eventually import eventually
 from .test_pm_rebalance import SizedNodes, _cluster, store
 
 __all__ = ["store"]
+
+
+def _on_nodes_1_and_2(count: int, end_offset: int = OPEN_END_OFFSET) -> list[PutStream | PutRange]:
+    """Streams 1 to ``count`` of two replicas, each with its range 0 on
+    nodes 1 and 2: sealed at ``end_offset``, or open."""
+    changes: list[PutStream | PutRange] = []
+    for stream_id in range(1, count + 1):
+        changes.append(PutStream(StreamRecord(stream_id, 2)))
+        changes.append(PutRange(RangeRecord(stream_id, 0, 0, (1, 2), end_offset)))
+    return changes
 
 
 def _replicas(manager: PlacementManager, stream_ids: Iterable[int]) -> list[tuple[int, ...]]:
@@ -63,16 +74,7 @@ async def test_a_dead_nodes_ranges_are_repaired_onto_every_other_node(
     """The same for the replacements of a dead node: node 4 takes appends,
     so by the placement of new ranges every copy went to node 3."""
     manager, _ = await _cluster(store, {4: []})
-    await manager.commit(
-        [
-            change
-            for stream_id in range(1, 7)
-            for change in (
-                PutStream(StreamRecord(stream_id, 2)),
-                PutRange(RangeRecord(stream_id, 0, 0, (1, 2), 10)),
-            )
-        ]
-    )
+    await manager.commit(_on_nodes_1_and_2(6, end_offset=10))
     manager.registry.report(
         NodeRecord(4, "127.0.0.1:9004"), {"network_append_rate": 5_000, "range_active_cnt": 4}
     )
@@ -207,16 +209,7 @@ async def test_a_dead_nodes_ranges_are_replaced_in_one_commit_and_one_call_per_n
 ) -> None:
     nodes = CountingNodes()
     manager, _ = await _cluster(store, {4: []}, nodes=nodes)
-    await manager.commit(
-        [
-            change
-            for stream_id in range(1, 61)
-            for change in (
-                PutStream(StreamRecord(stream_id, 2)),
-                PutRange(RangeRecord(stream_id, 0, 0, (1, 2), 10)),
-            )
-        ]
-    )
+    await manager.commit(_on_nodes_1_and_2(60, end_offset=10))
     assert await manager.upkeep.repair_node(1, 10) == 60
     assert all(1 not in nodes and len(nodes) == 2 for nodes in _replicas(manager, range(1, 61)))
     assert nodes.sync_calls == {1: 1, 2: 1, 3: 1, 4: 1}
@@ -263,16 +256,7 @@ async def test_the_seals_after_a_primary_dies_tell_each_node_in_a_few_calls(
     SYNC_RANGES, not 60 at the same moment."""
     nodes = CountingNodes(sync_s=0.01)
     manager, _ = await _cluster(store, {}, nodes=nodes)
-    await manager.commit(
-        [
-            change
-            for stream_id in range(1, 61)
-            for change in (
-                PutStream(StreamRecord(stream_id, 2)),
-                PutRange(RangeRecord(stream_id, 0, 0, (1, 2))),
-            )
-        ]
-    )
+    await manager.commit(_on_nodes_1_and_2(60))
     assert await manager.upkeep.seal_after_failure(1, 10) == 60
     for stream_id in range(1, 61):
         sealed, following = store.ranges(stream_id)
