@@ -512,21 +512,7 @@ class PlacementManager:
         changes += [PutRange(rng) for _, rng in created]
         changes.append(RaiseNextStreamId(self._next_stream_id))
         await self.commit(changes)
-        by_node: dict[int, list[tuple[int, Sequence[RangeRecord]]]] = defaultdict(list)
-        for stream, rng in created:
-            for node_id in rng.nodes:
-                by_node[node_id].append((stream.stream_id, (rng,)))
-        await self._tell_nodes(
-            deadline,
-            [
-                (
-                    node_id,
-                    f"SYNC_RANGES of {len(items)} new streams to node {node_id}",
-                    partial(self._link.sync_ranges, node_id, items),
-                )
-                for node_id, items in by_node.items()
-            ],
-        )
+        await self.sync_streams([stream.stream_id for stream, _ in created], deadline)
         return results
 
     async def delete_streams(
@@ -982,10 +968,8 @@ class PlacementManager:
     ) -> None:
         """Best effort, after a commit: run the calls concurrently until the
         deadline, shielded from the request being cancelled, and log failures.
-        A live node that did not take its call (cut off from the PM, say,
-        while its heartbeats still come) is reconciled as a returning node is:
-        until then it would hold a range open that the PM sealed, short of
-        its end, with nobody to tell it."""
+        A live node that did not take its call is reconciled as a returning
+        node is (as for SYNC_RANGES, ``_sync_failed``)."""
 
         async def attempt(node_id: int, what: str, call: Callable[[], Awaitable[None]]) -> None:
             taken = False

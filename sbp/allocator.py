@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import platform
 import sys
 import threading
@@ -58,6 +59,7 @@ GIVE_BACK_SLACK: Final = 32 * 1024 * 1024
 _done = False
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
