@@ -132,6 +132,9 @@ class Tally:
     failure: BaseException | None = None
     #: input lines a resumed run skipped: the stream held them already
     skipped: int = 0
+    #: after a failure: how many input lines the stream holds, asked of it
+    #: (``Producer.stored``); None when that is not known
+    held_lines: int | None = None
 
     async def follow(
         self,
@@ -155,11 +158,38 @@ class Tally:
             progress.update(self.records, self.value_bytes, done_bytes=self.input_bytes)
 
     def stored_text(self, stream_id: int) -> str:
+        """What the stream holds of the input, exactly when the stream said
+        (``held_lines``), else what it acknowledged."""
+        span = f"offsets {self.first_offset}..{self.last_offset}"
+        if self.held_lines is None:
+            if not self.records:
+                return f"nothing acknowledged in stream {stream_id} (more may be stored)"
+            return (
+                f"{fmt.plural(self.records, 'record')} acknowledged in stream {stream_id}, "
+                f"{span} (more may be stored)"
+            )
+        new = self.held_lines - self.skipped
+        if new <= 0:
+            return f"nothing of this run was stored in stream {stream_id}"
+        lines = fmt.plural(self.held_lines, "line")
+        text = f"stored the first {lines} of the input in stream {stream_id}"
+        if new == self.records:
+            return f"{text}, {span}"
         if not self.records:
-            return f"nothing was stored in stream {stream_id}"
+            return f"{text} (their answers were lost)"
+        lost = new - self.records
+        return f"{text} ({self.records:,} acknowledged, {span}; {lost:,} answers were lost)"
+
+    def rest_hint(self, stream_id: int, producer_name: str, path: str | None = None) -> str | None:
+        """How to store the rest of the input (``path``, or stdin) once,
+        when that is known."""
+        if self.held_lines is None:
+            return None
+        if producer_name:
+            return "sbp: run it again with --resume to store the rest once"
         return (
-            f"stored {fmt.plural(self.records, 'record')} in stream {stream_id}, "
-            f"offsets {self.first_offset}..{self.last_offset}"
+            f"sbp: to store the rest once, append from line {self.held_lines + 1}: "
+            f"tail -n +{self.held_lines + 1} {path or 'INPUT'} | sbp append {stream_id}"
         )
 
 
@@ -180,6 +210,9 @@ async def cmd_append(env: Env) -> int:
     args = env.args
     if args.resume and not args.producer_name:
         raise UsageError("--resume needs --producer-name: the producer whose run to continue")
+    # a stream that is not there is said before any input is read (an
+    # empty input would otherwise "append nothing" to it and succeed)
+    await env.pm.get_stream(args.stream_id)
     fd, total, close = _open_input(args.file)
     progress = Progress(env.err, args.progress or env.err.isatty(), total_bytes=total)
     tally = Tally()
@@ -200,6 +233,9 @@ async def cmd_append(env: Env) -> int:
                 name=args.producer_name,
                 # a resumed run keeps the epoch (and so the sequences) of the run before
                 epoch=0 if args.resume else -1,
+                # a lost batch ends the run: what is stored is then the
+                # input's first lines, and a failure can say how many
+                stop_after_loss=True,
             ) as producer:
                 reader = LineReader(fd, producer.max_record_bytes)
                 if args.resume:
@@ -228,6 +264,10 @@ async def cmd_append(env: Env) -> int:
                             except (UsageError, RecordTooLargeError) as error:
                                 # What was sent before is still stored and reported.
                                 refused = UsageError(str(error))
+                            except SBPError:
+                                # a batch was lost and the producer stopped: the
+                                # handles sent before report it, and no more is read
+                                return
 
                 async def on_interrupt() -> None:
                     nonlocal interrupted
@@ -244,6 +284,10 @@ async def cmd_append(env: Env) -> int:
                     # Until every record sent is stored or failed for good.
                     await tally.follow(receive, progress)
                     nursery.cancel_scope.cancel()
+                if tally.failure is not None:
+                    # the stream knows what it holds, answers lost or not
+                    with trio.move_on_after(args.timeout):
+                        tally.held_lines = await producer.stored()
     except (SBPError, OSError, trio.TooSlowError) as error:
         _report_partial(env, tally)
         raise error from None
@@ -260,6 +304,10 @@ async def cmd_append(env: Env) -> int:
 
 def _report_partial(env: Env, tally: Tally) -> None:
     print(f"sbp: {tally.stored_text(env.args.stream_id)} before the error", file=env.err)
+    path = env.args.file if env.args.file not in (None, "-") else None
+    hint = tally.rest_hint(env.args.stream_id, env.args.producer_name, path)
+    if hint is not None:
+        print(hint, file=env.err)
 
 
 def _summarize(env: Env, tally: Tally, seconds: float, interrupted: bool) -> int:

@@ -261,13 +261,19 @@ def _range_rows(ranges: Sequence[messages.Range]) -> str:
                 r.start_offset,
                 fmt.end_text(r),
                 r.next_offset,
-                r.commit_offset,
+                _commit_text(r.commit_offset),
                 r.epoch,
                 fmt.replicas_text(r),
             ]
             for r in ranges
         ],
     )
+
+
+def _commit_text(commit_offset: int) -> str | int:
+    """-1: no replica that answered knows the commit offset (they restarted
+    and have not heard from each other yet)."""
+    return "unknown" if commit_offset < 0 else commit_offset
 
 
 async def cmd_ranges_list(env: Env) -> int:
@@ -296,7 +302,7 @@ async def _live_range(env: Env, rng: messages.Range) -> tuple[messages.Range, st
     """The open range with the next and commit offsets its replicas report,
     and each replica's state as text."""
     states = []
-    next_offset, commit = rng.next_offset, rng.commit_offset
+    next_offset, commit = rng.next_offset, -1  # the PM's snapshot of an open range is its start
     for replica in rng.replica_nodes:
         node = replica.data_node
         timeout = min(env.args.timeout, 2.0)
@@ -307,7 +313,10 @@ async def _live_range(env: Env, rng: messages.Range) -> tuple[messages.Range, st
         except (SBPError, OSError, trio.TooSlowError) as error:
             states.append(f"{node.node_id}{star} down ({error or 'no answer'})")
             continue
-        states.append(f"{node.node_id}{star} next {live.next_offset} commit {live.commit_offset}")
+        states.append(
+            f"{node.node_id}{star} next {live.next_offset} "
+            f"commit {_commit_text(live.commit_offset)}"
+        )
         next_offset = max(next_offset, live.next_offset) if replica.is_primary else next_offset
         commit = max(commit, live.commit_offset)
     return replace(rng, next_offset=next_offset, commit_offset=commit), "; ".join(states)

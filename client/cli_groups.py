@@ -2,8 +2,7 @@
 
 The PM keeps the positions and the end offset of each stream a group reads,
 as it last learned it (every few seconds); ``describe`` dates the oldest
-record a group has not read from that record's own timestamp, read from a
-replica.
+record a group has not read as the PM does (``client.lag``).
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from collections.abc import Sequence
 
 from net.service import UsageError
 from sbp import messages
-from sbp.batches import decode_batches
 from sbp.errors import SBPError
 
 from . import format as fmt
@@ -22,6 +20,7 @@ from .by_time import offset_at_time, stream_end
 from .cli_commands import Env, _item_error
 from .cli_defaults import EXIT_OK, EXIT_SERVER_ERROR
 from .cluster_view import group_summaries
+from .lag import lag_seconds, record_timestamp
 
 
 async def cmd_groups_list(env: Env) -> int:
@@ -92,30 +91,20 @@ async def cmd_groups_describe(env: Env) -> int:
 async def _lag_seconds(
     context: ClientContext, position: messages.GroupOffsetResult
 ) -> float | None:
-    """The age of the first record the group has not read, by its timestamp
-    (0 at the end; None when it cannot be read)."""
-    if position.lag_records == 0:
-        return 0.0
-    if position.lag_records < 0 or position.offset < 0:
-        return None
-    ranges = await context.pm.list_stream_ranges(position.stream_id)
-    rng = next((r for r in reversed(ranges) if r.start_offset <= position.offset), None)
-    if rng is None:
-        return None
-    wanted = messages.FetchInfo(
-        stream_id=position.stream_id, fetch_offset=position.offset, batch_max_bytes=1
-    )
-    try:
-        async with context.node(replica_for_read(rng, 0)).fetch([wanted]) as results:
-            data = b"".join([bytes(fetched.data) async for fetched in results])
-    except (SBPError, OSError):
-        return None
-    records = decode_batches(data) if data else None
-    if records is None or not len(records):
-        return None
-    # the answer starts at the batch holding the offset
-    first = min(int(records.offsets.searchsorted(position.offset)), len(records) - 1)
-    return max(time.time() - int(records.timestamps[first]) / 1000, 0.0)
+    """The group's lag in seconds on one stream (``client.lag``, as the PM
+    computes it); None when it cannot be known."""
+    oldest: int | None = None
+    if 0 <= position.offset < position.end_offset:
+        ranges = await context.pm.list_stream_ranges(position.stream_id)
+        rng = next((r for r in reversed(ranges) if r.start_offset <= position.offset), None)
+        if rng is not None:
+            try:
+                oldest = await record_timestamp(
+                    context.node(replica_for_read(rng, 0)), position.stream_id, position.offset
+                )
+            except (SBPError, OSError):
+                oldest = None
+    return lag_seconds(position.offset, position.end_offset, oldest, int(time.time() * 1000))
 
 
 def _known(value: int) -> str:

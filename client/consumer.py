@@ -501,6 +501,7 @@ class Consumer:
         live: list[messages.Range] = []
         last_error: BaseException | None = None
         primary_answered = False
+        primary_unsure = False
         for replica in rng.nodes_primary_first():
             try:
                 described = await self._context.node(replica).describe_range(
@@ -512,7 +513,11 @@ class Consumer:
             live.append(described)
             # every replica is asked: one that restarted reports a commit
             # offset lower than the range's, the primary too
-            primary_answered = primary_answered or replica == rng.primary_node()
+            if replica == rng.primary_node():
+                primary_answered = True
+                # -1: the primary has not learned its commit offset again
+                # since it restarted; what it holds may be committed
+                primary_unsure = described.commit_offset < 0
         if not live:
             assert last_error is not None
             raise last_error
@@ -526,6 +531,8 @@ class Consumer:
                 f"offset {offset} is above the next offset {next_offset} of stream {self.stream_id}"
             )
         if offset < max(r.commit_offset for r in live):
+            return False
+        if primary_unsure and offset < next_offset:
             return False
         # Without the primary, records a follower holds past ``offset`` may
         # be committed without it knowing (it restarted): not the end yet.

@@ -193,6 +193,7 @@ class Producer:
         idempotent: bool = True,
         name: str = "",
         epoch: int = -1,
+        stop_after_loss: bool = False,
     ) -> None:
         if max_in_flight is None:
             max_in_flight = DEFAULT_IDEMPOTENT_IN_FLIGHT if idempotent else 1
@@ -209,8 +210,10 @@ class Producer:
         #: asked of INIT_PRODUCER: -1 the next epoch (fencing the instance
         #: before), E >= 0 at least E (the same E again continues it)
         self.epoch = epoch
-        #: (producer id, epoch) from the PM, once started (idempotent only)
-        self.producer: tuple[int, int] | None = None
+        #: after a batch is lost, send nothing more (the records stored are
+        #: then the first ones sent, which ``stored`` counts) rather than go
+        #: on under a new epoch; a producer pinned to an epoch always stops
+        self.stop_after_loss = stop_after_loss or epoch >= 0
         self._context = ClientContext(pm, pool, request_timeout, tls)
         self._sender: Sender | None = None
         self._batches = Accumulator(
@@ -234,8 +237,9 @@ class Producer:
     async def __aenter__(self) -> Self:
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(self._context)
+            identity = None
             if self.idempotent:
-                self.producer = await self._context.pm.init_producer(self.name, self.epoch)
+                identity = await self._context.pm.init_producer(self.name, self.epoch)
             self._sender = Sender(
                 self.stream_id,
                 self._batches,
@@ -244,9 +248,9 @@ class Producer:
                 max_in_flight=self.max_in_flight,
                 max_request_bytes=self.max_request_bytes,
                 request_timeout=self.request_timeout,
-                producer=self.producer,
+                producer=identity,
                 # pinned to an epoch (resume): a lost batch stops it instead
-                new_epoch=self._new_epoch if self.idempotent and self.epoch < 0 else None,
+                new_epoch=None if self.stop_after_loss else self._new_epoch,
             )
             self._nursery = await stack.enter_async_context(trio.open_nursery())
             self._nursery.start_soon(self._sender.run)
@@ -274,6 +278,12 @@ class Producer:
             # ExceptionGroup of our nursery: the stack exits as if all went well.
             await self._stack.__aexit__(None, None, None)
 
+    @property
+    def producer(self) -> tuple[int, int] | None:
+        """(producer id, epoch) now, once started (idempotent only): the
+        sender's, which moves on when its sequences start again."""
+        return None if self._sender is None else self._sender.producer
+
     async def _new_epoch(self) -> tuple[int, int]:
         return await self._context.pm.init_producer(self.name, -1)
 
@@ -282,15 +292,40 @@ class Producer:
         sequence it expects next), which the next record sent then gets: a
         named producer that runs again at the same epoch over the same input
         skips that many records and stores the rest once. Call it before
-        anything is sent. Asks the open range's primary with a batch it can
-        never store (a sequence far past any), retrying as the producer does,
-        until two answers ``settle_s`` apart agree: an earlier instance's
-        requests still on their way are stored first (a caller that knows an
-        earlier instance may still be sending waits longer)."""
+        anything is sent; an earlier instance's requests still on their way
+        are stored first (``_held_sequence``; a caller that knows an earlier
+        instance may still be sending waits longer)."""
         if self.producer is None or self._sender is None:
             raise ProducerClosedError("resume() needs a started idempotent producer")
         if self._batches.unfinished or self._batches.next_sequence:
             raise ProducerClosedError("resume() comes before anything is sent")
+        held = await self._held_sequence(settle_s)
+        self._batches.next_sequence = held
+        return held
+
+    async def stored(self, settle_s: float = RESUME_SETTLE_S) -> int | None:
+        """How many records this producer's run stored in the stream, asked
+        of the stream as ``resume`` asks, so that the records whose answers
+        were lost (a timeout) count too: the first that many records sent
+        are stored, the rest are not. None when it cannot be known: the
+        sequences started again under a new epoch during the run, or the
+        stream does not answer."""
+        sender = self._sender
+        if sender is None or sender.producer is None or sender.sequences_restarted:
+            return None
+        try:
+            return await self._held_sequence(settle_s)
+        except (SBPError, OSError, trio.TooSlowError):
+            return None
+
+    async def _held_sequence(self, settle_s: float) -> int:
+        """The sequence the stream expects next of this producer and epoch.
+        The open range's primary is asked with a batch it can never store (a
+        sequence far past any), retrying as the producer does, until two
+        answers ``settle_s`` apart agree: requests still on their way (a
+        Spark task attempt that died while they travelled, or this
+        producer's own that timed out) are stored first."""
+        assert self.producer is not None
         producer_id, epoch = self.producer
         probe = ProducerStamp(producer_id, epoch, RESUME_PROBE_SEQUENCE)
         routes = StreamRoutes(self._context.pm, self.stream_id)
@@ -310,19 +345,14 @@ class Producer:
                 return int(result.next_sequence)
             raise error_for(result.error_code, result.error_message or "probe was stored")
 
-        # An attempt before this one may still have requests on their way
-        # (a Spark task attempt that died while they travelled): the answer
-        # counts once two asks ``settle_s`` apart agree.
         with trio.fail_after(self._batches.delivery_timeout):
-            held = await until_deadline(ask, f"resuming producer {producer_id}")
+            held = await until_deadline(ask, f"asking for producer {producer_id}'s sequence")
             while True:
                 await trio.sleep(settle_s)
-                again = await until_deadline(ask, f"resuming producer {producer_id}")
+                again = await until_deadline(ask, f"asking for producer {producer_id}'s sequence")
                 if again == held:
-                    break
+                    return held
                 held = again
-        self._batches.next_sequence = held
-        return held
 
     # -- sending --------------------------------------------------------------
 

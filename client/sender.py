@@ -64,6 +64,17 @@ _SEAL_ON: Final = frozenset({ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.RANGE_SEAL
 #: batches an idempotent producer has unanswered at most: what the data node
 #: remembers of each producer (SPEC §10 asks it to keep at least 64)
 IDEMPOTENT_WINDOW: Final = 64
+#: while a quota throttles the producer (SPEC §12), an APPEND carries about
+#: this long of the rate its throttles tell: what it has in flight is then a
+#: second or so of its rate, and none of it waits long enough to time out
+THROTTLED_REQUEST_S: Final = 0.2
+#: the smallest APPEND a throttled producer makes (one batch at least)
+MIN_THROTTLED_REQUEST_BYTES: Final = 16 << 10
+#: a producer's first APPENDs carry at most this much, doubling with each
+#: answer that asks for no wait up to ``max_request_bytes``: a quota it
+#: does not know of yet sees at most one such request at once, not several
+#: of the largest
+INITIAL_REQUEST_BYTES: Final = 1 << 20
 
 
 class Sender:
@@ -88,6 +99,8 @@ class Sender:
         #: a new producer id or epoch, to start the sequences again after a gap;
         #: None for a producer pinned to its epoch, which stops instead
         self._new_epoch = new_epoch
+        #: how often the sequences started again under a new id or epoch
+        self.sequences_restarted = 0
         #: set once a newer instance of this producer fenced this one, or a
         #: producer pinned to its epoch lost a batch: nothing more is sent
         self.fenced: BaseException | None = None
@@ -96,6 +109,9 @@ class Sender:
         self._routes = routes
         self.max_in_flight = max_in_flight
         self.max_request_bytes = max_request_bytes
+        #: bytes per APPEND now: less than ``max_request_bytes`` at first
+        #: and while throttled
+        self.request_bytes = min(INITIAL_REQUEST_BYTES, max_request_bytes)
         self.request_timeout = request_timeout
         self._in_flight = 0
         self._failures = 0
@@ -140,7 +156,7 @@ class Sender:
                     self._on_request_failed(list(batches.ready), error)
                     continue
                 window = IDEMPOTENT_WINDOW if self.producer is not None else None
-                taken = batches.take(self.max_request_bytes, window)
+                taken = batches.take(min(self.request_bytes, self.max_request_bytes), window)
                 if not taken:  # the oldest unanswered batch holds the window
                     await self._sleep()
                     continue
@@ -178,9 +194,13 @@ class Sender:
                 timeout=self.request_timeout + DEADLINE_GRACE,
             )
             results: dict[int, messages.AppendResult] = {}
+            throttle_ms = 0
             for response in responses:
-                for item in header_as(response, messages.AppendResponse).append_responses:
+                answer = header_as(response, messages.AppendResponse)
+                throttle_ms = max(throttle_ms, answer.throttle_time_ms)
+                for item in answer.append_responses:
                     results[item.request_index] = item
+            self._follow_throttle(len(payload), throttle_ms)
             for index, batch in enumerate(batches):
                 result = results.get(index)
                 if result is None:
@@ -217,6 +237,19 @@ class Sender:
             assert error is not None
             self._on_request_failed(retry, error)
 
+    def _follow_throttle(self, sent: int, throttle_ms: int) -> None:
+        """Size the next APPENDs by the quota's throttle (SPEC §12): ``sent``
+        bytes were answered with a wait of ``throttle_ms``, so the rate is
+        at most about ``sent / throttle``; requests of ``THROTTLED_REQUEST_S``
+        of it keep the bytes in flight, and so the waits, short. Unthrottled
+        answers double the size back up to ``max_request_bytes``."""
+        if throttle_ms > 0:
+            rate = sent / (throttle_ms / 1000)
+            wanted = max(rate * THROTTLED_REQUEST_S, MIN_THROTTLED_REQUEST_BYTES)
+            self.request_bytes = int(min(wanted, self.max_request_bytes))
+        elif self.request_bytes < self.max_request_bytes:
+            self.request_bytes = min(self.request_bytes * 2, self.max_request_bytes)
+
     async def _restart_sequences(self, error: BaseException) -> None:
         """A batch that carried a sequence failed for good, so the stream
         expects a sequence no later batch has. Start again under a new
@@ -246,6 +279,7 @@ class Sender:
             *self.producer,
             error,
         )
+        self.sequences_restarted += 1
         self._batches.restart_sequences(error)
 
     def _stamp(self, batch: PendingBatch) -> ProducerStamp | None:

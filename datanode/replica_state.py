@@ -148,12 +148,14 @@ class ReplicaStates:
 
     def commit_of(self, info: RangeInfo) -> int:
         """The range's commit offset as this node knows it: a sealed range's
-        end, an unreplicated range's next offset, else the commit table's."""
+        end, an unreplicated range's next offset, else the commit table's;
+        -1 while not known here (since a restart, until the primary, or on
+        the primary the followers, said)."""
         if len(info.replicas) <= 1:
             return info.next_offset
         if info.end_is_final:
             return info.end_offset
-        return self.commits.get(info.stream_id, info.range_index, info.start_offset)
+        return self.commits.get(info.stream_id, info.range_index, -1)
 
     def read_limit(self, stream_id: int, offset: int) -> int | None:
         """Where a FETCH at ``offset`` must stop: the commit offset of the

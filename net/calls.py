@@ -21,6 +21,10 @@ from sbp.frames import Frame
 
 H = TypeVar("H")
 
+#: the longest a request waits for a throttle a server asked (servers tell
+#: at most 30 s; SPEC §12)
+MAX_THROTTLE_WAIT_S = 60.0
+
 
 @dataclass(frozen=True, slots=True)
 class Response(Generic[H]):
@@ -81,13 +85,44 @@ class Call:
             await self._wakeup.wait()
 
 
+class Throttles:
+    """The waits a server asked of this connection (``throttle_time_ms``,
+    SPEC §12). The next request of the answer's kind waits until then; and
+    since the server reads nothing more from the connection meanwhile, the
+    requests still unanswered on it wait as long: their deadlines move out
+    by the time the hold grew, so a client that waits as told never times
+    out for it."""
+
+    __slots__ = ("_calls", "held_until", "until")
+
+    def __init__(self, calls: dict[int, Call]) -> None:
+        self._calls = calls
+        #: by opcode: the trio time before which no request of it is sent
+        self.until: dict[int, float] = {}
+        #: when the server reads from this connection again, as last told
+        self.held_until = 0.0
+
+    def note(self, response: Response[Any]) -> Response[Any]:
+        throttle_ms = getattr(response.header, "throttle_time_ms", 0)
+        if throttle_ms > 0:
+            now = trio.current_time()
+            until = now + throttle_ms / 1000
+            self.until[response.opcode] = max(self.until.get(response.opcode, 0.0), until)
+            grown = until - max(self.held_until, now)
+            if grown > 0:
+                self.held_until = until
+                for call in self._calls.values():
+                    call.deadline += grown
+        return response
+
+
 class Responses:
     """The frames of one streamed response, up to RESPONSE_END (a plain
     iterator: leaving the loop early leaves no generator to finalize)."""
 
     __slots__ = ("_call", "_done", "_peer", "_throttles")
 
-    def __init__(self, call: Call, peer: str, throttles: dict[int, float]) -> None:
+    def __init__(self, call: Call, peer: str, throttles: Throttles) -> None:
         self._call, self._peer, self._done = call, peer, False
         self._throttles = throttles
 
@@ -99,21 +134,11 @@ class Responses:
             raise StopAsyncIteration
         frame = await self._call.next_frame()
         self._done = frame.is_end
-        return note_throttle(self._throttles, to_response(self._call.opcode, frame, self._peer))
+        return self._throttles.note(to_response(self._call.opcode, frame, self._peer))
 
 
 def to_response(opcode: Opcode, frame: Frame, peer: str) -> Response[Any]:
     return Response(opcode, decode_response(opcode, frame, peer), frame.payload)
-
-
-def note_throttle(throttles: dict[int, float], response: Response[Any]) -> Response[Any]:
-    """A response telling its client to wait (``throttle_time_ms``, SPEC
-    §12): the connection's next request of that kind waits until then."""
-    throttle_ms = getattr(response.header, "throttle_time_ms", 0)
-    if throttle_ms > 0:
-        until = trio.current_time() + throttle_ms / 1000
-        throttles[response.opcode] = max(throttles.get(response.opcode, 0.0), until)
-    return response
 
 
 def deadline_after(timeout: float | None) -> float:
@@ -161,9 +186,8 @@ class Caller:
         self.calls: dict[int, Call] = {}
         #: our PINGs in flight: keepalive traffic keeps nothing busy
         self.pings = 0
-        #: by opcode: the trio time before which no request of it is sent,
-        #: as a server's throttle_time_ms asked (SPEC §12)
-        self.throttles: dict[int, float] = {}
+        #: what servers' throttle_time_ms asked of this connection (SPEC §12)
+        self.throttles = Throttles(self.calls)
         #: when ``_expire_calls`` wakes next (the earliest deadline it knew
         #: of); infinite when the task is not running
         self._next_expiry = math.inf
@@ -214,10 +238,10 @@ class Caller:
         call = await self.open_call(opcode, header, payload, deadline)
         try:
             peer, throttles = self._host.peer, self.throttles
-            parts = [note_throttle(throttles, to_response(opcode, await call.next_frame(), peer))]
+            parts = [throttles.note(to_response(opcode, await call.next_frame(), peer))]
             while not call.ended or call.frames:
                 frame = await call.next_frame()
-                parts.append(note_throttle(throttles, to_response(opcode, frame, peer)))
+                parts.append(throttles.note(to_response(opcode, frame, peer)))
             if len(parts) == 1:
                 return parts[0]
             payload = b"".join(part.payload for part in parts)
@@ -264,11 +288,13 @@ class Caller:
         host.check_open()
         if not after_goaway:
             engine.check_can_request()
-        throttled_until = self.throttles.get(opcode, 0.0)
-        if throttled_until > trio.current_time():
-            # the server asked for this wait (and reads nothing from us meanwhile)
-            with trio.move_on_at(deadline):
-                await trio.sleep_until(throttled_until)
+        throttled_until = self.throttles.until.get(opcode, 0.0)
+        now = trio.current_time()
+        if throttled_until > now:
+            # The server asked for this wait (and reads nothing from us
+            # meanwhile): the request's own time starts after it.
+            await trio.sleep_until(min(throttled_until, now + MAX_THROTTLE_WAIT_S))
+            deadline += trio.current_time() - now
             host.check_open()
         encoded = header.encode() if isinstance(header, messages.Message) else bytes(header or b"")
         if engine.outgoing_bytes > engine.high_water:

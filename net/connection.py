@@ -469,14 +469,12 @@ class Connection:
         sock = self._socket
         events: list[Event] = []
         while True:
-            if self._reads_held_until:
-                # SPEC §12: over a quota, nothing more from the peer is taken
-                # in until then, what the read under way brought included
-                # (answers served meanwhile may hold it longer)
-                while (until := self._reads_held_until) > trio.current_time():
-                    await trio.sleep_until(until)
-                self._reads_held_until = 0.0
-            for event in events:
+            await self._wait_reads_held()
+            for index, event in enumerate(events):
+                if index and self._reads_held_until:
+                    # a request this read brought put the peer over its
+                    # quota: the ones after it wait as unread ones do
+                    await self._wait_reads_held()
                 self._on_event(event)
             events = []
             if engine.outgoing_bytes:
@@ -520,6 +518,14 @@ class Connection:
                 self.budget.hold_partial(engine.holding)
             self.last_received = trio.current_time()
             self.idle.note()
+
+    async def _wait_reads_held(self) -> None:
+        """SPEC §12: over a quota, nothing more from the peer is taken in
+        until the hold ends (answers served meanwhile may hold it longer)."""
+        if self._reads_held_until:
+            while (until := self._reads_held_until) > trio.current_time():
+                await trio.sleep_until(until)
+            self._reads_held_until = 0.0
 
     async def _receive_into_engine(self, sock: trio.socket.SocketType) -> tuple[int, list[Event]]:
         """One read from the socket straight into the engine's buffer (whose

@@ -21,6 +21,7 @@ import trio
 
 from client import retry
 from client.datanode_client import DataNodeClient
+from client.lag import record_timestamp
 from net.limits import ConnectionLimits
 from net.pool import ConnectionPool
 from sbp import messages
@@ -150,6 +151,14 @@ class DataNodeLink:
                 if result.error_code == ErrorCode.NONE and result.range is not None:
                     found[result.stream_id] = int(result.range.next_offset)
         return found
+
+    async def record_timestamp(self, node_id: int, stream_id: int, offset: int) -> int | None:
+        """The timestamp of the record at ``offset`` on the node (``client.lag``)."""
+        return await self._call(
+            node_id,
+            "FETCH",
+            lambda node, timeout: record_timestamp(node, stream_id, offset),
+        )
 
     async def range_holdings(
         self, node_id: int, keys: Sequence[tuple[int, int]], skips: Sequence[int] = ()

@@ -8,15 +8,14 @@ streams' end offsets that turn them into lag.
   the open range's primary before it is refused.
 - ``StreamEnds`` learns the next offset of every stream a group has a
   position on by asking the open ranges' primaries with DESCRIBE_RANGES,
-  one request per node for up to 1,000 ranges, every ``interval``. It keeps
-  when each end was seen, which dates records for the lag in seconds: the
-  oldest record a group has not read was appended between the last time the
-  end was at or below it and the first time it was past it.
+  one request per node for up to 1,000 ranges, every ``interval``.
+- ``RecordTimes`` then reads the timestamp of the oldest record each group
+  has not read (``client.lag``, as ``sbp groups describe`` does): the lag in
+  seconds is its age.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -25,6 +24,7 @@ from typing import Final, Protocol
 
 import trio
 
+from client.lag import lag_seconds
 from sbp.constants import (
     MAX_GROUP_COMMIT_ITEMS,
     MAX_GROUP_METADATA_BYTES,
@@ -44,10 +44,10 @@ from .records import GroupOffsetRecord, Outcome, RangeRecord
 
 log = logging.getLogger(__name__)
 
-#: end samples kept per stream for the lag in seconds
-END_SAMPLES: Final = 720
-#: how long one round of end offsets may take
+#: how long one round of end offsets (or one record's time) may take
 END_TIMEOUT_S: Final = 5.0
+#: oldest unread records whose time is read in one round, at most
+DATED_PER_ROUND: Final = 1000
 
 
 def wall_clock_ms() -> int:
@@ -76,93 +76,55 @@ class OffsetItem:
 
 
 class EndCalls(Protocol):
-    """What ``StreamEnds`` asks of the data nodes (``pm.datanode_link``)."""
+    """What ``StreamEnds`` and ``RecordTimes`` ask of the data nodes
+    (``pm.datanode_link``)."""
 
     async def ends_of_open_ranges(
         self, node_id: int, ranges: Sequence[RangeRecord]
     ) -> dict[int, int]:
         """DESCRIBE_RANGES of open ranges on their primary: next offset by stream."""
 
+    async def record_timestamp(self, node_id: int, stream_id: int, offset: int) -> int | None:
+        """The timestamp of the record at ``offset``, read from the node (``client.lag``)."""
+
 
 class StreamEnds:
-    """The end offsets of streams, as last learned, with when each was seen.
+    """The end offsets of streams, as last learned. The map is replaced,
+    never changed in place, so that /metrics can read it from its own thread."""
 
-    Each stream's samples are two lists (when, end), oldest first, one
-    sample per change of the end. They are only appended to, or replaced
-    whole, so that /metrics can read them from its own thread."""
-
-    def __init__(
-        self,
-        store: Metadata,
-        link: EndCalls,
-        clock_ms: Callable[[], int] = wall_clock_ms,
-    ) -> None:
+    def __init__(self, store: Metadata, link: EndCalls) -> None:
         self._store = store
         self._link = link
-        self._clock_ms = clock_ms
-        #: stream id -> (seen at ms, end offset)
-        self._samples: dict[int, tuple[list[int], list[int]]] = {}
+        self._ends: dict[int, int] = {}
 
     def end(self, stream_id: int) -> int | None:
-        samples = self._samples.get(stream_id)
-        return samples[1][-1] if samples else None
+        return self._ends.get(stream_id)
 
-    def note(self, stream_id: int, end: int, now_ms: int | None = None) -> None:
-        """Record the stream's end as seen now."""
-        now = self._clock_ms() if now_ms is None else now_ms
-        samples = self._samples.get(stream_id)
-        if samples is not None and samples[1][-1] == end:
-            return
-        if samples is None or end < samples[1][-1]:
-            # new, or trimmed or recreated: the old dates mean nothing
-            self._samples[stream_id] = ([now], [end])
-            return
-        times, ends = samples
-        if len(ends) >= 2 * END_SAMPLES:
-            self._samples[stream_id] = ([*times[-END_SAMPLES:], now], [*ends[-END_SAMPLES:], end])
-            return
-        times.append(now)  # the time first: a reader that sees the end sees its time
-        ends.append(end)
+    def note(self, found: dict[int, int]) -> None:
+        """Record these streams' ends."""
+        if any(self._ends.get(s) != end for s, end in found.items()):
+            self._ends = {**self._ends, **found}
 
     def forget_others(self, stream_ids: Iterable[int]) -> None:
         """Keep only these streams' ends (the others lost their last position)."""
         keep = set(stream_ids)
-        for stream_id in [s for s in self._samples if s not in keep]:
-            del self._samples[stream_id]
-
-    def age_ms(self, stream_id: int, offset: int, now_ms: int | None = None) -> int | None:
-        """How long ago the record at ``offset`` was appended, as the end
-        samples date it: 0 when it is not appended yet, None when no end is
-        known. Before the oldest sample it is at least that sample's age."""
-        samples = self._samples.get(stream_id)
-        if samples is None:
-            return None
-        times, ends = samples
-        count = len(ends)  # appended to meanwhile: look at what was there
-        now = self._clock_ms() if now_ms is None else now_ms
-        if offset >= ends[count - 1]:
-            return 0
-        after = bisect.bisect_right(ends, offset, 0, count)  # the first sample past it
-        seen_at, end = times[after], ends[after]
-        if after == 0:
-            return max(now - seen_at, 0)
-        before_at, before_end = times[after - 1], ends[after - 1]
-        # appended between the two samples: spread evenly over that time
-        share = (offset - before_end) / max(end - before_end, 1)
-        return max(now - int(before_at + share * (seen_at - before_at)), 0)
+        if any(s not in keep for s in self._ends):
+            self._ends = {s: end for s, end in self._ends.items() if s in keep}
 
     async def refresh(self, stream_ids: Iterable[int]) -> None:
         """Learn these streams' ends: a sealed last range's end as stored,
         an open one's from its primary (one request per node)."""
         by_primary: dict[int, list[RangeRecord]] = {}
+        sealed: dict[int, int] = {}
         for stream_id in stream_ids:
             last = self._store.last_range(stream_id)
             if last is None:
                 continue
             if not last.is_open:
-                self.note(stream_id, last.end_offset)
+                sealed[stream_id] = last.end_offset
             else:
                 by_primary.setdefault(last.primary, []).append(last)
+        self.note(sealed)
 
         async def ask(node_id: int, ranges: list[RangeRecord]) -> None:
             with trio.move_on_after(END_TIMEOUT_S):
@@ -171,21 +133,59 @@ class StreamEnds:
                 except (SBPError, OSError) as error:
                     log.info("end offsets from data node %d: %s", node_id, error)
                     return
-                now = self._clock_ms()
-                for stream_id, end in found.items():
-                    self.note(stream_id, end, now)
+                self.note(found)
 
         async with trio.open_nursery() as nursery:
             for node_id, ranges in by_primary.items():
                 nursery.start_soon(ask, node_id, ranges)
 
-    async def run(self, streams: Callable[[], set[int]], interval: float) -> None:
-        """Forever: refresh the ends of ``streams()`` every ``interval`` seconds."""
-        while True:
-            wanted = streams()
-            self.forget_others(wanted)
-            await self.refresh(wanted)
-            await trio.sleep(interval)
+
+class RecordTimes:
+    """The timestamps of the oldest records groups have not read, by
+    (stream, offset), read from the replicas (``client.lag``): what dates
+    the lag in seconds. A record's timestamp never changes, so each is read
+    once for as long as a group stays at its offset. Replaced whole, never
+    changed in place (/metrics reads it from its own thread)."""
+
+    def __init__(self, store: Metadata, link: EndCalls) -> None:
+        self._store = store
+        self._link = link
+        self._times: dict[tuple[int, int], int] = {}
+
+    def get(self, stream_id: int, offset: int) -> int | None:
+        return self._times.get((stream_id, offset))
+
+    async def learn(self, wanted: Sequence[tuple[int, int]]) -> None:
+        """Keep the times of ``wanted`` (stream, offset) pairs only, reading
+        those not known yet, at most ``DATED_PER_ROUND`` of them, from a
+        replica of the range that holds each (its primary first)."""
+        keep = set(wanted)
+        known = {key: t for key, t in self._times.items() if key in keep}
+        missing = [key for key in wanted if key not in known][:DATED_PER_ROUND]
+        found: dict[tuple[int, int], int] = {}
+
+        async def read(stream_id: int, offset: int) -> None:
+            holder = next(
+                (r for r in reversed(self._store.ranges(stream_id)) if r.start_offset <= offset),
+                None,
+            )
+            if holder is None:
+                return
+            for node_id in holder.nodes:
+                with trio.move_on_after(END_TIMEOUT_S):
+                    try:
+                        when = await self._link.record_timestamp(node_id, stream_id, offset)
+                    except (SBPError, OSError) as error:
+                        log.debug("record time of stream %d at %d: %s", stream_id, offset, error)
+                        continue
+                    if when is not None:
+                        found[(stream_id, offset)] = when
+                    return
+
+        async with trio.open_nursery() as nursery:
+            for stream_id, offset in missing:
+                nursery.start_soon(read, stream_id, offset)
+        self._times = {**known, **found}
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,11 +207,13 @@ class ConsumerGroups:
         store: Metadata,
         commit: Callable[[Sequence[Change]], Awaitable[None]],
         ends: StreamEnds,
+        times: RecordTimes,
         clock_ms: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self._store = store
         self._commit = commit
         self.ends = ends
+        self.times = times
         self._clock_ms = clock_ms
         #: commits stored, by group (metrics: the commit rate)
         self.commits: dict[str, int] = {}
@@ -304,7 +306,28 @@ class ConsumerGroups:
         if end is None or record.offset < 0:
             return Position(record, -1 if end is None else end, -1, None)
         lag = max(end - record.offset, 0)
-        return Position(record, end, lag, self.ends.age_ms(record.stream_id, record.offset))
+        seconds = lag_seconds(
+            record.offset,
+            end,
+            self.times.get(record.stream_id, record.offset),
+            self._clock_ms(),
+        )
+        return Position(record, end, lag, None if seconds is None else int(seconds * 1000))
+
+    async def run(self, interval: float) -> None:
+        """Forever, every ``interval`` seconds: the ends of the streams
+        groups read, then the times of the oldest records they have not read."""
+        while True:
+            wanted = self.streams_with_positions()
+            self.ends.forget_others(wanted)
+            await self.ends.refresh(wanted)
+            behind = sorted(
+                (r.offset - (self.ends.end(r.stream_id) or 0), r.stream_id, r.offset)
+                for r in self.records()
+                if 0 <= r.offset < (self.ends.end(r.stream_id) or 0)
+            )  # the furthest behind first, as /metrics shows them
+            await self.times.learn([(stream_id, offset) for _, stream_id, offset in behind])
+            await trio.sleep(interval)
 
     def records(self) -> list[GroupOffsetRecord]:
         """Every position, by group and stream id (LIST_GROUPS, /metrics)."""

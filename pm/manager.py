@@ -56,7 +56,7 @@ from sbp.replication import check_acks, effective_acks, seal_end
 
 from . import reconcile
 from .drain import NodeDrains
-from .groups import ConsumerGroups, StreamEnds
+from .groups import ConsumerGroups, RecordTimes, StreamEnds
 from .liveness import NodeRegistry, NodeState
 from .locks import StreamLocks
 from .metadata import (
@@ -140,6 +140,9 @@ class DataNodeCalls(Protocol):
     ) -> dict[int, int]:
         """DESCRIBE_RANGES of open ranges on their primary, in batches: the
         next offset of each it could describe, by stream id."""
+
+    async def record_timestamp(self, node_id: int, stream_id: int, offset: int) -> int | None:
+        """FETCH of the batch holding ``offset``: its record's timestamp."""
 
     async def range_holdings(
         self, node_id: int, keys: Sequence[tuple[int, int]], skips: Sequence[int] = ()
@@ -226,7 +229,9 @@ class PlacementManager:
         #: idempotent producers' ids and epochs (INIT_PRODUCER)
         self.producers = ProducerIds(store, self.commit)
         #: consumer groups' positions and the streams' ends (SPEC §11)
-        self.groups = ConsumerGroups(store, self.commit, StreamEnds(store, link))
+        self.groups = ConsumerGroups(
+            store, self.commit, StreamEnds(store, link), RecordTimes(store, link)
+        )
 
     # -- data nodes -----------------------------------------------------------
 
@@ -235,18 +240,34 @@ class PlacementManager:
         _check_node(node)
         await self._verify_if_new(node)
         self._note_if_returning(node.node_id)
+        moved_from = self.registry.address(node.node_id)
         if self.registry.heartbeat(node):
-            await self.commit([PutNode(node)])
-            log.info("data node %d registered at %s", node.node_id, node.address)
+            await self._registered(node, moved_from)
 
     async def report_metrics(self, node: NodeRecord, metrics: dict[str, int]) -> None:
         """A data node's REPORT_METRICS: its latest load, and a sign of life."""
         _check_node(node)
         await self._verify_if_new(node)
         self._note_if_returning(node.node_id)
+        moved_from = self.registry.address(node.node_id)
         if self.registry.report(node, metrics):
-            await self.commit([PutNode(node)])
+            await self._registered(node, moved_from)
+
+    async def _registered(self, node: NodeRecord, moved_from: str) -> None:
+        """Persist a node that is new or advertises another address. A node
+        that moved (restarted on another port) is what every replica of its
+        ranges must reach from now on: its streams go to all of them at once
+        (SYNC_RANGES carries each replica's address), so that primaries
+        replicate to its new address and followers learn where it leads."""
+        await self.commit([PutNode(node)])
+        if not moved_from or moved_from == node.address:
             log.info("data node %d registered at %s", node.node_id, node.address)
+            return
+        log.info("data node %d moved from %s to %s", node.node_id, moved_from, node.address)
+        streams = {rng.stream_id for rng in self.store.ranges_on_node(node.node_id)}
+        if streams:
+            # queued at once, answered in the background: the heartbeat waits for none of it
+            await self.sync_streams(streams, deadline=trio.current_time())
 
     async def _verify_if_new(self, node: NodeRecord) -> None:
         """Before a node id is registered, or moves to another address, the

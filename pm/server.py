@@ -116,9 +116,7 @@ async def run_manager(manager: PlacementManager, end_offsets_interval: float) ->
         nursery.start_soon(manager.upkeep.watch_nodes)
         nursery.start_soon(manager.reconcile_returning_nodes)
         nursery.start_soon(manager.size_retention.run)
-        nursery.start_soon(
-            manager.groups.ends.run, manager.groups.streams_with_positions, end_offsets_interval
-        )
+        nursery.start_soon(manager.groups.run, end_offsets_interval)
 
 
 async def drain(

@@ -67,13 +67,18 @@ async def eventually(
 
 
 def eventually_blocking(
-    condition: Callable[[], T], *, timeout: float = 30.0, what: str = "", interval: float = POLL_S
+    condition: Callable[[], T],
+    *,
+    until: Callable[[T], object] = bool,
+    timeout: float = 30.0,
+    what: str = "",
+    interval: float = POLL_S,
 ) -> T:
     """``eventually`` for tests without an event loop."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
-        if value:
+        if until(value):
             return value
         if time.monotonic() >= deadline:
             raise AssertionError(

@@ -4,7 +4,10 @@ principal's quota (SPEC §12) when it is over it."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable
+
+import trio
 
 from net.request import Request, Responder
 from sbp import messages
@@ -34,6 +37,14 @@ class AppendHandler:
             for info, view in zip(infos, views, strict=True)
         ]
 
+        # Charged as it arrives, and the connection held at once: the
+        # requests behind it stay unread for the throttle, so what a client
+        # pipelines cannot run past its rate before the first answer.
+        throttle_ms = node.quotas.charge(request.principal, "append", len(request.payload))
+        held_until = trio.current_time() + throttle_ms / 1000
+        if throttle_ms:
+            request.connection.hold_reads(throttle_ms / 1000)
+
         def answer(outcomes: list[AppendOutcome] | None) -> None:
             if responder.done:
                 return
@@ -41,11 +52,10 @@ class AppendHandler:
                 responder.send_error_nowait(ErrorCode.UNKNOWN, "internal server error")
                 return
             results = tuple(_result(info, o) for info, o in zip(infos, outcomes, strict=True))
-            throttle_ms = node.quotas.charge(request.principal, "append", len(request.payload))
-            if throttle_ms:
-                request.connection.hold_reads(throttle_ms / 1000)
+            # what is left of the hold: the client's wait before its next APPEND
+            left_ms = math.ceil((held_until - trio.current_time()) * 1000) if throttle_ms else 0
             responder.send_nowait(
-                messages.AppendResponse(append_responses=results, throttle_time_ms=throttle_ms)
+                messages.AppendResponse(append_responses=results, throttle_time_ms=max(left_ms, 0))
             )
 
         return self._node.append(

@@ -113,7 +113,17 @@ class Follower:
     generation: int = 0
     #: failed connections or frames in a row (the backoff before the next)
     failures: int = 0
+    #: whether ``match`` is the follower's own answer (not the start offset
+    #: assumed before it said): only answers count toward the commit offset
+    heard: bool = False
     wake: trio.Event = field(default_factory=trio.Event)
+    #: set when the PM tells another address: a backoff ends at once
+    moved: trio.Event = field(default_factory=trio.Event)
+
+    def move_to(self, address: str) -> None:
+        if address != self.address:
+            self.address = address
+            self.moved.set()
 
 
 async def _wake_when_closed(
@@ -166,8 +176,9 @@ class RangePipeline:
 
     @property
     def commit(self) -> int:
-        """The range's commit offset (kept in ``ReplicaStates.commits``)."""
-        return self.replicas.commits.get(self.stream_id, self.range_index, self.start_offset)
+        """The range's commit offset (kept in ``ReplicaStates.commits``); -1
+        until enough replicas have said what they hold."""
+        return self.replicas.commits.get(self.stream_id, self.range_index, -1)
 
     # -- what the APPEND path uses ---------------------------------------------
 
@@ -284,7 +295,9 @@ class RangePipeline:
             # A follower reached again may have restarted and forgotten the
             # commit offset: it is sent again even when nothing new is written.
             follower.sent_commit = -1
-            await trio.sleep(retry_delay(follower.failures))
+            with trio.move_on_after(retry_delay(follower.failures)):
+                await follower.moved.wait()
+            follower.moved = trio.Event()
 
     async def _stream_to(self, follower: Follower, connection: Connection) -> None:
         """Send the follower what it lacks, for as long as the connection lasts."""
@@ -404,6 +417,8 @@ class RangePipeline:
             epoch=self.epoch,
             base_offset=base_offset,
             batch_length=batch_length,
+            # -1 until known here: a follower never learns a commit offset
+            # the primary only assumed
             commit_offset=self.commit,
             producer_id=producer.producer_id,
             producer_epoch=producer.epoch,
@@ -452,10 +467,12 @@ class RangePipeline:
             code = result.error_code
             if code == ErrorCode.NONE:
                 follower.failures = 0
+                follower.heard = True
                 follower.match = max(follower.match, result.next_offset)
                 if follower.send_offset is None:
                     follower.send_offset = result.next_offset
             elif code == ErrorCode.OUT_OF_ORDER:
+                follower.heard = True
                 follower.match = max(follower.match, result.next_offset)
                 if generation == follower.generation:
                     follower.generation += 1
@@ -479,7 +496,12 @@ class RangePipeline:
         if self.ack_nums is None or self.stopped:
             return
         durable = self._durable()
-        offsets = [durable, *(f.match for f in self.followers)]
+        # Followers not heard from since this pipeline started (this node
+        # restarted, say) may hold more than the start offset: until enough
+        # have answered, the commit offset is not known, not the start.
+        offsets = [durable, *(f.match for f in self.followers if f.heard)]
+        if len(offsets) < self.ack_nums:
+            return
         # Never past what this primary holds durably: a follower ahead of it
         # (batches sent while this node's commit synced, or a node run with
         # --sync never that lost its tail) holds nothing it acknowledged.
@@ -627,7 +649,7 @@ class Replicator:
             # a follower that moved is reached at its new address from the next connection on
             addresses = {r.node_id: r.address for r in info.replicas}
             for follower in pipeline.followers:
-                follower.address = addresses.get(follower.node_id, follower.address)
+                follower.move_to(addresses.get(follower.node_id, follower.address))
 
     @property
     def pipelines(self) -> list[RangePipeline]:

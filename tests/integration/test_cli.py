@@ -320,6 +320,31 @@ def test_groups_keep_where_a_reader_stopped(cluster: LocalCluster) -> None:
     assert no_reset.returncode == 1 and "GROUP_NOT_FOUND" in no_reset.stderr
 
 
+def test_a_time_finds_the_records_before_an_empty_newest_range(cluster: LocalCluster) -> None:
+    """Right after a seal (by hand, a drain or a failover) the newest range
+    holds nothing: a lookup by time goes on to the ranges before it, in
+    ``sbp read --since``, ``sbp groups reset --to TIME`` and the library."""
+    pm = cluster.pm_address
+    stream = new_stream(pm)
+    assert sbp(pm, "append", str(stream), stdin=lines([f"v{i}" for i in range(10)])).returncode == 0
+    assert sbp(pm, "ranges", "seal", str(stream)).returncode == 0
+    assert sbp(pm, "ranges", "seal", str(stream)).returncode == 0  # an empty sealed range too
+
+    stats = sbp_json(pm, "read", str(stream), "--since", "10m", "--stats")
+    assert (stats["records"], stats["first_offset"], stats["last_offset"]) == (10, 0, 9)
+    assert sbp(pm, "read", str(stream), "--group", "g-time", "--commit").returncode == 0
+    assert sbp_json(pm, "groups", "describe", "g-time")[0]["offset"] == 10
+    reset = sbp(pm, "groups", "reset", "g-time", "--to", "10m")
+    assert reset.returncode == 0, reset.stderr
+    assert sbp_json(pm, "groups", "describe", "g-time")[0]["offset"] == 0
+
+    from client.sync import SyncClient
+
+    with SyncClient(pm) as client, client.consumer(stream) as consumer:
+        assert consumer.seek_to_time(int(time.time() * 1000) - 600_000) == 0
+        assert consumer.seek_to_time(int(time.time() * 1000) + 60_000) == 10
+
+
 def test_help_explains_every_command() -> None:
     commands = [
         [], ["ping"], ["streams"], ["streams", "create"], ["streams", "list"], ["streams", "get"],

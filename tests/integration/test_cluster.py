@@ -57,6 +57,56 @@ def test_serves_stops_cleanly_and_restarts_with_its_data(tmp_path: Path) -> None
         assert again.stop() == 0, again.output()
 
 
+def _node_addresses(pm: str) -> dict[int, str]:
+    status = sbp_json(pm, "cluster", "status")
+    return {n["node_id"]: n["address"] for n in status["data_nodes"]}
+
+
+def test_a_cluster_restarted_on_other_ports_serves_every_acknowledged_record(
+    tmp_path: Path,
+) -> None:
+    """A node's address is what it advertises now: after a restart on other
+    ports, primaries replicate to the followers' new addresses, a read sees
+    every record at once (not "0 records" from replicas that cannot reach
+    each other), and what is appended there is there after going back."""
+    data_dir = tmp_path / "var"
+    cluster = start_cluster(data_dir, nodes=3)
+    try:
+        stream = sbp_json(cluster.pm_address, "streams", "create", "--replicas", "3")[0]
+        stream_id = str(stream["stream"]["stream_id"])
+        first = [f"before-{i}" for i in range(20_000)]
+        assert sbp(cluster.pm_address, "append", stream_id, stdin=lines(first)).returncode == 0
+        before = _node_addresses(cluster.pm_address)
+    finally:
+        assert cluster.stop() == 0, cluster.output()
+
+    elsewhere = start_cluster(data_dir, nodes=3)  # --port-base 0: other free ports
+    try:
+        pm = elsewhere.pm_address
+        moved = eventually_blocking(
+            lambda: _node_addresses(pm), until=lambda now: len(now) == 3 and now != before
+        )
+        assert all(moved[n] != before[n] for n in before)
+        stats = sbp_json(pm, "read", stream_id, "--stats")
+        assert (stats["records"], stats["last_offset"]) == (20_000, 19_999)
+        ranges = sbp_json(pm, "ranges", "list", stream_id)
+        assert [r["commit_offset"] for r in ranges] == [r["next_offset"] for r in ranges]
+        appended = sbp_json(pm, "append", stream_id, stdin=lines(["elsewhere"]))
+        assert appended["first_offset"] == 20_000
+    finally:
+        assert elsewhere.stop() == 0, elsewhere.output()
+    log = (data_dir / "logs" / "pm.log").read_text()
+    assert all(f"data node {n} moved from" in log for n in before)
+
+    back = start_cluster(data_dir, nodes=3)
+    try:
+        read = sbp(back.pm_address, "read", stream_id)
+        assert read.returncode == 0, read.stderr
+        assert read.stdout.splitlines() == [*first, "elsewhere"]
+    finally:
+        assert back.stop() == 0, back.output()
+
+
 def test_help_and_bad_flags() -> None:
     from .procs import run_cli
 

@@ -11,6 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 import trio
 
@@ -22,7 +23,8 @@ from sbp.constants import MAX_GROUP_COMMIT_ITEMS, MAX_GROUP_METADATA_BYTES
 from sbp.enums import ErrorCode
 from sbp.errors import GroupNotFoundError
 
-from ..eventually import eventually
+from ..eventually import eventually, eventually_blocking
+from .local_cluster import LocalCluster, lines, new_stream, sbp, sbp_json, start_cluster
 from .pm_cluster import PMCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.deadline(90)]
@@ -162,14 +164,66 @@ async def test_a_group_consumer_killed_mid_stream_goes_on_from_its_last_commit(
                 await cluster.stop_all()
 
 
-def _lag_on_metrics(address: str, group: str) -> float | None:
-    """``sbp_group_lag_records`` of ``group`` on the PM's /metrics."""
+def _lag_on_metrics(
+    address: str, group: str, series: str = "sbp_group_lag_records"
+) -> float | None:
+    """``sbp_group_lag_records`` (or ``series``) of ``group`` on the PM's /metrics."""
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as answer:
         text = answer.read().decode()
     for line in text.splitlines():
-        if line.startswith("sbp_group_lag_records{") and f'group="{group}"' in line:
+        if line.startswith(series + "{") and f'group="{group}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+def _pm_metrics_address(cluster: LocalCluster) -> str:
+    """Where the cluster's PM serves /metrics now (its log's last word on it)."""
+    log = (cluster.data_dir / "logs" / "pm.log").read_text()
+    return log.rsplit("metrics on ", 1)[1].split()[0]
+
+
+def test_the_lag_in_seconds_is_one_number_however_long_the_pm_has_been_up(
+    tmp_path: Path,
+) -> None:
+    """``sbp_group_lag_seconds`` and ``sbp groups describe`` give the same
+    age of the oldest unread record, its own, before and after a PM
+    restart (which leaves the PM nothing of what it saw before)."""
+    cluster = start_cluster(tmp_path / "var", nodes=1)
+    try:
+        pm = cluster.pm_address
+        stream = str(new_stream(pm))
+        appended_at = time.time()
+        assert sbp(pm, "append", stream, stdin=lines([f"v{i}" for i in range(100)])).returncode == 0
+        time.sleep(3)
+        read = sbp(pm, "read", stream, "--group", "lagging", "--count", "10", "--commit")
+        assert read.returncode == 0, read.stderr
+
+        def both_agree() -> tuple[float, float] | None:
+            metric = _lag_on_metrics(
+                _pm_metrics_address(cluster), "lagging", "sbp_group_lag_seconds"
+            )
+            [described] = sbp_json(pm, "groups", "describe", "lagging")
+            if metric is None or described["lag_seconds"] is None:
+                return None
+            return metric, described["lag_seconds"]
+
+        for _ in range(2):
+            metric, described = eventually_blocking(
+                both_agree, until=lambda got: got is not None and abs(got[0] - got[1]) < 1.5
+            )
+            age = time.time() - appended_at
+            assert age - 1.5 < described <= age and age - 3 < metric <= age
+            # a PM killed and started again by the launcher knows nothing it saw
+            [pm_process] = [
+                p for p in psutil.Process(cluster.process.pid).children() if "pm" in p.cmdline()
+            ]
+            pm_process.kill()
+            eventually_blocking(
+                lambda: sbp(pm, "ping").returncode == 0 and _pm_metrics_address(cluster)
+            )
+            time.sleep(1)
+    finally:
+        assert cluster.stop() == 0, cluster.output()
 
 
 async def test_the_lag_metric_follows_a_producer_ahead_of_a_slow_consumer(

@@ -5,6 +5,7 @@ the old one was killed."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -282,3 +283,41 @@ async def test_a_repaired_replica_can_give_the_producer_state_after_its_range(
         finally:
             with trio.CancelScope(shield=True):
                 await cluster.stop_all()
+
+
+async def test_a_producer_that_lost_answers_learns_exactly_what_the_stream_holds(
+    tmp_path: Path,
+) -> None:
+    """The node paused (SIGSTOP) under an append: the producer's batches
+    time out unanswered and it stops (``stop_after_loss``); once the node
+    runs again it stores what had reached it. ``Producer.stored`` then says
+    how many of the records sent the stream holds, which are the first ones
+    sent, answers lost or not: what ``sbp append`` reports after a failure."""
+    async with pm_cluster(tmp_path, (1,)) as cluster:
+        created = await cluster.pm_client().create_stream(1)
+        assert created.range is not None
+        stream_id = created.range.stream_id
+        node = cluster.nodes[1]
+        async with Producer(
+            cluster.pm_address,
+            stream_id,
+            pool=cluster.pool,
+            request_timeout=1.0,
+            delivery_timeout=2.0,
+            stop_after_loss=True,
+        ) as producer:
+            first = await producer.send_many([b"acked-%d" % i for i in range(100)])
+            await first.wait()
+            node.process.send_signal(signal.SIGSTOP)
+            try:
+                lost = await producer.send_many([b"lost-%d" % i for i in range(100)])
+                stored, failure = await lost.settle()
+                assert stored == [] and failure is not None
+            finally:
+                node.process.send_signal(signal.SIGCONT)
+            held = await producer.stored()
+        values = await _read(cluster.pm_address, stream_id, 200)
+        assert held is not None and held == len(values) >= 100
+        assert values == [b"acked-%d" % i for i in range(100)] + [
+            b"lost-%d" % i for i in range(held - 100)
+        ]

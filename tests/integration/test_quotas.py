@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import ssl
+import sys
 import time
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from sbp.batches import build_batch
 
 from ..eventually import eventually
 from .conftest import scrape
-from .pm_cluster import primary_address
+from .pm_cluster import pm_cluster, primary_address
 from .procs import ServerProcess, start_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.deadline(90)]
@@ -159,3 +160,57 @@ async def test_a_principal_over_its_quota_is_slowed_to_it_and_others_are_not(
         with trio.CancelScope(shield=True):
             for server in servers:
                 await server.kill()
+
+
+async def test_sbp_append_under_a_quota_waits_as_told_and_stores_its_input_once(
+    tmp_path: Path,
+) -> None:
+    """``sbp append`` against a node started with ``--quota-file`` limiting
+    every principal (``*``; without TLS that is every client) to 512 KiB/s:
+    the producer waits as told instead of timing out, even with a short
+    ``--timeout``; it stores the input once and says exactly that; and the
+    node's rate holds over every window of three seconds, not only on
+    average."""
+    rate = 512 << 10
+    quota_file = tmp_path / "quotas.json"
+    quota_file.write_text(json.dumps({"quotas": [{"principal": "*", "append_bytes_per_s": rate}]}))
+    line = b"y" * 39 + b"\n"
+    count = (4 << 20) // len(line)
+    async with pm_cluster(tmp_path, ()) as cluster:
+        await cluster.start_node(1, "--quota-file", str(quota_file))
+        await cluster.wait_alive({1})
+        created = await cluster.pm_client().create_stream(1)
+        assert created.range is not None
+        stream_id = created.range.stream_id
+        primary = cluster.node_client(primary_address(created.range))
+        samples: list[tuple[float, int]] = []
+        argv = [sys.executable, "-m", "client.cli", "--pm", cluster.pm_address]
+        argv += ["--timeout", "3", "append", str(stream_id)]
+
+        async def sample_until(done: trio.Event) -> None:
+            while not done.is_set():
+                described = await primary.describe_range(stream_id, 0)
+                samples.append((time.monotonic(), described.next_offset))
+                await trio.sleep(0.1)
+
+        done = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sample_until, done)
+            appended = await trio.run_process(
+                argv, stdin=line * count, capture_stdout=True, capture_stderr=True, check=False
+            )
+            done.set()
+        stdout, stderr = appended.stdout.decode(), appended.stderr.decode()
+        assert appended.returncode == 0, stderr
+        assert f"appended {count:,} records" in stdout
+        assert f"offsets 0..{count - 1}" in stdout
+        assert (await primary.describe_range(stream_id, 0)).next_offset == count
+
+        # bytes on the wire per record: the value, its 4-byte length, and a
+        # share of its batch's header
+        per_record = len(line) - 1 + 4
+        allowed = rate * (3 + 1) + (1 << 20)  # 3 s at the rate, the 1 s allowance, one batch
+        for start_at, start_records in samples:
+            later = [s for s in samples if s[0] <= start_at + 3]
+            stored = (later[-1][1] - start_records) * per_record
+            assert stored <= allowed, (stored / rate, start_at - samples[0][0])

@@ -166,6 +166,38 @@ async def test_a_read_that_cannot_reach_the_records_fails_instead_of_ending(
             assert len(await read_all(cluster, rng.stream_id)) == RECORDS
 
 
+@pytest.mark.deadline(120)
+async def test_a_primary_that_restarts_alone_does_not_take_its_start_for_the_end(
+    tmp_path: Path,
+) -> None:
+    """Both followers down and the primary restarted: it holds every record
+    but cannot know which are committed, so it neither serves them nor
+    answers as if the stream were empty, and reports its commit offset as
+    unknown (-1). A read fails with a clear error; once a follower is back,
+    the commit offset is known again and the read gets every record."""
+    async with pm_cluster(tmp_path, (1, 2, 3), node_timeout_ms=60_000) as cluster:
+        rng = await replicated_stream_of(cluster)
+        followers = follower_addresses(rng)
+        for follower in followers:
+            await cluster.nodes[node_at(cluster, follower)].kill()
+        await restart(cluster, primary_address(rng))
+        primary = cluster.node_client(primary_address(rng))
+        described = await primary.describe_range(rng.stream_id, 0)
+        assert (described.next_offset, described.commit_offset) == (RECORDS, -1)
+
+        result = await trio.to_thread.run_sync(
+            sbp, cluster.pm_address, "--timeout", "2", "read", str(rng.stream_id), "--stats"
+        )
+        assert result.returncode == 1, result.stderr
+        assert "does not know the commit offset" in result.stderr
+
+        await cluster.start_node(node_at(cluster, followers[0]), "--listen", followers[0])
+        with trio.fail_after(30):
+            assert len(await read_all(cluster, rng.stream_id)) == RECORDS
+        described = await primary.describe_range(rng.stream_id, 0)
+        assert described.commit_offset == RECORDS
+
+
 @pytest.mark.deadline(90)
 async def test_an_offset_past_the_end_is_refused_on_every_kind_of_stream(
     tmp_path: Path,

@@ -747,6 +747,41 @@ async def test_a_throttle_in_an_answer_holds_the_next_request_of_its_kind(
         assert after - held >= 0.5
 
 
+async def test_a_throttle_never_times_out_a_client_that_waits_as_told(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A throttle longer than a request's timeout: the next request of its
+    kind waits it out and then has its whole timeout; a request already in
+    flight on the connection (which the server does not read meanwhile)
+    has its deadline moved out by the hold, so neither times out."""
+
+    async def throttling(request: Request, responder: Responder) -> None:
+        await responder.send(messages.DescribeClusterResponse(throttle_time_ms=5000))
+
+    async def slow(request: Request, responder: Responder) -> None:
+        await trio.sleep(2)
+        await responder.send(messages.HeartbeatResponse(client_id=client_id(request)))
+
+    dispatcher = serving(slow)
+    dispatcher.register(Opcode.DESCRIBE_CLUSTER, throttling)
+    async with connected(dispatcher) as (client, _):
+        ask = messages.DescribeClusterRequest(timeout_ms=5000)
+        answered: list[str] = []
+
+        async def in_flight() -> None:
+            response = await client.request(Opcode.HEARTBEAT, heartbeat("slow"), timeout=1.5)
+            answered.append(response.header.client_id)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(in_flight)
+            await trio.sleep(0.1)
+            await client.request(Opcode.DESCRIBE_CLUSTER, ask, timeout=5)
+            told_at = trio.current_time()
+        assert answered == ["slow"]
+        await client.request(Opcode.DESCRIBE_CLUSTER, ask, timeout=1)  # 3 s later than asked
+        assert trio.current_time() >= told_at + 5
+
+
 class _SchedulingCounter(trio.abc.Instrument):
     """How many times the tasks named ``sender`` were woken."""
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pm.groups import ConsumerGroups, OffsetItem, StreamEnds
+from pm.groups import ConsumerGroups, OffsetItem, RecordTimes, StreamEnds
 from pm.metadata import (
     DeleteGroup,
     DeleteStream,
@@ -54,7 +54,13 @@ async def _streams(store: MetadataStore) -> FakeDataNodes:
 
 
 def _groups(store: MetadataStore, nodes: FakeDataNodes) -> ConsumerGroups:
-    return ConsumerGroups(store, store.commit, StreamEnds(store, nodes), clock_ms=lambda: NOW)
+    return ConsumerGroups(
+        store,
+        store.commit,
+        StreamEnds(store, nodes),
+        RecordTimes(store, nodes),
+        clock_ms=lambda: NOW,
+    )
 
 
 def _codes(outcomes: list[Outcome[GroupOffsetRecord]]) -> list[int]:
@@ -167,21 +173,39 @@ async def test_groups_are_listed_deleted_and_gone_with_their_stream(tmp_path: Pa
     store.close()
 
 
-async def test_ends_come_from_the_primaries_and_date_the_oldest_unread_record(
-    store: MetadataStore,
-) -> None:
+async def test_ends_come_from_the_primaries(store: MetadataStore) -> None:
     nodes = await _streams(store)
-    clock = [NOW]
-    ends = StreamEnds(store, nodes, clock_ms=lambda: clock[0])
+    ends = StreamEnds(store, nodes)
     await ends.refresh([1, 2, 99])
     assert (ends.end(1), ends.end(2), ends.end(99)) == (150, 30, None)
     nodes.next_offsets[1] = 250
-    clock[0] = NOW + 10_000
     await ends.refresh([1])
-    clock[0] = NOW + 60_000
-    assert ends.age_ms(1, 250) == 0  # nothing unread
-    assert ends.age_ms(1, 200) == 55_000  # halfway from 150 (at NOW) to 250 (at +10 s)
-    assert ends.age_ms(1, 100) == 60_000  # before the first end seen: at least its age
+    assert ends.end(1) == 250
     nodes.unreachable.add(1)
     await ends.refresh([1])  # a node that does not answer keeps the last end
     assert ends.end(1) == 250
+
+
+async def test_the_lag_in_seconds_is_the_age_of_the_oldest_unread_record(
+    store: MetadataStore,
+) -> None:
+    """Dated by the record's own timestamp, read once from a replica of the
+    range holding it, whatever this PM saw of the stream before: a PM just
+    started (a new ``ConsumerGroups``) says the same."""
+    nodes = await _streams(store)
+    nodes.record_times = {(1, 40): NOW - 77_400, (1, 120): NOW - 3_000}
+    for _ in range(2):  # as a PM would, then as one that just restarted
+        groups = _groups(store, nodes)
+        await groups.commit("etl", [OffsetItem(1, 40)])
+        await groups.commit("tail", [OffsetItem(1, 120)])
+        await groups.commit("done", [OffsetItem(1, 150)])
+        await groups.ends.refresh([1])
+        behind = [(1, 40), (1, 120)]
+        await groups.times.learn(behind)
+        lags = {p.record.group: p.lag_ms for p in groups.furthest_behind(10)[0]}
+        assert lags == {"etl": 77_400, "tail": 3_000, "done": 0}
+    read = len(nodes.times_read)
+    await groups.times.learn(behind)
+    assert len(nodes.times_read) == read  # each record's time is read once
+    await groups.times.learn([(1, 120)])
+    assert groups.times.get(1, 40) is None  # forgotten once no group is there

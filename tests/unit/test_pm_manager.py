@@ -35,6 +35,9 @@ class FakeDataNodes:
         #: when each listing was asked for (trio time), and how many more fail
         self.listed_at: list[float] = []
         self.listings_failing = 0
+        #: record timestamps by (stream id, offset), and how often each was read
+        self.record_times: dict[tuple[int, int], int] = {}
+        self.times_read: list[tuple[int, int, int]] = []
 
     async def sync_ranges(
         self, node_id: int, streams: Sequence[tuple[int, Sequence[RangeRecord]]]
@@ -62,6 +65,12 @@ class FakeDataNodes:
         if node_id in self.unreachable:
             raise OSError("connection refused")
         return {r.stream_id: self.next_offsets.get(r.stream_id, 0) for r in ranges}
+
+    async def record_timestamp(self, node_id: int, stream_id: int, offset: int) -> int | None:
+        if node_id in self.unreachable:
+            raise OSError("connection refused")
+        self.times_read.append((node_id, stream_id, offset))
+        return self.record_times.get((stream_id, offset))
 
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
         self.deleted.append((node_id, tuple(stream_ids)))

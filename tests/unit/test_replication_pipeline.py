@@ -138,6 +138,7 @@ async def test_an_idle_follower_is_told_the_commit_that_moved_while_its_frame_wa
     follower = pipeline.followers[1]
     follower.send_offset = 0
     connection = FakeFollower()
+    pipeline.replicas.commits.advance(STREAM, 0, 0)  # the followers said where they are
 
     items, payload, follower.send_offset = pipeline._read_frame(0)
     assert [item.commit_offset for item in items] == [0]
@@ -154,6 +155,25 @@ async def test_an_idle_follower_is_told_the_commit_that_moved_while_its_frame_wa
             await eventually(lambda: connection.told_commit >= 1, interval=0.01)
             nursery.cancel_scope.cancel()
     assert connection.frames == 2
+
+
+def test_the_commit_offset_is_unknown_until_enough_followers_have_answered() -> None:
+    """A primary that restarted holds records its followers may hold too:
+    until one of them (ack_nums 2) has said how far it is, the commit offset
+    is unknown, not the range's start, so nothing reads the start as the end
+    and no follower is told it. A follower's own answer then fixes it."""
+    engine = FakeEngine()
+    engine.append(5)
+    pipeline = pipeline_of(engine)
+    pipeline._recompute()
+    assert pipeline.commit == -1
+    assert not pipeline.replicas.commits.known(STREAM, 0)
+    assert pipeline._item(0).commit_offset == -1
+    ok = messages.ReplicateResult(stream_id=STREAM, range_index=0, next_offset=5)
+    pipeline._take_answers(pipeline.followers[0], 0, [ok])
+    assert pipeline.commit == 5
+    assert pipeline.replicas.commits.known(STREAM, 0)
+    assert pipeline._item(5).commit_offset == 5
 
 
 class FakePool:
