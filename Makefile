@@ -21,8 +21,9 @@ system-deps:
 	bash scripts/install-system-deps.sh
 
 # The main job: a local cluster (PM + 3 data nodes, data under ./var) until Ctrl-C.
+# `make run PORT_BASE=9000` when 7400 and the ports after it are taken.
 run: $(VENV)/.installed-dev
-	$(BIN)/sbp-cluster
+	$(BIN)/sbp-cluster $(if $(PORT_BASE),--port-base $(PORT_BASE))
 
 # Byte-compiled first: the tests start hundreds of server and CLI processes,
 # and an environment with PYTHONDONTWRITEBYTECODE would compile each from source.

@@ -30,13 +30,13 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, NoReturn
 
 from net.address import parse_address_list
 from net.sizes import parse_size
 from sbp.constants import MAX_GROUP_NAME_BYTES
 
-from .cli_defaults import DEFAULT_PM, DEFAULT_TIMEOUT_S, EXIT_INTERRUPTED, LOCAL_PKI
+from .cli_defaults import DEFAULT_PM, DEFAULT_TIMEOUT_S, EXIT_INTERRUPTED, EXIT_USAGE, LOCAL_PKI
 
 if TYPE_CHECKING:
     from .cli_commands import Command
@@ -56,13 +56,17 @@ class CommandRef:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Takes a command's description from its docstring, when shown."""
+    """Takes a command's description from its docstring, when shown; says a
+    usage error in one line, and where the usage is, not the usage itself."""
 
     def format_help(self) -> str:
         ref = self._defaults.get("command")
         if isinstance(ref, CommandRef) and self.description is None:
             self.description = ref.load().__doc__
         return super().format_help()
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 # --------------------------------------------------------------------------- parsing
@@ -385,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     read.add_argument(
         "--group",
+        type=_group,
         metavar="GROUP",
         help="start where this consumer group stopped (else at --from, --since or the start)",
     )
@@ -392,6 +397,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--commit",
         action="store_true",
         help="with --group: store the offset after the last record printed as its position",
+    )
+    read.add_argument(
+        "--to",
+        dest="to_offset",
+        type=_offset,
+        metavar="OFFSET",
+        help="stop before OFFSET (the records below it; default: the stream's end now)",
+    )
+    read.add_argument(
+        "--until",
+        type=_moment,
+        metavar="TIME",
+        help="stop before the first record appended at or after TIME (as --since takes it)",
     )
     for sub in (read, tail):
         sub.add_argument(
@@ -428,6 +446,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="earliest, latest, an OFFSET, or a TIME as for read --since",
     )
     group_reset.add_argument("--stream", type=_stream_id, metavar="STREAM", help="this stream only")
+    group_reset.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print each position and where it would move; change nothing",
+    )
     _command(group_reset, "cli_groups", "cmd_groups_reset")
     group_delete = group_commands.add_parser("delete", help="forget consumer groups")
     group_delete.add_argument("groups", type=_group, nargs="+", metavar="GROUP")

@@ -213,7 +213,13 @@ async def cmd_streams_update(env: Env) -> int:
 
 async def cmd_streams_delete(env: Env) -> int:
     """Delete streams, their ranges and their records on the data nodes."""
-    stream_ids = list(dict.fromkeys(env.args.stream_ids))  # each once, in the order given
+    stream_ids = list(env.args.stream_ids)
+    repeated = sorted({s for s in stream_ids if stream_ids.count(s) > 1})
+    if repeated:
+        # a repeated id is most likely a typo for another stream: nothing is deleted
+        raise UsageError(
+            f"stream {', '.join(map(str, repeated))} named more than once: nothing deleted"
+        )
     results = await env.pm.delete_streams(stream_ids)
     failed = [r for r in results if r.error_code]
     if env.json:

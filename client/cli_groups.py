@@ -126,6 +126,8 @@ async def cmd_groups_reset(env: Env) -> int:
             messages.GroupOffset(stream_id=s, offset=await _target(context, s, target))
             for s in stream_ids
         ]
+    if env.args.dry_run:
+        return _print_planned_reset(env, held, offsets)
     results = await env.pm.commit_offsets(group, offsets)
     if env.json:
         env.emit_json(results)
@@ -136,6 +138,28 @@ async def cmd_groups_reset(env: Env) -> int:
     for result in failed:
         print(_item_error(result.error_code, result.error_message), file=env.err)
     return EXIT_SERVER_ERROR if failed else EXIT_OK
+
+
+def _print_planned_reset(
+    env: Env, held: Sequence[messages.GroupOffsetResult], offsets: list[messages.GroupOffset]
+) -> int:
+    """``reset --dry-run``: each position now and where it would move."""
+    now = {p.stream_id: p.offset for p in held}
+    rows = [(o.stream_id, now.get(o.stream_id, -1), o.offset) for o in offsets]
+    if env.json:
+        env.emit_json([{"stream_id": s, "offset": old, "new_offset": new} for s, old, new in rows])
+        return EXIT_OK
+    env.emit(
+        fmt.table(
+            ["stream", "offset", "new offset", "change"],
+            [
+                [s, _known(old), f"{new:,}", f"{new - old:+,}" if old >= 0 else "-"]
+                for s, old, new in rows
+            ],
+        )
+    )
+    env.emit("dry run: nothing changed")
+    return EXIT_OK
 
 
 async def _target(context: ClientContext, stream_id: int, target: tuple[str, int]) -> int:

@@ -8,6 +8,7 @@ them active again. ``remove`` forgets stopped nodes that hold no range.
 
 from __future__ import annotations
 
+import collections
 import time
 
 import trio
@@ -22,6 +23,8 @@ from .cluster_view import state_name
 
 #: how often ``drain --wait`` asks the PM how far the drain is
 POLL_S = 1.0
+#: the drain's rate is what left the nodes over this long
+RATE_WINDOW_S = 10.0
 
 
 async def cmd_nodes_drain(env: Env) -> int:
@@ -91,24 +94,55 @@ async def cmd_cluster_rebalance(env: Env) -> int:
     return EXIT_OK
 
 
+class LeftRate:
+    """How fast what is left goes down, over the last ``window`` seconds of
+    samples; a sample above the one before (the PM learned sizes it did not
+    know, or more to move came) starts the window again."""
+
+    def __init__(self, window: float = RATE_WINDOW_S) -> None:
+        self.window = window
+        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+
+    def note(self, now: float, left: int) -> None:
+        samples = self._samples
+        if samples and left > samples[-1][1]:
+            samples.clear()
+        samples.append((now, left))
+        while len(samples) > 2 and now - samples[1][0] >= self.window:
+            samples.popleft()
+
+    @property
+    def per_second(self) -> float:
+        if len(self._samples) < 2:
+            return 0.0
+        (first_at, first), (last_at, last) = self._samples[0], self._samples[-1]
+        return max(first - last, 0) / max(last_at - first_at, 1e-6)
+
+    def eta_text(self) -> str:
+        """Seconds until nothing is left at the current rate, as text."""
+        rate, left = self.per_second, self._samples[-1][1] if self._samples else 0
+        if not left:
+            return "done"
+        if rate <= 0:
+            return "ETA unknown"
+        return f"ETA {fmt.duration_text(left / rate)}"
+
+
 async def _wait_drained(env: Env, node_ids: list[int]) -> list[messages.DataNodeStatus]:
     """Poll DESCRIBE_CLUSTER until every node is drained, drawing progress on stderr."""
-    started = time.monotonic()
-    first_bytes: int | None = None
+    rate = LeftRate()
     draw = env.err.isatty() or env.args.progress
     while True:
         watched = [s for s in await env.pm.describe_cluster() if s.data_node.node_id in node_ids]
         ranges = sum(s.range_count for s in watched)
         left = sum(s.bytes_to_move for s in watched)
-        if first_bytes is None:
-            first_bytes = left
+        rate.note(time.monotonic(), left)
         done = all(s.state == DataNodeState.DRAINED for s in watched)
         if draw:
-            rate = max(first_bytes - left, 0) / max(time.monotonic() - started, 1e-6)
             line = (
                 f"draining {fmt.plural(len(watched), 'node')}: "
                 f"{fmt.plural(ranges, 'range')} and {fmt.size_text(left)} left, "
-                f"{fmt.size_text(rate)}/s"
+                f"{fmt.size_text(rate.per_second)}/s, {rate.eta_text()}"
             )
             print(f"\r{line}\x1b[K", end="\n" if done else "", file=env.err, flush=True)
         if done:

@@ -17,7 +17,7 @@ from sbp.batches import DecodedRecords
 
 from . import format as fmt
 from ._routing import ClientContext
-from .by_time import stream_end
+from .by_time import offset_at_time, stream_end
 from .cli_commands import Env
 from .cli_defaults import EXIT_OK
 from .consumer import Consumer
@@ -30,11 +30,15 @@ _NEWLINE: Final = np.uint8(ord("\n"))
 
 
 class RecordPrinter:
-    """Prints records as text lines (or JSON lines), or counts them (--stats)."""
+    """Prints records as text lines (or JSON lines), or counts them (--stats),
+    up to ``limit`` records and below ``end_offset``."""
 
-    def __init__(self, env: Env, limit: int | None) -> None:
+    def __init__(self, env: Env, limit: int | None, end_offset: int | None = None) -> None:
         self.env = env
         self.limit = limit
+        self.end_offset = end_offset
+        #: a record at or past ``end_offset`` was seen
+        self.past_end = False
         self.records = 0
         self.bytes = 0
         self.first_offset: int | None = None
@@ -42,10 +46,14 @@ class RecordPrinter:
 
     @property
     def done(self) -> bool:
-        return self.limit is not None and self.records >= self.limit
+        return self.past_end or (self.limit is not None and self.records >= self.limit)
 
     def take(self, batch: DecodedRecords) -> None:
         count = len(batch)
+        if self.end_offset is not None:
+            below = int(np.searchsorted(batch.offsets, self.end_offset))
+            self.past_end = below < count
+            count = below
         if self.limit is not None:
             count = min(count, self.limit - self.records)
         if count <= 0:
@@ -165,9 +173,14 @@ def _write_utf8(out: IO[str], data: npt.NDArray[np.uint8]) -> None:
 
 
 async def _consume(
-    env: Env, from_offset: int, *, tail: bool, progress: Progress | None = None
+    env: Env,
+    from_offset: int,
+    *,
+    tail: bool,
+    progress: Progress | None = None,
+    end_offset: int | None = None,
 ) -> int:
-    printer = RecordPrinter(env, env.args.count)
+    printer = RecordPrinter(env, env.args.count, end_offset)
     group = getattr(env.args, "group", None)
     async with Consumer(
         env.pm,
@@ -182,6 +195,8 @@ async def _consume(
     ) as consumer:
         if env.args.since is not None and (group is None or consumer.committed is None):
             await consumer.seek_to_time(env.args.since)
+        if end_offset is not None and consumer.position >= end_offset:
+            printer.past_end = True  # starts at or past where it is to stop
         while not printer.done:
             batch = await consumer.receive_batch()
             if batch is None:
@@ -208,15 +223,28 @@ async def cmd_read(env: Env) -> int:
     if from_offset is None:  # the first record not trimmed away
         ranges = await env.pm.list_stream_ranges(env.args.stream_id)
         from_offset = ranges[0].start_offset if ranges else 0
+    stop = await _stop_offset(env)
     progress = None
     shown = env.err.isatty() and (env.args.stats or not env.out.isatty())
     if env.args.progress or shown:
         end = await _end_offset(env, env.args.stream_id)
+        if stop is not None:
+            end = min(end, stop)
         wanted = max(0, end - from_offset)
         if env.args.count is not None:
             wanted = min(wanted, env.args.count)
         progress = Progress(env.err, True, total_records=wanted, verb="read")
-    return await _consume(env, from_offset, tail=False, progress=progress)
+    return await _consume(env, from_offset, tail=False, progress=progress, end_offset=stop)
+
+
+async def _stop_offset(env: Env) -> int | None:
+    """Where ``read`` stops: --to, or the first offset appended at or after
+    --until (the lower of the two); None for the stream's end."""
+    stops = [] if env.args.to_offset is None else [env.args.to_offset]
+    if env.args.until is not None:
+        async with ClientContext(env.pm, env.pool, env.args.timeout) as context:
+            stops.append(await offset_at_time(context, env.args.stream_id, env.args.until))
+    return min(stops) if stops else None
 
 
 async def cmd_tail(env: Env) -> int:

@@ -21,7 +21,7 @@ from net.service import UsageError
 from net.tls import TLSSettings
 from sbp.allocator import keep_freed_memory
 from sbp.enums import ErrorCode
-from sbp.errors import ConnectionClosed, ProtocolError, SBPError
+from sbp.errors import ConnectionClosed, ProtocolError, RecordsUnreachableError, SBPError
 
 from .cli_commands import Command, Env
 from .cli_defaults import (
@@ -56,6 +56,10 @@ def describe_failure(error: BaseException) -> tuple[int, str] | None:
             return EXIT_SERVER_ERROR, str(leaf)
         if isinstance(leaf, ConnectionClosed | OSError):
             return EXIT_CONNECT, f"cannot connect: {leaf}"
+        if isinstance(leaf, RecordsUnreachableError) and isinstance(
+            leaf.__cause__, ConnectionClosed | OSError
+        ):
+            return EXIT_CONNECT, str(leaf)
         if isinstance(leaf, trio.TooSlowError):
             return EXIT_TIMEOUT, "no answer in time (see --timeout)"
         if isinstance(leaf, SBPError):

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -394,6 +395,7 @@ class Consumer:
                 rng = await self._locate(routes, offset)
             sealed = not rng.is_open
             wait_ms = self.max_wait_ms if self.tail and not sealed else 0
+            attempt_started = trio.current_time()
             try:
                 answer = await _take(ahead, offset) if attempts.failures == 0 else None
                 if answer is None:
@@ -417,10 +419,16 @@ class Consumer:
                 # once every one was tried: a paused node takes a whole
                 # request timeout, and the window may be no longer than that.
                 why = str(error) or type(error).__name__
-                if attempts.fail(self._tried(rng, attempts), why, len(rng.replica_nodes)):
-                    if len(attempts.refusals) > 1:
-                        raise self._unreachable(rng, offset, attempts) from error
-                    raise
+                replicas = len(rng.replica_nodes)
+                tried = self._tried(rng, attempts)
+                if attempts.fail(tried, why, replicas, started=attempt_started):
+                    raise self._unreachable(rng, offset, attempts) from error
+                if not self.tail and attempts.failures >= replicas:
+                    # every replica failed once: if the PM has given up on all
+                    # of their nodes, waiting out the window helps nobody
+                    dead = await self._all_replicas_dead(rng)
+                    if dead:
+                        raise self._unreachable(rng, offset, attempts, dead) from error
                 if attempts.failures > 1 or getattr(error, "code", None) not in STALE_ROUTE_CODES:
                     await trio.sleep(retry_delay(attempts.failures))
                 await self._retrying(routes.refresh)
@@ -480,13 +488,39 @@ class Consumer:
         return replica.advertise_addr
 
     def _unreachable(
-        self, rng: messages.Range, offset: int, attempts: _Attempts
+        self, rng: messages.Range, offset: int, attempts: _Attempts, dead: str = ""
     ) -> RecordsUnreachableError:
-        reasons = "; ".join(f"{address}: {why}" for address, why in attempts.refusals.items())
+        nodes = {r.data_node.advertise_addr: r.data_node.node_id for r in rng.replica_nodes}
+        reasons = "; ".join(
+            f"node {nodes[address]} at {address}: {why}"
+            if address in nodes
+            else f"{address}: {why}"
+            for address, why in attempts.refusals.items()
+        )
         return RecordsUnreachableError(
             f"no replica of stream {self.stream_id} range {rng.range_index} serves its "
-            f"records from offset {offset} ({reasons})"
+            f"records from offset {offset} ({reasons})" + (f"; {dead}" if dead else "")
         )
+
+    async def _all_replicas_dead(self, rng: messages.Range) -> str:
+        """When the PM counts every node of the range as dead (no heartbeat
+        for its node timeout), which and for how long; "" otherwise, or when
+        the PM cannot say."""
+        try:
+            with trio.fail_after(min(self._context.request_timeout, 5.0)):
+                statuses = await self._context.pm.describe_cluster()
+        except (SBPError, OSError, trio.TooSlowError):
+            return ""
+        by_id = {s.data_node.node_id: s for s in statuses}
+        now_ms = time.time() * 1000
+        told = []
+        for replica in rng.replica_nodes:
+            status = by_id.get(replica.data_node.node_id)
+            if status is None or status.alive:
+                return ""
+            silent = max(now_ms - status.last_heartbeat_ms, 0) / 1000
+            told.append(f"node {replica.data_node.node_id} for {silent:.0f} s")
+        return "the PM has had no heartbeat from " + ", ".join(told)
 
     async def _confirm_end(self, rng: messages.Range, offset: int) -> bool:
         """After an empty answer at ``offset`` in the open range: True when
@@ -706,10 +740,13 @@ class _Attempts:
         #: the last failure of each replica tried, by address
         self.refusals: dict[str, str] = {}
 
-    def fail(self, replica: str, why: str, replicas: int) -> bool:
-        """Count a failed try of ``replica``; True when it is time to give up."""
+    def fail(self, replica: str, why: str, replicas: int, started: float | None = None) -> bool:
+        """Count a failed try of ``replica`` (begun at ``started``: the
+        window counts from the first failed try's start, so a try that hung
+        until its own timeout is part of it); True when it is time to give up."""
         now = trio.current_time()
-        self.since = now if self.since is None else self.since
+        if self.since is None:
+            self.since = now if started is None else started
         self.refusals[replica] = why
         give_up = now - self.since > self.window and self.failures + 1 >= replicas
         self.failures += 1

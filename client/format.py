@@ -122,6 +122,16 @@ def age_text(epoch_ms: int, now: float | None = None) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
+def duration_text(seconds: float) -> str:
+    """A span of time, to the second: ``45s``, ``3m 20s``, ``2h 05m``."""
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+
+
 def optional_size_text(value: float | None) -> str:
     """``size_text``, or ``-`` for a size not known yet."""
     return "-" if value is None else size_text(value)

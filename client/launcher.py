@@ -10,7 +10,11 @@ the same addresses. Ctrl-C or SIGTERM shuts the data nodes down gracefully
 A child that dies on its own is started again after a backoff (1 s, doubling
 to 30 s, back to 1 s once it has run for a minute), so the cluster keeps
 serving while a node is down, as a failover test needs; ``--no-restart``
-stops the whole cluster instead. The launcher holds a lock on the data
+stops the whole cluster instead (``client.supervisor``). From another shell,
+``sbp-cluster stop-node N``, ``start-node N``, ``add-node`` and
+``list-nodes`` change the running cluster (``client.cluster_control``); the
+launcher runs every ``node-N`` directory it finds, so an added node is run
+again next time. The launcher holds a lock on the data
 directory, so a second launcher there is refused with one line naming the
 first one's pid, and it never leaves a child behind: every way out stops
 them, and a child drains and exits by itself within a second of the
@@ -20,6 +24,8 @@ launcher's death, even by SIGKILL (``SBP_EXIT_WITH_PARENT``).
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import shutil
 import signal
 import ssl
@@ -36,17 +42,20 @@ from net.dirlock import locked_dir
 from net.service import ServiceError
 from net.tls import TLSSettings
 
+from . import cluster_control
 from .children import READY_TIMEOUT_S, Child, ClusterError, start_child, stop_child, wait_for_nodes
+from .cluster_control import serve_control
+from .node_control import NodeControl
 from .pki import LocalCA, local_cluster_pki
+from .supervisor import Supervisor
 
 DEFAULT_PORT_BASE = 7400
+#: the port base when --port-base is not given (``make run PORT_BASE=9000``)
+PORT_BASE_ENV = "SBP_PORT_BASE"
 DEFAULT_NODES = 3
+#: node ids a local cluster may have (their ports are port base + 1 … + 64)
+MAX_NODES = 64
 LOCK_FILE = "cluster.lock"
-#: a dead child is started again after this, doubling per quick death up to the cap
-RESTART_BACKOFF_S = 1.0
-RESTART_BACKOFF_MAX_S = 30.0
-#: a child that ran this long before it died starts the backoff afresh
-RESTART_RESET_S = 60.0
 
 
 def _port(base: int, offset: int) -> int:
@@ -75,28 +84,58 @@ def plan_children(
         logs / "pm.log",
     )
     data_nodes = [
-        Child(
-            f"node-{i}",
-            [
-                python,
-                "-m",
-                "datanode",
-                "--listen",
-                f"{host}:{_port(port_base, i)}",
-                "--node-id",
-                str(i),
-                "--data-dir",
-                str(data_dir / f"node-{i}"),
-                "--metrics-listen",
-                f"{host}:{_port(port_base, 100 + i)}",
-                "--sync",
-                sync,
-            ],
-            logs / f"node-{i}.log",
-        )
-        for i in range(1, nodes + 1)
+        plan_node(data_dir, i, host, port_base, sync, python) for i in range(1, nodes + 1)
     ]
     return pm, data_nodes
+
+
+def plan_node(
+    data_dir: Path, node_id: int, host: str, port_base: int, sync: str, python: str
+) -> Child:
+    """Data node ``node_id``: its port and metrics port from the base, its
+    data in ``node-N``."""
+    return Child(
+        f"node-{node_id}",
+        [
+            python,
+            "-m",
+            "datanode",
+            "--listen",
+            f"{host}:{_port(port_base, node_id)}",
+            "--node-id",
+            str(node_id),
+            "--data-dir",
+            str(data_dir / f"node-{node_id}"),
+            "--metrics-listen",
+            f"{host}:{_port(port_base, 100 + node_id)}",
+            "--sync",
+            sync,
+        ],
+        data_dir / "logs" / f"node-{node_id}.log",
+    )
+
+
+def _another_node(
+    plan: Plan, data_dir: Path, planned: tuple[int, str, int, str, str], node_id: int
+) -> Child:
+    """Node ``node_id`` planned as the plan's nodes were, with the TLS and
+    ACL settings they were given (``secure_children``)."""
+    _, host, port_base, sync, python = planned
+    child = plan_node(data_dir, node_id, host, port_base, sync, python)
+    plain = plan_node(data_dir, 1, host, port_base, sync, python)
+    child.argv += plan.data_nodes[0].argv[len(plain.argv) :]
+    return child
+
+
+def nodes_to_run(data_dir: Path, asked: int) -> int:
+    """``--nodes``, or more when the directory holds more (a node added with
+    ``sbp-cluster add-node`` is run again)."""
+    found = [
+        int(p.name.removeprefix("node-"))
+        for p in data_dir.glob("node-*")
+        if p.is_dir() and p.name.removeprefix("node-").isdigit()
+    ]
+    return max([asked, *found])
 
 
 @dataclass
@@ -262,7 +301,8 @@ async def run_cluster(args: argparse.Namespace) -> int:
 
 
 async def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
-    planned = (args.nodes, args.host, args.port_base, args.sync, sys.executable)
+    node_count = nodes_to_run(data_dir, args.nodes)
+    planned = (node_count, args.host, args.port_base, args.sync, sys.executable)
     if args.ha:
         if shutil.which("etcd") is None:
             print(
@@ -311,11 +351,29 @@ async def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
                     )
                     await start_plan(plan, data_dir, tls)
                     print(_banner(plan, data_dir, tls is not None), flush=True)
+                    supervisor = Supervisor(children, restart=not args.no_restart)
+                    control = NodeControl(
+                        plan.data_nodes,
+                        plan.pm_addresses,
+                        supervisor,
+                        functools.partial(_another_node, plan, data_dir, planned),
+                        MAX_NODES,
+                        tls,
+                    )
+                    await nursery.start(serve_control, data_dir, control.handle)
                     if args.ready_file:
                         Path(args.ready_file).write_text(plan.pm_addresses + "\n")
-                    await _supervise(children, restart=not args.no_restart)
+                    await supervisor.run()
             except ClusterError as error:
                 print(f"sbp-cluster: {error}", file=sys.stderr, flush=True)
+                if "in use" in str(error):
+                    print(
+                        "sbp-cluster: another cluster runs on these ports? Run this one on "
+                        f"others: --port-base 9000 (or {PORT_BASE_ENV}=9000, make run "
+                        "PORT_BASE=9000)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 return 1
             finally:
                 # Every way out stops the children, an unexpected error too.
@@ -420,51 +478,6 @@ async def _start_together(children: list[Child], extra_args: tuple[str, ...] = (
         raise ClusterError("; ".join(str(failures[i]) for i in sorted(failures))) from None
 
 
-async def _supervise(children: list[Child], *, restart: bool) -> None:
-    """Until cancelled: start a child that dies again after a backoff, or,
-    without ``restart``, return when the first one dies."""
-    async with trio.open_nursery() as watchers:
-
-        async def watch(child: Child) -> None:
-            delay = RESTART_BACKOFF_S
-            while True:
-                assert child.process is not None
-                code = await child.process.wait()
-                ran = trio.current_time() - child.started_at
-                print(
-                    f"sbp-cluster: {child.name} exited with status {code}; see {child.log_path}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                if not restart:
-                    watchers.cancel_scope.cancel()
-                    return
-                if ran >= RESTART_RESET_S:
-                    delay = RESTART_BACKOFF_S
-                _keep_address(child)
-                while True:
-                    print(f"sbp-cluster: restarting {child.name} in {delay:g} s", flush=True)
-                    await trio.sleep(delay)
-                    delay = min(delay * 2, RESTART_BACKOFF_MAX_S)
-                    try:
-                        await start_child(child, child.extra_args)
-                    except ClusterError as error:
-                        print(f"sbp-cluster: {error}", file=sys.stderr, flush=True)
-                        continue
-                    print(f"sbp-cluster: {child.name} is back on {child.address}", flush=True)
-                    break
-
-        for child in children:
-            watchers.start_soon(watch, child)
-
-
-def _keep_address(child: Child) -> None:
-    """Listen where the child listened before, so that its peers (and, for
-    the PM, the data nodes started with its address) find it again."""
-    if child.address and "--listen" in child.argv:
-        child.argv[child.argv.index("--listen") + 1] = child.address
-
-
 async def stop_plan(plan: Plan) -> None:
     # Data nodes first, so they can still reach the PM while they drain; etcd last.
     for group in (plan.data_nodes, plan.pms):
@@ -480,8 +493,8 @@ async def stop_plan(plan: Plan) -> None:
 
 def _positive(text: str) -> int:
     value = int(text)
-    if value < 1 or value > 64:
-        raise argparse.ArgumentTypeError("must be between 1 and 64")
+    if value < 1 or value > MAX_NODES:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_NODES}")
     return value
 
 
@@ -498,7 +511,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Run a local SBP cluster: one placement manager and N data nodes as child "
             "processes on loopback, all data under one directory. Starting it again on "
-            "the same directory finds every stream and record again."
+            "the same directory finds every stream and record again. From another shell, "
+            "`sbp-cluster stop-node N`, `start-node N`, `add-node` and `list-nodes` change "
+            "the running cluster (`sbp-cluster stop-node --help`)."
         ),
     )
     parser.add_argument(
@@ -513,10 +528,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--port-base",
         type=_port_base,
-        default=DEFAULT_PORT_BASE,
+        default=None,
         help=(
             "PM on this port, data node i on port+i, metrics on port+100 (PM) and port+100+i; "
-            f"0 picks free ports (default: {DEFAULT_PORT_BASE})"
+            f"0 picks free ports (default: ${PORT_BASE_ENV}, else {DEFAULT_PORT_BASE})"
         ),
     )
     parser.add_argument(
@@ -555,8 +570,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else list(argv)
+    if any(word in cluster_control.COMMANDS for word in given):
+        return cluster_control.main(given)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(given)
+    if args.port_base is None:
+        try:
+            args.port_base = _port_base(os.environ.get(PORT_BASE_ENV) or str(DEFAULT_PORT_BASE))
+        except (ValueError, argparse.ArgumentTypeError) as error:
+            parser.error(f"${PORT_BASE_ENV}: {error or 'not a port'}")
     if args.acl_file is not None:
         if not args.tls:
             parser.error("--acl-file needs --tls (principals come from client certificates)")

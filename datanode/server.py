@@ -164,7 +164,7 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
             nursery.start_soon(signals.watch)
             nursery.start_soon(_give_back_heap_after_bursts, server.budgets.requests)
             await nursery.start(node.run)
-            host, port = await _listen(nursery, server, config.listen)
+            host, port = await nursery.start(server.serve, *config.listen)
             node.serving_at(format_address(*(config.advertise or (host, port))))
             if metrics_server is not None:
                 announce(METRICS_PREFIX, *metrics_server.address)
@@ -195,14 +195,3 @@ async def _give_back_heap_after_bursts(requests: ByteBudget) -> None:
             requests.peak = requests.used
             await trio.to_thread.run_sync(give_back_free_heap)
 
-
-async def _listen(
-    nursery: trio.Nursery, server: Server, listen: tuple[str, int]
-) -> tuple[str, int]:
-    try:
-        bound: tuple[str, int] = await nursery.start(server.serve, *listen)
-    except OSError as error:
-        raise ServiceError(
-            f"cannot listen on {format_address(*listen)}: {error.strerror or error}"
-        ) from None
-    return bound

@@ -27,13 +27,14 @@ from sbp.errors import UnsupportedOperationError
 from sbp.frames import encode_frame
 from sbp.observer import ConnectionObserver
 
-from .address import peer_name
+from .address import format_address, peer_name
 from .authz import principal_of
 from .budget import ServerBudgets
 from .connection import Connection
 from .limits import SERVER_LIMITS, ConnectionLimits
 from .ratelog import RateLimitedLog
 from .request import Request, RequestHandler, Responder
+from .service import ServiceError
 from .tls import describe_link_error
 
 __all__ = ["Dispatcher", "Request", "RequestHandler", "Responder", "Server"]
@@ -149,8 +150,15 @@ class Server:
         task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Listen on ``host:port`` (port 0: any free port), report the bound
-        ``(host, port)`` and serve until cancelled or drained."""
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        ``(host, port)`` and serve until cancelled or drained. An address
+        that cannot be listened on (taken, say) is a ``ServiceError`` that
+        names it."""
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as error:
+            raise ServiceError(
+                f"cannot listen on {format_address(host, port)}: {error.strerror or error}"
+            ) from None
         bound_host, bound_port = listeners[0].socket.getsockname()[:2]
         reserve = _Reserve()
         try:

@@ -36,6 +36,7 @@ from typing import Final
 from . import messages
 from .constants import (
     DEFAULT_MAX_FRAME_LENGTH,
+    FIRST_CLIENT_STREAM_ID,
     FRAME_OVERHEAD,
     MAX_CLIENT_STREAM_ID,
     SERVER_STREAM_ID_BIT,
@@ -190,7 +191,7 @@ class ConnectionEngine:
         self._observer = observer or NULL_OBSERVER
         self._decoder = FrameDecoder(max_frame_length)
         self._base = 0 if side is Side.CLIENT else SERVER_STREAM_ID_BIT
-        self._next_id = 0
+        self._next_id = FIRST_CLIENT_STREAM_ID if side is Side.CLIENT else 0
         self._pending: set[int] = set()  # our requests awaiting RESPONSE_END
         self._abandoned: set[int] = set()  # ours, given up: late frames dropped
         self._serving: dict[int, Opcode] = {}  # the peer's requests not yet answered

@@ -30,6 +30,12 @@ MAX_HEADER_LENGTH: Final = (1 << 24) - 1
 
 #: client stream ids are in [0, 2**31); frames a server starts set the top bit
 MAX_CLIENT_STREAM_ID: Final = (1 << 31) - 1
+#: the stream id of a connection's first request: its bytes are "\r\n\r\n",
+#: so a peer that speaks HTTP (a metrics port given as the PM's) takes the
+#: frame's first bytes for a whole request head and answers 400 at once,
+#: which the client names, instead of waiting for a line end until the
+#: request's deadline
+FIRST_CLIENT_STREAM_ID: Final = 0x0D0A0D0A
 SERVER_STREAM_ID_BIT: Final = 1 << 31
 MAX_STREAM_ID: Final = (1 << 32) - 1
 

@@ -513,6 +513,12 @@ def decode_frame(data: bytes | bytearray | memoryview) -> FrameEvent:
 #: what the first four bytes of other protocols read as a frame_length say
 _FOREIGN_STARTS: Final = (
     (b"HTTP", "it answered HTTP"),
+    # an HTTP server answering a request line without a version (HTTP/0.9
+    # style, as Python's http.server and so the /metrics ports do): a page
+    (b"<!DO", "it answered HTTP"),
+    (b"<!do", "it answered HTTP"),
+    (b"<htm", "it answered HTTP"),
+    (b"<HTM", "it answered HTTP"),
     (b"GET ", "it sent an HTTP request"),
     (b"POST", "it sent an HTTP request"),
     (b"PUT ", "it sent an HTTP request"),

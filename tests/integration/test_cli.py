@@ -4,6 +4,7 @@ and two data nodes as processes): printed values, JSON fields, exit codes."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import io
 import json
 import subprocess
@@ -343,6 +344,42 @@ def test_a_time_finds_the_records_before_an_empty_newest_range(cluster: LocalClu
     with SyncClient(pm) as client, client.consumer(stream) as consumer:
         assert consumer.seek_to_time(int(time.time() * 1000) - 600_000) == 0
         assert consumer.seek_to_time(int(time.time() * 1000) + 60_000) == 10
+
+
+def test_a_read_stops_at_an_offset_or_a_time_and_a_reset_can_be_tried_first(
+    cluster: LocalCluster,
+) -> None:
+    pm = cluster.pm_address
+    stream = new_stream(pm)
+    assert sbp(pm, "append", str(stream), stdin=lines([f"a{i}" for i in range(5)])).returncode == 0
+    time.sleep(0.1)
+    between = time.time()
+    time.sleep(0.1)
+    assert sbp(pm, "append", str(stream), stdin=lines([f"b{i}" for i in range(5)])).returncode == 0
+
+    assert sbp(pm, "read", str(stream), "--to", "3").stdout.split() == ["a0", "a1", "a2"]
+    assert sbp(pm, "read", str(stream), "--from", "2", "--to", "4").stdout.split() == ["a2", "a3"]
+    assert sbp(pm, "read", str(stream), "--from", "4", "--to", "4").stdout == ""
+    assert sbp(pm, "read", str(stream), "--to", "99").stdout.split()[-1] == "b4"
+    stamp = datetime.datetime.fromtimestamp(between).isoformat(timespec="milliseconds")
+    stats = sbp_json(pm, "read", str(stream), "--until", stamp, "--stats")
+    assert (stats["records"], stats["last_offset"]) == (5, 4)  # the a's, appended before
+    assert sbp(pm, "read", str(stream), "--until", stamp, "--to", "3").stdout.split() == [
+        "a0",
+        "a1",
+        "a2",
+    ]
+
+    assert (
+        sbp(pm, "read", str(stream), "--group", "tried", "--count", "7", "--commit").returncode == 0
+    )
+    dry = sbp(pm, "groups", "reset", "tried", "--to", "earliest", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines()[-1] == "dry run: nothing changed"
+    assert dry.stdout.splitlines()[1].split() == [str(stream), "7", "0", "-7"]
+    planned = sbp_json(pm, "groups", "reset", "tried", "--to", "latest", "--dry-run")
+    assert planned == [{"stream_id": stream, "offset": 7, "new_offset": 10}]
+    assert sbp_json(pm, "groups", "describe", "tried")[0]["offset"] == 7  # unchanged
 
 
 def test_help_explains_every_command() -> None:

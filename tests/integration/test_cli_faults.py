@@ -171,9 +171,29 @@ def test_smaller_command_line_faults(cluster: LocalCluster) -> None:
     assert "must be from 1 to 9,223,372,036,854,775,807" in huge.stderr
 
     stream = new_stream(pm)
-    deleted = sbp(pm, "streams", "delete", str(stream), str(stream))
+    twice = sbp(pm, "streams", "delete", str(stream), str(stream))
+    assert twice.returncode == 2
+    assert twice.stderr == f"sbp: stream {stream} named more than once: nothing deleted\n"
+    assert sbp_json(pm, "streams", "get", str(stream))[0]["stream"]["stream_id"] == stream
+    deleted = sbp(pm, "streams", "delete", str(stream))
     assert deleted.returncode == 0, deleted.stderr
     assert deleted.stdout.strip() == f"deleted stream {stream}"
+
+    # a usage error is one line and where the usage is, not the usage itself
+    empty_group = sbp(pm, "read", "1", "--group", "")
+    assert empty_group.returncode == 2
+    assert empty_group.stderr == (
+        "sbp read: argument --group: a group name is 1 to 255 bytes, not 0 (see sbp read --help)\n"
+    )
+    missing = sbp(pm, "read")
+    assert missing.returncode == 2
+    assert missing.stderr.splitlines() == [
+        "sbp read: the following arguments are required: STREAM (see sbp read --help)"
+    ]
+    # a stream that is not there, even with nothing to append
+    nowhere = sbp(pm, "append", "999999", stdin=b"")
+    assert nowhere.returncode == 1
+    assert nowhere.stderr == "sbp: STREAM_NOT_FOUND: no stream 999999\n"
 
     status = sbp_json(pm, "cluster", "status")
     for row in status["data_nodes"]:
@@ -341,6 +361,29 @@ def test_an_address_that_answers_http_is_named_so() -> None:
         f"sbp: cannot connect: connection to {host}:{port} closed: bad frame from "
         f"{host}:{port}: that address does not speak SBP (it answered HTTP)"
     ]
+
+
+def test_a_metrics_port_given_as_the_pm_is_named_at_once() -> None:
+    """A real HTTP server (a /metrics port, as prometheus_client serves it)
+    waits for a line end before it answers: the first request's stream id
+    gives it one, so ``sbp ping`` says what is there at once instead of
+    timing out."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        host, port = server.server_address[:2]
+        started = time.monotonic()
+        result = sbp(f"{host}:{port}", "ping")
+        took = time.monotonic() - started
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.rstrip().endswith("that address does not speak SBP (it answered HTTP)")
+    assert took < 5  # not the 10 s deadline
 
 
 async def test_tail_says_it_cannot_connect_once_the_cluster_is_gone(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -191,3 +192,95 @@ def test_children_stop_when_the_launcher_is_killed(tmp_path: Path) -> None:
     cluster.process.send_signal(signal.SIGKILL)
     cluster.process.wait()
     eventually_blocking(lambda: all_gone(children))
+
+
+def _control(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``sbp-cluster --data-dir DIR ACTION …``, from another shell."""
+    return subprocess.run(
+        [sys.executable, "-m", "client.launcher", "--data-dir", str(data_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_child_env(),
+        check=False,
+    )
+
+
+def test_a_node_is_stopped_started_and_added_from_another_shell(tmp_path: Path) -> None:
+    """``sbp-cluster stop-node`` keeps a node stopped (the launcher does not
+    start it again); a read of a range only it holds then says which stream,
+    range and node, at once once the PM counts the node dead; ``start-node``
+    brings it back and ``add-node`` a third, which the next run keeps."""
+    data_dir = tmp_path / "var"
+    cluster = start_cluster(data_dir, nodes=2)
+    try:
+        pm = cluster.pm_address
+        created = sbp_json(pm, "streams", "create")[0]
+        stream = str(created["stream"]["stream_id"])
+        node = created["range"]["replica_nodes"][0]["data_node"]["node_id"]
+        assert sbp(pm, "append", stream, stdin=lines([f"v{i}" for i in range(10)])).returncode == 0
+
+        stopped = _control(data_dir, "stop-node", str(node))
+        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.stdout.startswith(f"node-{node} stopped")
+        assert f"node-{node}" in _control(data_dir, "list-nodes").stdout
+        assert "stopped" in _control(data_dir, "list-nodes").stdout
+        again = _control(data_dir, "stop-node", str(node))
+        assert again.returncode == 1 and "stopped already" in again.stderr
+        eventually_blocking(
+            lambda: (
+                not next(
+                    n
+                    for n in sbp_json(pm, "cluster", "status")["data_nodes"]
+                    if n["node_id"] == node
+                )["alive"]
+            )
+        )
+        started = time.monotonic()
+        read = sbp(pm, "read", stream, "--stats")
+        assert time.monotonic() - started < 5  # not the --timeout window
+        assert read.returncode == 3
+        [line] = read.stderr.splitlines()
+        assert line.startswith(f"sbp: no replica of stream {stream} range 0 serves its records")
+        assert f"node {node} at " in line and f"no heartbeat from node {node} for " in line
+
+        back = _control(data_dir, "start-node", str(node))
+        assert back.returncode == 0, back.stderr
+        assert sbp_json(pm, "read", stream, "--stats")["records"] == 10
+        added = _control(data_dir, "add-node")
+        assert added.returncode == 0, added.stderr
+        assert added.stdout.startswith("node-3 is up on 127.0.0.1:")
+        assert len(sbp_json(pm, "cluster", "status")["data_nodes"]) == 3
+        unknown = _control(data_dir, "start-node", "9")
+        assert unknown.returncode == 1 and "has no data node 9" in unknown.stderr
+    finally:
+        assert cluster.stop() == 0, cluster.output()
+    assert not (data_dir / "launcher.json").exists()
+    gone = _control(data_dir, "list-nodes")
+    assert gone.returncode == 1 and "no sbp-cluster runs on" in gone.stderr
+
+    again = start_cluster(data_dir, nodes=2)
+    try:
+        status = sbp_json(again.pm_address, "cluster", "status")["data_nodes"]
+        assert sorted(n["node_id"] for n in status if n["alive"]) == [1, 2, 3]
+    finally:
+        assert again.stop() == 0, again.output()
+
+
+def test_the_port_base_comes_from_the_environment_too() -> None:
+    """``SBP_PORT_BASE`` (what ``make run PORT_BASE=…`` sets through the
+    flag) is the default of ``--port-base``; a bad one is one line."""
+    from .procs import run_cli
+
+    bad = subprocess.run(
+        [sys.executable, "-m", "client.launcher"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**_child_env(), "SBP_PORT_BASE": "70000"},
+        check=False,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines()[-1].startswith("sbp-cluster: error: $SBP_PORT_BASE: must be")
+    usage = run_cli("client.launcher", ["--help"])
+    assert "$SBP_PORT_BASE" in usage.stdout

@@ -25,7 +25,12 @@ from sbp.connection import (
     Side,
     decode_response,
 )
-from sbp.constants import DEFAULT_MAX_FRAME_LENGTH, MAX_CLIENT_STREAM_ID, SERVER_STREAM_ID_BIT
+from sbp.constants import (
+    DEFAULT_MAX_FRAME_LENGTH,
+    FIRST_CLIENT_STREAM_ID,
+    MAX_CLIENT_STREAM_ID,
+    SERVER_STREAM_ID_BIT,
+)
 from sbp.enums import ErrorCode, Flags, Opcode
 from sbp.errors import (
     ChecksumMismatchError,
@@ -253,9 +258,13 @@ def test_a_large_answer_payload_is_handed_over_as_it_is_not_copied() -> None:
     assert FrameDecoder().feed(wire)[0].payload == large
 
 
-def test_client_ids_count_up_from_zero_and_server_ids_set_the_top_bit() -> None:
+def test_client_ids_count_up_from_a_line_end_and_server_ids_set_the_top_bit() -> None:
+    """A client's first stream id is the bytes "\r\n\r\n" (an HTTP server
+    given as an SBP address answers at once); the next count up from it."""
     client = ConnectionEngine(Side.CLIENT)
-    assert [client.send_request(Opcode.PING) for _ in range(3)] == [0, 1, 2]
+    first = FIRST_CLIENT_STREAM_ID
+    assert [client.send_request(Opcode.PING) for _ in range(3)] == [first, first + 1, first + 2]
+    assert first.to_bytes(4, "big") == b"\r\n\r\n"
     own = ConnectionEngine(Side.SERVER)
     assert own.send_request(Opcode.PING) == SERVER_STREAM_ID_BIT
     assert client.pending == 3
@@ -263,6 +272,7 @@ def test_client_ids_count_up_from_zero_and_server_ids_set_the_top_bit() -> None:
 
 def test_ids_wrap_around_and_skip_those_still_in_use() -> None:
     client = ConnectionEngine(Side.CLIENT)
+    client._next_id = 0
     first = client.send_request(Opcode.PING)
     client._next_id = MAX_CLIENT_STREAM_ID
     assert client.send_request(Opcode.PING) == MAX_CLIENT_STREAM_ID
