@@ -288,6 +288,9 @@ async def cmd_append(env: Env) -> int:
                     # the stream knows what it holds, answers lost or not
                     with trio.move_on_after(args.timeout):
                         tally.held_lines = await producer.stored()
+                elif refused is not None:
+                    # every record sent before the refused line was answered
+                    tally.held_lines = tally.skipped + tally.records
     except (SBPError, OSError, trio.TooSlowError) as error:
         _report_partial(env, tally)
         raise error from None

@@ -70,7 +70,9 @@ def describe_failure(error: BaseException) -> tuple[int, str] | None:
 
 
 #: commands that may rightly run for long: --timeout bounds each wait, not the whole
-LONG_RUNNING: frozenset[str] = frozenset({"cmd_append", "cmd_read", "cmd_tail", "cmd_top"})
+LONG_RUNNING: frozenset[str] = frozenset(
+    {"cmd_append", "cmd_read", "cmd_tail", "cmd_top", "cmd_nodes_drain"}
+)
 #: a one-shot command's server is given --timeout; its answer may take this much longer
 ANSWER_GRACE_S = 0.25
 

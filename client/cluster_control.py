@@ -144,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait`) to stop it without leaving ranges under-replicated.",
     )
     stop.add_argument("node", type=_node_id, metavar="NODE")
+    stop.add_argument("--force", action="store_true", help="stop it even though it holds ranges")
     start = actions.add_parser("start-node", help="start a node stopped with stop-node again")
     start.add_argument("node", type=_node_id, metavar="NODE")
     add = actions.add_parser(
@@ -164,6 +165,8 @@ def main(argv: Sequence[str]) -> int:
     request: dict[str, Any] = {"action": args.action}
     if hasattr(args, "node"):
         request["node"] = args.node
+    if getattr(args, "force", False):
+        request["force"] = True
     try:
         answer = trio.run(ask, Path(args.data_dir).resolve(), request)
     except ControlError as error:

@@ -8,7 +8,13 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
+import trio
+
+from sbp.errors import SBPError
+
 from .children import READY_TIMEOUT_S, Child, ClusterError, start_child, wait_for_nodes
+from .format import plural
+from .pm_client import PMClient
 from .supervisor import Supervisor
 
 
@@ -44,6 +50,15 @@ class NodeControl:
             if action == "stop-node":
                 if self._supervisor.held(node) or not node.running:
                     return _fail(f"{node.name} is stopped already")
+                held = await self._ranges_held(node)
+                if held and not request.get("force"):
+                    node_id = node.name.removeprefix("node-")
+                    return _fail(
+                        f"{node.name} holds {plural(held, 'range')}: stopping it leaves them "
+                        "short of a "
+                        f"replica, or unreadable; drain it first (sbp nodes drain {node_id} "
+                        "--wait), or stop it anyway with --force"
+                    )
                 await self._supervisor.hold(node)
                 return _done(f"{node.name} stopped; `sbp-cluster start-node` starts it again")
             if action == "start-node":
@@ -54,6 +69,16 @@ class NodeControl:
         except ClusterError as error:
             return _fail(str(error))
         return _fail(f"unknown action {action!r}")
+
+    async def _ranges_held(self, node: Child) -> int:
+        """The ranges the PM places on the node (0 when it cannot say)."""
+        node_id = int(node.name.removeprefix("node-"))
+        try:
+            async with PMClient(self._pm_addresses, tls=self._tls) as pm:
+                statuses = await pm.describe_cluster(timeout=5.0)
+        except (SBPError, OSError, trio.TooSlowError):
+            return 0
+        return sum(s.range_count for s in statuses if s.data_node.node_id == node_id)
 
     def _node(self, node_id: object) -> Child:
         for child in self._nodes:

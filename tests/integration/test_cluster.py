@@ -220,7 +220,14 @@ def test_a_node_is_stopped_started_and_added_from_another_shell(tmp_path: Path) 
         node = created["range"]["replica_nodes"][0]["data_node"]["node_id"]
         assert sbp(pm, "append", stream, stdin=lines([f"v{i}" for i in range(10)])).returncode == 0
 
-        stopped = _control(data_dir, "stop-node", str(node))
+        refused = _control(data_dir, "stop-node", str(node))
+        assert refused.returncode == 1
+        assert refused.stderr == (
+            f"sbp-cluster: node-{node} holds 1 range: stopping it leaves them short of a "
+            f"replica, or unreadable; drain it first (sbp nodes drain {node} --wait), or stop "
+            "it anyway with --force\n"
+        )
+        stopped = _control(data_dir, "stop-node", str(node), "--force")
         assert stopped.returncode == 0, stopped.stderr
         assert stopped.stdout.startswith(f"node-{node} stopped")
         assert f"node-{node}" in _control(data_dir, "list-nodes").stdout
