@@ -19,16 +19,55 @@ from __future__ import annotations
 import bisect
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 import trio
 
-from sbp.batches import BATCH_HEADER_SIZE, build_batch, peek_header
+from sbp.batch_v2 import MAX_TIMESTAMP_SPAN_MS, Header
+from sbp.batches import BATCH_HEADER_SIZE, build_records, peek_header
 from sbp.errors import SBPError
 
 #: per-record bytes a batch adds to the values: the uint32 length
 RECORD_OVERHEAD: Final = 4
+#: what a record's key, headers or own timestamp add to it, besides their
+#: bytes: a length (or delta) word each (SPEC §4, magic 2)
+FIELD_OVERHEAD: Final = 4
+
+#: room kept in a batch's span of timestamps for the time between adding a
+#: record without one and the batch being made (its linger)
+STAMP_MARGIN_MS: Final = 3_600_000
+
+#: a record's headers as a caller gives them: pairs (names may repeat) or a mapping
+Headers = Sequence[Header] | Mapping[str, bytes]
+
+
+def header_list(headers: Headers | None) -> list[Header] | None:
+    """Headers as (name, value) pairs, checked; None for none."""
+    if not headers:
+        return None
+    pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+    for pair in pairs:
+        if (
+            not isinstance(pair, tuple)
+            or len(pair) != 2
+            or not isinstance(pair[0], str)
+            or not isinstance(pair[1], bytes | bytearray | memoryview)
+        ):
+            raise TypeError(f"a header is a (str name, bytes value) pair, not {pair!r}")
+    return pairs
+
+
+def extra_bytes(key: bytes | None, headers: list[Header] | None, timestamp: int | None) -> int:
+    """What a record's key, headers and own timestamp add to its batch."""
+    size = 0
+    if key is not None:
+        size += len(key) + FIELD_OVERHEAD
+    if headers:
+        size += FIELD_OVERHEAD + 2 + sum(6 + len(n.encode()) + len(v) for n, v in headers)
+    if timestamp is not None:
+        size += FIELD_OVERHEAD
+    return size
 
 
 class ProducerClosedError(SBPError):
@@ -50,15 +89,25 @@ class PendingBatch:
         "deadline",
         "done",
         "error",
+        "headers",
+        "keys",
         "nbytes",
         "opened_at",
         "seq",
+        "stamps",
+        "timestamps",
         "values",
     )
 
     def __init__(self, seq: int) -> None:
         self.seq = seq
-        self.values: list[bytes] = []
+        self.values: list[bytes | None] = []
+        #: per record, once a record of the batch has one (None until then)
+        self.keys: list[bytes | None] | None = None
+        self.headers: list[list[Header] | None] | None = None
+        self.timestamps: list[int | None] | None = None
+        #: the earliest and latest record timestamps given (None: none given)
+        self.stamps: tuple[int, int] | None = None
         self.nbytes = 0
         self.opened_at = 0.0
         self.data: bytearray | memoryview | None = None
@@ -70,6 +119,84 @@ class PendingBatch:
         self.attempts = 0
         #: an idempotent producer's sequence of its first record; -1: none
         self.base_sequence = -1
+
+    def add(
+        self,
+        value: bytes | None,
+        key: bytes | None,
+        headers: list[Header] | None,
+        timestamp: int | None,
+    ) -> None:
+        """One more record, with what it carries besides its value."""
+        count = len(self.values)
+        self.values.append(value)
+        if key is not None or self.keys is not None:
+            self.keys = self.keys if self.keys is not None else [None] * count
+            self.keys.append(key)
+        if headers is not None or self.headers is not None:
+            self.headers = self.headers if self.headers is not None else [None] * count
+            self.headers.append(headers)
+        if timestamp is not None or self.timestamps is not None:
+            self.timestamps = self.timestamps if self.timestamps is not None else [None] * count
+            self.timestamps.append(timestamp)
+        if timestamp is not None:
+            self.note_stamps(timestamp, timestamp)
+
+    def note_stamps(self, low: int, high: int) -> None:
+        """Record timestamps from ``low`` to ``high`` are in the batch."""
+        held = self.stamps
+        self.stamps = (low, high) if held is None else (min(held[0], low), max(held[1], high))
+
+    def stamp_range(self, now_ms: int) -> tuple[int, int] | None:
+        """The earliest and latest timestamps of the batch's records (those
+        without one of their own get about ``now_ms``); None when empty."""
+        if not self.values:
+            return None
+        given = self.stamps
+        unstamped = self.timestamps is None or any(t is None for t in self.timestamps)
+        if given is None:
+            return now_ms, now_ms
+        if unstamped:
+            return min(given[0], now_ms), max(given[1], now_ms)
+        return given
+
+    def takes_stamps(self, low: int, high: int, now_ms: int) -> bool:
+        """Whether records stamped ``low`` .. ``high`` fit with the batch's:
+        one batch spans at most ``MAX_TIMESTAMP_SPAN_MS``."""
+        held = self.stamp_range(now_ms) or (low, high)
+        return max(held[1], high) - min(held[0], low) <= MAX_TIMESTAMP_SPAN_MS - STAMP_MARGIN_MS
+
+    def extend(
+        self,
+        values: Sequence[bytes | None],
+        keys: Sequence[bytes | None] | None,
+        headers: Sequence[list[Header] | None] | None,
+        timestamps: Sequence[int | None] | None,
+    ) -> None:
+        """Records in order; the columns besides the values, when given, are
+        as long as ``values``."""
+        count, added = len(self.values), len(values)
+        self.values.extend(values)
+        for name, column in (("keys", keys), ("headers", headers), ("timestamps", timestamps)):
+            held = getattr(self, name)
+            if column is None and held is None:
+                continue
+            if held is None:
+                held = [None] * count
+                setattr(self, name, held)
+            held.extend([None] * added if column is None else column)
+
+    def encode(self, base_timestamp: int) -> None:
+        """Encode the records into the batch (magic 1 when they carry nothing
+        but values) and let go of them."""
+        self.data = build_records(
+            self.values,
+            base_timestamp,
+            keys=self.keys,
+            headers=self.headers,
+            timestamps=self.timestamps,
+        )
+        self.values, self.keys, self.headers, self.timestamps = [], None, None, None
 
     def size(self) -> int:
         """Bytes of the encoded batch."""
@@ -158,8 +285,7 @@ class Accumulator:
         if batch is None:
             return
         self.open = None
-        batch.data = build_batch(batch.values, int(time.time() * 1000))
-        batch.values = []  # the encoded batch holds them now
+        batch.encode(int(time.time() * 1000))
         self.enqueue_encoded(batch)
 
     def enqueue_encoded(self, batch: PendingBatch) -> None:

@@ -135,6 +135,23 @@ def _acks(text: str) -> int:
     return _integer(text, 0, 127)
 
 
+def _separator(text: str) -> str:
+    """A key separator: TAB names a tab (hard to type in a shell)."""
+    separator = {"TAB": "\t", "\\t": "\t"}.get(text, text)
+    if not separator or "\n" in separator:
+        raise argparse.ArgumentTypeError("a key separator is one or more characters, not a newline")
+    return separator
+
+
+def _header(text: str) -> tuple[str, bytes]:
+    from .record_input import parse_header
+
+    try:
+        return parse_header(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _group(text: str) -> str:
     size = len(text.encode())
     if not 1 <= size <= MAX_GROUP_NAME_BYTES:
@@ -166,6 +183,17 @@ def _moment(text: str) -> int:
     if moment > now + 1:
         raise argparse.ArgumentTypeError(f"{text!r} is in the future")
     return int(moment * 1000)
+
+
+def _duration_ms(text: str) -> int:
+    """A span of time as ms: 90s, 10m, 2h, 1d, or a number of ms."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    duration = _DURATION.match(text)
+    if duration is None:
+        raise argparse.ArgumentTypeError(f"not a duration (90s, 10m, 2h, 1d) or ms: {text!r}")
+    return int(float(duration.group(1)) * _UNIT_S[duration.group(2)] * 1000)
 
 
 def _reset_target(text: str) -> tuple[str, int]:
@@ -277,6 +305,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep at most about this many bytes, dropping the oldest records first, "
         "e.g. 10GiB; 0 sets no limit (default)",
     )
+    create.add_argument(
+        "--compact",
+        action="store_true",
+        help="keep each key's latest record, not a history (SPEC §13; records need keys); "
+        "with --retention-ms or --retention-bytes, retention applies too",
+    )
     create.add_argument("--count", type=_positive, default=1, help="streams to create (default: 1)")
     _command(create, "cli_commands", "cmd_streams_create")
     listing = stream_commands.add_parser("list", help="list every stream")
@@ -295,7 +329,31 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="new size limit, e.g. 10GiB; 0 removes it",
     )
+    update.add_argument(
+        "--compact",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="turn compaction on (refused while the stream holds records without keys) "
+        "or off (--no-compact)",
+    )
     _command(update, "cli_commands", "cmd_streams_update")
+    for sub, defaults in ((create, True), (update, False)):
+        sub.add_argument(
+            "--compact-lag",
+            type=_duration_ms,
+            default=0 if defaults else None,
+            metavar="DURATION",
+            help="a record stays uncompacted at least this long (90s, 10m, 1h, 1d or ms"
+            + ("; default 0)" if defaults else ")"),
+        )
+        sub.add_argument(
+            "--delete-retention",
+            type=_duration_ms,
+            default=86_400_000 if defaults else None,
+            metavar="DURATION",
+            help="a tombstone is kept this long once it is its key's latest record"
+            + (" (default 1d)" if defaults else ""),
+        )
     delete = stream_commands.add_parser("delete", help="delete streams and their records")
     delete.add_argument("stream_ids", type=_stream_id, nargs="+", metavar="STREAM")
     _command(delete, "cli_commands", "cmd_streams_delete")
@@ -341,6 +399,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="show progress on stderr even when it is not a terminal",
     )
     append.add_argument(
+        "--key-separator",
+        type=_separator,
+        metavar="SEP",
+        help="each line is KEY<SEP>VALUE (TAB names a tab); a line without SEP has no key",
+    )
+    append.add_argument(
+        "--header",
+        type=_header,
+        action="append",
+        metavar="NAME=VALUE",
+        help="add this header to every record (again for more; names may repeat)",
+    )
+    append.add_argument(
+        "--input",
+        choices=("lines", "json"),
+        default="lines",
+        help="lines (default): each line a value; json: each line a JSON object with "
+        "value, key, headers and timestamp_ms, as `sbp read --json` prints them",
+    )
+    append.add_argument(
         "--producer-name",
         metavar="NAME",
         default="",
@@ -373,6 +451,23 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--count", type=_positive, metavar="N", help="stop after N records")
         sub.add_argument("--hex", action="store_true", help="print values as hex")
         sub.add_argument("--offsets", action="store_true", help="print OFFSET<TAB>VALUE")
+        sub.add_argument(
+            "--keys",
+            action="store_true",
+            help="print KEY<SEP>VALUE (SEP: --key-separator, a tab by default)",
+        )
+        sub.add_argument(
+            "--headers",
+            action="store_true",
+            help="print each record's headers first, as name=value,name=value<TAB>",
+        )
+        sub.add_argument(
+            "--key-separator",
+            type=_separator,
+            default="\t",
+            metavar="SEP",
+            help="what --keys puts between key and value (TAB, the default, names a tab)",
+        )
         sub.add_argument(
             "--stats",
             action="store_true",

@@ -38,6 +38,7 @@ from .cli_commands import Env
 from .cli_defaults import EXIT_INTERRUPTED, EXIT_OK
 from .producer import Producer, RecordsHandle, RecordTooLargeError
 from .progress import Progress
+from .record_input import records_of
 
 #: bytes asked of the input per read; a pipe returns what it has
 READ_CHUNK_BYTES: Final = 1 << 20
@@ -213,6 +214,9 @@ async def cmd_append(env: Env) -> int:
     # a stream that is not there is said before any input is read (an
     # empty input would otherwise "append nothing" to it and succeed)
     await env.pm.get_stream(args.stream_id)
+    separator = None if args.key_separator is None else args.key_separator.encode()
+    if separator is not None and args.input == "json":
+        raise UsageError("--key-separator is for lines; JSON input carries each record's key")
     fd, total, close = _open_input(args.file)
     progress = Progress(env.err, args.progress or env.err.isatty(), total_bytes=total)
     tally = Tally()
@@ -255,12 +259,25 @@ async def cmd_append(env: Env) -> int:
                     async with send:
                         with reading:
                             try:
+                                line_number = tally.skipped + 1
                                 while not reader.eof:
                                     lines, nbytes = await reader.next_lines()
                                     if lines:
-                                        handle = await producer.send_many(lines)
-                                        values = sum(map(len, lines))
-                                        await send.send((handle, nbytes, values))
+                                        records = records_of(
+                                            lines,
+                                            separator=separator,
+                                            headers=args.header,
+                                            as_json=args.input == "json",
+                                            first_line=line_number,
+                                        )
+                                        line_number += len(lines)
+                                        handle = await producer.send_many(
+                                            records.values,
+                                            records.keys,
+                                            records.headers,
+                                            records.timestamps,
+                                        )
+                                        await send.send((handle, nbytes, records.value_bytes))
                             except (UsageError, RecordTooLargeError) as error:
                                 # What was sent before is still stored and reported.
                                 refused = UsageError(str(error))

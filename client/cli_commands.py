@@ -109,13 +109,14 @@ def _retention(stream: messages.Stream) -> str:
 
 def _stream_rows(streams: Sequence[messages.Stream]) -> str:
     return fmt.table(
-        ["stream", "replicas", "acks", "retention", "epoch"],
+        ["stream", "replicas", "acks", "retention", "cleanup", "epoch"],
         [
             [
                 s.stream_id,
                 s.replica_nums,
                 fmt.acks_text(s),
                 _retention(s),
+                fmt.cleanup_text(s),
                 s.epoch,
             ]
             for s in streams
@@ -128,11 +129,15 @@ async def cmd_streams_create(env: Env) -> int:
     acknowledged once --acks of them hold them (default: a majority)."""
     if env.args.acks > env.args.replicas:
         raise UsageError(f"--acks {env.args.acks} is more than --replicas {env.args.replicas}")
+    retained = bool(env.args.retention_ms or env.args.retention_bytes)
     spec = messages.Stream(
         replica_nums=env.args.replicas,
         retention_period_ms=env.args.retention_ms,
         ack_nums=env.args.acks,
         retention_bytes=env.args.retention_bytes,
+        cleanup_policy=(2 if retained else 1) if env.args.compact else 0,
+        min_compaction_lag_ms=env.args.compact_lag,
+        delete_retention_ms=env.args.delete_retention,
     )
     results = await env.pm.create_streams([spec] * env.args.count)
     failed = [r for r in results if r.error_code]
@@ -184,27 +189,50 @@ async def cmd_streams_get(env: Env) -> int:
 
 
 async def cmd_streams_update(env: Env) -> int:
-    """Change a stream's replica count, acks or retention; unchanged fields stay."""
-    asked = (env.args.replicas, env.args.retention_ms, env.args.acks, env.args.retention_bytes)
+    """Change a stream's settings; those not given stay as they are."""
+    args = env.args
+    asked = (
+        args.replicas,
+        args.retention_ms,
+        args.acks,
+        args.retention_bytes,
+        args.compact,
+        args.compact_lag,
+        args.delete_retention,
+    )
     if all(value is None for value in asked):
         raise UsageError(
-            "nothing to update: give --replicas, --acks, --retention-ms and/or --retention-bytes"
+            "nothing to update: give --replicas, --acks, --retention-ms, --retention-bytes, "
+            "--compact or --no-compact, --compact-lag and/or --delete-retention"
         )
-    size_limit = env.args.retention_bytes
+    size_limit = args.retention_bytes
     if size_limit == 0:
         size_limit = -1  # on the wire, 0 keeps the limit and -1 removes it
-    current = await env.pm.get_stream(env.args.stream_id)
-    wanted = messages.Stream(
-        stream_id=current.stream_id,
-        replica_nums=(env.args.replicas if env.args.replicas is not None else current.replica_nums),
+    current = await env.pm.get_stream(args.stream_id)
+    policy = current.cleanup_policy
+    if args.compact is not None:
+        retained = (args.retention_ms or current.retention_period_ms) or (
+            size_limit != -1 and (size_limit or current.retention_bytes)
+        )
+        policy = (2 if retained else 1) if args.compact else 0
+    # the settings of SPEC §13-§16 go as they are to be (pm.stream_settings)
+    wanted = replace(
+        current,
+        replica_nums=args.replicas if args.replicas is not None else current.replica_nums,
         retention_period_ms=(
-            env.args.retention_ms
-            if env.args.retention_ms is not None
-            else current.retention_period_ms
+            args.retention_ms if args.retention_ms is not None else current.retention_period_ms
         ),
-        epoch=current.epoch,
-        ack_nums=env.args.acks if env.args.acks is not None else current.ack_nums,
+        ack_nums=args.acks if args.acks is not None else current.ack_nums,
         retention_bytes=size_limit or 0,
+        cleanup_policy=policy,
+        min_compaction_lag_ms=(
+            args.compact_lag if args.compact_lag is not None else current.min_compaction_lag_ms
+        ),
+        delete_retention_ms=(
+            args.delete_retention
+            if args.delete_retention is not None
+            else current.delete_retention_ms
+        ),
     )
     stream = await env.pm.update_stream(wanted)
     env.emit_json(stream) if env.json else env.emit(_stream_rows([stream]))

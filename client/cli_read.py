@@ -68,24 +68,36 @@ class RecordPrinter:
 
     def _print(self, batch: DecodedRecords, count: int) -> None:
         args, out = self.env.args, self.env.out
-        if not (self.env.json or args.offsets or args.hex):
-            plain = _plain_lines(batch, count)
+        shown_keys, shown_headers = args.keys, args.headers
+        if not (self.env.json or args.offsets or args.hex or shown_keys or shown_headers):
+            plain = _plain_lines(batch, count) if batch.value_valid is None else None
             if plain is not None:
                 _write_utf8(out, plain)
                 return
         lines = []
+        text = _hex_text if args.hex else _text
         for i in range(count):
             raw = batch.value(i)
             offset = int(batch.offsets[i])
             if self.env.json:
                 timestamp = int(batch.timestamps[i])
-                lines.append(json.dumps(_record_json(offset, timestamp, raw, hex_values=args.hex)))
+                record = _record_json(offset, timestamp, raw, hex_values=args.hex)
+                key = batch.key(i)
+                if key is not None:
+                    record.update(_bytes_json("key", key, hex_values=args.hex))
+                headers = batch.headers_of(i)
+                if headers:
+                    record["headers"] = [[name, _header_json(v)] for name, v in headers]
+                lines.append(json.dumps(record))
                 continue
-            value = raw.hex() if args.hex else raw.decode("utf-8", "backslashreplace")
-            if args.offsets:
-                lines.append(f"{offset}\t{value}")
-            else:
-                lines.append(value)
+            parts = [str(offset)] if args.offsets else []
+            if shown_headers:
+                parts.append(",".join(f"{n}={text(v)}" for n, v in batch.headers_of(i)))
+            value = text(raw)
+            if shown_keys:
+                value = f"{text(batch.key(i))}{args.key_separator}{value}"
+            parts.append(value)
+            lines.append("\t".join(parts))
         out.write("\n".join(lines) + "\n")
         out.flush()
 
@@ -114,19 +126,46 @@ class RecordPrinter:
             )
 
 
-def _record_json(offset: int, timestamp: int, raw: bytes, *, hex_values: bool) -> dict[str, object]:
+def _text(raw: bytes | None) -> str:
+    """A value, key or header value as text: UTF-8, other bytes escaped; a
+    missing one (a tombstone's value, a record without a key) as nothing."""
+    return "" if raw is None else raw.decode("utf-8", "backslashreplace")
+
+
+def _hex_text(raw: bytes | None) -> str:
+    return "" if raw is None else raw.hex()
+
+
+def _record_json(
+    offset: int, timestamp: int, raw: bytes | None, *, hex_values: bool
+) -> dict[str, object]:
     """One record as JSON, its value without loss: hex with ``--hex``, else
     the text when it is UTF-8, else ``value_base64`` (so the bytes
-    ``\xff\xfe`` and the text ``\\xff\\xfe`` stay apart)."""
+    ``\xff\xfe`` and the text ``\\xff\\xfe`` stay apart); null for a tombstone."""
     record: dict[str, object] = {"offset": offset, "timestamp_ms": timestamp}
-    if hex_values:
-        record["value"] = raw.hex()
+    if raw is None:
+        record["value"] = None
         return record
-    try:
-        record["value"] = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        record["value_base64"] = base64.b64encode(raw).decode("ascii")
+    record.update(_bytes_json("value", raw, hex_values=hex_values))
     return record
+
+
+def _bytes_json(name: str, raw: bytes, *, hex_values: bool) -> dict[str, object]:
+    """``{name: text}`` (or hex), or ``{name_base64: ...}`` when not UTF-8."""
+    if hex_values:
+        return {name: raw.hex()}
+    try:
+        return {name: raw.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {f"{name}_base64": base64.b64encode(raw).decode("ascii")}
+
+
+def _header_json(raw: bytes) -> object:
+    """A header value: its text, or ``{"base64": ...}`` when it is not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(raw).decode("ascii")}
 
 
 def _plain_lines(batch: DecodedRecords, count: int) -> npt.NDArray[np.uint8] | None:

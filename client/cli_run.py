@@ -56,9 +56,7 @@ def describe_failure(error: BaseException) -> tuple[int, str] | None:
             return EXIT_SERVER_ERROR, str(leaf)
         if isinstance(leaf, ConnectionClosed | OSError):
             return EXIT_CONNECT, f"cannot connect: {leaf}"
-        if isinstance(leaf, RecordsUnreachableError) and isinstance(
-            leaf.__cause__, ConnectionClosed | OSError
-        ):
+        if isinstance(leaf, RecordsUnreachableError) and leaf.unreachable:
             return EXIT_CONNECT, str(leaf)
         if isinstance(leaf, trio.TooSlowError):
             return EXIT_TIMEOUT, "no answer in time (see --timeout)"

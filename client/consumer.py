@@ -56,10 +56,11 @@ import trio
 
 from net.pool import ConnectionPool
 from sbp import messages
-from sbp.batches import BATCH_HEADER, DecodedRecords, batch_spans, decode_batches
+from sbp.batches import BASE_OFFSET, DecodedRecords, batch_span, batch_spans, decode_batches
 from sbp.constants import MAX_GROUP_NAME_BYTES
 from sbp.enums import ErrorCode
 from sbp.errors import (
+    ConnectionClosed,
     GroupNotFoundError,
     InvalidRecordBatchError,
     OffsetOutOfRangeError,
@@ -99,11 +100,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One record as a consumer yields it."""
+    """One record as a consumer yields it: its offset, its own timestamp
+    (ms since the Unix epoch), its value (None: a tombstone, SPEC §13), and
+    its key and headers (magic 2 batches; none for magic 1)."""
 
     offset: int
     timestamp: int
-    value: bytes
+    value: bytes | None
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 class _End:
@@ -421,7 +426,8 @@ class Consumer:
                 why = str(error) or type(error).__name__
                 replicas = len(rng.replica_nodes)
                 tried = self._tried(rng, attempts)
-                if attempts.fail(tried, why, replicas, started=attempt_started):
+                cut_off = isinstance(error, OSError | ConnectionClosed)
+                if attempts.fail(tried, why, replicas, started=attempt_started, cut_off=cut_off):
                     raise self._unreachable(rng, offset, attempts) from error
                 if not self.tail and attempts.failures >= replicas:
                     # every replica failed once: if the PM has given up on all
@@ -499,7 +505,8 @@ class Consumer:
         )
         return RecordsUnreachableError(
             f"no replica of stream {self.stream_id} range {rng.range_index} serves its "
-            f"records from offset {offset} ({reasons})" + (f"; {dead}" if dead else "")
+            f"records from offset {offset} ({reasons})" + (f"; {dead}" if dead else ""),
+            unreachable=attempts.all_cut_off,
         )
 
     async def _all_replicas_dead(self, rng: messages.Range) -> str:
@@ -596,7 +603,7 @@ class Consumer:
         and never long-polling: a FETCH ahead at the tail comes back empty."""
         if self._nursery is None or len(data) < self.fetch_bytes // 2:
             return  # not a full answer: the walk is near the end, or at the tail
-        first_base = int(BATCH_HEADER.unpack_from(data, 0)[0])
+        first_base = int(BASE_OFFSET.unpack_from(data, 0)[0])
         step = next_offset - first_base
         predicted = ahead[-1].offset + step if ahead else next_offset
         while len(ahead) < self.read_ahead:
@@ -711,8 +718,18 @@ def iter_records(records: DecodedRecords) -> Iterator[Record]:
     values = records.values
     bounds = records.value_offsets.tolist()
     timestamps = records.timestamps.tolist()
+    if records.keys is None and records.headers is None and records.value_valid is None:
+        for i, offset in enumerate(records.offsets.tolist()):
+            yield Record(offset, timestamps[i], values[bounds[i] : bounds[i + 1]].tobytes())
+        return
     for i, offset in enumerate(records.offsets.tolist()):
-        yield Record(offset, timestamps[i], values[bounds[i] : bounds[i + 1]].tobytes())
+        yield Record(
+            offset,
+            timestamps[i],
+            records.value(i),
+            records.key(i),
+            tuple(records.headers_of(i)),
+        )
 
 
 async def _take(ahead: list[_Ahead], offset: int) -> tuple[messages.FetchResult, memoryview] | None:
@@ -739,8 +756,23 @@ class _Attempts:
         self.since: float | None = None
         #: the last failure of each replica tried, by address
         self.refusals: dict[str, str] = {}
+        #: the replicas whose last failure was a connection that failed
+        self.cut_off: set[str] = set()
 
-    def fail(self, replica: str, why: str, replicas: int, started: float | None = None) -> bool:
+    @property
+    def all_cut_off(self) -> bool:
+        """Whether no replica tried could be reached at all."""
+        return bool(self.refusals) and self.cut_off >= self.refusals.keys()
+
+    def fail(
+        self,
+        replica: str,
+        why: str,
+        replicas: int,
+        started: float | None = None,
+        *,
+        cut_off: bool = False,
+    ) -> bool:
         """Count a failed try of ``replica`` (begun at ``started``: the
         window counts from the first failed try's start, so a try that hung
         until its own timeout is part of it); True when it is time to give up."""
@@ -748,6 +780,10 @@ class _Attempts:
         if self.since is None:
             self.since = now if started is None else started
         self.refusals[replica] = why
+        if cut_off:
+            self.cut_off.add(replica)
+        else:
+            self.cut_off.discard(replica)
         give_up = now - self.since > self.window and self.failures + 1 >= replicas
         self.failures += 1
         return give_up
@@ -761,21 +797,13 @@ def _drop(ahead: list[_Ahead]) -> None:
 
 
 def _next_offset(data: memoryview) -> int:
-    """The offset after the last record of the batches in ``data``."""
+    """The offset after the last batch in ``data`` (its span, which covers
+    records compaction removed too)."""
     start, _ = batch_spans(data)[-1]
-    header = BATCH_HEADER.unpack_from(data, start)
-    return int(header[0]) + int(header[5])
+    return int(BASE_OFFSET.unpack_from(data, start)[0]) + batch_span(data, start)
 
 
 def _drop_before(records: DecodedRecords, first: int) -> DecodedRecords:
     """``records`` without those below offset ``first`` (a fetch returns the
     whole batch holding the offset asked for)."""
-    skip = int(np.searchsorted(records.offsets, first))
-    value_offsets = records.value_offsets[skip:]
-    start = int(value_offsets[0])
-    return DecodedRecords(
-        records.offsets[skip:],
-        records.timestamps[skip:],
-        records.values[start:],
-        value_offsets - value_offsets.dtype.type(start),
-    )
+    return records.drop_first(int(np.searchsorted(records.offsets, first)))

@@ -122,6 +122,13 @@ def age_text(epoch_ms: int, now: float | None = None) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
+def cleanup_text(stream: messages.Stream) -> str:
+    """A stream's cleanup policy (SPEC §13): delete, compact, or both."""
+    return {0: "delete", 1: "compact", 2: "compact+delete"}.get(
+        stream.cleanup_policy, str(stream.cleanup_policy)
+    )
+
+
 def duration_text(seconds: float) -> str:
     """A span of time, to the second: ``45s``, ``3m 20s``, ``2h 05m``."""
     whole = max(0, round(seconds))

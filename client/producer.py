@@ -21,6 +21,7 @@ default then).
 from __future__ import annotations
 
 import ssl
+import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
@@ -31,13 +32,23 @@ import numpy.typing as npt
 import trio
 
 from net.pool import ConnectionPool
+from sbp.batch_v2 import MAX_TIMESTAMP_SPAN_MS
 from sbp.batches import BATCH_HEADER_SIZE, Buffer, build_batch, validate_batch
 from sbp.enums import ErrorCode
 from sbp.errors import RangeNotFoundError, SBPError, error_for
 from sbp.producer_stamp import ProducerStamp
 
 from ._routing import ClientContext, StreamRoutes, primary_of
-from .accumulator import RECORD_OVERHEAD, Accumulator, PendingBatch, ProducerClosedError
+from .accumulator import (
+    RECORD_OVERHEAD,
+    STAMP_MARGIN_MS,
+    Accumulator,
+    Headers,
+    PendingBatch,
+    ProducerClosedError,
+    extra_bytes,
+    header_list,
+)
 from .pm_client import PMClient
 from .retry import until_deadline
 from .sender import Sender
@@ -157,6 +168,31 @@ class RecordsHandle:
             out[position : position + count] = np.arange(base, base + count, dtype=np.int64)
             position += count
         return out
+
+
+def _stamps_that_fit(
+    batch: PendingBatch,
+    low: npt.NDArray[np.int64],
+    high: npt.NDArray[np.int64],
+    now_ms: int,
+) -> int:
+    """How many of the next records fit the batch in time, given the running
+    lowest and highest of their timestamps."""
+    held = batch.stamp_range(now_ms)
+    lo, hi = held if held is not None else (int(low[0]), int(high[0]))
+    span = np.maximum(high, hi) - np.minimum(low, lo)
+    too_wide = np.nonzero(span > MAX_TIMESTAMP_SPAN_MS - STAMP_MARGIN_MS)[0]
+    return int(too_wide[0]) if len(too_wide) else len(low)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _check_value(value: bytes | None, key: bytes | None) -> None:
+    """A null value is a tombstone: it says a key is deleted (SPEC §13)."""
+    if value is None and key is None:
+        raise ValueError("a record without a value is a tombstone and needs a key")
 
 
 class Producer:
@@ -356,17 +392,47 @@ class Producer:
 
     # -- sending --------------------------------------------------------------
 
-    async def send(self, value: bytes) -> RecordHandle:
-        """Add one record; returns at once unless the buffer is full. Raises
-        ``RecordTooLargeError`` for a record no request could carry, and
-        ``ProducerFencedError`` once a newer instance of this producer runs."""
+    async def send(
+        self,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+        timestamp: int | None = None,
+    ) -> RecordHandle:
+        """Add one record; returns at once unless the buffer is full. ``key``,
+        ``headers`` ((name, value) pairs or a mapping; names may repeat) and
+        ``timestamp`` (ms since the Unix epoch; by default the time its
+        batch is made) are optional (SPEC §13): a record with none of them
+        costs no more than a value alone. A ``None`` value with a key is a
+        tombstone. Raises ``RecordTooLargeError`` for a record no request
+        could carry, and ``ProducerFencedError`` once a newer instance of
+        this producer runs."""
         self._check_fenced()
-        self._check_record_size(len(value))
+        pairs = header_list(headers)
+        _check_value(value, key)
+        extra = extra_bytes(key, pairs, timestamp) if key or pairs or timestamp else 0
+        size = (0 if value is None else len(value)) + extra
+        self._check_record_size(size)
         if self._batches.buffered >= self._batches.buffer_bytes:
             await self._batches.wait_for_space()
         batch = self._batches.open_batch()
-        batch.values.append(value)
-        batch.nbytes += len(value) + RECORD_OVERHEAD
+        stamp = _now_ms() if timestamp is None else timestamp
+        if (timestamp is not None or batch.stamps is not None) and not batch.takes_stamps(
+            stamp, stamp, stamp if timestamp is None else _now_ms()
+        ):
+            self._batches.close_open_batch()  # too far in time from its records: a new batch
+            batch = self._batches.open_batch()
+        if (
+            extra
+            or value is None
+            or batch.keys is not None
+            or batch.headers is not None
+            or (batch.timestamps is not None)
+        ):
+            batch.add(value, key, pairs, timestamp)
+        else:
+            batch.values.append(value)
+        batch.nbytes += size + RECORD_OVERHEAD
         handle = RecordHandle(batch, len(batch.values) - 1)
         if self._batches.is_full(batch):
             self._batches.close_open_batch()
@@ -374,15 +440,53 @@ class Producer:
             await trio.lowlevel.checkpoint()
         return handle
 
-    async def send_many(self, values: Sequence[bytes]) -> RecordsHandle:
-        """Add records in order; the work per record is a length and a slice.
-        Raises ``RecordTooLargeError``, with none of them added, when one is
-        larger than a request may carry."""
+    async def send_many(
+        self,
+        values: Sequence[bytes | None],
+        keys: Sequence[bytes | None] | None = None,
+        headers: Sequence[Headers | None] | None = None,
+        timestamps: Sequence[int | None] | None = None,
+    ) -> RecordsHandle:
+        """Add records in order; ``keys``, ``headers`` and ``timestamps``, when
+        given, hold one entry per record (None: none). Without them the work
+        per record is a length and a slice. Raises ``RecordTooLargeError``,
+        with none of them added, when one is larger than a request may carry."""
         self._check_fenced()
         count = len(values)
         if count == 0:
             return RecordsHandle([], 0)
-        sizes = np.fromiter(map(len, values), dtype=np.int64, count=count)
+        for name, column in (("keys", keys), ("headers", headers), ("timestamps", timestamps)):
+            if column is not None and len(column) != count:
+                raise ValueError(f"{count} values but {len(column)} {name}")
+        now_ms = _now_ms()
+        stamps = (
+            None
+            if timestamps is None
+            else np.fromiter(
+                (now_ms if t is None else t for t in timestamps), dtype=np.int64, count=count
+            )
+        )
+        pairs = None if headers is None else [header_list(h) for h in headers]
+        plain = keys is None and pairs is None and timestamps is None
+        if plain:
+            sizes = np.fromiter(map(len, values), dtype=np.int64, count=count)  # type: ignore[arg-type]
+        else:
+            sizes = np.fromiter(
+                (
+                    (0 if value is None else len(value))
+                    + extra_bytes(
+                        None if keys is None else keys[i],
+                        None if pairs is None else pairs[i],
+                        None if timestamps is None else timestamps[i],
+                    )
+                    for i, value in enumerate(values)
+                ),
+                dtype=np.int64,
+                count=count,
+            )
+            for i, value in enumerate(values):
+                if value is None:
+                    _check_value(value, None if keys is None else keys[i])
         self._check_record_size(int(sizes.max()))
         if self._batches.buffered >= self._batches.buffer_bytes:
             await self._batches.wait_for_space()
@@ -398,8 +502,29 @@ class Producer:
             # records that fit the byte limit: the one crossing it still goes in
             fit = int(np.searchsorted(ends, used + room_bytes, side="left")) - start + 1
             take = max(1, min(room_records, fit, count - start))
+            if stamps is not None:
+                # no further in time from the batch's records than a batch spans
+                low = np.minimum.accumulate(stamps[start : start + take])
+                high = np.maximum.accumulate(stamps[start : start + take])
+                if not batch.takes_stamps(int(low[-1]), int(high[-1]), now_ms):
+                    take = _stamps_that_fit(batch, low, high, now_ms)
+                    if take == 0:
+                        self._batches.close_open_batch()
+                        continue
             end = start + take
-            batch.values.extend(values[start:end])
+            if plain and batch.keys is None and batch.headers is None and batch.timestamps is None:
+                batch.values.extend(values[start:end])
+            else:
+                batch.extend(
+                    values[start:end],
+                    None if keys is None else keys[start:end],
+                    None if pairs is None else pairs[start:end],
+                    None if timestamps is None else timestamps[start:end],
+                )
+                if stamps is not None and timestamps is not None:
+                    given = [t for t in timestamps[start:end] if t is not None]
+                    if given:
+                        batch.note_stamps(min(given), max(given))
             taken = int(ends[end - 1]) - used
             batch.nbytes += taken
             used += taken
@@ -452,7 +577,8 @@ class Producer:
     @property
     def max_record_bytes(self) -> int:
         """The largest record value a request can carry: alone in its batch,
-        after the batch header and its length word."""
+        after the batch header and its length word (a key, headers or a
+        timestamp count against it too, with a length word each)."""
         return self.max_request_bytes - BATCH_HEADER_SIZE - RECORD_OVERHEAD
 
     def _check_fenced(self) -> None:

@@ -265,18 +265,20 @@ class DataNode:
 
     async def range_holdings(
         self, principal: str, ranges: Sequence[tuple[int, int]], skips: Sequence[int]
-    ) -> list[tuple[int, int, int] | ProtocolError]:
+    ) -> list[tuple[int, int, int, int] | ProtocolError]:
         """RANGE_HOLDINGS (the PM's, SPEC §9: the cluster's principals only):
         per range, how far this node holds it without a gap, the bytes of
-        that, and where to cut it to drop its first ``skips[i]`` bytes (0:
-        not asked); or the error. The index is read off the event loop."""
+        that, where to cut it to drop its first ``skips[i]`` bytes (0: not
+        asked), and the offset after the last batch it holds of the stream
+        with a record without a key; or the error. The index is read off the
+        event loop."""
         denied = self.access.check_internal(principal, "RANGE_HOLDINGS")
         if denied is not None:
             return [denied] * len(ranges)
 
-        def look() -> list[tuple[int, int, int] | ProtocolError]:
+        def look() -> list[tuple[int, int, int, int] | ProtocolError]:
             engine = self.engine
-            found: list[tuple[int, int, int] | ProtocolError] = []
+            found: list[tuple[int, int, int, int] | ProtocolError] = []
             for i, (stream_id, range_index) in enumerate(ranges):
                 skip = skips[i] if i < len(skips) else 0
                 try:
@@ -286,7 +288,7 @@ class DataNode:
                 except ProtocolError as error:
                     found.append(error)
                     continue
-                found.append((held_end, size, cut))
+                found.append((held_end, size, cut, engine.keyless_below(stream_id)))
             return found
 
         return await trio.to_thread.run_sync(look)
@@ -421,6 +423,7 @@ class DataNode:
         pm_term: int,
         views: Sequence[tuple[int, Sequence[messages.Range]]],
         deadline: float,
+        policies: Sequence[int | None] = (),
     ) -> list[list[RangeInfo] | ProtocolError]:
         """SYNC_RANGES from the PM: each stream's ranges become the PM's view
         of them. The streams whose view was applied are looked at again by
@@ -441,12 +444,13 @@ class DataNode:
             if not isinstance(view, ProtocolError)
         ]
         await self._prefetch_dropped(applicable)
+        cleanup = list(policies) or [None] * len(views)
         synced = await outcomes(
             [
                 view
                 if isinstance(view, ProtocolError)
-                else self.engine.sync_ranges(stream_id, view)
-                for (stream_id, _), view in zip(views, infos, strict=True)
+                else self.engine.sync_ranges(stream_id, view, policy)
+                for (stream_id, _), view, policy in zip(views, infos, cleanup, strict=True)
             ],
             deadline,
         )

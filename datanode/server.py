@@ -194,4 +194,3 @@ async def _give_back_heap_after_bursts(requests: ByteBudget) -> None:
         if requests.peak - requests.used >= TRIM_THRESHOLD:
             requests.peak = requests.used
             await trio.to_thread.run_sync(give_back_free_heap)
-

@@ -33,8 +33,8 @@ from sbp.errors import (
     error_for,
 )
 
-from .records import Holding, RangeRecord
-from .wire import DataNodeCache, range_message, range_record
+from .records import Holding, RangeRecord, StreamRecord
+from .wire import DataNodeCache, range_message, range_record, stream_message
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +59,17 @@ class DataNodeLink:
     over the client library's ``DataNodeClient`` and retry policy."""
 
     def __init__(
-        self, pool: ConnectionPool, address_of: Callable[[int], str], *, term: int = 0
+        self,
+        pool: ConnectionPool,
+        address_of: Callable[[int], str],
+        *,
+        term: int = 0,
+        stream_of: Callable[[int], StreamRecord | None] = lambda _: None,
     ) -> None:
         self._pool = pool
         self._address_of = address_of
+        #: a stream's settings, sent with its ranges in SYNC_RANGES
+        self._stream_of = stream_of
         #: the PM term sent with SYNC_RANGES and SEAL_RANGES (SPEC §8; 0 without etcd)
         self.term = term
         self._data_node = DataNodeCache(address_of)
@@ -83,6 +90,7 @@ class DataNodeLink:
                 messages.StreamRanges(
                     stream_id=stream_id,
                     ranges=tuple(range_message(r, self._data_node) for r in ranges),
+                    stream=_stream_or_none(self._stream_of(stream_id)),
                 )
                 for stream_id, ranges in chunk
             ]
@@ -187,7 +195,10 @@ class DataNodeLink:
                 if result.error_code == ErrorCode.NONE:
                     key = (int(result.stream_id), int(result.range_index))
                     found[key] = Holding(
-                        int(result.held_end), int(result.bytes), int(result.offset_after_skip)
+                        int(result.held_end),
+                        int(result.bytes),
+                        int(result.offset_after_skip),
+                        int(result.keyless_below),
                     )
         return found
 
@@ -253,3 +264,7 @@ class DataNodeLink:
         return await retry.until_deadline(
             attempt, f"{what} to node {node_id}", initial=RETRY_INITIAL_S, cap=RETRY_MAX_S
         )
+
+
+def _stream_or_none(stream: StreamRecord | None) -> messages.Stream | None:
+    return None if stream is None else stream_message(stream)

@@ -217,6 +217,8 @@ class ConsumerGroups:
         self._clock_ms = clock_ms
         #: commits stored, by group (metrics: the commit rate)
         self.commits: dict[str, int] = {}
+        #: set by each commit: its positions are dated at once (``run``)
+        self._committed = trio.Event()
         #: every position, by group and stream: read from the metadata when
         #: this PM starts leading, then kept with each change it commits (it
         #: is the only writer)
@@ -266,6 +268,7 @@ class ConsumerGroups:
             await self._commit([PutGroupOffsets(stored)])
             self._held.setdefault(group, {}).update((r.stream_id, r) for r in stored)
             self.commits[group] = self.commits.get(group, 0) + 1
+            self._committed.set()
         return outcomes
 
     async def _check(self, item: OffsetItem) -> None:
@@ -315,19 +318,26 @@ class ConsumerGroups:
         return Position(record, end, lag, None if seconds is None else int(seconds * 1000))
 
     async def run(self, interval: float) -> None:
-        """Forever, every ``interval`` seconds: the ends of the streams
-        groups read, then the times of the oldest records they have not read."""
+        """Forever: every ``interval`` seconds the ends of the streams groups
+        read; then, and right after each commit, the times of the oldest
+        records they have not read (so a moved position is dated within a
+        FETCH, not an interval, later)."""
+        refresh_at = 0.0
         while True:
-            wanted = self.streams_with_positions()
-            self.ends.forget_others(wanted)
-            await self.ends.refresh(wanted)
+            if trio.current_time() >= refresh_at:
+                wanted = self.streams_with_positions()
+                self.ends.forget_others(wanted)
+                await self.ends.refresh(wanted)
+                refresh_at = trio.current_time() + interval
+            self._committed = trio.Event()
             behind = sorted(
                 (r.offset - (self.ends.end(r.stream_id) or 0), r.stream_id, r.offset)
                 for r in self.records()
                 if 0 <= r.offset < (self.ends.end(r.stream_id) or 0)
             )  # the furthest behind first, as /metrics shows them
             await self.times.learn([(stream_id, offset) for _, stream_id, offset in behind])
-            await trio.sleep(interval)
+            with trio.move_on_at(refresh_at):
+                await self._committed.wait()
 
     def records(self) -> list[GroupOffsetRecord]:
         """Every position, by group and stream id (LIST_GROUPS, /metrics)."""

@@ -125,7 +125,7 @@ async def run_pm_on_etcd(config: PMConfig) -> int:
                 manager = PlacementManager(
                     store,
                     registry,
-                    DataNodeLink(pool, registry.address, term=term),
+                    DataNodeLink(pool, registry.address, term=term, stream_of=store.stream),
                     min_free_space=config.min_free_space,
                     repair_after=config.repair_after_s,
                     max_move_bytes_per_s=config.max_move_bytes_per_s,

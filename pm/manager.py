@@ -52,9 +52,9 @@ from sbp.errors import (
     SBPError,
     StreamNotFoundError,
 )
-from sbp.replication import check_acks, effective_acks, seal_end
+from sbp.replication import effective_acks, seal_end
 
-from . import reconcile
+from . import reconcile, stream_settings
 from .drain import NodeDrains
 from .groups import ConsumerGroups, RecordTimes, StreamEnds
 from .liveness import NodeRegistry, NodeState
@@ -94,7 +94,6 @@ _seal_failures = RateLimitedLog(log, interval=60.0)
 T = TypeVar("T")
 
 #: replica_nums is an int8 on the wire
-MAX_REPLICA_NUMS: Final = 127
 #: GET_STREAMS listing: page size when the request gives no limit, and the cap
 #: (10,000 results stay far below the 16 MiB frame limit)
 DEFAULT_LIST_LIMIT: Final = 1000
@@ -177,12 +176,15 @@ class PlacementManager:
         rebalance_threshold: float = REBALANCE_THRESHOLD,
         rebalance_interval: float = REBALANCE_INTERVAL_S,
         reconcile_interval: float = RECONCILE_INTERVAL_S,
+        object_store: bool = False,
     ) -> None:
         self.store = store
         self.registry = registry
         self._link = link
         #: below this free space a data node is full (``--min-free-space``)
         self.min_free_space = min_free_space
+        #: whether the cluster has an object store (SPEC §14): tiered streams need one
+        self.object_store = object_store
         self._locks = StreamLocks()
         #: SYNC_RANGES to the data nodes, one call at a time per node
         self._node_syncs = NodeSyncs(self._send_sync, self._sync_failed)
@@ -515,9 +517,7 @@ class PlacementManager:
         created: list[tuple[StreamRecord, RangeRecord]] = []
         for spec in specs:
             try:
-                _check_stream_fields(spec.replica_nums, spec.retention_period_ms)
-                _check_retention_bytes(spec.retention_bytes)
-                check_acks(spec.replica_nums, spec.ack_nums)
+                stream_settings.check_new(spec, object_store=self.object_store)
                 nodes = self._place(spec.replica_nums)
             except ProtocolError as exc:
                 results.append(Outcome(error=exc))
@@ -595,7 +595,13 @@ class PlacementManager:
                         current = updated.get(spec.stream_id) or self._require_stream(
                             spec.stream_id
                         )
-                        new = _updated(current, spec)
+                        new = stream_settings.updated(
+                            current, spec, object_store=self.object_store
+                        )
+                        if stream_settings.compacted(new) and not stream_settings.compacted(
+                            current
+                        ):
+                            await self._check_all_keyed(spec.stream_id, deadline)
                         if new.replica_nums != current.replica_nums:
                             # As CREATE_STREAMS would: a count no live nodes can
                             # hold would make every later seal fail.
@@ -617,6 +623,36 @@ class PlacementManager:
                 # next pass.
                 await self.sync_streams(retention_changed, deadline)
         return results
+
+    async def _check_all_keyed(self, stream_id: int, deadline: float) -> None:
+        """Refuse to compact a stream that holds records without keys (SPEC
+        §13): every replica of its ranges is asked what it holds; one that
+        cannot answer leaves it refused too (compaction keeps one record per
+        key, and a record without a key has none to keep it by)."""
+        ranges = self.store.ranges(stream_id)
+        first = ranges[0].start_offset if ranges else 0
+        by_node: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for rng in ranges:
+            for node_id in rng.nodes:
+                by_node[node_id].append(rng.key)
+        with trio.move_on_at(deadline) as scope:
+            for node_id, keys in by_node.items():
+                try:
+                    holdings = await self._link.range_holdings(node_id, keys)
+                except (SBPError, OSError) as error:
+                    raise InvalidRequestError(
+                        f"stream {stream_id} cannot be compacted now: data node {node_id} "
+                        f"does not say whether it holds records without keys ({error})"
+                    ) from None
+                keyless = max((h.keyless_below for h in holdings.values()), default=0)
+                if keyless > first:
+                    raise InvalidRequestError(
+                        f"stream {stream_id} holds records without keys (below offset "
+                        f"{keyless}): a compacted stream keeps each key's latest record, so "
+                        "every record needs a key; trim them first"
+                    )
+        if scope.cancelled_caught:
+            raise RequestTimeoutError(f"stream {stream_id}: the data nodes did not answer in time")
 
     def get_streams(self, stream_ids: Sequence[int]) -> list[Outcome[StreamRecord]]:
         results: list[Outcome[StreamRecord]] = []
@@ -1038,50 +1074,6 @@ def _streams_text(stream_ids: Sequence[int]) -> str:
 
 def _no_stream(stream_id: int) -> StreamNotFoundError:
     return StreamNotFoundError(f"no stream {stream_id}")
-
-
-def _updated(current: StreamRecord, spec: StreamRecord) -> StreamRecord:
-    replica_nums = spec.replica_nums or current.replica_nums
-    retention = (
-        current.retention_period_ms if spec.retention_period_ms < 0 else spec.retention_period_ms
-    )
-    _check_stream_fields(replica_nums, retention)
-    ack_nums = spec.ack_nums or current.ack_nums
-    check_acks(replica_nums, ack_nums)
-    # 0 keeps the limit (an update that does not name it), -1 removes it
-    if spec.retention_bytes < -1:
-        raise InvalidRequestError(
-            f"retention_bytes must be >= -1 in an update, got {spec.retention_bytes}"
-        )
-    retention_bytes = {0: current.retention_bytes, -1: 0}.get(
-        spec.retention_bytes, spec.retention_bytes
-    )
-    if spec.epoch < current.epoch:
-        raise EpochFencedError(
-            f"stream {spec.stream_id} is at epoch {current.epoch}, update names {spec.epoch}"
-        )
-    return replace(
-        current,
-        replica_nums=replica_nums,
-        retention_period_ms=retention,
-        epoch=spec.epoch,
-        ack_nums=ack_nums,
-        retention_bytes=retention_bytes,
-    )
-
-
-def _check_retention_bytes(retention_bytes: int) -> None:
-    if retention_bytes < 0:
-        raise InvalidRequestError(f"retention_bytes must be >= 0, got {retention_bytes}")
-
-
-def _check_stream_fields(replica_nums: int, retention_period_ms: int) -> None:
-    if not 1 <= replica_nums <= MAX_REPLICA_NUMS:
-        raise InvalidRequestError(
-            f"replica_nums must be 1 to {MAX_REPLICA_NUMS}, got {replica_nums}"
-        )
-    if retention_period_ms < 0:
-        raise InvalidRequestError(f"retention_period_ms must be >= 0, got {retention_period_ms}")
 
 
 def _check_node(node: NodeRecord) -> None:

@@ -8,7 +8,10 @@ that byte order is numeric order for the non-negative ids used as keys):
 database       key                              value
 =============  ===============================  ==================================
 ``streams``    stream_id (q)                    replica_nums (b), retention (q), epoch (q),
-                                                ack_nums (b), retention_bytes (q)
+                                                ack_nums (b), retention_bytes (q),
+                                                cleanup_policy (b), min compaction
+                                                lag (q), delete retention (q), local
+                                                retention (q), table interval (q)
 ``ranges``     stream_id (q), range_index (i)   start (q), end (q), epoch (q), n (B),
                                                 n node ids (i), primary first, and
                                                 replicas wanted (B) when the range
@@ -71,6 +74,9 @@ _STREAM_VALUE_ACKS: Final = struct.Struct(">bqqb")
 #: a stream with a size limit (SPEC §12): eight more bytes; values written
 #: before it existed decode with no limit
 _STREAM_VALUE_BYTES: Final = struct.Struct(">bqqbq")
+#: a stream with the settings of compaction, tiering and tables (SPEC §13,
+#: §14, §16): values written before decode with their defaults
+_STREAM_VALUE_SETTINGS: Final = struct.Struct(">bqqbqbqqqq")
 _RANGE_KEY: Final = struct.Struct(">qi")
 _MOVE_VALUE: Final = struct.Struct(">ii")
 _RANGE_HEAD: Final = struct.Struct(">qqqB")
@@ -250,12 +256,17 @@ class Metadata(Protocol):
 
 
 def encode_stream(stream: StreamRecord) -> bytes:
-    return _STREAM_VALUE_BYTES.pack(
+    return _STREAM_VALUE_SETTINGS.pack(
         stream.replica_nums,
         stream.retention_period_ms,
         stream.epoch,
         stream.ack_nums,
         stream.retention_bytes,
+        stream.cleanup_policy,
+        stream.min_compaction_lag_ms,
+        stream.delete_retention_ms,
+        stream.local_retention_ms,
+        stream.table_interval_ms,
     )
 
 
@@ -272,7 +283,9 @@ def stream_from_value(stream_id: int, value: bytes) -> StreamRecord:
     if len(value) == _STREAM_VALUE_ACKS.size:
         replica_nums, retention, epoch, acks = _STREAM_VALUE_ACKS.unpack(value)
         return StreamRecord(stream_id, replica_nums, retention, epoch, acks)
-    return StreamRecord(stream_id, *_STREAM_VALUE_BYTES.unpack(value))
+    if len(value) == _STREAM_VALUE_BYTES.size:
+        return StreamRecord(stream_id, *_STREAM_VALUE_BYTES.unpack(value))
+    return StreamRecord(stream_id, *_STREAM_VALUE_SETTINGS.unpack(value))
 
 
 def encode_move(move: MoveRecord) -> bytes:

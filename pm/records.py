@@ -30,7 +30,9 @@ class Outcome(Generic[T]):
 class StreamRecord:
     """A stream: ids start at 1; ``retention_period_ms`` 0 keeps forever;
     ``ack_nums`` 0 acknowledges once a majority of replicas hold a record;
-    ``retention_bytes`` 0 sets no size limit (SPEC §12)."""
+    ``retention_bytes`` 0 sets no size limit (SPEC §12); the settings of
+    compaction (§13), tiering (§14) and tables (§16) as SPEC §3 has them
+    (``pm.stream_settings``)."""
 
     stream_id: int
     replica_nums: int
@@ -38,6 +40,11 @@ class StreamRecord:
     epoch: int = 0
     ack_nums: int = 0
     retention_bytes: int = 0
+    cleanup_policy: int = 0
+    min_compaction_lag_ms: int = 0
+    delete_retention_ms: int = 86_400_000
+    local_retention_ms: int = -1
+    table_interval_ms: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +128,9 @@ class Holding(NamedTuple):
     size: int
     #: where to cut the range to drop the bytes asked (0: not asked)
     cut: int = 0
+    #: the offset after the last batch the replica holds of the stream with a
+    #: record without a key (0: none; SPEC §13)
+    keyless_below: int = 0
 
     def covers(self, rng: RangeRecord) -> bool:
         """Whether the replica holds all of ``rng``, a sealed range."""

@@ -71,26 +71,16 @@ def range_record(rng: messages.Range) -> RangeRecord:
     )
 
 
+#: the fields a stream record and the wire's ``Stream`` share, all of them
+_STREAM_FIELDS: Final = tuple(f.name for f in fields(StreamRecord))
+
+
 def stream_message(stream: StreamRecord) -> messages.Stream:
-    return messages.Stream(
-        stream_id=stream.stream_id,
-        replica_nums=stream.replica_nums,
-        retention_period_ms=stream.retention_period_ms,
-        epoch=stream.epoch,
-        ack_nums=stream.ack_nums,
-        retention_bytes=stream.retention_bytes,
-    )
+    return messages.Stream(**{name: getattr(stream, name) for name in _STREAM_FIELDS})
 
 
 def stream_record(stream: messages.Stream) -> StreamRecord:
-    return StreamRecord(
-        stream_id=stream.stream_id,
-        replica_nums=stream.replica_nums,
-        retention_period_ms=stream.retention_period_ms,
-        epoch=stream.epoch,
-        ack_nums=stream.ack_nums,
-        retention_bytes=stream.retention_bytes,
-    )
+    return StreamRecord(**{name: getattr(stream, name) for name in _STREAM_FIELDS})
 
 
 def node_record(node: messages.DataNode | None) -> NodeRecord:

@@ -1,6 +1,13 @@
 """Record batches (SPEC §4), sans-IO, with numpy for the per-record parts.
 
-Layout of one batch (big-endian)::
+Two formats share the first 31 bytes (base_offset, batch_length, magic, crc,
+flags or attributes, record_count, base_timestamp) and may be mixed in one
+stream: magic 1, below, and magic 2 (``sbp.batch_v2``: keys, headers, record
+timestamps and offset deltas). A batch covers the offsets ``base_offset ..
+base_offset + span - 1``: its record count for magic 1, ``last_offset_delta
++ 1`` for magic 2, which compaction keeps when it removes records.
+
+Layout of a magic 1 batch (big-endian)::
 
     0   8    base_offset     int64   -1 from producers; the data node assigns it
     8   4    batch_length    int32   bytes after this field = 19 + 4*n + sum(lengths)
@@ -28,6 +35,9 @@ import numpy as np
 import numpy.typing as npt
 from fastcrc.crc32 import iscsi as _crc32c
 
+from . import batch_v2
+from .batch_v2 import MAGIC_V2, V2_HEADER_SIZE, BinaryColumn, Header, HeadersColumn
+from .crc32c import crc32c as crc32c
 from .errors import InvalidRecordBatchError
 from .frames import Buffer as Buffer
 
@@ -55,8 +65,14 @@ _LENGTHS_DTYPE: Final = np.dtype(">u4")
 _SMALL_BATCH_RECORDS: Final = 64
 
 
+#: magic 2's last_offset_delta, right after the shared 31 bytes
+_LAST_OFFSET_DELTA: Final = struct.Struct(">i")
+MAGICS: Final = (BATCH_MAGIC, MAGIC_V2)
+
+
 class BatchHeader(NamedTuple):
-    """The 31-byte header of one batch, as read from the buffer."""
+    """The header of one batch, as read from the buffer (``flags`` holds
+    magic 2's attributes)."""
 
     base_offset: int
     batch_length: int
@@ -65,6 +81,8 @@ class BatchHeader(NamedTuple):
     flags: int
     record_count: int
     base_timestamp: int
+    #: magic 2's; ``record_count - 1`` for magic 1
+    last_offset_delta: int
 
     @property
     def size(self) -> int:
@@ -72,16 +90,15 @@ class BatchHeader(NamedTuple):
         return self.batch_length + BATCH_LOG_OVERHEAD
 
     @property
+    def span(self) -> int:
+        """How many offsets the batch covers (its records, and those
+        compaction removed)."""
+        return self.last_offset_delta + 1
+
+    @property
     def next_offset(self) -> int:
-        """The offset right after this batch's last record."""
-        return self.base_offset + self.record_count
-
-
-def crc32c(buf: Buffer, start: int = 0, end: int | None = None) -> int:
-    """CRC-32C of ``buf[start:end]`` without copying it."""
-    stop = len(buf) if end is None else end
-    with memoryview(buf) as view:
-        return _crc32c(view[start:stop])
+        """The offset right after the batch."""
+        return self.base_offset + self.span
 
 
 def _finish(out: bytearray, n: int, base_timestamp: int) -> bytearray:
@@ -152,7 +169,34 @@ def peek_header(buf: Buffer, start: int = 0) -> BatchHeader:
         raise InvalidRecordBatchError(
             f"record batch header truncated: {len(buf) - start} of {BATCH_HEADER_SIZE} bytes"
         )
-    return BatchHeader._make(BATCH_HEADER.unpack_from(buf, start))
+    fields = BATCH_HEADER.unpack_from(buf, start)
+    if fields[2] != MAGIC_V2:
+        return BatchHeader._make((*fields, fields[5] - 1))
+    if len(buf) - start < V2_HEADER_SIZE:
+        raise InvalidRecordBatchError(
+            f"record batch header truncated: {len(buf) - start} of {V2_HEADER_SIZE} bytes"
+        )
+    last = _LAST_OFFSET_DELTA.unpack_from(buf, start + BATCH_HEADER_SIZE)[0]
+    return BatchHeader._make((*fields, last))
+
+
+def all_keyed(buf: Buffer, start: int = 0) -> bool:
+    """Whether every record of the (checked) batch at ``buf[start:]`` has a
+    key: never for magic 1 (SPEC §13)."""
+    if buf[start + 12] != MAGIC_V2:
+        return False
+    return batch_v2.all_keyed(buf, start)
+
+
+def batch_span(buf: Buffer, start: int = 0) -> int:
+    """The offsets the batch at ``buf[start:]`` covers (``BatchHeader.span``),
+    read from its header alone."""
+    if buf[start + 12] == MAGIC_V2:
+        return int(_LAST_OFFSET_DELTA.unpack_from(buf, start + BATCH_HEADER_SIZE)[0]) + 1
+    return int(_RECORD_COUNT.unpack_from(buf, start + 19)[0])
+
+
+_RECORD_COUNT: Final = struct.Struct(">i")
 
 
 def _check(buf: Buffer, start: int, end: int, verify_crc: bool) -> BatchHeader:
@@ -163,8 +207,12 @@ def _check(buf: Buffer, start: int, end: int, verify_crc: bool) -> BatchHeader:
         raise InvalidRecordBatchError(
             f"batch_length {header.batch_length} does not match the {size}-byte batch"
         )
+    if header.magic == MAGIC_V2:
+        batch_v2.check_v2(buf, start, end)
+        _check_crc(buf, start, end, header, verify_crc)
+        return header
     if header.magic != BATCH_MAGIC:
-        raise InvalidRecordBatchError(f"record batch magic {header.magic}, expected {BATCH_MAGIC}")
+        raise InvalidRecordBatchError(f"record batch magic {header.magic}, expected 1 or 2")
     n = header.record_count
     if n < 1:
         raise InvalidRecordBatchError(f"record_count {n}, expected at least 1")
@@ -183,13 +231,17 @@ def _check(buf: Buffer, start: int, end: int, verify_crc: bool) -> BatchHeader:
         raise InvalidRecordBatchError(
             f"record lengths sum to {total} but the batch holds {values_size} bytes of values"
         )
+    _check_crc(buf, start, end, header, verify_crc)
+    return header
+
+
+def _check_crc(buf: Buffer, start: int, end: int, header: BatchHeader, verify_crc: bool) -> None:
     if verify_crc:
         actual = crc32c(buf, start + CRC_START, end)
         if actual != header.crc:
             raise InvalidRecordBatchError(
                 f"record batch CRC-32C mismatch: header {header.crc:#010x}, computed {actual:#010x}"
             )
-    return header
 
 
 def validate_batch(buf: Buffer, *, verify_crc: bool = True) -> BatchHeader:
@@ -197,7 +249,8 @@ def validate_batch(buf: Buffer, *, verify_crc: bool = True) -> BatchHeader:
 
     Raises InvalidRecordBatchError naming the first inconsistency found: sizes
     (batch_length against the buffer and against 19 + 4n + sum(lengths)), magic,
-    record_count >= 1, and the CRC-32C.
+    record_count >= 1, and the CRC-32C; for magic 2 every rule of its layout
+    (``sbp.batch_v2``).
     """
     return _check(buf, 0, len(buf), verify_crc)
 
@@ -237,24 +290,77 @@ class DecodedRecords:
 
     ``values[value_offsets[i]:value_offsets[i + 1]]`` is record i's value:
     exactly the two buffers of an Arrow binary column (int32 positions while
-    they fit, else int64 as for large_binary).
+    they fit, else int64 as for large_binary). ``timestamps`` are the
+    records' own (a magic 1 record's is its batch's). Magic 2 batches add
+    ``value_valid`` (False: a null value, a tombstone), ``keys`` and
+    ``headers``; each is None when no record decoded has one.
     """
 
     offsets: npt.NDArray[np.int64]
     timestamps: npt.NDArray[np.int64]
     values: npt.NDArray[np.uint8]
     value_offsets: npt.NDArray[np.int32] | npt.NDArray[np.int64]
+    value_valid: npt.NDArray[np.bool_] | None = None
+    keys: BinaryColumn | None = None
+    headers: HeadersColumn | None = None
 
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def value(self, i: int) -> bytes:
-        """Record i's value (a copy; for tests and tools, not bulk paths)."""
+    def value(self, i: int) -> bytes | None:
+        """Record i's value (a copy; None for a tombstone); for tests and
+        tools, not bulk paths."""
+        if self.value_valid is not None and not self.value_valid[i]:
+            return None
         return self.values[self.value_offsets[i] : self.value_offsets[i + 1]].tobytes()
 
-    def to_list(self) -> list[bytes]:
+    def key(self, i: int) -> bytes | None:
+        """Record i's key (a copy), None when it has none."""
+        return None if self.keys is None else self.keys.get(i)
+
+    def headers_of(self, i: int) -> list[Header]:
+        """Record i's headers (copies), in order."""
+        return [] if self.headers is None else self.headers.of(i)
+
+    def to_list(self) -> list[bytes | None]:
         """Every value as bytes (a per-record loop; for tests and tools)."""
         return [self.value(i) for i in range(len(self))]
+
+    def drop_first(self, skip: int) -> DecodedRecords:
+        """These records without the first ``skip`` (views, no copies of the data)."""
+        if skip <= 0:
+            return self
+        value_offsets = self.value_offsets[skip:]
+        start = int(value_offsets[0])
+        return DecodedRecords(
+            self.offsets[skip:],
+            self.timestamps[skip:],
+            self.values[start:],
+            value_offsets - value_offsets.dtype.type(start),
+            None if self.value_valid is None else self.value_valid[skip:],
+            None if self.keys is None else _drop_entries(self.keys, skip),
+            None if self.headers is None else _drop_headers(self.headers, skip),
+        )
+
+
+def _drop_entries(column: BinaryColumn, skip: int) -> BinaryColumn:
+    offsets = column.offsets[skip:]
+    start = int(offsets[0])
+    return BinaryColumn(
+        column.data[start:],
+        offsets - offsets.dtype.type(start),
+        None if column.valid is None else column.valid[skip:],
+    )
+
+
+def _drop_headers(headers: HeadersColumn, skip: int) -> HeadersColumn:
+    entries = headers.entry_offsets[skip:]
+    first = int(entries[0])
+    return HeadersColumn(
+        entries - entries.dtype.type(first),
+        _drop_entries(headers.names, first),
+        _drop_entries(headers.values, first),
+    )
 
 
 def _raise_first_bad(payload: Buffer, spans: list[tuple[int, int]], verify_crc: bool) -> NoReturn:
@@ -274,11 +380,23 @@ def decode_batches(payload: Buffer, *, verify_crc: bool = True) -> DecodedRecord
     of several batches are gathered into one new buffer.
     """
     spans = batch_spans(payload)
-    data = np.frombuffer(payload, dtype=np.uint8)
     unpack = BATCH_HEADER.unpack_from
     # (base_offset, batch_length, magic, crc, flags, record_count, base_timestamp);
     # batch_spans made each batch_length match its span
     headers = [unpack(payload, start) for start, _ in spans]
+    if any(header[2] == MAGIC_V2 for header in headers):
+        return _decode_mixed(payload, spans, headers, verify_crc)
+    return _decode_v1(payload, spans, headers, verify_crc)
+
+
+def _decode_v1(
+    payload: Buffer,
+    spans: list[tuple[int, int]],
+    headers: list[tuple[int, ...]],
+    verify_crc: bool,
+) -> DecodedRecords:
+    """``decode_batches`` of magic 1 batches only: one pass of numpy per batch."""
+    data = np.frombuffer(payload, dtype=np.uint8)
     for header in headers:
         if header[2] != BATCH_MAGIC or not 1 <= header[5] <= (header[1] - BATCH_LENGTH_FIXED) // 4:
             _raise_first_bad(payload, spans, verify_crc)
@@ -329,3 +447,124 @@ def decode_batches(payload: Buffer, *, verify_crc: bool = True) -> DecodedRecord
     if lengths_parts:
         np.cumsum(lengths, out=value_offsets[1:], dtype=value_offsets.dtype)
     return DecodedRecords(offsets, timestamps, values, value_offsets)
+
+
+def _decode_mixed(
+    payload: Buffer,
+    spans: list[tuple[int, int]],
+    headers: list[tuple[int, ...]],
+    verify_crc: bool,
+) -> DecodedRecords:
+    """``decode_batches`` of a payload holding magic 2 batches: each batch
+    decoded into columns on its own, then the columns joined."""
+    parts: list[DecodedRecords] = []
+    for (start, end), header in zip(spans, headers, strict=True):
+        if header[2] != MAGIC_V2:
+            parts.append(_decode_v1(payload, [(start, end)], [header], verify_crc))
+            continue
+        checked = _check(payload, start, end, verify_crc)
+        columns = batch_v2.decode_v2(payload, start, end)
+        values = columns.values
+        parts.append(
+            DecodedRecords(
+                checked.base_offset + columns.offset_deltas,
+                columns.timestamps,
+                values.data,
+                values.offsets,
+                values.valid,
+                columns.keys,
+                columns.headers,
+            )
+        )
+    return join_records(parts)
+
+
+def _joined(columns: list[BinaryColumn]) -> BinaryColumn:
+    data = np.concatenate([c.data for c in columns]) if columns else np.empty(0, np.uint8)
+    ends = np.cumsum([0, *(int(c.offsets[-1] - c.offsets[0]) for c in columns)])
+    offsets = np.concatenate(
+        [np.zeros(1, np.int64)]
+        + [
+            c.offsets[1:].astype(np.int64) - int(c.offsets[0]) + int(ends[i])
+            for i, c in enumerate(columns)
+        ]
+    )
+    if any(c.valid is not None for c in columns):
+        valid: npt.NDArray[np.bool_] | None = np.concatenate(
+            [np.ones(len(c), np.bool_) if c.valid is None else c.valid for c in columns]
+        )
+    else:
+        valid = None
+    if len(data) <= np.iinfo(np.int32).max:
+        return BinaryColumn(data, offsets.astype(np.int32), valid)
+    return BinaryColumn(data, offsets, valid)
+
+
+def _no_entries(count: int) -> BinaryColumn:
+    """``count`` null entries."""
+    return BinaryColumn(
+        np.empty(0, np.uint8), np.zeros(count + 1, np.int32), np.zeros(count, np.bool_)
+    )
+
+
+def _no_headers(count: int) -> HeadersColumn:
+    empty = BinaryColumn(np.empty(0, np.uint8), np.zeros(1, np.int32))
+    return HeadersColumn(np.zeros(count + 1, np.int32), empty, empty)
+
+
+def join_records(parts: Sequence[DecodedRecords]) -> DecodedRecords:
+    """Several runs of decoded records as one, in order (a copy of the
+    columns, per part, never per record)."""
+    if len(parts) == 1:
+        return parts[0]
+    values = _joined([BinaryColumn(p.values, p.value_offsets, p.value_valid) for p in parts])
+    keys = None
+    if any(p.keys is not None for p in parts):
+        keys = _joined([_no_entries(len(p)) if p.keys is None else p.keys for p in parts])
+    headers = None
+    if any(p.headers is not None for p in parts):
+        each = [_no_headers(len(p)) if p.headers is None else p.headers for p in parts]
+        entry_ends = np.cumsum([0, *(int(h.entry_offsets[-1]) for h in each)])
+        entry_offsets = np.concatenate(
+            [np.zeros(1, np.int64)]
+            + [
+                h.entry_offsets[1:].astype(np.int64) + int(entry_ends[i])
+                for i, h in enumerate(each)
+            ]
+        ).astype(np.int32)
+        headers = HeadersColumn(
+            entry_offsets, _joined([h.names for h in each]), _joined([h.values for h in each])
+        )
+    return DecodedRecords(
+        np.concatenate([p.offsets for p in parts]) if parts else np.empty(0, np.int64),
+        np.concatenate([p.timestamps for p in parts]) if parts else np.empty(0, np.int64),
+        values.data,
+        values.offsets,
+        values.valid,
+        keys,
+        headers,
+    )
+
+
+def build_records(
+    values: Sequence[Buffer | None],
+    base_timestamp: int,
+    *,
+    keys: Sequence[Buffer | None] | None = None,
+    headers: Sequence[Sequence[Header] | None] | None = None,
+    timestamps: Sequence[int | None] | None = None,
+) -> bytearray:
+    """One batch of these records: magic 1 when they have no key, no header,
+    no null value and no timestamp of their own (so they cost no byte more
+    than before), else magic 2."""
+    plain = (
+        (keys is None or all(k is None for k in keys))
+        and (headers is None or not any(headers))
+        and (timestamps is None or all(t is None or t == base_timestamp for t in timestamps))
+        and all(v is not None for v in values)
+    )
+    if plain:
+        return build_batch(values, base_timestamp)  # type: ignore[arg-type]
+    return batch_v2.build_batch_v2(
+        values, base_timestamp, keys=keys, headers=headers, timestamps=timestamps
+    )

@@ -39,6 +39,9 @@ FIRST_CLIENT_STREAM_ID: Final = 0x0D0A0D0A
 SERVER_STREAM_ID_BIT: Final = 1 << 31
 MAX_STREAM_ID: Final = (1 << 32) - 1
 
+#: a stream's cleanup_policy values that compact it (SPEC §13): 1 compact, 2 compact and delete
+COMPACTED_POLICIES: Final = (1, 2)
+
 #: Range.end_offset while the range is open
 OPEN_END_OFFSET: Final = -1
 #: the largest offset a stream may reach (its next offset included): offsets

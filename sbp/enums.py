@@ -30,6 +30,7 @@ class Opcode(IntEnum):
     FETCH_OFFSETS = 0x5003
     LIST_GROUPS = 0x5004
     DELETE_GROUPS = 0x5005
+    GROUP_HEARTBEAT = 0x5006
     #: implementation-private (data node to data node): not in SPEC §2
     PRODUCER_STATE = 0x7001
     #: implementation-private (PM to data node): not in SPEC §2
@@ -101,6 +102,9 @@ class ErrorCode(IntEnum):
     OUT_OF_ORDER_SEQUENCE = 112
     UNKNOWN_PRODUCER = 113
     GROUP_NOT_FOUND = 114
+    FENCED_MEMBER_EPOCH = 115
+    UNKNOWN_MEMBER_ID = 116
+    OBJECT_STORE_UNAVAILABLE = 117
     NO_AVAILABLE_DATA_NODE = 200
     DATA_NODE_NOT_FOUND = 201
 
@@ -132,5 +136,6 @@ _RETRIABLE = frozenset(
         ErrorCode.NOT_ENOUGH_REPLICAS,
         ErrorCode.OUT_OF_ORDER,
         ErrorCode.NO_AVAILABLE_DATA_NODE,
+        ErrorCode.OBJECT_STORE_UNAVAILABLE,
     }
 )

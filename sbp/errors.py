@@ -170,6 +170,27 @@ class GroupNotFoundError(ProtocolError):
     code = ErrorCode.GROUP_NOT_FOUND
 
 
+class FencedMemberEpochError(ProtocolError):
+    """The group member's epoch is not its current one, or it does not hold
+    the stream: it joins again (SPEC §15)."""
+
+    code = ErrorCode.FENCED_MEMBER_EPOCH
+
+
+class UnknownMemberIdError(ProtocolError):
+    """The group has no such member (it left, or its session expired): it
+    joins again with epoch 0 (SPEC §15)."""
+
+    code = ErrorCode.UNKNOWN_MEMBER_ID
+
+
+class ObjectStoreUnavailableError(ProtocolError):
+    """The records are in the object store only, and it did not answer in
+    time (SPEC §14); retriable."""
+
+    code = ErrorCode.OBJECT_STORE_UNAVAILABLE
+
+
 class AuthenticationFailedError(ProtocolError):
     code = ErrorCode.AUTHENTICATION_FAILED
 
@@ -197,7 +218,12 @@ class ConnectionClosed(SBPError):
 
 class RecordsUnreachableError(SBPError):
     """A reader found records the stream holds that no replica it could
-    reach would serve: it stops with this rather than end the read early."""
+    reach would serve: it stops with this rather than end the read early.
+    ``unreachable``: no replica could be connected to at all."""
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 _BY_CODE: dict[int, type[ProtocolError]] = {
@@ -230,6 +256,9 @@ _BY_CODE: dict[int, type[ProtocolError]] = {
         OutOfOrderSequenceError,
         UnknownProducerError,
         GroupNotFoundError,
+        FencedMemberEpochError,
+        UnknownMemberIdError,
+        ObjectStoreUnavailableError,
         NoAvailableDataNodeError,
         DataNodeNotFoundError,
     )

@@ -115,6 +115,8 @@ class Range(RangeSpan, Message):
     replica_nodes: tuple[ReplicaNode, ...] = fb.vector(5, ReplicaNode)
     epoch: int = fb.int64(6)  # the stream epoch the range was created in
     commit_offset: int = fb.int64(7)  # records below it are acknowledged (§7); a snapshot
+    #: 0 on the data nodes only, 1 also in the object store, 2 there only (§14)
+    object_state: int = fb.int8(8)
 
     def nodes_primary_first(self) -> tuple[DataNode, ...]:
         """The range's data nodes, its primary first: the order readers try them in."""
@@ -148,6 +150,17 @@ class Stream(Message):
     #: bytes of record batches kept at most; 0 = no size limit (§12). In
     #: UPDATE_STREAMS 0 keeps the current limit and -1 removes it.
     retention_bytes: int = fb.int64(5)
+    #: 0 delete (retention only), 1 compact, 2 both (§13)
+    cleanup_policy: int = fb.int8(6)
+    #: a record stays uncompacted at least this long (§13)
+    min_compaction_lag_ms: int = fb.int64(7)
+    #: a tombstone is kept this long once it is its key's latest record (§13)
+    delete_retention_ms: int = fb.int64(8, default=86_400_000)
+    #: -1: not tiered; >= 0: sealed ranges go to the object store, and leave
+    #: the nodes' disks once this old (§14)
+    local_retention_ms: int = fb.int64(9, default=-1)
+    #: -1: no table; > 0: kept as a table, committed at least this often (§16)
+    table_interval_ms: int = fb.int64(10, default=-1)
 
 
 @fb.table
@@ -372,6 +385,9 @@ class SealRangesResponse(Message):
 class StreamRanges(Message):
     stream_id: int = fb.int64(0)
     ranges: tuple[Range, ...] = fb.vector(1, Range)
+    #: implementation-private: the stream's settings as the PM holds them
+    #: (its cleanup_policy decides which appends a data node refuses, §13)
+    stream: Stream | None = fb.subtable(2, Stream)
 
 
 @fb.table
@@ -443,6 +459,8 @@ class RangeHolding(Message):
     held_end: int = fb.int64(4)  # every record from the range's (trimmed) start to here
     bytes: int = fb.int64(5)  # record batch bytes held of the range
     offset_after_skip: int = fb.int64(6)  # the cut for skip_bytes, at a batch boundary
+    #: the offset after the last batch held with a record without a key (§13)
+    keyless_below: int = fb.int64(7)
 
 
 @fb.table
@@ -753,6 +771,9 @@ class CommitOffsetsRequest(Message):
     timeout_ms: int = fb.int32(0)
     group: str = fb.string(1)
     offsets: tuple[GroupOffset, ...] = fb.vector(2, GroupOffset)
+    #: set by a group member (§15): commits are then fenced by its epoch
+    member_id: str = fb.string(3)
+    member_epoch: int = fb.int32(4, default=-1)
 
 
 @fb.table
@@ -837,6 +858,37 @@ class DeleteGroupResult(Message):
 class DeleteGroupsResponse(Message):
     throttle_time_ms: int = fb.int32(0)
     delete_responses: tuple[DeleteGroupResult, ...] = fb.vector(1, DeleteGroupResult)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class GroupHeartbeatRequest(Message):
+    """SPEC §15: join (epoch 0), stay in, or leave (epoch -1) a consumer group."""
+
+    timeout_ms: int = fb.int32(0)
+    group: str = fb.string(1)
+    #: chosen by the client, 1-64 bytes, kept for its life
+    member_id: str = fb.string(2)
+    #: 0 joins, -1 leaves, else the epoch last answered
+    member_epoch: int = fb.int32(3)
+    #: the streams it subscribes to; empty = unchanged
+    streams: tuple[int, ...] = fb.int64_vector(4)
+    #: the streams it still reads now
+    owned: tuple[int, ...] = fb.int64_vector(5)
+    #: 0 = the PM's default
+    session_timeout_ms: int = fb.int32(6)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class GroupHeartbeatResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+    member_epoch: int = fb.int32(3)
+    heartbeat_interval_ms: int = fb.int32(4)
+    #: the streams this member may read, complete
+    assigned: tuple[int, ...] = fb.int64_vector(5)
 
 
 @fb.table
@@ -942,6 +994,7 @@ _REQUEST_TYPES: dict[int, type[Message]] = {
     Opcode.FETCH_OFFSETS: FetchOffsetsRequest,
     Opcode.LIST_GROUPS: ListGroupsRequest,
     Opcode.DELETE_GROUPS: DeleteGroupsRequest,
+    Opcode.GROUP_HEARTBEAT: GroupHeartbeatRequest,
     Opcode.DRAIN_DATA_NODES: DrainDataNodesRequest,
     Opcode.RANGE_HOLDINGS: RangeHoldingsRequest,
     Opcode.REMOVE_DATA_NODES: RemoveDataNodesRequest,
@@ -971,6 +1024,7 @@ _RESPONSE_TYPES: dict[int, type[Message]] = {
     Opcode.FETCH_OFFSETS: FetchOffsetsResponse,
     Opcode.LIST_GROUPS: ListGroupsResponse,
     Opcode.DELETE_GROUPS: DeleteGroupsResponse,
+    Opcode.GROUP_HEARTBEAT: GroupHeartbeatResponse,
     Opcode.DRAIN_DATA_NODES: DrainDataNodesResponse,
     Opcode.RANGE_HOLDINGS: RangeHoldingsResponse,
     Opcode.REMOVE_DATA_NODES: RemoveDataNodesResponse,

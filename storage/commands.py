@@ -273,7 +273,9 @@ def learn_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> 
     return sync_ranges(ctx, stream_id, ranges)
 
 
-def sync_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> list[RangeInfo]:
+def sync_ranges(
+    ctx: WriteContext, stream_id: int, ranges: list[RangeInfo], cleanup_policy: int | None = None
+) -> list[RangeInfo]:
     """Apply the PM's view of a stream's ranges; returns them with live next offsets.
 
     Ranges missing from ``ranges`` are forgotten; data below the first range's
@@ -293,6 +295,8 @@ def sync_ranges(ctx: WriteContext, stream_id: int, ranges: list[RangeInfo]) -> l
     state = StreamState(stream_id) if existing is None else existing.copy()
     ctx.pending[stream_id] = state
     known = {r.range_index: r for r in state.ranges}
+    if cleanup_policy is not None:
+        state.cleanup_policy = cleanup_policy
 
     if not incoming:
         ctx.drop_chunks(stream_id)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -27,7 +26,7 @@ from typing import Any, Final, Literal, TypeVar
 
 import lmdb
 
-from sbp.batches import BASE_OFFSET, Buffer, batch_spans, stamp_base_offset
+from sbp.batches import BASE_OFFSET, Buffer, batch_span, batch_spans, stamp_base_offset
 from sbp.errors import (
     InvalidRequestError,
     OffsetOutOfRangeError,
@@ -79,10 +78,6 @@ DEFAULT_PAGE_CACHE_WINDOW: Final = 256 * 1024**2
 PREFETCH_BUDGET_S: Final = 5.0
 
 SyncMode = Literal["always", "never"]
-
-# record_count within a batch header (SPEC §4)
-_RECORD_COUNT: Final = struct.Struct(">i")
-_RECORD_COUNT_OFFSET: Final = 19
 
 
 class StorageEngine:
@@ -201,6 +196,8 @@ class StorageEngine:
                     next_offset=record.first_offset,
                     deleted=record.deleted,
                     retention_period_ms=record.retention_period_ms,
+                    cleanup_policy=record.cleanup_policy,
+                    keyless_below=record.keyless_below,
                     # a record from before idempotent producers: none wrote here
                     producers_from=(
                         record.first_offset
@@ -352,15 +349,20 @@ class StorageEngine:
         items = list(items)
         return self._command(lambda ctx: commands.catch_up(ctx, items))
 
-    def sync_ranges(self, stream_id: int, ranges: Sequence[RangeInfo]) -> Future[list[RangeInfo]]:
+    def sync_ranges(
+        self, stream_id: int, ranges: Sequence[RangeInfo], cleanup_policy: int | None = None
+    ) -> Future[list[RangeInfo]]:
         """Apply the PM's view of a stream's ranges (SYNC_RANGES); see
         ``commands.sync_ranges``. Creates or updates range records; a range
         is sealed when its end offset is not -1; ranges left out are
         forgotten and data below the first range's start offset is freed.
-        The ranges with live next offsets."""
+        ``cleanup_policy``, when the PM sent the stream's settings, is kept
+        with it (SPEC §13). The ranges with live next offsets."""
         _check_stream_id(stream_id)
         ranges = list(ranges)
-        return self._command(lambda ctx: commands.sync_ranges(ctx, stream_id, ranges))
+        return self._command(
+            lambda ctx: commands.sync_ranges(ctx, stream_id, ranges, cleanup_policy)
+        )
 
     def learn_ranges(self, stream_id: int, ranges: Sequence[RangeInfo]) -> Future[list[RangeInfo]]:
         """Apply a view of a stream's ranges this node looked up on the PM,
@@ -471,6 +473,12 @@ class StorageEngine:
         store = self._store
         with store.env.begin(db=store.dbs[layout.INDEX_DB]) as txn:
             return layout.held_end(txn.cursor(), stream_id, start, end)
+
+    def keyless_below(self, stream_id: int) -> int:
+        """The offset after the last batch stored here with a record without
+        a key (0: none). Thread-safe."""
+        state = self._store.streams.get(stream_id)
+        return 0 if state is None else state.keyless_below
 
     def range_holding(self, stream_id: int, range_index: int) -> tuple[int, int]:
         """What this node holds of a range from its start (or the stream's
@@ -890,7 +898,7 @@ def _stream_batches(cursor: Any, stream_id: int) -> Iterator[tuple[int, int, Any
             return
         chunk = cursor.value()
         for start, end in batch_spans(chunk):
-            count = _RECORD_COUNT.unpack_from(chunk, start + _RECORD_COUNT_OFFSET)[0]
+            count = batch_span(chunk, start)
             yield base_offset, count, chunk, start, end
             base_offset += count
         if not cursor.next():

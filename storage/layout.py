@@ -139,6 +139,8 @@ def encode_stream(record: StreamRecord) -> bytes:
             "deleted": record.deleted,
             "retention_period_ms": record.retention_period_ms,
             "producers_from": record.producers_from,
+            "cleanup_policy": record.cleanup_policy,
+            "keyless_below": record.keyless_below,
         },
         separators=(",", ":"),
     ).encode()
@@ -151,6 +153,8 @@ def decode_stream(value: bytes) -> StreamRecord:
         deleted=record["deleted"],
         retention_period_ms=record["retention_period_ms"],
         producers_from=record.get("producers_from"),
+        cleanup_policy=record.get("cleanup_policy", 0),
+        keyless_below=record.get("keyless_below", 0),
     )
 
 

@@ -76,6 +76,8 @@ class StreamRecord(NamedTuple):
     retention_period_ms: int
     #: ``StreamState.producers_from``; None in records written before it existed
     producers_from: int | None = None
+    cleanup_policy: int = 0
+    keyless_below: int = 0
 
 
 @dataclass(slots=True)
@@ -97,13 +99,24 @@ class StreamState:
     #: whether the table is whole as of the open range's start, so that its
     #: primary may decide idempotent appends (derived, not stored)
     producers_ready: bool = True
+    #: the stream's cleanup policy as the PM last said it (SPEC §13): 1 and 2
+    #: compact it, and an append of a record without a key is refused
+    cleanup_policy: int = 0
+    #: the offset after the last batch stored here holding a record without a
+    #: key (0: none); turning compaction on needs it below the first offset
+    keyless_below: int = 0
 
     def copy(self) -> StreamState:
         return dataclasses.replace(self)
 
     def record(self) -> StreamRecord:
         return StreamRecord(
-            self.first_offset, self.deleted, self.retention_period_ms, self.producers_from
+            self.first_offset,
+            self.deleted,
+            self.retention_period_ms,
+            self.producers_from,
+            self.cleanup_policy,
+            self.keyless_below,
         )
 
     def live(self, info: RangeInfo) -> RangeInfo:
@@ -194,8 +207,9 @@ def hosts(info: RangeInfo, node_id: int | None) -> bool:
 @dataclass(frozen=True, slots=True)
 class ReplicaBatch:
     """A batch the range's primary stored, with its offsets (SPEC §7);
-    ``record_count`` 0 and an empty batch: nothing to store (the primary only
-    sent its commit offset)."""
+    ``record_count`` is the offsets it covers (its span: its records, unless
+    compaction removed some); 0 and an empty batch: nothing to store (the
+    primary only sent its commit offset)."""
 
     stream_id: int
     range_index: int
@@ -233,7 +247,8 @@ class AppendItem(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class AppendResult:
-    """A durable append: the batch's records got offsets base_offset .. +record_count-1."""
+    """A durable append: the batch covers offsets base_offset .. +record_count-1
+    (its span: as producers write batches, one offset per record)."""
 
     base_offset: int
     record_count: int

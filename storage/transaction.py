@@ -21,9 +21,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sbp.batches import Buffer, batch_spans, peek_header
-from sbp.constants import MAX_RECORD_OFFSET
+from sbp.batches import Buffer, all_keyed, batch_spans, peek_header
+from sbp.constants import COMPACTED_POLICIES, MAX_RECORD_OFFSET
 from sbp.errors import (
+    InvalidRecordBatchError,
     OffsetOutOfRangeError,
     RangeNotFoundError,
     RangeSealedError,
@@ -246,6 +247,12 @@ class WriteContext:
             )
             if stored is not None:
                 return AppendResult(stored.base_offset, record_count, self.now_ms, duplicate=True)
+        if not all_keyed(batch):
+            current = self.current(stream_id)
+            if current is not None and current.cleanup_policy in COMPACTED_POLICIES:
+                raise InvalidRecordBatchError(
+                    f"stream {stream_id} is compacted (SPEC §13): every record needs a key"
+                )
         self.appended_ranges.add((stream_id, target.range_index))
         state = self.for_update(stream_id)
         base_offset = max(state.next_offset, target.start_offset)
@@ -285,6 +292,8 @@ class WriteContext:
             chunk = self._chunks[stream_id] = _Chunk(base_offset, [batch], record_count, size)
         if advance:
             state.next_offset = base_offset + record_count
+        if not all_keyed(batch):
+            state.keyless_below = max(state.keyless_below, base_offset + record_count)
         self.stored_bytes += size
         self.stored_batches += 1
         if producer is not None:
@@ -472,7 +481,7 @@ class WriteContext:
         cut = 0
         batches = 0
         for start, end in batch_spans(value):
-            count = peek_header(value, start).record_count
+            count = peek_header(value, start).span
             if position + count > offset:
                 break
             position += count

@@ -151,11 +151,12 @@ class AppendOp(WriteOp):
 
 
 def _checked(item: AppendItem) -> int | ProtocolError:
-    """The item's record count, or the error refusing it alone."""
+    """The offsets the item's batch covers (its records, for a batch as
+    producers write it), or the error refusing it alone."""
     try:
         if item.producer is not None:
             check_stamp(item.producer)
-        return validate_batch(item.batch).record_count
+        return validate_batch(item.batch).span
     except ProtocolError as error:
         return error
 

@@ -61,6 +61,10 @@ class RangeHandlers:
             header.pm_term,
             [(item.stream_id, item.ranges) for item in header.stream_ranges],
             request.deadline(header.timeout_ms),
+            [
+                None if item.stream is None else item.stream.cleanup_policy
+                for item in header.stream_ranges
+            ],
         )
         results = tuple(
             failed(messages.SyncRangesResult, outcome, stream_id=item.stream_id)
@@ -134,6 +138,7 @@ class RangeHandlers:
                 held_end=outcome[0],
                 bytes=outcome[1],
                 offset_after_skip=outcome[2],
+                keyless_below=outcome[3],
             )
             for (stream_id, range_index), outcome in zip(keys, outcomes, strict=True)
         )

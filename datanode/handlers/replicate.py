@@ -83,7 +83,7 @@ def _check(info: messages.ReplicateInfo, view: memoryview) -> ReplicaBatch | Pro
                 raise InvalidRecordBatchError(
                     f"batch stamped at {batch.base_offset}, item says {info.base_offset}"
                 )
-            count = batch.record_count
+            count = batch.span
     except ProtocolError as error:
         return error
     stamp = producer_stamp(info) if count else None

@@ -305,7 +305,7 @@ def _items(info: RangeInfo, data: bytes) -> list[ReplicaBatch]:
                 info.epoch,
                 header.base_offset,
                 view,
-                header.record_count,
+                header.span,
             )
         )
     return items

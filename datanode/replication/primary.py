@@ -395,14 +395,12 @@ class RangePipeline:
         if not headers:
             return [], memoryview(data), offset
         last = headers[-1][0]
-        stamps = self.engine.producer_stamps(
-            self.stream_id, offset, last.base_offset + last.record_count
-        )
+        stamps = self.engine.producer_stamps(self.stream_id, offset, last.next_offset)
         items = [
             self._item(header.base_offset, length, stamps.get(header.base_offset))
             for header, length in headers
         ]
-        return items, memoryview(data), last.base_offset + last.record_count
+        return items, memoryview(data), last.next_offset
 
     def _item(
         self, base_offset: int, batch_length: int = 0, producer: ProducerStamp | None = None

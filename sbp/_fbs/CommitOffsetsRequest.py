@@ -65,8 +65,22 @@ class CommitOffsetsRequest(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
         return o == 0
 
+    # CommitOffsetsRequest
+    def MemberId(self) -> Optional[str]:
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # CommitOffsetsRequest
+    def MemberEpoch(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return -1
+
 def CommitOffsetsRequestStart(builder: flatbuffers.Builder):
-    builder.StartObject(3)
+    builder.StartObject(5)
 
 def Start(builder: flatbuffers.Builder):
     CommitOffsetsRequestStart(builder)
@@ -95,6 +109,18 @@ def CommitOffsetsRequestStartOffsetsVector(builder, numElems: int) -> int:
 def StartOffsetsVector(builder, numElems: int) -> int:
     return CommitOffsetsRequestStartOffsetsVector(builder, numElems)
 
+def CommitOffsetsRequestAddMemberId(builder: flatbuffers.Builder, memberId: int):
+    builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(memberId), 0)
+
+def AddMemberId(builder: flatbuffers.Builder, memberId: int):
+    CommitOffsetsRequestAddMemberId(builder, memberId)
+
+def CommitOffsetsRequestAddMemberEpoch(builder: flatbuffers.Builder, memberEpoch: int):
+    builder.PrependInt32Slot(4, memberEpoch, -1)
+
+def AddMemberEpoch(builder: flatbuffers.Builder, memberEpoch: int):
+    CommitOffsetsRequestAddMemberEpoch(builder, memberEpoch)
+
 def CommitOffsetsRequestEnd(builder: flatbuffers.Builder) -> int:
     return builder.EndObject()
 
@@ -115,10 +141,14 @@ class CommitOffsetsRequestT(object):
         timeoutMs = 0,
         group = None,
         offsets = None,
+        memberId = None,
+        memberEpoch = -1,
     ):
         self.timeoutMs = timeoutMs  # type: int
         self.group = group  # type: Optional[str]
         self.offsets = offsets  # type: Optional[List[sbp._fbs.GroupOffset.GroupOffsetT]]
+        self.memberId = memberId  # type: Optional[str]
+        self.memberEpoch = memberEpoch  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -151,6 +181,8 @@ class CommitOffsetsRequestT(object):
                 else:
                     groupOffset_ = sbp._fbs.GroupOffset.GroupOffsetT.InitFromObj(commitOffsetsRequest.Offsets(i))
                     self.offsets.append(groupOffset_)
+        self.memberId = commitOffsetsRequest.MemberId()
+        self.memberEpoch = commitOffsetsRequest.MemberEpoch()
 
     # CommitOffsetsRequestT
     def Pack(self, builder):
@@ -164,11 +196,16 @@ class CommitOffsetsRequestT(object):
             for i in reversed(range(len(self.offsets))):
                 builder.PrependUOffsetTRelative(offsetslist[i])
             offsets = builder.EndVector()
+        if self.memberId is not None:
+            memberId = builder.CreateString(self.memberId)
         CommitOffsetsRequestStart(builder)
         CommitOffsetsRequestAddTimeoutMs(builder, self.timeoutMs)
         if self.group is not None:
             CommitOffsetsRequestAddGroup(builder, group)
         if self.offsets is not None:
             CommitOffsetsRequestAddOffsets(builder, offsets)
+        if self.memberId is not None:
+            CommitOffsetsRequestAddMemberId(builder, memberId)
+        CommitOffsetsRequestAddMemberEpoch(builder, self.memberEpoch)
         commitOffsetsRequest = CommitOffsetsRequestEnd(builder)
         return commitOffsetsRequest

@@ -37,6 +37,9 @@ class ErrorCode(object):
   OUT_OF_ORDER_SEQUENCE = cast(int, ...)
   UNKNOWN_PRODUCER = cast(int, ...)
   GROUP_NOT_FOUND = cast(int, ...)
+  FENCED_MEMBER_EPOCH = cast(int, ...)
+  UNKNOWN_MEMBER_ID = cast(int, ...)
+  OBJECT_STORE_UNAVAILABLE = cast(int, ...)
   NO_AVAILABLE_DATA_NODE = cast(int, ...)
   DATA_NODE_NOT_FOUND = cast(int, ...)
 

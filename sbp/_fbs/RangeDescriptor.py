@@ -100,8 +100,15 @@ class RangeDescriptor(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return 0
 
+    # RangeDescriptor
+    def ObjectState(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int8Flags, o + self._tab.Pos)
+        return 0
+
 def RangeDescriptorStart(builder: flatbuffers.Builder):
-    builder.StartObject(8)
+    builder.StartObject(9)
 
 def Start(builder: flatbuffers.Builder):
     RangeDescriptorStart(builder)
@@ -160,6 +167,12 @@ def RangeDescriptorAddCommitOffset(builder: flatbuffers.Builder, commitOffset: i
 def AddCommitOffset(builder: flatbuffers.Builder, commitOffset: int):
     RangeDescriptorAddCommitOffset(builder, commitOffset)
 
+def RangeDescriptorAddObjectState(builder: flatbuffers.Builder, objectState: int):
+    builder.PrependInt8Slot(8, objectState, 0)
+
+def AddObjectState(builder: flatbuffers.Builder, objectState: int):
+    RangeDescriptorAddObjectState(builder, objectState)
+
 def RangeDescriptorEnd(builder: flatbuffers.Builder) -> int:
     return builder.EndObject()
 
@@ -185,6 +198,7 @@ class RangeDescriptorT(object):
         replicaNodes = None,
         epoch = 0,
         commitOffset = 0,
+        objectState = 0,
     ):
         self.streamId = streamId  # type: int
         self.rangeIndex = rangeIndex  # type: int
@@ -194,6 +208,7 @@ class RangeDescriptorT(object):
         self.replicaNodes = replicaNodes  # type: Optional[List[sbp._fbs.ReplicaNode.ReplicaNodeT]]
         self.epoch = epoch  # type: int
         self.commitOffset = commitOffset  # type: int
+        self.objectState = objectState  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -231,6 +246,7 @@ class RangeDescriptorT(object):
                     self.replicaNodes.append(replicaNode_)
         self.epoch = rangeDescriptor.Epoch()
         self.commitOffset = rangeDescriptor.CommitOffset()
+        self.objectState = rangeDescriptor.ObjectState()
 
     # RangeDescriptorT
     def Pack(self, builder):
@@ -252,5 +268,6 @@ class RangeDescriptorT(object):
             RangeDescriptorAddReplicaNodes(builder, replicaNodes)
         RangeDescriptorAddEpoch(builder, self.epoch)
         RangeDescriptorAddCommitOffset(builder, self.commitOffset)
+        RangeDescriptorAddObjectState(builder, self.objectState)
         rangeDescriptor = RangeDescriptorEnd(builder)
         return rangeDescriptor

@@ -75,8 +75,15 @@ class RangeHolding(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return 0
 
+    # RangeHolding
+    def KeylessBelow(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
 def RangeHoldingStart(builder: flatbuffers.Builder):
-    builder.StartObject(7)
+    builder.StartObject(8)
 
 def Start(builder: flatbuffers.Builder):
     RangeHoldingStart(builder)
@@ -123,6 +130,12 @@ def RangeHoldingAddOffsetAfterSkip(builder: flatbuffers.Builder, offsetAfterSkip
 def AddOffsetAfterSkip(builder: flatbuffers.Builder, offsetAfterSkip: int):
     RangeHoldingAddOffsetAfterSkip(builder, offsetAfterSkip)
 
+def RangeHoldingAddKeylessBelow(builder: flatbuffers.Builder, keylessBelow: int):
+    builder.PrependInt64Slot(7, keylessBelow, 0)
+
+def AddKeylessBelow(builder: flatbuffers.Builder, keylessBelow: int):
+    RangeHoldingAddKeylessBelow(builder, keylessBelow)
+
 def RangeHoldingEnd(builder: flatbuffers.Builder) -> int:
     return builder.EndObject()
 
@@ -142,6 +155,7 @@ class RangeHoldingT(object):
         heldEnd = 0,
         bytes = 0,
         offsetAfterSkip = 0,
+        keylessBelow = 0,
     ):
         self.streamId = streamId  # type: int
         self.rangeIndex = rangeIndex  # type: int
@@ -150,6 +164,7 @@ class RangeHoldingT(object):
         self.heldEnd = heldEnd  # type: int
         self.bytes = bytes  # type: int
         self.offsetAfterSkip = offsetAfterSkip  # type: int
+        self.keylessBelow = keylessBelow  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -179,6 +194,7 @@ class RangeHoldingT(object):
         self.heldEnd = rangeHolding.HeldEnd()
         self.bytes = rangeHolding.Bytes()
         self.offsetAfterSkip = rangeHolding.OffsetAfterSkip()
+        self.keylessBelow = rangeHolding.KeylessBelow()
 
     # RangeHoldingT
     def Pack(self, builder):
@@ -193,5 +209,6 @@ class RangeHoldingT(object):
         RangeHoldingAddHeldEnd(builder, self.heldEnd)
         RangeHoldingAddBytes(builder, self.bytes)
         RangeHoldingAddOffsetAfterSkip(builder, self.offsetAfterSkip)
+        RangeHoldingAddKeylessBelow(builder, self.keylessBelow)
         rangeHolding = RangeHoldingEnd(builder)
         return rangeHolding

@@ -67,8 +67,43 @@ class Stream(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return 0
 
+    # Stream
+    def CleanupPolicy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int8Flags, o + self._tab.Pos)
+        return 0
+
+    # Stream
+    def MinCompactionLagMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
+    # Stream
+    def DeleteRetentionMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 86400000
+
+    # Stream
+    def LocalRetentionMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return -1
+
+    # Stream
+    def TableIntervalMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return -1
+
 def StreamStart(builder: flatbuffers.Builder):
-    builder.StartObject(6)
+    builder.StartObject(11)
 
 def Start(builder: flatbuffers.Builder):
     StreamStart(builder)
@@ -109,6 +144,36 @@ def StreamAddRetentionBytes(builder: flatbuffers.Builder, retentionBytes: int):
 def AddRetentionBytes(builder: flatbuffers.Builder, retentionBytes: int):
     StreamAddRetentionBytes(builder, retentionBytes)
 
+def StreamAddCleanupPolicy(builder: flatbuffers.Builder, cleanupPolicy: int):
+    builder.PrependInt8Slot(6, cleanupPolicy, 0)
+
+def AddCleanupPolicy(builder: flatbuffers.Builder, cleanupPolicy: int):
+    StreamAddCleanupPolicy(builder, cleanupPolicy)
+
+def StreamAddMinCompactionLagMs(builder: flatbuffers.Builder, minCompactionLagMs: int):
+    builder.PrependInt64Slot(7, minCompactionLagMs, 0)
+
+def AddMinCompactionLagMs(builder: flatbuffers.Builder, minCompactionLagMs: int):
+    StreamAddMinCompactionLagMs(builder, minCompactionLagMs)
+
+def StreamAddDeleteRetentionMs(builder: flatbuffers.Builder, deleteRetentionMs: int):
+    builder.PrependInt64Slot(8, deleteRetentionMs, 86400000)
+
+def AddDeleteRetentionMs(builder: flatbuffers.Builder, deleteRetentionMs: int):
+    StreamAddDeleteRetentionMs(builder, deleteRetentionMs)
+
+def StreamAddLocalRetentionMs(builder: flatbuffers.Builder, localRetentionMs: int):
+    builder.PrependInt64Slot(9, localRetentionMs, -1)
+
+def AddLocalRetentionMs(builder: flatbuffers.Builder, localRetentionMs: int):
+    StreamAddLocalRetentionMs(builder, localRetentionMs)
+
+def StreamAddTableIntervalMs(builder: flatbuffers.Builder, tableIntervalMs: int):
+    builder.PrependInt64Slot(10, tableIntervalMs, -1)
+
+def AddTableIntervalMs(builder: flatbuffers.Builder, tableIntervalMs: int):
+    StreamAddTableIntervalMs(builder, tableIntervalMs)
+
 def StreamEnd(builder: flatbuffers.Builder) -> int:
     return builder.EndObject()
 
@@ -127,6 +192,11 @@ class StreamT(object):
         epoch = 0,
         ackNums = 0,
         retentionBytes = 0,
+        cleanupPolicy = 0,
+        minCompactionLagMs = 0,
+        deleteRetentionMs = 86400000,
+        localRetentionMs = -1,
+        tableIntervalMs = -1,
     ):
         self.streamId = streamId  # type: int
         self.replicaNums = replicaNums  # type: int
@@ -134,6 +204,11 @@ class StreamT(object):
         self.epoch = epoch  # type: int
         self.ackNums = ackNums  # type: int
         self.retentionBytes = retentionBytes  # type: int
+        self.cleanupPolicy = cleanupPolicy  # type: int
+        self.minCompactionLagMs = minCompactionLagMs  # type: int
+        self.deleteRetentionMs = deleteRetentionMs  # type: int
+        self.localRetentionMs = localRetentionMs  # type: int
+        self.tableIntervalMs = tableIntervalMs  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -162,6 +237,11 @@ class StreamT(object):
         self.epoch = stream.Epoch()
         self.ackNums = stream.AckNums()
         self.retentionBytes = stream.RetentionBytes()
+        self.cleanupPolicy = stream.CleanupPolicy()
+        self.minCompactionLagMs = stream.MinCompactionLagMs()
+        self.deleteRetentionMs = stream.DeleteRetentionMs()
+        self.localRetentionMs = stream.LocalRetentionMs()
+        self.tableIntervalMs = stream.TableIntervalMs()
 
     # StreamT
     def Pack(self, builder):
@@ -172,5 +252,10 @@ class StreamT(object):
         StreamAddEpoch(builder, self.epoch)
         StreamAddAckNums(builder, self.ackNums)
         StreamAddRetentionBytes(builder, self.retentionBytes)
+        StreamAddCleanupPolicy(builder, self.cleanupPolicy)
+        StreamAddMinCompactionLagMs(builder, self.minCompactionLagMs)
+        StreamAddDeleteRetentionMs(builder, self.deleteRetentionMs)
+        StreamAddLocalRetentionMs(builder, self.localRetentionMs)
+        StreamAddTableIntervalMs(builder, self.tableIntervalMs)
         stream = StreamEnd(builder)
         return stream

@@ -6,6 +6,7 @@ import flatbuffers
 from flatbuffers.compat import import_numpy
 from typing import Any
 from sbp._fbs.RangeDescriptor import RangeDescriptor
+from sbp._fbs.Stream import Stream
 from typing import Optional
 np = import_numpy()
 
@@ -58,8 +59,18 @@ class StreamRanges(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
         return o == 0
 
+    # StreamRanges
+    def Stream(self) -> Optional[Stream]:
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            x = self._tab.Indirect(o + self._tab.Pos)
+            obj = Stream()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
 def StreamRangesStart(builder: flatbuffers.Builder):
-    builder.StartObject(2)
+    builder.StartObject(3)
 
 def Start(builder: flatbuffers.Builder):
     StreamRangesStart(builder)
@@ -82,6 +93,12 @@ def StreamRangesStartRangesVector(builder, numElems: int) -> int:
 def StartRangesVector(builder, numElems: int) -> int:
     return StreamRangesStartRangesVector(builder, numElems)
 
+def StreamRangesAddStream(builder: flatbuffers.Builder, stream: int):
+    builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(stream), 0)
+
+def AddStream(builder: flatbuffers.Builder, stream: int):
+    StreamRangesAddStream(builder, stream)
+
 def StreamRangesEnd(builder: flatbuffers.Builder) -> int:
     return builder.EndObject()
 
@@ -89,8 +106,9 @@ def End(builder: flatbuffers.Builder) -> int:
     return StreamRangesEnd(builder)
 
 import sbp._fbs.RangeDescriptor
+import sbp._fbs.Stream
 try:
-    from typing import List
+    from typing import List, Optional
 except:
     pass
 
@@ -101,9 +119,11 @@ class StreamRangesT(object):
         self,
         streamId = 0,
         ranges = None,
+        stream = None,
     ):
         self.streamId = streamId  # type: int
         self.ranges = ranges  # type: Optional[List[sbp._fbs.RangeDescriptor.RangeDescriptorT]]
+        self.stream = stream  # type: Optional[sbp._fbs.Stream.StreamT]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -135,6 +155,8 @@ class StreamRangesT(object):
                 else:
                     rangeDescriptor_ = sbp._fbs.RangeDescriptor.RangeDescriptorT.InitFromObj(streamRanges.Ranges(i))
                     self.ranges.append(rangeDescriptor_)
+        if streamRanges.Stream() is not None:
+            self.stream = sbp._fbs.Stream.StreamT.InitFromObj(streamRanges.Stream())
 
     # StreamRangesT
     def Pack(self, builder):
@@ -146,9 +168,13 @@ class StreamRangesT(object):
             for i in reversed(range(len(self.ranges))):
                 builder.PrependUOffsetTRelative(rangeslist[i])
             ranges = builder.EndVector()
+        if self.stream is not None:
+            stream = self.stream.Pack(builder)
         StreamRangesStart(builder)
         StreamRangesAddStreamId(builder, self.streamId)
         if self.ranges is not None:
             StreamRangesAddRanges(builder, ranges)
+        if self.stream is not None:
+            StreamRangesAddStream(builder, stream)
         streamRanges = StreamRangesEnd(builder)
         return streamRanges

@@ -93,7 +93,9 @@ def test_streams_without_bytes_under_them_or_in_another_encoding_get_text() -> N
 
 def test_the_printer_escapes_a_batch_that_is_not_utf8_and_prints_the_rest_plainly() -> None:
     out = _Utf8Stdout("utf-8")
-    args = SimpleNamespace(json=False, offsets=False, hex=False, stats=False)
+    args = SimpleNamespace(
+        json=False, offsets=False, hex=False, stats=False, keys=False, headers=False
+    )
     env: Any = SimpleNamespace(args=args, out=out, json=False)
     printer = RecordPrinter(env, limit=None)
     printer.take(_records([b"plain", b"text"]))
@@ -105,7 +107,9 @@ def test_the_printer_escapes_a_batch_that_is_not_utf8_and_prints_the_rest_plainl
 def test_json_keeps_bytes_and_their_escaped_text_apart() -> None:
     """The bytes \\xff\\xfe and the 8-character text \\xff\\xfe print differently."""
     out = io.StringIO()
-    args = SimpleNamespace(json=True, offsets=False, hex=False, stats=False)
+    args = SimpleNamespace(
+        json=True, offsets=False, hex=False, stats=False, keys=False, headers=False
+    )
     env: Any = SimpleNamespace(args=args, out=out, json=True)
     printer = RecordPrinter(env, limit=None)
     printer.take(_records([b"\xff\xfe", b"\\xff\\xfe", "é".encode()]))

@@ -44,6 +44,7 @@ REQUESTS = {
     Opcode.FETCH_OFFSETS: m.FetchOffsetsRequest,
     Opcode.LIST_GROUPS: m.ListGroupsRequest,
     Opcode.DELETE_GROUPS: m.DeleteGroupsRequest,
+    Opcode.GROUP_HEARTBEAT: m.GroupHeartbeatRequest,
 }
 RESPONSES = {
     Opcode.PING: None,
@@ -74,6 +75,7 @@ RESPONSES = {
     Opcode.FETCH_OFFSETS: m.FetchOffsetsResponse,
     Opcode.LIST_GROUPS: m.ListGroupsResponse,
     Opcode.DELETE_GROUPS: m.DeleteGroupsResponse,
+    Opcode.GROUP_HEARTBEAT: m.GroupHeartbeatResponse,
 }
 
 

@@ -1,0 +1,459 @@
+"""Magic 2 record batches (SPEC §4, "Magic 2"; §13): keys, headers, record
+timestamps and, after compaction, offset deltas, each as a column of
+fixed-width entries present only when the batch needs it::
+
+    0   8    base_offset        int64
+    8   4    batch_length       int32   bytes after this field
+    12  1    magic              int8    = 2
+    13  4    crc                uint32  CRC-32C of bytes 17..end
+    17  2    attributes         int16   bit 0 offset deltas, bit 1 timestamp
+                                        deltas, bit 2 keys, bit 3 headers
+    19  4    record_count       int32   n >= 1
+    23  8    base_timestamp     int64
+    31  4    last_offset_delta  int32   the batch covers base_offset .. + this
+    35  4n   offset_deltas      int32[n]   (bit 0) strictly increasing
+    ..  4n   timestamp_deltas   int32[n]   (bit 1)
+    ..  4n   key_lengths        int32[n]   (bit 2) -1: no key
+    ..  4n   value_lengths      int32[n]   -1: a null value (a tombstone)
+    ..  4n   header_lengths     uint32[n]  (bit 3)
+    ..       keys, then values, then headers blocks, each concatenated
+
+A headers block is ``uint16 count`` and ``count`` times ``uint16 name
+length, name (UTF-8), uint32 value length, value``.
+
+Everything here works on columns: a batch is encoded from and decoded into
+numpy arrays, with no Python step per record (the headers are parsed one
+header position at a time across all records: a loop as long as the most
+headers one record has).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from .crc32c import crc32c
+from .errors import InvalidRecordBatchError
+from .frames import Buffer
+
+MAGIC_V2: Final = 2
+OFFSET_DELTAS: Final = 0x1
+TIMESTAMP_DELTAS: Final = 0x2
+KEYS: Final = 0x4
+HEADERS: Final = 0x8
+KNOWN_ATTRIBUTES: Final = OFFSET_DELTAS | TIMESTAMP_DELTAS | KEYS | HEADERS
+
+#: base_offset, batch_length, magic, crc, attributes, record_count,
+#: base_timestamp, last_offset_delta
+V2_HEADER: Final = struct.Struct(">qiBIhiqi")
+V2_HEADER_SIZE: Final = V2_HEADER.size  # 35
+#: bytes the batch_length field counts before the columns (magic .. last_offset_delta)
+V2_LENGTH_FIXED: Final = V2_HEADER_SIZE - 12  # 23
+_CRC_START: Final = 17
+#: attributes, record_count, base_timestamp, last_offset_delta (the CRC-covered header)
+_COVERED: Final = struct.Struct(">hiqi")
+_I32: Final = np.dtype(">i4")
+_U32: Final = np.dtype(">u4")
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+#: a header's name and value lengths, and a block's count
+_NAME_LENGTH: Final = struct.Struct(">H")
+_VALUE_LENGTH: Final = struct.Struct(">I")
+
+Header = tuple[str, bytes]
+#: the widest span of record timestamps one batch holds (int32 deltas from
+#: its base, which is its earliest record's when need be): about 24 days
+MAX_TIMESTAMP_SPAN_MS: Final = _INT32_MAX
+
+
+@dataclass(frozen=True, slots=True)
+class BinaryColumn:
+    """Variable-length values as an Arrow binary column: ``data[offsets[i]:
+    offsets[i + 1]]`` is entry i; ``valid`` is None when no entry is null."""
+
+    data: npt.NDArray[np.uint8]
+    offsets: npt.NDArray[np.int32] | npt.NDArray[np.int64]
+    valid: npt.NDArray[np.bool_] | None = None
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def get(self, i: int) -> bytes | None:
+        """Entry i (a copy), None when null: for tests and tools."""
+        if self.valid is not None and not self.valid[i]:
+            return None
+        return self.data[self.offsets[i] : self.offsets[i + 1]].tobytes()
+
+
+@dataclass(frozen=True, slots=True)
+class HeadersColumn:
+    """Every record's headers as an Arrow ``map<string, binary>``: record i's
+    entries are ``entry_offsets[i] .. entry_offsets[i + 1]`` of ``names`` and
+    ``values`` (in the order the record carries them)."""
+
+    entry_offsets: npt.NDArray[np.int32]
+    names: BinaryColumn
+    values: BinaryColumn
+
+    def of(self, i: int) -> list[Header]:
+        """Record i's headers (copies): for tests and tools."""
+        lo, hi = int(self.entry_offsets[i]), int(self.entry_offsets[i + 1])
+        return [
+            (bytes(self.names.get(j) or b"").decode(), self.values.get(j) or b"")
+            for j in range(lo, hi)
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class V2Columns:
+    """One magic 2 batch decoded: per record its offset delta and timestamp,
+    and the key, value and headers columns."""
+
+    offset_deltas: npt.NDArray[np.int64]
+    timestamps: npt.NDArray[np.int64]
+    keys: BinaryColumn | None
+    values: BinaryColumn
+    headers: HeadersColumn | None
+
+
+# ------------------------------------------------------------------ building
+
+
+def _lengths(items: Sequence[Buffer | None]) -> npt.NDArray[np.int64]:
+    """Lengths with -1 for None."""
+    return np.fromiter(
+        (-1 if item is None else len(item) for item in items), dtype=np.int64, count=len(items)
+    )
+
+
+def encode_headers(headers: Sequence[Header]) -> bytes:
+    """One record's headers block."""
+    parts = [_NAME_LENGTH.pack(len(headers))]
+    for name, value in headers:
+        raw = name.encode()
+        if len(raw) > 0xFFFF:
+            raise ValueError(f"a header name is at most 65,535 bytes; {len(raw)} given")
+        parts += [_NAME_LENGTH.pack(len(raw)), raw, _VALUE_LENGTH.pack(len(value)), bytes(value)]
+    return b"".join(parts)
+
+
+def build_batch_v2(
+    values: Sequence[Buffer | None],
+    base_timestamp: int,
+    *,
+    keys: Sequence[Buffer | None] | None = None,
+    headers: Sequence[Sequence[Header] | None] | None = None,
+    timestamps: Sequence[int | None] | None = None,
+    offset_deltas: Sequence[int] | None = None,
+    last_offset_delta: int | None = None,
+) -> bytearray:
+    """One magic 2 batch (base_offset -1). ``None`` values are tombstones;
+    ``keys``, ``headers`` and ``timestamps`` are per record (None: none, or
+    the base timestamp). A column no record needs is left out. Producers
+    give no ``offset_deltas`` (dense); compaction gives them, with the
+    batch's original ``last_offset_delta``."""
+    n = len(values)
+    if n < 1:
+        raise ValueError("a record batch holds at least one record")
+    attributes = 0
+    columns: list[npt.NDArray[np.int64]] = []
+    if offset_deltas is not None:
+        attributes |= OFFSET_DELTAS
+        columns.append(np.asarray(offset_deltas, dtype=np.int64))
+    if timestamps is not None and any(t is not None and t != base_timestamp for t in timestamps):
+        attributes |= TIMESTAMP_DELTAS
+        stamps = np.fromiter(
+            (base_timestamp if t is None else t for t in timestamps), dtype=np.int64, count=n
+        )
+        if stamps.max() - base_timestamp > _INT32_MAX or stamps.min() - base_timestamp < _INT32_MIN:
+            # the batch's base moves to its earliest record, so that deltas fit
+            base_timestamp = int(stamps.min())
+        deltas = stamps - base_timestamp
+        if deltas.max() > _INT32_MAX:
+            raise ValueError(
+                f"the records' timestamps span more than {MAX_TIMESTAMP_SPAN_MS:,} ms: they "
+                "go in batches of their own"
+            )
+        columns.append(deltas)
+    key_parts: list[Buffer] = []
+    if keys is not None and any(k is not None for k in keys):
+        attributes |= KEYS
+        columns.append(_lengths(keys))
+        key_parts = [k for k in keys if k is not None]
+    value_lengths = _lengths(values)
+    columns.append(value_lengths)
+    header_parts: list[bytes] = []
+    if headers is not None and any(headers):
+        attributes |= HEADERS
+        header_parts = [encode_headers(h) if h else b"" for h in headers]
+        columns.append(np.fromiter(map(len, header_parts), dtype=np.int64, count=n))
+    body = b"".join([*key_parts, *(v for v in values if v is not None), *header_parts])
+    columns_size = 4 * n * len(columns)
+    out = bytearray(V2_HEADER_SIZE + columns_size + len(body))
+    position = V2_HEADER_SIZE
+    for column in columns:
+        np.frombuffer(out, dtype=_I32, count=n, offset=position)[:] = column
+        position += 4 * n
+    out[position:] = body
+    span = n - 1 if last_offset_delta is None else last_offset_delta
+    return finish_v2(out, attributes, n, base_timestamp, span)
+
+
+def finish_v2(
+    out: bytearray, attributes: int, n: int, base_timestamp: int, last_offset_delta: int
+) -> bytearray:
+    """Fill in a magic 2 batch's header and CRC (base_offset -1)."""
+    batch_length = len(out) - 12
+    if batch_length > _INT32_MAX:
+        raise ValueError(f"a batch of {len(out)} bytes overflows the int32 batch_length")
+    _COVERED.pack_into(out, _CRC_START, attributes, n, base_timestamp, last_offset_delta)
+    crc = crc32c(out, _CRC_START)
+    V2_HEADER.pack_into(
+        out, 0, -1, batch_length, MAGIC_V2, crc, attributes, n, base_timestamp, last_offset_delta
+    )
+    return out
+
+
+# ------------------------------------------------------------------ reading
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """Where a checked batch's parts are, relative to the batch's start."""
+
+    attributes: int
+    count: int
+    base_timestamp: int
+    last_offset_delta: int
+    offset_deltas: npt.NDArray[np.int64] | None
+    timestamp_deltas: npt.NDArray[np.int64] | None
+    key_lengths: npt.NDArray[np.int64] | None
+    value_lengths: npt.NDArray[np.int64]
+    header_lengths: npt.NDArray[np.int64] | None
+    keys_start: int
+    values_start: int
+    headers_start: int
+
+
+def _bad(message: str) -> InvalidRecordBatchError:
+    return InvalidRecordBatchError(f"magic 2 record batch: {message}")
+
+
+def _layout(data: npt.NDArray[np.uint8], start: int, end: int) -> _Layout:
+    """Check every rule of the layout but the CRC and the headers blocks'
+    insides (``_parse_headers``); where the parts are."""
+    size = end - start
+    if size < V2_HEADER_SIZE:
+        raise _bad(f"{size} bytes, shorter than its {V2_HEADER_SIZE}-byte header")
+    _, batch_length, magic, _, attributes, n, base_timestamp, last = V2_HEADER.unpack_from(
+        data.data, start
+    )
+    if magic != MAGIC_V2:
+        raise _bad(f"magic {magic}")
+    if batch_length + 12 != size:
+        raise _bad(f"batch_length {batch_length} does not match the {size}-byte batch")
+    if attributes & ~KNOWN_ATTRIBUTES:
+        raise _bad(f"attributes {attributes:#06x} set bits other than 0-3")
+    if n < 1:
+        raise _bad(f"record_count {n}, expected at least 1")
+    present = [bool(attributes & bit) for bit in (OFFSET_DELTAS, TIMESTAMP_DELTAS, KEYS)]
+    has_headers = bool(attributes & HEADERS)
+    columns = sum(present) + 1 + has_headers
+    position = start + V2_HEADER_SIZE
+    if V2_HEADER_SIZE + 4 * n * columns > size:
+        raise _bad(f"{n} records need {4 * n * columns} bytes of lengths; the batch is {size}")
+    if last < n - 1:
+        raise _bad(f"last_offset_delta {last} covers fewer than its {n} records")
+
+    def column(dtype: np.dtype[np.generic]) -> npt.NDArray[np.int64]:
+        nonlocal position
+        values = data[position : position + 4 * n].view(dtype).astype(np.int64)
+        position += 4 * n
+        return values
+
+    offset_deltas = column(_I32) if present[0] else None
+    timestamp_deltas = column(_I32) if present[1] else None
+    key_lengths = column(_I32) if present[2] else None
+    value_lengths = column(_I32)
+    header_lengths = column(_U32) if has_headers else None
+    if offset_deltas is not None:
+        if offset_deltas[0] < 0 or offset_deltas[-1] > last:
+            raise _bad(f"offset deltas run {offset_deltas[0]}..{offset_deltas[-1]}, not 0..{last}")
+        if n > 1 and not (np.diff(offset_deltas) > 0).all():
+            raise _bad("offset deltas are not strictly increasing")
+    for name, lengths in (("key", key_lengths), ("value", value_lengths)):
+        if lengths is not None and lengths.min() < -1:
+            raise _bad(f"a {name} length of {int(lengths.min())}")
+    keys_size = 0 if key_lengths is None else int(np.maximum(key_lengths, 0).sum())
+    values_size = int(np.maximum(value_lengths, 0).sum())
+    headers_size = 0 if header_lengths is None else int(header_lengths.sum())
+    if position - start + keys_size + values_size + headers_size != size:
+        raise _bad(
+            f"lengths add up to {position - start + keys_size + values_size + headers_size} "
+            f"bytes; the batch is {size}"
+        )
+    return _Layout(
+        attributes,
+        n,
+        base_timestamp,
+        last,
+        offset_deltas,
+        timestamp_deltas,
+        key_lengths,
+        value_lengths,
+        header_lengths,
+        position,
+        position + keys_size,
+        position + keys_size + values_size,
+    )
+
+
+def _gather(
+    data: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    """The slices ``data[starts[i]:starts[i] + lengths[i]]`` end to end, and
+    their offsets (n + 1): one fancy index, no loop."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    if not total:
+        return np.empty(0, dtype=np.uint8), offsets
+    index = np.arange(total, dtype=np.int64) + np.repeat(starts - offsets[:-1], lengths)
+    return data[index], offsets
+
+
+def _column(
+    data: npt.NDArray[np.uint8], start: int, lengths: npt.NDArray[np.int64]
+) -> BinaryColumn:
+    """A binary column of consecutive entries from ``start`` (length -1: null)."""
+    sizes = np.maximum(lengths, 0)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    valid = lengths >= 0
+    return BinaryColumn(
+        data[start : start + int(offsets[-1])],
+        offsets,
+        None if bool(valid.all()) else valid,
+    )
+
+
+def _u16(data: npt.NDArray[np.uint8], at: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    return (data[at].astype(np.int64) << 8) | data[at + 1]
+
+
+def _u32(data: npt.NDArray[np.uint8], at: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    return (
+        (data[at].astype(np.int64) << 24)
+        | (data[at + 1].astype(np.int64) << 16)
+        | (data[at + 2].astype(np.int64) << 8)
+        | data[at + 3]
+    )
+
+
+def _parse_headers(
+    data: npt.NDArray[np.uint8], start: int, lengths: npt.NDArray[np.int64]
+) -> HeadersColumn:
+    """Every record's headers block, checked and parsed: one pass per header
+    position, over the records that have that many headers."""
+    n = len(lengths)
+    block_starts = start + np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    block_ends = block_starts + lengths
+    has = lengths > 0
+    if ((lengths > 0) & (lengths < 2)).any():
+        raise _bad("a headers block shorter than its 2-byte count")
+    counts = np.zeros(n, dtype=np.int64)
+    counts[has] = _u16(data, block_starts[has])
+    entry_offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=entry_offsets[1:])
+    total = int(entry_offsets[-1])
+    name_starts = np.zeros(total, dtype=np.int64)
+    name_lengths = np.zeros(total, dtype=np.int64)
+    value_starts = np.zeros(total, dtype=np.int64)
+    value_lengths = np.zeros(total, dtype=np.int64)
+    position = block_starts + 2
+    for k in range(int(counts.max()) if n else 0):
+        rows = np.nonzero(counts > k)[0]
+        at = position[rows]
+        ends = block_ends[rows]
+        if (at + 2 > ends).any():
+            raise _bad("a header name length runs past its block")
+        names = _u16(data, at)
+        after_name = at + 2 + names
+        if (after_name + 4 > ends).any():
+            raise _bad("a header name or value length runs past its block")
+        values = _u32(data, after_name)
+        after = after_name + 4 + values
+        if (after > ends).any():
+            raise _bad("a header value runs past its block")
+        slots = entry_offsets[rows] + k
+        name_starts[slots], name_lengths[slots] = at + 2, names
+        value_starts[slots], value_lengths[slots] = after_name + 4, values
+        position[rows] = after
+    done = np.where(has, position, block_starts)
+    if (done != block_ends).any():
+        raise _bad("a headers block holds more than its headers")
+    name_data, name_offsets = _gather(data, name_starts, name_lengths)
+    if len(name_data):
+        # UTF-8 as a whole, and no name starting inside another's character:
+        # then each name is UTF-8 on its own
+        starts_of = name_data[name_offsets[:-1][name_lengths > 0]]
+        if ((starts_of & 0xC0) == 0x80).any():
+            raise _bad("a header name is not UTF-8")
+        try:
+            name_data.tobytes().decode("utf-8")
+        except UnicodeDecodeError:
+            raise _bad("a header name is not UTF-8") from None
+    value_data, value_offsets = _gather(data, value_starts, value_lengths)
+    return HeadersColumn(
+        entry_offsets.astype(np.int32),
+        BinaryColumn(name_data, name_offsets),
+        BinaryColumn(value_data, value_offsets),
+    )
+
+
+def all_keyed(buf: Buffer, start: int) -> bool:
+    """Whether every record of the (checked) magic 2 batch at ``buf[start:]``
+    has a key."""
+    attributes, n = _COVERED.unpack_from(buf, start + _CRC_START)[:2]
+    if not attributes & KEYS:
+        return False
+    columns = bool(attributes & OFFSET_DELTAS) + bool(attributes & TIMESTAMP_DELTAS)
+    lengths = np.frombuffer(
+        buf, dtype=_I32, count=n, offset=start + V2_HEADER_SIZE + 4 * n * columns
+    )
+    return bool(lengths.min() >= 0)
+
+
+def check_v2(buf: Buffer, start: int, end: int) -> tuple[int, int]:
+    """Check every rule of the magic 2 batch at ``buf[start:end]`` but its
+    CRC; its (record_count, last_offset_delta)."""
+    data = np.frombuffer(buf, dtype=np.uint8)
+    layout = _layout(data, start, end)
+    if layout.header_lengths is not None:
+        _parse_headers(data, layout.headers_start, layout.header_lengths)
+    return layout.count, layout.last_offset_delta
+
+
+def decode_v2(buf: Buffer, start: int, end: int) -> V2Columns:
+    """The columns of the (checked) magic 2 batch at ``buf[start:end]``."""
+    data = np.frombuffer(buf, dtype=np.uint8)
+    layout = _layout(data, start, end)
+    n = layout.count
+    deltas = np.arange(n, dtype=np.int64) if layout.offset_deltas is None else layout.offset_deltas
+    timestamps = np.full(n, layout.base_timestamp, dtype=np.int64)
+    if layout.timestamp_deltas is not None:
+        timestamps += layout.timestamp_deltas
+    keys = (
+        None if layout.key_lengths is None else _column(data, layout.keys_start, layout.key_lengths)
+    )
+    values = _column(data, layout.values_start, layout.value_lengths)
+    headers = (
+        None
+        if layout.header_lengths is None
+        else _parse_headers(data, layout.headers_start, layout.header_lengths)
+    )
+    return V2Columns(deltas, timestamps, keys, values, headers)
