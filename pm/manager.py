@@ -595,9 +595,7 @@ class PlacementManager:
                         current = updated.get(spec.stream_id) or self._require_stream(
                             spec.stream_id
                         )
-                        new = stream_settings.updated(
-                            current, spec, object_store=self.object_store
-                        )
+                        new = stream_settings.updated(current, spec, object_store=self.object_store)
                         if stream_settings.compacted(new) and not stream_settings.compacted(
                             current
                         ):

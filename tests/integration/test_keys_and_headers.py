@@ -210,13 +210,14 @@ async def test_sbp_appends_and_reads_keys_and_headers(tmp_path: Path) -> None:
                 "--header",
                 "src=cli",
                 stdin=b"user-1\tclicked\nuser-2\tviewed\n",
-            )  # fmt: skip
+            )
         )
         assert appended.returncode == 0, appended.stderr
         keyless = await trio.to_thread.run_sync(lambda: run("append", stream, stdin=b"no key\n"))
         assert keyless.returncode == 1 and b"every record needs a key" in keyless.stderr
         lines = (
-            b'{"key": "user-3", "value": "bought", "headers": [["src", "json"], ["src", {"base64": "/w=="}]]}\n'
+            b'{"key": "user-3", "value": "bought", '
+            b'"headers": [["src", "json"], ["src", {"base64": "/w=="}]]}\n'
             b'{"key_base64": "/w==", "value": null, "timestamp_ms": 5000}\n'
         )
         from_json = await trio.to_thread.run_sync(

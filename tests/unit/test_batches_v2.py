@@ -32,7 +32,9 @@ INVALID: list[dict[str, Any]] = json.loads((VECTORS / "v2_invalid.json").read_te
 def _records_of(vector: dict[str, Any]) -> dict[str, list[Any]]:
     records = vector["records"]
     return {
-        "values": [None if r["value_hex"] is None else bytes.fromhex(r["value_hex"]) for r in records],
+        "values": [
+            None if r["value_hex"] is None else bytes.fromhex(r["value_hex"]) for r in records
+        ],
         "keys": [None if r["key_hex"] is None else bytes.fromhex(r["key_hex"]) for r in records],
         "headers": [[(n, bytes.fromhex(v)) for n, v in r["headers"]] for r in records],
         "timestamps": [r["timestamp"] for r in records],
@@ -128,7 +130,9 @@ def test_a_stream_mixes_both_magics_in_one_payload() -> None:
 
 
 def test_a_compacted_batch_keeps_its_span_and_offsets() -> None:
-    batch = build_batch_v2([b"b", b"d"], 1, keys=[b"k", b"k"], offset_deltas=[1, 3], last_offset_delta=4)
+    batch = build_batch_v2(
+        [b"b", b"d"], 1, keys=[b"k", b"k"], offset_deltas=[1, 3], last_offset_delta=4
+    )
     stamp_base_offset(batch, 20)
     header = validate_batch(batch)
     assert (header.record_count, header.span, header.next_offset) == (2, 5, 25)
@@ -168,9 +172,7 @@ def test_any_mix_of_batches_round_trips(batches: list[tuple[bool, list[Any]]]) -
                 headers=[r[2] for r in records],
                 timestamps=[50 + r[3] for r in records],
             )
-            expected += [
-                (offset + i, 50 + t, v, k, h) for i, (v, k, h, t) in enumerate(records)
-            ]
+            expected += [(offset + i, 50 + t, v, k, h) for i, (v, k, h, t) in enumerate(records)]
         validate_batch(batch)
         stamp_base_offset(batch, offset)
         offset += len(records)
@@ -190,9 +192,7 @@ def test_any_mix_of_batches_round_trips(batches: list[tuple[bool, list[Any]]]) -
 
 
 def test_a_corrupted_magic_2_batch_raises_only_invalid_record_batch() -> None:
-    batch = bytes(
-        build_batch_v2([b"value"] * 3, 1, keys=[b"k"] * 3, headers=[[("h", b"v")]] * 3)
-    )
+    batch = bytes(build_batch_v2([b"value"] * 3, 1, keys=[b"k"] * 3, headers=[[("h", b"v")]] * 3))
     rng = np.random.default_rng(7)
     for _ in range(2000):
         broken = bytearray(batch)

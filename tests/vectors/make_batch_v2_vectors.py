@@ -21,10 +21,22 @@ OFFSET_DELTAS, TIMESTAMP_DELTAS, KEYS, HEADERS = 1, 2, 4, 8
 
 #: the records every valid vector holds (what a bit leaves out reads as its default)
 RECORDS: list[dict[str, Any]] = [
-    {"offset_delta": 0, "timestamp_delta": 0, "key": b"k0", "value": b"first", "headers": [("trace", b"t-1")]},
+    {
+        "offset_delta": 0,
+        "timestamp_delta": 0,
+        "key": b"k0",
+        "value": b"first",
+        "headers": [("trace", b"t-1")],
+    },
     {"offset_delta": 2, "timestamp_delta": -5, "key": None, "value": None, "headers": []},
-    {"offset_delta": 5, "timestamp_delta": 1000, "key": b"", "value": b"", "headers": [("a", b"1"), ("a", b"\x00\xff")]},
-]  # fmt: skip
+    {
+        "offset_delta": 5,
+        "timestamp_delta": 1000,
+        "key": b"",
+        "value": b"",
+        "headers": [("a", b"1"), ("a", b"\x00\xff")],
+    },
+]
 BASE_OFFSET = 1000
 BASE_TIMESTAMP = 1_795_000_000_000
 
@@ -128,27 +140,74 @@ def invalid_vectors() -> list[dict[str, Any]]:
 
     bad_name = records(r0={"headers": [(b"\xff", b"x")]})
     cases: list[tuple[str, bytes, str]] = [
-        ("unknown_attribute_bit", layout(everything | 0x10, RECORDS, last_offset_delta=6), "attributes"),
+        (
+            "unknown_attribute_bit",
+            layout(everything | 0x10, RECORDS, last_offset_delta=6),
+            "attributes",
+        ),
         ("no_records", layout(everything, [], last_offset_delta=0), "record_count 0"),
-        ("count_above_the_records", layout(everything, RECORDS, last_offset_delta=6, record_count=4), "magic 2 record batch"),
-        ("span_below_the_records", layout(everything, RECORDS, last_offset_delta=1), "last_offset_delta 1"),
-        ("offset_deltas_not_increasing", layout(everything, records(r1={"offset_delta": 0}), last_offset_delta=6), "strictly increasing"),
-        ("negative_first_offset_delta", layout(everything, records(r0={"offset_delta": -1}), last_offset_delta=6), "offset deltas run"),
-        ("offset_delta_past_the_span", layout(everything, RECORDS, last_offset_delta=4), "offset deltas run"),
-        ("key_length_below_minus_one", layout(everything, records(r1={"key": b""}), last_offset_delta=6).replace(
-            struct.pack(">iii", 2, 0, 0), struct.pack(">iii", 2, -2, 2), 1), "key length"),
-        ("lengths_do_not_add_up", layout(everything, RECORDS, last_offset_delta=6, tail=b"\x00"), "add up"),
-        ("headers_block_holds_more", layout(everything, records(r0={"headers": [("trace", b"t-1")]}), last_offset_delta=6).replace(
-            b"\x00\x01\x00\x05trace", b"\x00\x00\x00\x05trace", 1), "holds more"),
-        ("header_value_past_its_block", layout(everything, RECORDS, last_offset_delta=6).replace(
-            b"\x00\x00\x00\x03t-1", b"\x00\x00\x00\x09t-1", 1), "runs past"),
+        (
+            "count_above_the_records",
+            layout(everything, RECORDS, last_offset_delta=6, record_count=4),
+            "magic 2 record batch",
+        ),
+        (
+            "span_below_the_records",
+            layout(everything, RECORDS, last_offset_delta=1),
+            "last_offset_delta 1",
+        ),
+        (
+            "offset_deltas_not_increasing",
+            layout(everything, records(r1={"offset_delta": 0}), last_offset_delta=6),
+            "strictly increasing",
+        ),
+        (
+            "negative_first_offset_delta",
+            layout(everything, records(r0={"offset_delta": -1}), last_offset_delta=6),
+            "offset deltas run",
+        ),
+        (
+            "offset_delta_past_the_span",
+            layout(everything, RECORDS, last_offset_delta=4),
+            "offset deltas run",
+        ),
+        (
+            "key_length_below_minus_one",
+            layout(everything, records(r1={"key": b""}), last_offset_delta=6).replace(
+                struct.pack(">iii", 2, 0, 0), struct.pack(">iii", 2, -2, 2), 1
+            ),
+            "key length",
+        ),
+        (
+            "lengths_do_not_add_up",
+            layout(everything, RECORDS, last_offset_delta=6, tail=b"\x00"),
+            "add up",
+        ),
+        (
+            "headers_block_holds_more",
+            layout(
+                everything, records(r0={"headers": [("trace", b"t-1")]}), last_offset_delta=6
+            ).replace(b"\x00\x01\x00\x05trace", b"\x00\x00\x00\x05trace", 1),
+            "holds more",
+        ),
+        (
+            "header_value_past_its_block",
+            layout(everything, RECORDS, last_offset_delta=6).replace(
+                b"\x00\x00\x00\x03t-1", b"\x00\x00\x00\x09t-1", 1
+            ),
+            "runs past",
+        ),
         ("header_name_not_utf8", layout(everything, bad_name, last_offset_delta=6), "UTF-8"),
         ("crc_mismatch", layout(everything, RECORDS, last_offset_delta=6, crc=0x1234), "CRC-32C"),
         ("magic_3", layout(everything, RECORDS, last_offset_delta=6, magic=3), "magic 3"),
-    ]  # fmt: skip
+    ]
     out = []
     for name, raw, reason in cases:
-        if name in ("key_length_below_minus_one", "headers_block_holds_more", "header_value_past_its_block"):
+        if name in (
+            "key_length_below_minus_one",
+            "headers_block_holds_more",
+            "header_value_past_its_block",
+        ):
             # patched after the CRC was taken: take it again, so the rule itself is caught
             covered = raw[17:]
             raw = raw[:13] + struct.pack(">I", crc32c_bitwise(covered)) + covered
@@ -158,7 +217,10 @@ def invalid_vectors() -> list[dict[str, Any]]:
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    for name, vectors in (("v2_valid.json", valid_vectors()), ("v2_invalid.json", invalid_vectors())):
+    for name, vectors in (
+        ("v2_valid.json", valid_vectors()),
+        ("v2_invalid.json", invalid_vectors()),
+    ):
         (OUT / name).write_text(json.dumps(vectors, indent=1) + "\n")
 
 
