@@ -159,46 +159,91 @@ def build_batch_v2(
     n = len(values)
     if n < 1:
         raise ValueError("a record batch holds at least one record")
+    stamps = None
+    if timestamps is not None and any(t is not None and t != base_timestamp for t in timestamps):
+        stamps = np.fromiter(
+            (base_timestamp if t is None else t for t in timestamps), dtype=np.int64, count=n
+        )
+    key_column = None
+    if keys is not None and any(k is not None for k in keys):
+        key_column = (b"".join(k for k in keys if k is not None), _lengths(keys))
+    header_column = None
+    if headers is not None and any(headers):
+        blocks = [encode_headers(h) if h else b"" for h in headers]
+        header_column = (b"".join(blocks), np.fromiter(map(len, blocks), dtype=np.int64, count=n))
+    return assemble_v2(
+        (b"".join(v for v in values if v is not None), _lengths(values)),
+        base_timestamp,
+        keys=key_column,
+        headers=header_column,
+        timestamps=stamps,
+        offset_deltas=None if offset_deltas is None else np.asarray(offset_deltas, np.int64),
+        last_offset_delta=last_offset_delta,
+    )
+
+
+#: a column of variable-length entries as ``assemble_v2`` takes it: the
+#: entries end to end, and each one's length (-1: null)
+Entries = tuple[Buffer, npt.NDArray[np.int64]]
+
+
+def assemble_v2(
+    values: Entries,
+    base_timestamp: int,
+    *,
+    keys: Entries | None = None,
+    headers: Entries | None = None,
+    timestamps: npt.NDArray[np.int64] | None = None,
+    offset_deltas: npt.NDArray[np.int64] | None = None,
+    last_offset_delta: int | None = None,
+) -> bytearray:
+    """A magic 2 batch from columns (numpy arrays, or Arrow buffers as
+    memoryviews): ``values``,
+    ``keys`` and ``headers`` (blocks already encoded) as their bytes end to
+    end and each entry's length, ``timestamps`` per record. The work is per
+    column, never per record."""
+    n = len(values[1])
     attributes = 0
     columns: list[npt.NDArray[np.int64]] = []
     if offset_deltas is not None:
         attributes |= OFFSET_DELTAS
-        columns.append(np.asarray(offset_deltas, dtype=np.int64))
-    if timestamps is not None and any(t is not None and t != base_timestamp for t in timestamps):
+        columns.append(offset_deltas)
+    if timestamps is not None:
         attributes |= TIMESTAMP_DELTAS
-        stamps = np.fromiter(
-            (base_timestamp if t is None else t for t in timestamps), dtype=np.int64, count=n
-        )
-        if stamps.max() - base_timestamp > _INT32_MAX or stamps.min() - base_timestamp < _INT32_MIN:
+        if (
+            timestamps.max() - base_timestamp > _INT32_MAX
+            or timestamps.min() - base_timestamp < _INT32_MIN
+        ):
             # the batch's base moves to its earliest record, so that deltas fit
-            base_timestamp = int(stamps.min())
-        deltas = stamps - base_timestamp
+            base_timestamp = int(timestamps.min())
+        deltas = timestamps - base_timestamp
         if deltas.max() > _INT32_MAX:
             raise ValueError(
                 f"the records' timestamps span more than {MAX_TIMESTAMP_SPAN_MS:,} ms: they "
                 "go in batches of their own"
             )
         columns.append(deltas)
-    key_parts: list[Buffer] = []
-    if keys is not None and any(k is not None for k in keys):
+    parts: list[Buffer] = []
+    if keys is not None:
         attributes |= KEYS
-        columns.append(_lengths(keys))
-        key_parts = [k for k in keys if k is not None]
-    value_lengths = _lengths(values)
-    columns.append(value_lengths)
-    header_parts: list[bytes] = []
-    if headers is not None and any(headers):
+        columns.append(keys[1])
+        parts.append(keys[0])
+    columns.append(values[1])
+    parts.append(values[0])
+    if headers is not None:
         attributes |= HEADERS
-        header_parts = [encode_headers(h) if h else b"" for h in headers]
-        columns.append(np.fromiter(map(len, header_parts), dtype=np.int64, count=n))
-    body = b"".join([*key_parts, *(v for v in values if v is not None), *header_parts])
-    columns_size = 4 * n * len(columns)
-    out = bytearray(V2_HEADER_SIZE + columns_size + len(body))
-    position = V2_HEADER_SIZE
+        columns.append(headers[1])
+        parts.append(headers[0])
+    sizes = [memoryview(part).nbytes for part in parts]
+    position = V2_HEADER_SIZE + 4 * n * len(columns)
+    out = bytearray(position + sum(sizes))
+    at = V2_HEADER_SIZE
     for column in columns:
-        np.frombuffer(out, dtype=_I32, count=n, offset=position)[:] = column
-        position += 4 * n
-    out[position:] = body
+        np.frombuffer(out, dtype=_I32, count=n, offset=at)[:] = column
+        at += 4 * n
+    for part, size in zip(parts, sizes, strict=True):
+        out[position : position + size] = memoryview(part).cast("B")
+        position += size
     span = n - 1 if last_offset_delta is None else last_offset_delta
     return finish_v2(out, attributes, n, base_timestamp, span)
 
@@ -336,9 +381,14 @@ def _column(
     valid = lengths >= 0
     return BinaryColumn(
         data[start : start + int(offsets[-1])],
-        offsets,
+        _narrow(offsets),
         None if bool(valid.all()) else valid,
     )
+
+
+def _narrow(offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int32] | npt.NDArray[np.int64]:
+    """Offsets as int32 while they fit (an Arrow binary column's), else int64."""
+    return offsets.astype(np.int32) if offsets[-1] <= _INT32_MAX else offsets
 
 
 def _u16(data: npt.NDArray[np.uint8], at: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -410,8 +460,8 @@ def _parse_headers(
     value_data, value_offsets = _gather(data, value_starts, value_lengths)
     return HeadersColumn(
         entry_offsets.astype(np.int32),
-        BinaryColumn(name_data, name_offsets),
-        BinaryColumn(value_data, value_offsets),
+        BinaryColumn(name_data, _narrow(name_offsets)),
+        BinaryColumn(value_data, _narrow(value_offsets)),
     )
 
 

@@ -62,6 +62,7 @@ READ_OPTIONS: Final = (
     "maxRecordsPerTrigger",
     "fetchMaxBytes",
     "timeoutMs",
+    "includeHeaders",
     *TLS_OPTIONS,
 )
 #: every option a write takes
@@ -323,6 +324,8 @@ class ReadOptions:
     ending_times: TimeSpec = field(default_factory=TimeSpec)
     #: the consumer group a streaming query commits its processed ends to
     group: str | None = None
+    #: rows carry a ``headers`` column (SPEC §13), as Kafka's option
+    include_headers: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -345,6 +348,7 @@ class ReadOptions:
             starting_times=parse_times(options, "startingTimestamp", "startingOffsetsByTimestamp"),
             ending_times=parse_times(options, "endingTimestamp", "endingOffsetsByTimestamp"),
             group=parse_group(options),
+            include_headers=parse_bool(options, "includeHeaders", False),
         )
 
 

@@ -74,6 +74,11 @@ async def fetch_from_replicas(
     ) from failure
 
 
+def _first_base(data: bytes | memoryview) -> int:
+    """The base offset of the first fetched batch."""
+    return peek_header(data, 0).base_offset
+
+
 def _next_offset(data: bytes | memoryview) -> int:
     """The offset after the last record of fetched batches (headers only)."""
     last_start, _ = batch_spans(data)[-1]
@@ -81,7 +86,7 @@ def _next_offset(data: bytes | memoryview) -> int:
 
 
 def read_slice(
-    client: SyncClient, piece: RangeSlice, fetch_max_bytes: int
+    client: SyncClient, piece: RangeSlice, fetch_max_bytes: int, *, include_headers: bool = False
 ) -> Iterator[pa.RecordBatch]:
     """Every record of ``piece``, in offset order, as Arrow batches, fetched
     through ``client``'s loop and pool (with its timeout).
@@ -111,20 +116,16 @@ def read_slice(
         if fetched_end < piece.end:
             pending = fetch(fetched_end)
         records = decode_batches(data)
-        first = int(records.offsets[0])
-        # offsets within one answer are dense (SPEC §4): positions follow by subtraction
-        if fetched_end - first != len(records):
-            raise MissingRecordsError(
-                f"stream {piece.stream_id}: the batches fetched from offset {offset} "
-                "do not hold dense offsets"
-            )
-        skip = offset - first
-        take = min(len(records), piece.end - first) - skip
-        if skip < 0 or take <= 0:
+        first_base = _first_base(data)
+        if first_base > offset:
             raise MissingRecordsError(
                 f"stream {piece.stream_id}: asked for offset {offset}, "
-                f"got batches from offset {first}"
+                f"got batches from offset {first_base}"
             )
-        batch = records_to_arrow(piece.stream_id, records)
-        yield batch if skip == 0 and take == len(records) else batch.slice(skip, take)
-        offset += take
+        # offsets may skip records compaction removed (SPEC §13): the cut is by search
+        skip = int(records.offsets.searchsorted(offset))
+        stop = int(records.offsets.searchsorted(piece.end))
+        if stop > skip:
+            batch = records_to_arrow(piece.stream_id, records, include_headers=include_headers)
+            yield batch if skip == 0 and stop == len(records) else batch.slice(skip, stop - skip)
+        offset = min(fetched_end, piece.end)

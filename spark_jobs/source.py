@@ -42,6 +42,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import (
     BinaryType,
     LongType,
+    MapType,
     StringType,
     StructField,
     StructType,
@@ -78,24 +79,38 @@ def _layouts(options: ReadOptions, stream_ids: Sequence[int] | None) -> dict[int
     return stream_layouts(options.pm, stream_ids, options.timeout, options.tls)
 
 
-#: ``stream_id long, offset long, timestamp timestamp, value binary``, built
-#: field by field: parsing DDL needs a JVM, which Python workers do not have
+#: ``stream_id long, offset long, timestamp timestamp, key binary, value
+#: binary``, built field by field: parsing DDL needs a JVM, which Python
+#: workers do not have. ``timestamp`` is the record's own (SPEC §13); ``key``
+#: is null for a record without one, ``value`` for a tombstone.
 SCHEMA = StructType(
     [
         StructField("stream_id", LongType()),
         StructField("offset", LongType()),
         StructField("timestamp", TimestampType()),
+        StructField("key", BinaryType()),
         StructField("value", BinaryType()),
     ]
 )
+#: with ``includeHeaders``: ``headers map<string, binary>`` too (a name
+#: repeated in a record keeps its last value)
+SCHEMA_WITH_HEADERS = StructType(
+    [*SCHEMA.fields, StructField("headers", MapType(StringType(), BinaryType()))]
+)
 
 
-def _check_schema(schema: StructType) -> None:
+def schema_for(options: Mapping[str, str]) -> StructType:
+    """The rows the source gives with these options."""
+    include = {k.lower(): v for k, v in options.items()}.get("includeheaders", "false")
+    return SCHEMA_WITH_HEADERS if include.strip().lower() == "true" else SCHEMA
+
+
+def _check_schema(schema: StructType, expected: StructType) -> None:
     if [(f.name, f.dataType) for f in schema.fields] != [
-        (f.name, f.dataType) for f in SCHEMA.fields
+        (f.name, f.dataType) for f in expected.fields
     ]:
         raise SBPOptionError(
-            f"the sbp source has the fixed schema '{SCHEMA.simpleString()}'; "
+            f"the sbp source has the fixed schema '{expected.simpleString()}'; "
             f"do not pass another one (got '{schema.simpleString()}')"
         )
 
@@ -113,7 +128,9 @@ def _read(partition: InputPartition, options: ReadOptions) -> Iterator[pa.Record
         return  # Spark's stand-in partition when partitions() planned none
     # made here, in the worker that reads: a client does not survive Spark's fork
     with SyncClient(options.pm, timeout=options.timeout, tls=options.tls) as client:
-        yield from read_slice(client, partition, options.fetch_max_bytes)
+        yield from read_slice(
+            client, partition, options.fetch_max_bytes, include_headers=options.include_headers
+        )
 
 
 def _by_time(
@@ -147,10 +164,10 @@ class SBPDataSource(DataSource):
         return "sbp"
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return schema_for(self.options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        _check_schema(schema)
+        _check_schema(schema, schema_for(self.options))
         options = ReadOptions.parse(self.options)
         if options.group is not None:
             raise SBPOptionError(
@@ -160,7 +177,7 @@ class SBPDataSource(DataSource):
         return SBPBatchReader(options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        _check_schema(schema)
+        _check_schema(schema, schema_for(self.options))
         return SBPStreamReader(ReadOptions.parse(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> SBPWriter:

@@ -1,7 +1,8 @@
 """One write task's rows appended to a stream, exactly once.
 
-The ``value`` column of each Arrow batch Spark hands over is cut into record
-batches with numpy (``arrow.column_to_batches``) and given, as built, to one
+The ``value`` column of each Arrow batch Spark hands over (with its optional
+``key`` and ``headers`` columns, SPEC §13) is cut into record batches with
+numpy (``arrow.column_to_batches``) and given, as built, to one
 idempotent ``Producer`` of the client library (SPEC §10): it sends them in
 order to the primary of the stream's open range, resends on a sealed or
 moved range or a lost answer, and the data node stores each batch once.
@@ -31,7 +32,7 @@ import pyarrow as pa
 from client.producer import RESUME_SETTLE_S
 from client.sync import SyncClient, SyncRecordsHandle
 
-from .arrow import column_to_batches, value_column
+from .arrow import column_to_batches, headers_column, key_column, value_column
 from .options import WriteOptions
 
 
@@ -90,7 +91,13 @@ def append_values(
         span.skipped = producer.resume(settle_s)
         for arrow_batch in _after(arrow_batches, span.skipped):
             column = value_column(arrow_batch)
-            for batch, count in column_to_batches(column, options.batch_max_bytes):
+            keyed = column_to_batches(
+                column,
+                options.batch_max_bytes,
+                keys=key_column(arrow_batch),
+                headers=headers_column(arrow_batch),
+            )
+            for batch, count in keyed:
                 last = producer.send_batch(batch)
                 first = first or last
                 span.records += count

@@ -20,7 +20,10 @@ def read(spark: SparkSession, pm: str, **options: str) -> DataFrame:
 def test_reads_every_record_once_across_sealed_and_open_ranges(
     spark: SparkSession, ops: StreamOps
 ) -> None:
-    stream = ops.create_stream()
+    # two replicas on the two nodes: the primary of each next range is the
+    # node made primary fewer times, so the ranges' primaries alternate
+    # whatever load the module's other tests left on either node
+    stream = ops.create_stream(replicas=2)
     other = ops.create_stream(replicas=2)
     expected: list[bytes] = []
     timestamps: list[int] = []
@@ -31,7 +34,7 @@ def test_reads_every_record_once_across_sealed_and_open_ranges(
         expected += values
         timestamps += [ts] * len(values)
         if part < 3:
-            ops.seal(stream)  # the next range goes to the other data node
+            ops.seal(stream)  # the next range's primary is the other data node
     other_values = make_values("o", 7)
     ops.append(other, other_values)
     ranges = ops.ranges(stream)

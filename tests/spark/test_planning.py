@@ -10,7 +10,15 @@ import pytest
 
 from sbp import messages
 from sbp.batches import decode_batches
-from spark_jobs.arrow import ARROW_SCHEMA, column_to_batches, records_to_arrow
+from spark_jobs.arrow import (
+    ARROW_SCHEMA,
+    ARROW_SCHEMA_WITH_HEADERS,
+    column_to_batches,
+    headers_column,
+    key_column,
+    records_to_arrow,
+    value_column,
+)
 from spark_jobs.layout import DataLossError, StreamLayout, plan_slices
 from spark_jobs.options import (
     EARLIEST_CODE,
@@ -209,3 +217,45 @@ def test_records_become_an_arrow_batch_of_the_source_schema() -> None:
     assert arrow.to_pydict()["offset"] == [40, 41]
     assert arrow.column("timestamp").cast(pa.int64()).to_pylist() == [1_500_000, 1_500_000]
     assert arrow.column("value").to_pylist() == [b"a", b"bc"]
+
+
+def test_keys_headers_and_tombstones_become_arrow_columns() -> None:
+    from sbp.batches import build_records
+
+    batch = build_records(
+        [b"v", None, b"w"],
+        1500,
+        keys=[b"k", b"gone", None],
+        headers=[[("a", b"1"), ("b", b"2")], None, [("a", b"3")]],
+        timestamps=[1000, None, 2000],
+    )
+    batch[0:8] = (10).to_bytes(8, "big")
+    arrow = records_to_arrow(7, decode_batches(batch), include_headers=True)
+    assert arrow.schema.equals(ARROW_SCHEMA_WITH_HEADERS)
+    assert arrow.column("key").to_pylist() == [b"k", b"gone", None]
+    assert arrow.column("value").to_pylist() == [b"v", None, b"w"]
+    assert arrow.column("headers").to_pylist() == [
+        [("a", b"1"), ("b", b"2")],
+        [],
+        [("a", b"3")],
+    ]
+    assert arrow.column("timestamp").cast(pa.int64()).to_pylist() == [
+        1_000_000,
+        1_500_000,
+        2_000_000,
+    ]
+    keyed = pa.record_batch(
+        [
+            pa.array([b"v", None]),
+            pa.array([b"k", b"gone"]),
+            pa.array([[("h", b"x")], []], pa.map_(pa.string(), pa.binary())),
+        ],
+        names=["value", "key", "headers"],
+    )
+    (built, count), *_ = column_to_batches(
+        value_column(keyed), 1 << 20, keys=key_column(keyed), headers=headers_column(keyed)
+    )
+    decoded = decode_batches(built)
+    assert (count, decoded.to_list()) == (2, [b"v", None])
+    assert [decoded.key(i) for i in range(2)] == [b"k", b"gone"]
+    assert [decoded.headers_of(i) for i in range(2)] == [[("h", b"x")], []]

@@ -119,3 +119,40 @@ def test_tasks_that_fail_once_each_store_every_row_once(
     stored = [v.decode() for v in ops.read_all(stream)]
     assert sorted(stored) == sorted(v for (v,) in rows)  # every row, once
     assert len(stored) == len(set(stored)) == 40_000
+
+
+def test_keys_and_headers_are_written_and_read_with_the_records_own_time(
+    spark: SparkSession, ops: StreamOps
+) -> None:
+    """The writer takes optional ``key`` and ``headers`` columns (SPEC §13);
+    the source gives ``key`` always and ``headers`` with ``includeHeaders``,
+    as Kafka's does, and ``timestamp`` is each record's own."""
+    stream = ops.create_stream()
+    rows = [
+        ("v0", b"k0", {"trace": b"t0"}),
+        ("v1", None, None),
+        (None, b"gone", {}),  # a tombstone: a null value with a key
+    ]
+    df = spark.createDataFrame(rows, "value string, key binary, headers map<string,binary>")
+    write(df.coalesce(1), ops.pm_address, stream)
+    loaded = (
+        spark.read.format("sbp")
+        .option("pm", ops.pm_address)
+        .option("streams", str(stream))
+        .option("includeHeaders", "true")
+        .load()
+        .orderBy("offset")
+    )
+    assert loaded.columns == ["stream_id", "offset", "timestamp", "key", "value", "headers"]
+    got = [(r.key, r.value, r.headers) for r in loaded.collect()]
+    assert got == [
+        (b"k0", b"v0", {"trace": b"t0"}),
+        (None, b"v1", {}),
+        (b"gone", None, {}),
+    ]
+    plain = spark.read.format("sbp").option("pm", ops.pm_address).option("streams", str(stream))
+    assert plain.load().columns == ["stream_id", "offset", "timestamp", "key", "value"]
+
+    keyless_tombstone = spark.createDataFrame([(None, None)], "value string, key binary")
+    with pytest.raises(PySparkException, match="needs a key"):
+        write(keyless_tombstone.coalesce(1), ops.pm_address, stream)
