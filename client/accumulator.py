@@ -24,7 +24,7 @@ from typing import Final
 
 import trio
 
-from sbp.batch_v2 import MAX_TIMESTAMP_SPAN_MS, Header
+from sbp.batch_v2 import MAX_TIMESTAMP_SPAN_MS, Header, encode_headers
 from sbp.batches import BATCH_HEADER_SIZE, build_records, peek_header
 from sbp.errors import SBPError
 
@@ -42,10 +42,11 @@ STAMP_MARGIN_MS: Final = 3_600_000
 Headers = Sequence[Header] | Mapping[str, bytes]
 
 
-def header_list(headers: Headers | None) -> list[Header] | None:
-    """Headers as (name, value) pairs, checked; None for none."""
+def header_block(headers: Headers | None) -> bytes:
+    """A record's headers, checked and encoded as its batch holds them (b"":
+    none)."""
     if not headers:
-        return None
+        return b""
     pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
     for pair in pairs:
         if (
@@ -55,16 +56,31 @@ def header_list(headers: Headers | None) -> list[Header] | None:
             or not isinstance(pair[1], bytes | bytearray | memoryview)
         ):
             raise TypeError(f"a header is a (str name, bytes value) pair, not {pair!r}")
-    return pairs
+    return encode_headers(pairs)
 
 
-def extra_bytes(key: bytes | None, headers: list[Header] | None, timestamp: int | None) -> int:
-    """What a record's key, headers and own timestamp add to its batch."""
+def header_blocks(headers: Sequence[Headers | None]) -> list[bytes]:
+    """``header_block`` of each record's headers; the same headers object
+    given for many records is encoded once."""
+    if headers and all(item is headers[0] for item in headers):  # one object for all
+        return [header_block(headers[0])] * len(headers)
+    encoded: dict[int, bytes] = {}  # by id: the objects live as long as the call
+    blocks = []
+    for item in headers:
+        block = encoded.get(id(item))
+        if block is None:
+            block = encoded[id(item)] = header_block(item)
+        blocks.append(block)
+    return blocks
+
+
+def extra_bytes(key: bytes | None, block: bytes, timestamp: int | None) -> int:
+    """What a record's key, encoded headers and own timestamp add to its batch."""
     size = 0
     if key is not None:
         size += len(key) + FIELD_OVERHEAD
-    if headers:
-        size += FIELD_OVERHEAD + 2 + sum(6 + len(n.encode()) + len(v) for n, v in headers)
+    if block:
+        size += FIELD_OVERHEAD + len(block)
     if timestamp is not None:
         size += FIELD_OVERHEAD
     return size
@@ -104,7 +120,8 @@ class PendingBatch:
         self.values: list[bytes | None] = []
         #: per record, once a record of the batch has one (None until then)
         self.keys: list[bytes | None] | None = None
-        self.headers: list[list[Header] | None] | None = None
+        #: each record's headers, encoded (b"": none)
+        self.headers: list[bytes] | None = None
         self.timestamps: list[int | None] | None = None
         #: the earliest and latest record timestamps given (None: none given)
         self.stamps: tuple[int, int] | None = None
@@ -124,17 +141,18 @@ class PendingBatch:
         self,
         value: bytes | None,
         key: bytes | None,
-        headers: list[Header] | None,
+        headers: bytes,
         timestamp: int | None,
     ) -> None:
-        """One more record, with what it carries besides its value."""
+        """One more record, with what it carries besides its value (its
+        headers encoded)."""
         count = len(self.values)
         self.values.append(value)
         if key is not None or self.keys is not None:
             self.keys = self.keys if self.keys is not None else [None] * count
             self.keys.append(key)
-        if headers is not None or self.headers is not None:
-            self.headers = self.headers if self.headers is not None else [None] * count
+        if headers or self.headers is not None:
+            self.headers = self.headers if self.headers is not None else [b""] * count
             self.headers.append(headers)
         if timestamp is not None or self.timestamps is not None:
             self.timestamps = self.timestamps if self.timestamps is not None else [None] * count
@@ -170,21 +188,25 @@ class PendingBatch:
         self,
         values: Sequence[bytes | None],
         keys: Sequence[bytes | None] | None,
-        headers: Sequence[list[Header] | None] | None,
+        headers: Sequence[bytes] | None,
         timestamps: Sequence[int | None] | None,
     ) -> None:
         """Records in order; the columns besides the values, when given, are
-        as long as ``values``."""
+        as long as ``values`` (the headers encoded)."""
         count, added = len(self.values), len(values)
         self.values.extend(values)
-        for name, column in (("keys", keys), ("headers", headers), ("timestamps", timestamps)):
+        for name, column, none in (
+            ("keys", keys, None),
+            ("headers", headers, b""),
+            ("timestamps", timestamps, None),
+        ):
             held = getattr(self, name)
             if column is None and held is None:
                 continue
             if held is None:
-                held = [None] * count
+                held = [none] * count
                 setattr(self, name, held)
-            held.extend([None] * added if column is None else column)
+            held.extend([none] * added if column is None else column)
 
     def encode(self, base_timestamp: int) -> None:
         """Encode the records into the batch (magic 1 when they carry nothing
@@ -193,7 +215,7 @@ class PendingBatch:
             self.values,
             base_timestamp,
             keys=self.keys,
-            headers=self.headers,
+            header_blocks=self.headers,
             timestamps=self.timestamps,
         )
         self.values, self.keys, self.headers, self.timestamps = [], None, None, None

@@ -78,6 +78,7 @@ from ._routing import (
     replica_for_read,
 )
 from .by_time import offset_at_time, stream_end
+from .compacted_tail import compacted_end
 from .pm_client import PMClient
 from .retry import is_transient, retry_delay
 
@@ -458,6 +459,17 @@ class Consumer:
                 # once confirmed at a tail, later empty answers there are the
                 # tail's own (a long poll that ran out)
                 checked_end = self.tail
+            if not len(data) and sealed and offset < rng.end_offset:
+                end = await self._compacted_end(rng, offset, attempts.failures)
+                if end is None:
+                    why = f"answered no records at {offset}, before the range's end"
+                    if attempts.fail(self._tried(rng, attempts), why, len(rng.replica_nodes)):
+                        raise self._unreachable(rng, offset, attempts)
+                    await trio.sleep(retry_delay(attempts.failures))
+                    continue
+                offset = end  # compaction left nothing from here to the end
+                attempts = _Attempts(self.retry_timeout)
+                continue
             attempts = _Attempts(self.retry_timeout)
             if len(data):
                 next_offset = _next_offset(data)
@@ -470,13 +482,8 @@ class Consumer:
                 await self._send.send(_Chunk(data, offset))
                 offset = next_offset
                 continue
-            # Nothing at ``offset``: the tail of the open range, or a range
-            # sealed since it was listed.
-            if sealed and offset < rng.end_offset:
-                raise OffsetOutOfRangeError(
-                    f"range {rng.range_index} of stream {self.stream_id} returned nothing "
-                    f"at {offset}, before its end {rng.end_offset}"
-                )
+            # Nothing at ``offset``: the tail of the open range, a range
+            # sealed since it was listed, or the end of a compacted one.
             if not sealed:
                 # The open range's tail: the node answers RANGE_SEALED once a
                 # seal moves the stream on, so the PM is not needed here.
@@ -626,6 +633,18 @@ class Consumer:
         assert self._nursery is not None
         self._nursery.start_soon(fetch)
         return sent
+
+    async def _compacted_end(self, rng: messages.Range, offset: int, attempt: int) -> int | None:
+        """After an empty answer at ``offset`` in a sealed range: its end when
+        the replica that answered holds nothing more of it (compacted away),
+        None when it cannot tell or lacks records."""
+        replica = replica_for_read(rng, attempt, prefer_followers=self.prefer_followers)
+        try:
+            return await compacted_end(
+                self._context.node(replica), rng.stream_id, rng.range_index, offset
+            )
+        except (SBPError, OSError, trio.TooSlowError):
+            return None
 
     async def _fetch(
         self, rng: messages.Range, offset: int, wait_ms: int, attempt: int

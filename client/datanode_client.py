@@ -16,7 +16,7 @@ from typing import Any
 from net.calls import Response, header_as
 from sbp import messages
 from sbp.enums import Opcode
-from sbp.errors import HeaderDecodeError, raise_for_code
+from sbp.errors import HeaderDecodeError, UnknownServerError, raise_for_code
 from sbp.producer_stamp import ProducerStamp
 
 from ._base import single
@@ -140,6 +140,41 @@ class DataNodeClient(RangeCalls):
             messages.RangeHoldingsResponse, Opcode.RANGE_HOLDINGS, request, timeout=timeout
         )
         return header.holdings
+
+    async def compaction_keys(
+        self, stream_id: int, range_index: int, *, timeout: float | None = None
+    ) -> tuple[messages.CompactionKeysResponse, bytes | memoryview]:
+        """COMPACTION_KEYS (implementation-private, PM to data node): what a
+        sealed range holds of each key (the answer and its payload, the
+        key map); raises the node's error."""
+        request = messages.CompactionKeysRequest(
+            timeout_ms=self.timeout_ms(timeout), stream_id=stream_id, range_index=range_index
+        )
+        response = await self.call(Opcode.COMPACTION_KEYS, request, timeout=timeout)
+        header = response.header
+        if not isinstance(header, messages.CompactionKeysResponse):
+            raise UnknownServerError(f"COMPACTION_KEYS answered with {type(header).__name__}")
+        raise_for_code(header.error_code, header.error_message)
+        return header, response.payload
+
+    async def compact_ranges(
+        self,
+        stream_id: int,
+        ranges: Sequence[messages.CompactRange],
+        key_map: bytes,
+        *,
+        timeout: float | None = None,
+    ) -> tuple[messages.CompactRangeResult, ...]:
+        """COMPACT_RANGES (implementation-private, PM to data node): rewrite
+        sealed ranges of a stream by a key map (``storage.compaction.KeyMap``
+        encoded)."""
+        request = messages.CompactRangesRequest(
+            timeout_ms=self.timeout_ms(timeout), stream_id=stream_id, ranges=tuple(ranges)
+        )
+        header = await self.call_for(
+            messages.CompactRangesResponse, Opcode.COMPACT_RANGES, request, key_map, timeout=timeout
+        )
+        return header.results
 
     @asynccontextmanager
     async def fetch(

@@ -32,7 +32,7 @@ import numpy.typing as npt
 import trio
 
 from net.pool import ConnectionPool
-from sbp.batch_v2 import MAX_TIMESTAMP_SPAN_MS
+from sbp.batch_v2 import MAX_TIMESTAMP_SPAN_MS, entry_lengths
 from sbp.batches import BATCH_HEADER_SIZE, Buffer, build_batch, validate_batch
 from sbp.enums import ErrorCode
 from sbp.errors import RangeNotFoundError, SBPError, error_for
@@ -40,6 +40,7 @@ from sbp.producer_stamp import ProducerStamp
 
 from ._routing import ClientContext, StreamRoutes, primary_of
 from .accumulator import (
+    FIELD_OVERHEAD,
     RECORD_OVERHEAD,
     STAMP_MARGIN_MS,
     Accumulator,
@@ -47,7 +48,8 @@ from .accumulator import (
     PendingBatch,
     ProducerClosedError,
     extra_bytes,
-    header_list,
+    header_block,
+    header_blocks,
 )
 from .pm_client import PMClient
 from .retry import until_deadline
@@ -193,6 +195,27 @@ def _check_value(value: bytes | None, key: bytes | None) -> None:
     """A null value is a tombstone: it says a key is deleted (SPEC §13)."""
     if value is None and key is None:
         raise ValueError("a record without a value is a tombstone and needs a key")
+
+
+def _extra_sizes(
+    keys: Sequence[bytes | None] | None,
+    blocks: Sequence[bytes] | None,
+    timestamps: Sequence[int | None] | None,
+    count: int,
+) -> npt.NDArray[np.int64]:
+    """``extra_bytes`` of every record, a column at a time."""
+    sizes = np.zeros(count, dtype=np.int64)
+    if keys is not None:
+        key_sizes = entry_lengths(keys)
+        sizes += np.where(key_sizes >= 0, key_sizes + FIELD_OVERHEAD, 0)
+    if blocks is not None:
+        block_sizes = np.fromiter(map(len, blocks), dtype=np.int64, count=count)
+        sizes += np.where(block_sizes > 0, block_sizes + FIELD_OVERHEAD, 0)
+    if timestamps is not None:
+        sizes += FIELD_OVERHEAD * np.fromiter(
+            (t is not None for t in timestamps), dtype=np.int64, count=count
+        )
+    return sizes
 
 
 class Producer:
@@ -408,9 +431,9 @@ class Producer:
         could carry, and ``ProducerFencedError`` once a newer instance of
         this producer runs."""
         self._check_fenced()
-        pairs = header_list(headers)
+        block = header_block(headers)
         _check_value(value, key)
-        extra = extra_bytes(key, pairs, timestamp) if key or pairs or timestamp else 0
+        extra = extra_bytes(key, block, timestamp) if key or block or timestamp else 0
         size = (0 if value is None else len(value)) + extra
         self._check_record_size(size)
         if self._batches.buffered >= self._batches.buffer_bytes:
@@ -429,7 +452,7 @@ class Producer:
             or batch.headers is not None
             or (batch.timestamps is not None)
         ):
-            batch.add(value, key, pairs, timestamp)
+            batch.add(value, key, block, timestamp)
         else:
             batch.values.append(value)
         batch.nbytes += size + RECORD_OVERHEAD
@@ -466,27 +489,17 @@ class Producer:
                 (now_ms if t is None else t for t in timestamps), dtype=np.int64, count=count
             )
         )
-        pairs = None if headers is None else [header_list(h) for h in headers]
-        plain = keys is None and pairs is None and timestamps is None
+        blocks = None if headers is None else header_blocks(headers)
+        plain = keys is None and blocks is None and timestamps is None
         if plain:
             sizes = np.fromiter(map(len, values), dtype=np.int64, count=count)  # type: ignore[arg-type]
         else:
-            sizes = np.fromiter(
-                (
-                    (0 if value is None else len(value))
-                    + extra_bytes(
-                        None if keys is None else keys[i],
-                        None if pairs is None else pairs[i],
-                        None if timestamps is None else timestamps[i],
-                    )
-                    for i, value in enumerate(values)
-                ),
-                dtype=np.int64,
-                count=count,
-            )
-            for i, value in enumerate(values):
-                if value is None:
-                    _check_value(value, None if keys is None else keys[i])
+            sizes = _extra_sizes(keys, blocks, timestamps, count)
+            value_sizes = entry_lengths(values)
+            if value_sizes.min() < 0:  # tombstones: each needs a key
+                for i in np.nonzero(value_sizes < 0)[0].tolist():
+                    _check_value(None, None if keys is None else keys[i])
+            sizes += np.maximum(value_sizes, 0)
         self._check_record_size(int(sizes.max()))
         if self._batches.buffered >= self._batches.buffer_bytes:
             await self._batches.wait_for_space()
@@ -518,7 +531,7 @@ class Producer:
                 batch.extend(
                     values[start:end],
                     None if keys is None else keys[start:end],
-                    None if pairs is None else pairs[start:end],
+                    None if blocks is None else blocks[start:end],
                     None if timestamps is None else timestamps[start:end],
                 )
                 if stamps is not None and timestamps is not None:

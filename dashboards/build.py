@@ -465,6 +465,59 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
         ),
     ),
     (
+        "Compaction",
+        (
+            Panel(
+                "Compaction removed bytes/s",
+                "Bytes compaction rewrote and removed per second, over every replica of the "
+                "compacted streams' sealed ranges (SPEC §13).",
+                "Bps",
+                (
+                    (f"rate(sbp_pm_compaction_rewritten_bytes_total{{{PM}}}{RATE})", "rewritten"),
+                    (f"rate(sbp_pm_compaction_removed_bytes_total{{{PM}}}{RATE})", "removed"),
+                ),
+            ),
+            Panel(
+                "Dirty ratio",
+                "Share of each compacted stream's sealed bytes not compacted yet (the 10 "
+                "dirtiest streams); it falls after each pass (--compaction-interval-ms).",
+                "percentunit",
+                (
+                    (
+                        f"topk(10, sbp_pm_compaction_dirty_ratio{{{PM}}}) or on() vector(0)",
+                        "stream {{stream}}",
+                    ),
+                ),
+            ),
+            Panel(
+                "Records and tombstones removed/s",
+                "Records compaction removed per second (superseded by a later record of "
+                "their key, or tombstones past delete_retention_ms), and of them tombstones.",
+                "ops",
+                (
+                    (f"rate(sbp_pm_compaction_removed_records_total{{{PM}}}{RATE})", "records"),
+                    (
+                        f"rate(sbp_pm_compaction_removed_tombstones_total{{{PM}}}{RATE})",
+                        "tombstones",
+                    ),
+                ),
+            ),
+            Panel(
+                "Compaction read rate per node",
+                "Bytes of sealed ranges each node read for compaction per second; at most "
+                "its --compaction-bytes-per-s.",
+                "Bps",
+                (
+                    (
+                        f"sum by (instance) "
+                        f"(rate(sbp_datanode_compaction_scanned_bytes_total{{{NODE}}}{RATE}))",
+                        "{{instance}}",
+                    ),
+                ),
+            ),
+        ),
+    ),
+    (
         "Replication",
         (
             Panel(

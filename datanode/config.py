@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from datanode.compaction import DEFAULT_COMPACTION_BYTES_PER_S
 from net.address import format_address, parse_address, parse_address_list
 from net.budget import DEFAULT_ANSWER_BYTES, DEFAULT_REQUEST_BYTES
 from net.service import UsageError
@@ -112,6 +113,14 @@ OPTIONS: Final = (
         metavar="MS",
     ),
     Option(
+        "compaction-bytes-per-s",
+        "read and rewrite sealed ranges of compacted streams at most this fast (SPEC §13), "
+        "e.g. 200MiB; 0: no limit",
+        parse_size,
+        default=str(DEFAULT_COMPACTION_BYTES_PER_S),
+        metavar="BYTES",
+    ),
+    Option(
         "producer-expiry-ms",
         "forget an idempotent producer's state on a stream once it has not appended there "
         "this long; its next batch must then start at sequence 0 (SPEC §10)",
@@ -164,6 +173,8 @@ class DataNodeConfig:
     metrics_interval_s: float = DEFAULT_METRICS_REPORT_MS / 1000
     retention_interval_s: float = DEFAULT_RETENTION_INTERVAL_MS / 1000
     producer_expiry_ms: int = DEFAULT_EXPIRY_MS
+    #: how fast compaction reads and rewrites (SPEC §13); 0: no limit
+    compaction_bytes_per_s: int = DEFAULT_COMPACTION_BYTES_PER_S
     #: per-principal byte rates (SPEC §12), None: none
     quota_file: Path | None = None
     #: TLS, mutual TLS and the ACL file (SPEC §9)
@@ -206,6 +217,7 @@ def parse_config(argv: Sequence[str] | None = None) -> DataNodeConfig:
         metrics_interval_s=values["metrics_interval_ms"] / 1000,
         retention_interval_s=values["retention_interval_ms"] / 1000,
         producer_expiry_ms=values["producer_expiry_ms"],
+        compaction_bytes_per_s=values["compaction_bytes_per_s"],
         quota_file=values["quota_file"],
         security=security_settings(values),
         log_level=values["log_level"],

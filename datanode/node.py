@@ -29,11 +29,19 @@ from sbp.errors import (
     ProtocolError,
     RangeNotFoundError,
 )
+from sbp.key_hash import KeyMap
+from storage.compaction import RangeKeys
 from storage.engine import NO_BATCHES, BorrowedBatches, StorageEngine
 from storage.layout import IndexEntry
 from storage.model import AppendItem, RangeInfo, ReplicaBatch
 
 from .appends import Answer, Appends, AppendTicket
+from .compaction import (
+    DEFAULT_COMPACTION_BYTES_PER_S,
+    CompactionCollector,
+    NodeCompaction,
+    RangeCompacted,
+)
 from .convert import info_to_range, range_to_info, table_to_snapshots
 from .items import check_stream_id, failed, outcomes, wait_future
 from .metrics import DataNodeMetrics
@@ -85,6 +93,7 @@ class DataNode:
         pm: PMSettings | PMLink | None = None,
         data_dir: Path | None = None,
         retention_interval_s: float = DEFAULT_INTERVAL_S,
+        compaction_bytes_per_s: int = DEFAULT_COMPACTION_BYTES_PER_S,
     ) -> None:
         self.node_id = node_id
         self.engine = engine
@@ -139,6 +148,9 @@ class DataNode:
         self.retention = RetentionKeeper(
             engine, self.waiters, self.metrics.counters, self.pm, retention_interval_s
         )
+        #: rewrites of sealed ranges of compacted streams (SPEC §13)
+        self.compaction = NodeCompaction(engine, self.waiters, compaction_bytes_per_s)
+        self.metrics.registry.register(CompactionCollector(self.compaction.counters))
         self._appends = Appends(
             engine,
             self.replicator,
@@ -292,6 +304,39 @@ class DataNode:
             return found
 
         return await trio.to_thread.run_sync(look)
+
+    async def compaction_keys(
+        self, principal: str, stream_id: int, range_index: int
+    ) -> tuple[RangeKeys, int]:
+        """COMPACTION_KEYS (the PM's, SPEC §9: the cluster's principals
+        only): what a sealed range held here holds of each key, and when its
+        last batch was appended."""
+        denied = self.access.check_internal(principal, "COMPACTION_KEYS")
+        if denied is not None:
+            raise denied
+        check_stream_id(stream_id)
+        return await self.compaction.keys(stream_id, range_index)
+
+    async def compact_ranges(
+        self, principal: str, stream_id: int, ranges: Sequence[tuple[int, bool]], keys: KeyMap
+    ) -> list[RangeCompacted | ProtocolError]:
+        """COMPACT_RANGES (the PM's): rewrite sealed ranges held here by
+        ``keys``, per range with its tombstones dropped or not; per range,
+        what it did or why not."""
+        denied = self.access.check_internal(principal, "COMPACT_RANGES")
+        if denied is not None:
+            return [denied] * len(ranges)
+        done: list[RangeCompacted | ProtocolError] = []
+        for range_index, drop_tombstones in ranges:
+            try:
+                check_stream_id(stream_id)
+                done.append(
+                    await self.compaction.compact(stream_id, range_index, keys, drop_tombstones)
+                )
+            except ProtocolError as error:
+                done.append(error)
+        self.waiters.notify(stream_id)
+        return done
 
     def may_replicate(self, principal: str) -> ProtocolError | None:
         """Only a range's primary, a data node, may send REPLICATE (SPEC §9)."""

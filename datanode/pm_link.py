@@ -164,8 +164,11 @@ class PMLink:
         except (SBPError, OSError) as error:
             logger.info("GET_STREAMS of %d streams on the PM failed: %s", len(stream_ids), error)
             return None
+        # a stream only compacted (cleanup_policy 1, SPEC §13) has no time retention
         return {
-            result.stream.stream_id: result.stream.retention_period_ms
+            result.stream.stream_id: (
+                0 if result.stream.cleanup_policy == 1 else result.stream.retention_period_ms
+            )
             for result in results
             if result.error_code == ErrorCode.NONE and result.stream is not None
         }

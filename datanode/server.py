@@ -73,6 +73,8 @@ def build_dispatcher(node: DataNode, max_frame_bytes: int) -> Dispatcher:
     dispatcher.register(Opcode.DESCRIBE_RANGES, ranges.describe_ranges)
     dispatcher.register(Opcode.FIND_OFFSETS, ranges.find_offsets)
     dispatcher.register(Opcode.RANGE_HOLDINGS, ranges.range_holdings)
+    dispatcher.register(Opcode.COMPACTION_KEYS, ranges.compaction_keys)
+    dispatcher.register(Opcode.COMPACT_RANGES, ranges.compact_ranges)
     streams = StreamHandlers(node)
     dispatcher.register(Opcode.DELETE_STREAMS, streams.delete_streams)
     dispatcher.register(Opcode.PRODUCER_STATE, streams.producer_state)
@@ -142,6 +144,7 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
         pm=pm,
         data_dir=config.data_dir,
         retention_interval_s=config.retention_interval_s,
+        compaction_bytes_per_s=config.compaction_bytes_per_s,
     )
     metrics = node.metrics
     server = Server(

@@ -30,6 +30,10 @@ from net.sizes import parse_size
 from net.tls import ServerSecurity
 from sbp.constants import DEFAULT_MAX_FRAME_LENGTH
 
+from .compaction import DEFAULT_INTERVAL_S as DEFAULT_COMPACTION_INTERVAL_S
+from .compaction import DEFAULT_MAX_KEYS as DEFAULT_COMPACTION_MAX_KEYS
+from .compaction import DEFAULT_ROLL_BYTES as DEFAULT_COMPACTION_ROLL_BYTES
+from .compaction import CompactionSettings
 from .metadata import DEFAULT_MAP_SIZE
 
 PROG: Final = "sbp-pm"
@@ -42,6 +46,7 @@ DEFAULT_SIZE_RETENTION_INTERVAL_MS: Final = 10_000
 DEFAULT_REBALANCE_THRESHOLD: Final = 0.2
 DEFAULT_REBALANCE_INTERVAL_MS: Final = 60_000
 DEFAULT_RECONCILE_INTERVAL_MS: Final = 60_000
+DEFAULT_COMPACTION_INTERVAL_MS: Final = int(DEFAULT_COMPACTION_INTERVAL_S * 1000)
 
 
 def _share(text: str) -> float:
@@ -200,6 +205,29 @@ OPTIONS: Final = (
         metavar="MS",
     ),
     Option(
+        "compaction-interval-ms",
+        "how often the sealed ranges of compacted streams are compacted (SPEC §13)",
+        positive_int,
+        default=str(DEFAULT_COMPACTION_INTERVAL_MS),
+        metavar="MS",
+    ),
+    Option(
+        "compaction-max-keys",
+        "keys in one compaction pass's map at most (24 bytes each, sent to every node "
+        "holding a replica); a stream with more is compacted a prefix per pass",
+        positive_int,
+        default=str(DEFAULT_COMPACTION_MAX_KEYS),
+        metavar="N",
+    ),
+    Option(
+        "compaction-roll-bytes",
+        "seal a compacted stream's open range once it holds this much, so that it can be "
+        "compacted (0: never), e.g. 64MiB",
+        parse_size,
+        default=f"{DEFAULT_COMPACTION_ROLL_BYTES >> 20}MiB",
+        metavar="BYTES",
+    ),
+    Option(
         "max-move-bytes-per-s",
         "draining nodes: start copies of their ranges no faster than this on average "
         "(0: no limit), e.g. 100MiB",
@@ -295,6 +323,7 @@ class PMConfig:
     rebalance_threshold: float = DEFAULT_REBALANCE_THRESHOLD
     rebalance_interval_s: float = DEFAULT_REBALANCE_INTERVAL_MS / 1000
     reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_MS / 1000
+    compaction: CompactionSettings = field(default_factory=CompactionSettings)
     map_size: int = DEFAULT_MAP_SIZE
     max_frame_bytes: int = DEFAULT_MAX_FRAME_LENGTH
     max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -343,6 +372,11 @@ def parse_config(argv: Sequence[str] | None = None) -> PMConfig:
         rebalance_threshold=values["rebalance_threshold"],
         rebalance_interval_s=values["rebalance_interval_ms"] / 1000,
         reconcile_interval_s=values["reconcile_interval_ms"] / 1000,
+        compaction=CompactionSettings(
+            interval=values["compaction_interval_ms"] / 1000,
+            max_keys=values["compaction_max_keys"],
+            roll_bytes=values["compaction_roll_bytes"],
+        ),
         map_size=values["map_size"],
         max_frame_bytes=values["max_frame_bytes"],
         max_connections=values["max_connections"],

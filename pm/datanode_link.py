@@ -32,6 +32,7 @@ from sbp.errors import (
     UnknownServerError,
     error_for,
 )
+from sbp.key_hash import KeyMap
 
 from .records import Holding, RangeRecord, StreamRecord
 from .wire import DataNodeCache, range_message, range_record, stream_message
@@ -201,6 +202,32 @@ class DataNodeLink:
                         int(result.keyless_below),
                     )
         return found
+
+    async def compaction_keys(
+        self, node_id: int, stream_id: int, range_index: int
+    ) -> tuple[KeyMap, int, int]:
+        """What a sealed range held on the node holds of each key: the map,
+        the bytes scanned, and when its last batch was appended."""
+        header, payload = await self._call(
+            node_id,
+            "COMPACTION_KEYS",
+            lambda node, timeout: node.compaction_keys(stream_id, range_index, timeout=timeout),
+        )
+        return KeyMap.decode(payload), int(header.bytes), int(header.last_append_ms)
+
+    async def compact_ranges(
+        self, node_id: int, stream_id: int, ranges: Sequence[tuple[int, bool]], keys: KeyMap
+    ) -> list[messages.CompactRangeResult]:
+        """Rewrite the node's replicas of these sealed ranges (index, drop
+        tombstones) by ``keys``; per range, what it did."""
+        wanted = [messages.CompactRange(range_index=i, drop_tombstones=d) for i, d in ranges]
+        encoded = keys.encode()
+        results = await self._call(
+            node_id,
+            "COMPACT_RANGES",
+            lambda node, timeout: node.compact_ranges(stream_id, wanted, encoded, timeout=timeout),
+        )
+        return list(results)
 
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
         for start in range(0, len(stream_ids), MAX_STREAMS_PER_REQUEST):

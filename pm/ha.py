@@ -133,6 +133,7 @@ async def run_pm_on_etcd(config: PMConfig) -> int:
                     rebalance_threshold=config.rebalance_threshold,
                     rebalance_interval=config.rebalance_interval_s,
                     reconcile_interval=config.reconcile_interval_s,
+                    compaction=config.compaction,
                 )
                 counts = manager.counts()
                 log.info(

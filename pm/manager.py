@@ -39,6 +39,7 @@ from typing import Final, Protocol, TypeVar
 import trio
 
 from net.ratelog import RateLimitedLog
+from sbp import messages
 from sbp.enums import DataNodeState, ErrorCode
 from sbp.errors import (
     DataNodeNotFoundError,
@@ -52,9 +53,11 @@ from sbp.errors import (
     SBPError,
     StreamNotFoundError,
 )
+from sbp.key_hash import KeyMap
 from sbp.replication import effective_acks, seal_end
 
 from . import reconcile, stream_settings
+from .compaction import DEFAULT_COMPACTION, CompactionSettings, Compactor
 from .drain import NodeDrains
 from .groups import ConsumerGroups, RecordTimes, StreamEnds
 from .liveness import NodeRegistry, NodeState
@@ -150,6 +153,17 @@ class DataNodeCalls(Protocol):
         range_index), and where to cut each to drop its first ``skips[i]``
         bytes; those it does not hold left out."""
 
+    async def compaction_keys(
+        self, node_id: int, stream_id: int, range_index: int
+    ) -> tuple[KeyMap, int, int]:
+        """COMPACTION_KEYS: a sealed range's latest offset of each key, its
+        bytes and when it was last appended to."""
+
+    async def compact_ranges(
+        self, node_id: int, stream_id: int, ranges: Sequence[tuple[int, bool]], keys: KeyMap
+    ) -> list[messages.CompactRangeResult]:
+        """COMPACT_RANGES: rewrite the node's replicas of sealed ranges by ``keys``."""
+
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
         """DELETE_STREAMS."""
 
@@ -177,6 +191,7 @@ class PlacementManager:
         rebalance_interval: float = REBALANCE_INTERVAL_S,
         reconcile_interval: float = RECONCILE_INTERVAL_S,
         object_store: bool = False,
+        compaction: CompactionSettings = DEFAULT_COMPACTION,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -227,6 +242,10 @@ class PlacementManager:
             threshold=rebalance_threshold,
             interval=rebalance_interval,
             min_free_space=min_free_space,
+        )
+        #: compacted streams' passes (SPEC §13)
+        self.compactor = Compactor(
+            store, link, registry, self._seal_for_compaction, settings=compaction
         )
         #: idempotent producers' ids and epochs (INIT_PRODUCER)
         self.producers = ProducerIds(store, self.commit)
@@ -728,6 +747,12 @@ class PlacementManager:
         )
         self.seals[cause] += sum(o.error is None for o in outcomes)
         return outcomes
+
+    async def _seal_for_compaction(self, stream_id: int, range_index: int) -> None:
+        """Seal a compacted stream's open range that has grown to the roll size."""
+        outcome = (await self.seal_ranges([(stream_id, range_index)], 30.0, cause="compaction"))[0]
+        if outcome.error is not None:
+            raise outcome.error
 
     async def seal_one(
         self, stream_id: int, range_index: int, deadline: float

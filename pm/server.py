@@ -60,6 +60,7 @@ async def run_pm(config: PMConfig) -> int:
                 rebalance_threshold=config.rebalance_threshold,
                 rebalance_interval=config.rebalance_interval_s,
                 reconcile_interval=config.reconcile_interval_s,
+                compaction=config.compaction,
             )
             metrics = PMMetrics(manager, lag_max_series=config.lag_metrics_max_series)
             access = access_control(config.security)
@@ -110,12 +111,13 @@ async def run_manager(manager: PlacementManager, end_offsets_interval: float) ->
     of dead primaries and repairs, writes moved off full nodes, replicas
     restored, drains, nodes that come back (and every live node now and
     then), the ends of streams groups
-    read, streams' size limits."""
+    read, streams' size limits, compacted streams' passes."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_liveness, manager.registry)
         nursery.start_soon(manager.upkeep.watch_nodes)
         nursery.start_soon(manager.reconcile_returning_nodes)
         nursery.start_soon(manager.size_retention.run)
+        nursery.start_soon(manager.compactor.run)
         nursery.start_soon(manager.groups.run, end_offsets_interval)
 
 

@@ -65,7 +65,7 @@ class SizeRetention:
         """A stream committed: follow its limit."""
         if self._limited is None:
             return  # the first pass finds it
-        if stream.retention_bytes > 0:
+        if _limited(stream):
             self._limited.add(stream.stream_id)
         else:
             self._limited.discard(stream.stream_id)
@@ -89,7 +89,7 @@ class SizeRetention:
         self._limited = found
         start_after = 0
         while page := self._pm.store.streams(start_after=start_after, limit=_PAGE):
-            found.update(s.stream_id for s in page if s.retention_bytes > 0)
+            found.update(s.stream_id for s in page if _limited(s))
             start_after = page[-1].stream_id
             await trio.sleep(0)
 
@@ -99,7 +99,7 @@ class SizeRetention:
         trimmed = 0
         for stream_id in sorted(self._limited or ()):
             stream = self._pm.store.stream(stream_id)
-            if stream is None or stream.retention_bytes <= 0:
+            if stream is None or not _limited(stream):
                 self.forget(stream_id)
                 continue
             if self._pm.stopping or trio.current_time() >= deadline:
@@ -150,3 +150,10 @@ class SizeRetention:
             stream.retention_bytes,
         )
         return 1
+
+
+def _limited(stream: StreamRecord) -> bool:
+    """Whether the stream's size is limited: a limit set, and not a stream
+    only compacted (cleanup_policy 1, SPEC §13), which keeps every key's
+    latest record whatever its size."""
+    return stream.retention_bytes > 0 and stream.cleanup_policy != 1

@@ -123,15 +123,29 @@ class V2Columns:
 # ------------------------------------------------------------------ building
 
 
-def _lengths(items: Sequence[Buffer | None]) -> npt.NDArray[np.int64]:
-    """Lengths with -1 for None."""
+def entry_lengths(items: Sequence[Buffer | None]) -> npt.NDArray[np.int64]:
+    """Each item's length, -1 for None."""
+    try:  # no None: lengths in C
+        return np.fromiter(map(len, items), dtype=np.int64, count=len(items))  # type: ignore[arg-type]
+    except TypeError:
+        pass
     return np.fromiter(
         (-1 if item is None else len(item) for item in items), dtype=np.int64, count=len(items)
     )
 
 
+def _joined(items: Sequence[Buffer | None]) -> bytes:
+    """The items end to end (None: nothing)."""
+    try:  # no None: joined in C
+        return b"".join(items)  # type: ignore[arg-type]
+    except TypeError:
+        return b"".join(item for item in items if item is not None)
+
+
 def encode_headers(headers: Sequence[Header]) -> bytes:
-    """One record's headers block."""
+    """One record's headers block (b"" for no headers)."""
+    if not headers:
+        return b""
     parts = [_NAME_LENGTH.pack(len(headers))]
     for name, value in headers:
         raw = name.encode()
@@ -150,12 +164,15 @@ def build_batch_v2(
     timestamps: Sequence[int | None] | None = None,
     offset_deltas: Sequence[int] | None = None,
     last_offset_delta: int | None = None,
+    header_blocks: Sequence[bytes] | None = None,
 ) -> bytearray:
     """One magic 2 batch (base_offset -1). ``None`` values are tombstones;
     ``keys``, ``headers`` and ``timestamps`` are per record (None: none, or
-    the base timestamp). A column no record needs is left out. Producers
-    give no ``offset_deltas`` (dense); compaction gives them, with the
-    batch's original ``last_offset_delta``."""
+    the base timestamp); ``header_blocks`` are the records' headers already
+    encoded (``encode_headers``; b"": none) instead of ``headers``. A column
+    no record needs is left out. Producers give no ``offset_deltas``
+    (dense); compaction gives them, with the batch's original
+    ``last_offset_delta``."""
     n = len(values)
     if n < 1:
         raise ValueError("a record batch holds at least one record")
@@ -166,13 +183,17 @@ def build_batch_v2(
         )
     key_column = None
     if keys is not None and any(k is not None for k in keys):
-        key_column = (b"".join(k for k in keys if k is not None), _lengths(keys))
+        key_column = (_joined(keys), entry_lengths(keys))
+    if header_blocks is None and headers is not None:
+        header_blocks = [encode_headers(h) if h else b"" for h in headers]
     header_column = None
-    if headers is not None and any(headers):
-        blocks = [encode_headers(h) if h else b"" for h in headers]
-        header_column = (b"".join(blocks), np.fromiter(map(len, blocks), dtype=np.int64, count=n))
+    if header_blocks is not None and any(header_blocks):
+        header_column = (
+            b"".join(header_blocks),
+            np.fromiter(map(len, header_blocks), dtype=np.int64, count=n),
+        )
     return assemble_v2(
-        (b"".join(v for v in values if v is not None), _lengths(values)),
+        (_joined(values), entry_lengths(values)),
         base_timestamp,
         keys=key_column,
         headers=header_column,
@@ -288,6 +309,15 @@ def _bad(message: str) -> InvalidRecordBatchError:
     return InvalidRecordBatchError(f"magic 2 record batch: {message}")
 
 
+def _entries_size(lengths: npt.NDArray[np.int64], name: str) -> int:
+    """The bytes of entries of these lengths (-1: null, no bytes)."""
+    least = int(lengths.min())
+    if least < -1:
+        raise _bad(f"a {name} length of {least}")
+    total = int(lengths.sum(dtype=np.int64))
+    return total if least >= 0 else total + int((lengths < 0).sum())
+
+
 def _layout(data: npt.NDArray[np.uint8], start: int, end: int) -> _Layout:
     """Check every rule of the layout but the CRC and the headers blocks'
     insides (``_parse_headers``); where the parts are."""
@@ -314,27 +344,26 @@ def _layout(data: npt.NDArray[np.uint8], start: int, end: int) -> _Layout:
     if last < n - 1:
         raise _bad(f"last_offset_delta {last} covers fewer than its {n} records")
 
-    def column(dtype: np.dtype[np.generic]) -> npt.NDArray[np.int64]:
+    def column(dtype: np.dtype[np.generic], widen: bool = True) -> npt.NDArray[np.int64]:
+        """The next column; as int64 when ``widen`` (what offsets and
+        timestamps are added to), else the int32 view itself."""
         nonlocal position
-        values = data[position : position + 4 * n].view(dtype).astype(np.int64)
+        values = data[position : position + 4 * n].view(dtype)
         position += 4 * n
-        return values
+        return values.astype(np.int64) if widen else values
 
     offset_deltas = column(_I32) if present[0] else None
     timestamp_deltas = column(_I32) if present[1] else None
-    key_lengths = column(_I32) if present[2] else None
-    value_lengths = column(_I32)
+    key_lengths = column(_I32, widen=False) if present[2] else None
+    value_lengths = column(_I32, widen=False)
     header_lengths = column(_U32) if has_headers else None
     if offset_deltas is not None:
         if offset_deltas[0] < 0 or offset_deltas[-1] > last:
             raise _bad(f"offset deltas run {offset_deltas[0]}..{offset_deltas[-1]}, not 0..{last}")
         if n > 1 and not (np.diff(offset_deltas) > 0).all():
             raise _bad("offset deltas are not strictly increasing")
-    for name, lengths in (("key", key_lengths), ("value", value_lengths)):
-        if lengths is not None and lengths.min() < -1:
-            raise _bad(f"a {name} length of {int(lengths.min())}")
-    keys_size = 0 if key_lengths is None else int(np.maximum(key_lengths, 0).sum())
-    values_size = int(np.maximum(value_lengths, 0).sum())
+    keys_size = 0 if key_lengths is None else _entries_size(key_lengths, "key")
+    values_size = _entries_size(value_lengths, "value")
     headers_size = 0 if header_lengths is None else int(header_lengths.sum())
     if position - start + keys_size + values_size + headers_size != size:
         raise _bad(
@@ -362,7 +391,16 @@ def _gather(
 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
     """The slices ``data[starts[i]:starts[i] + lengths[i]]`` end to end, and
     their offsets (n + 1): one fancy index, no loop."""
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    n = len(lengths)
+    width = int(lengths[0]) if n else 0
+    if n and 0 < width <= len(data) and lengths.min() == lengths.max():
+        # all alike (the same header name on every record): each slice one
+        # element of an overlapping view of ``width``-byte items
+        items = np.ndarray(
+            (len(data) - width + 1,), dtype=np.dtype((np.void, width)), buffer=data, strides=(1,)
+        )
+        return items[starts].view(np.uint8), np.arange(0, (n + 1) * width, width, dtype=np.int64)
+    offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     total = int(offsets[-1])
     if not total:
@@ -375,15 +413,12 @@ def _column(
     data: npt.NDArray[np.uint8], start: int, lengths: npt.NDArray[np.int64]
 ) -> BinaryColumn:
     """A binary column of consecutive entries from ``start`` (length -1: null)."""
-    sizes = np.maximum(lengths, 0)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    valid = lengths >= 0
-    return BinaryColumn(
-        data[start : start + int(offsets[-1])],
-        _narrow(offsets),
-        None if bool(valid.all()) else valid,
-    )
+    if lengths.min() >= 0:  # no nulls
+        np.cumsum(lengths, out=offsets[1:])
+        return BinaryColumn(data[start : start + int(offsets[-1])], _narrow(offsets))
+    np.cumsum(np.maximum(lengths, 0), out=offsets[1:])
+    return BinaryColumn(data[start : start + int(offsets[-1])], _narrow(offsets), lengths >= 0)
 
 
 def _narrow(offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int32] | npt.NDArray[np.int64]:
@@ -391,63 +426,161 @@ def _narrow(offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int32] | npt.NDArr
     return offsets.astype(np.int32) if offsets[-1] <= _INT32_MAX else offsets
 
 
-def _u16(data: npt.NDArray[np.uint8], at: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    return (data[at].astype(np.int64) << 8) | data[at + 1]
-
-
-def _u32(data: npt.NDArray[np.uint8], at: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    return (
-        (data[at].astype(np.int64) << 24)
-        | (data[at + 1].astype(np.int64) << 16)
-        | (data[at + 2].astype(np.int64) << 8)
-        | data[at + 3]
+def _be(
+    data: npt.NDArray[np.uint8], at: npt.NDArray[np.int64], width: int
+) -> npt.NDArray[np.int64]:
+    """The big-endian unsigned ints of ``width`` bytes at each of ``at``,
+    through an overlapping view whose element i is the bytes from i on: one
+    gather (IndexError past the data)."""
+    words = np.ndarray(
+        (max(len(data) - width + 1, 0),),
+        dtype=">u2" if width == 2 else ">u4",
+        buffer=data,
+        strides=(1,),
     )
+    return words[at]
 
 
 def _parse_headers(
-    data: npt.NDArray[np.uint8], start: int, lengths: npt.NDArray[np.int64]
-) -> HeadersColumn:
-    """Every record's headers block, checked and parsed: one pass per header
-    position, over the records that have that many headers."""
+    data: npt.NDArray[np.uint8], start: int, lengths: npt.NDArray[np.int64], *, values: bool = True
+) -> HeadersColumn | None:
+    """Every record's headers block, checked and parsed (the header values
+    gathered only with ``values``; None without)."""
+    try:
+        return _headers_blocks(data, start, lengths, values)
+    except IndexError:  # a length that points past the batch
+        raise _bad("a header runs past its block") from None
+
+
+def _uniform_headers(
+    data: npt.NDArray[np.uint8], start: int, lengths: npt.NDArray[np.int64], values: bool
+) -> HeadersColumn | bool | None:
+    """``_parse_headers`` when every record's block has the layout of the
+    first (the same header count, name and value lengths: the same headers
+    on every record, their values of one size), as rows of a 2-D view; False
+    when they do not."""
+    n, size = len(lengths), int(lengths[0])
+    if size < 2 or lengths.min() != lengths.max() or start + n * size > len(data):
+        return False
+    first = bytes(data[start : start + size])
+    count = _NAME_LENGTH.unpack_from(first, 0)[0]
+    # the spans of bytes that hold the lengths, alike in every block
+    fields: list[tuple[int, int]] = []
+    layout: list[tuple[int, int, int, int]] = []  # name start, length, value start, length
+    at = 0
+    for _ in range(count):
+        if at + 6 > size:
+            return False
+        name = _NAME_LENGTH.unpack_from(first, at + 2)[0]
+        if at + 8 + name > size:
+            return False
+        value = _VALUE_LENGTH.unpack_from(first, at + 4 + name)[0]
+        fields += [(at + 2, at + 4), (at + 4 + name, at + 8 + name)]
+        layout.append((at + 4, name, at + 8 + name, value))
+        at += 6 + name + value
+    if at + 2 != size:
+        return False
+    blocks = data[start : start + n * size].reshape(n, size)
+    spans = [(0, 2)]
+    for a, b in fields:  # adjacent spans as one
+        if spans[-1][1] == a:
+            spans[-1] = (spans[-1][0], b)
+        else:
+            spans.append((a, b))
+    for a, b in spans:
+        if not (blocks[:, a:b] == blocks[0, a:b]).all():
+            return False
+    name_data = _columns_of(blocks, [(a, length) for a, length, _, _ in layout])
+    if len(name_data) and int(name_data.max()) >= 0x80:
+        return False  # names to check as UTF-8: the general path
+    if not values:
+        return None
+    value_data = _columns_of(blocks, [(a, length) for _, _, a, length in layout])
+    return HeadersColumn(
+        np.arange(0, (n + 1) * count, count, dtype=np.int32)
+        if count
+        else np.zeros(n + 1, np.int32),
+        BinaryColumn(name_data, _repeated_offsets([length for _, length, _, _ in layout], n)),
+        BinaryColumn(value_data, _repeated_offsets([length for _, _, _, length in layout], n)),
+    )
+
+
+def _columns_of(
+    blocks: npt.NDArray[np.uint8], spans: list[tuple[int, int]]
+) -> npt.NDArray[np.uint8]:
+    """The bytes of each row's ``spans``, row after row."""
+    if len(spans) == 1:
+        a, length = spans[0]
+        return blocks[:, a : a + length].reshape(-1)
+    return np.concatenate([blocks[:, a : a + length] for a, length in spans], axis=1).reshape(-1)
+
+
+def _repeated_offsets(lengths: list[int], n: int) -> npt.NDArray[np.int32] | npt.NDArray[np.int64]:
+    """The offsets of ``n`` runs of entries of ``lengths``."""
+    offsets = np.zeros(len(lengths) * n + 1, dtype=np.int64)
+    if len(lengths) == 1:
+        offsets[1:] = np.arange(1, n + 1, dtype=np.int64) * lengths[0]
+    else:
+        np.cumsum(np.tile(np.array(lengths, dtype=np.int64), n), out=offsets[1:])
+    return _narrow(offsets)
+
+
+def _headers_blocks(
+    data: npt.NDArray[np.uint8], start: int, lengths: npt.NDArray[np.int64], values: bool
+) -> HeadersColumn | None:
+    """``_parse_headers``: one pass per header position. A length that runs
+    past its block leaves that block's walk past its end, which the check
+    at the end finds."""
     n = len(lengths)
-    block_starts = start + np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-    block_ends = block_starts + lengths
-    has = lengths > 0
-    if ((lengths > 0) & (lengths < 2)).any():
-        raise _bad("a headers block shorter than its 2-byte count")
-    counts = np.zeros(n, dtype=np.int64)
-    counts[has] = _u16(data, block_starts[has])
-    entry_offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=entry_offsets[1:])
-    total = int(entry_offsets[-1])
-    name_starts = np.zeros(total, dtype=np.int64)
-    name_lengths = np.zeros(total, dtype=np.int64)
-    value_starts = np.zeros(total, dtype=np.int64)
-    value_lengths = np.zeros(total, dtype=np.int64)
+    uniform = _uniform_headers(data, start, lengths, values)
+    if not isinstance(uniform, bool):
+        return uniform
+    block_ends = start + np.cumsum(lengths)
+    block_starts = block_ends - lengths
+    every = bool(lengths.min() > 0)
+    if every:
+        counts = _be(data, block_starts, 2)
+    else:  # a record without headers has no block, its start maybe the batch's end
+        counts = np.zeros(n, dtype=np.int64)
+        has = lengths > 0
+        counts[has] = _be(data, block_starts[has], 2)
+    most = int(counts.max())
     position = block_starts + 2
-    for k in range(int(counts.max()) if n else 0):
-        rows = np.nonzero(counts > k)[0]
-        at = position[rows]
-        ends = block_ends[rows]
-        if (at + 2 > ends).any():
-            raise _bad("a header name length runs past its block")
-        names = _u16(data, at)
+    # per header position k: where each record's k-th name and value start, and their lengths
+    parts: list[tuple[npt.NDArray[np.int64], ...]] = []
+    rows_of: list[npt.NDArray[np.int64] | None] = []
+    for k in range(most):
+        rows = None if bool(counts.min() > k) else np.nonzero(counts > k)[0]
+        at = position if rows is None else position[rows]
+        names = _be(data, at, 2)
         after_name = at + 2 + names
-        if (after_name + 4 > ends).any():
-            raise _bad("a header name or value length runs past its block")
-        values = _u32(data, after_name)
-        after = after_name + 4 + values
-        if (after > ends).any():
-            raise _bad("a header value runs past its block")
-        slots = entry_offsets[rows] + k
-        name_starts[slots], name_lengths[slots] = at + 2, names
-        value_starts[slots], value_lengths[slots] = after_name + 4, values
-        position[rows] = after
-    done = np.where(has, position, block_starts)
-    if (done != block_ends).any():
+        sizes = _be(data, after_name, 4)
+        parts.append((at + 2, names, after_name + 4, sizes))
+        rows_of.append(rows)
+        if rows is None:
+            position = parts[-1][2] + sizes
+        else:
+            position[rows] = parts[-1][2] + sizes
+    done = position if every else np.where(lengths > 0, position, block_starts)
+    if not np.array_equal(done, block_ends):
+        if (done > block_ends).any():
+            raise _bad("a header runs past its block")
         raise _bad("a headers block holds more than its headers")
+    if most == 1 and rows_of[0] is None:  # one header on every record
+        entry_offsets = np.arange(n + 1, dtype=np.int32)
+        name_starts, name_lengths, value_starts, value_lengths = parts[0]
+    else:  # entries in record order: each position's into its slots
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        entry_offsets = offsets.astype(np.int32)
+        columns = [np.empty(int(offsets[-1]), dtype=np.int64) for _ in range(4)]
+        for k, (part, rows) in enumerate(zip(parts, rows_of, strict=True)):
+            slots = (offsets[:-1] if rows is None else offsets[rows]) + k
+            for column, entries in zip(columns, part, strict=True):
+                column[slots] = entries
+        name_starts, name_lengths, value_starts, value_lengths = columns
     name_data, name_offsets = _gather(data, name_starts, name_lengths)
-    if len(name_data):
+    if len(name_data) and int(name_data.max()) >= 0x80:
         # UTF-8 as a whole, and no name starting inside another's character:
         # then each name is UTF-8 on its own
         starts_of = name_data[name_offsets[:-1][name_lengths > 0]]
@@ -457,9 +590,11 @@ def _parse_headers(
             name_data.tobytes().decode("utf-8")
         except UnicodeDecodeError:
             raise _bad("a header name is not UTF-8") from None
+    if not values:
+        return None
     value_data, value_offsets = _gather(data, value_starts, value_lengths)
     return HeadersColumn(
-        entry_offsets.astype(np.int32),
+        entry_offsets,
         BinaryColumn(name_data, _narrow(name_offsets)),
         BinaryColumn(value_data, _narrow(value_offsets)),
     )
@@ -484,12 +619,13 @@ def check_v2(buf: Buffer, start: int, end: int) -> tuple[int, int]:
     data = np.frombuffer(buf, dtype=np.uint8)
     layout = _layout(data, start, end)
     if layout.header_lengths is not None:
-        _parse_headers(data, layout.headers_start, layout.header_lengths)
+        _parse_headers(data, layout.headers_start, layout.header_lengths, values=False)
     return layout.count, layout.last_offset_delta
 
 
 def decode_v2(buf: Buffer, start: int, end: int) -> V2Columns:
-    """The columns of the (checked) magic 2 batch at ``buf[start:end]``."""
+    """The columns of the magic 2 batch at ``buf[start:end]``, every rule but
+    its CRC checked on the way (InvalidRecordBatchError)."""
     data = np.frombuffer(buf, dtype=np.uint8)
     layout = _layout(data, start, end)
     n = layout.count
@@ -507,3 +643,83 @@ def decode_v2(buf: Buffer, start: int, end: int) -> V2Columns:
         else _parse_headers(data, layout.headers_start, layout.header_lengths)
     )
     return V2Columns(deltas, timestamps, keys, values, headers)
+
+
+# ------------------------------------------------------------------ compaction
+
+
+def gap_marker(span: int) -> bytearray:
+    """A placeholder for ``span`` offsets whose records compaction removed
+    (SPEC §13): a magic 2 header with no record. Storage keeps it where
+    batches were dropped, so that what a replica holds stays contiguous; it
+    is never sent on the wire (``record_count`` 0 is refused there)."""
+    out = bytearray(V2_HEADER_SIZE)
+    return finish_v2(out, 0, 0, 0, span - 1)
+
+
+def is_gap_marker(buf: Buffer, start: int = 0) -> bool:
+    """Whether the stored batch at ``buf[start:]`` is a ``gap_marker``."""
+    return buf[start + 12] == MAGIC_V2 and _COVERED.unpack_from(buf, start + _CRC_START)[1] == 0
+
+
+def record_keys(
+    buf: Buffer, start: int, end: int
+) -> tuple[BinaryColumn | None, npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """The keys of the (checked) magic 2 batch at ``buf[start:end]``, its
+    records' offset deltas, and which records are tombstones (a null value
+    with a key)."""
+    data = np.frombuffer(buf, dtype=np.uint8)
+    layout = _layout(data, start, end)
+    keys = (
+        None if layout.key_lengths is None else _column(data, layout.keys_start, layout.key_lengths)
+    )
+    deltas = (
+        np.arange(layout.count, dtype=np.int64)
+        if layout.offset_deltas is None
+        else layout.offset_deltas
+    )
+    tombstones = layout.value_lengths < 0
+    if keys is None:
+        tombstones[:] = False
+    elif keys.valid is not None:
+        tombstones &= keys.valid
+    return keys, deltas, tombstones
+
+
+def compact_batch(buf: Buffer, start: int, end: int, keep: npt.NDArray[np.bool_]) -> bytearray:
+    """The magic 2 batch at ``buf[start:end]`` with only the records ``keep``
+    marks (at least one): the same base offset, base timestamp and span, the
+    kept records' offsets as deltas, their timestamps, keys, values and
+    headers as they were, the CRC taken anew. A function of its input
+    alone, so every replica makes the same bytes."""
+    data = np.frombuffer(buf, dtype=np.uint8)
+    layout = _layout(data, start, end)
+    n = layout.count
+    rows = np.nonzero(keep)[0]
+    deltas = np.arange(n, dtype=np.int64) if layout.offset_deltas is None else layout.offset_deltas
+
+    def entries(region: int, lengths: npt.NDArray[np.int64]) -> Entries:
+        sizes = np.maximum(lengths, 0)
+        starts = region + np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        taken, _ = _gather(data, starts[rows], sizes[rows])
+        return taken.data, lengths[rows]
+
+    stamps = None
+    if layout.timestamp_deltas is not None:
+        stamps = layout.base_timestamp + layout.timestamp_deltas[rows]
+    out = assemble_v2(
+        entries(layout.values_start, layout.value_lengths),
+        layout.base_timestamp,
+        keys=None if layout.key_lengths is None else entries(layout.keys_start, layout.key_lengths),
+        headers=(
+            None
+            if layout.header_lengths is None
+            else entries(layout.headers_start, layout.header_lengths)
+        ),
+        timestamps=stamps,
+        offset_deltas=deltas[rows],
+        last_offset_delta=layout.last_offset_delta,
+    )
+    # the stored base offset stays (it lies outside the CRC)
+    out[:8] = bytes(data[start : start + 8])
+    return out

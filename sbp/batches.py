@@ -462,8 +462,10 @@ def _decode_mixed(
         if header[2] != MAGIC_V2:
             parts.append(_decode_v1(payload, [(start, end)], [header], verify_crc))
             continue
-        checked = _check(payload, start, end, verify_crc)
+        # decode_v2 checks the layout as it decodes: the CRC is all that is left
+        checked = peek_header(payload, start)
         columns = batch_v2.decode_v2(payload, start, end)
+        _check_crc(payload, start, end, checked, verify_crc)
         values = columns.values
         parts.append(
             DecodedRecords(
@@ -553,18 +555,26 @@ def build_records(
     keys: Sequence[Buffer | None] | None = None,
     headers: Sequence[Sequence[Header] | None] | None = None,
     timestamps: Sequence[int | None] | None = None,
+    header_blocks: Sequence[bytes] | None = None,
 ) -> bytearray:
     """One batch of these records: magic 1 when they have no key, no header,
     no null value and no timestamp of their own (so they cost no byte more
-    than before), else magic 2."""
+    than before), else magic 2. ``header_blocks``: the headers already
+    encoded (``batch_v2.encode_headers``), instead of ``headers``."""
     plain = (
         (keys is None or all(k is None for k in keys))
         and (headers is None or not any(headers))
+        and (header_blocks is None or not any(header_blocks))
         and (timestamps is None or all(t is None or t == base_timestamp for t in timestamps))
-        and all(v is not None for v in values)
+        and None not in values
     )
     if plain:
         return build_batch(values, base_timestamp)  # type: ignore[arg-type]
     return batch_v2.build_batch_v2(
-        values, base_timestamp, keys=keys, headers=headers, timestamps=timestamps
+        values,
+        base_timestamp,
+        keys=keys,
+        headers=headers,
+        timestamps=timestamps,
+        header_blocks=header_blocks,
     )

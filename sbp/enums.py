@@ -39,6 +39,10 @@ class Opcode(IntEnum):
     REMOVE_DATA_NODES = 0x7003
     #: implementation-private (client to PM): not in SPEC §2
     REBALANCE = 0x7004
+    #: implementation-private (PM to data node): not in SPEC §2
+    COMPACTION_KEYS = 0x7005
+    #: implementation-private (PM to data node): not in SPEC §2
+    COMPACT_RANGES = 0x7006
 
 
 #: every opcode value a receiver knows; anything else is an unknown opcode

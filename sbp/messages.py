@@ -970,6 +970,67 @@ class RebalanceResponse(Message):
 
 # --------------------------------------------------------------------------- registry
 
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class CompactionKeysRequest(Message):
+    """Implementation-private (PM to data node): what a sealed range holds
+    of each key (§13); the answer's payload is the key map."""
+
+    timeout_ms: int = fb.int32(0)
+    stream_id: int = fb.int64(1)
+    range_index: int = fb.int32(2)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class CompactionKeysResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+    keys: int = fb.int64(3)
+    records: int = fb.int64(4)
+    bytes: int = fb.int64(5)
+    last_append_ms: int = fb.int64(6)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class CompactRange(Message):
+    range_index: int = fb.int32(0)
+    drop_tombstones: bool = fb.boolean(1)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class CompactRangesRequest(Message):
+    """Implementation-private (PM to data node): rewrite sealed ranges of a
+    stream by the key map in the payload (§13)."""
+
+    timeout_ms: int = fb.int32(0)
+    stream_id: int = fb.int64(1)
+    ranges: tuple[CompactRange, ...] = fb.vector(2, CompactRange, required=True)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class CompactRangeResult(Message):
+    range_index: int = fb.int32(0)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+    bytes_before: int = fb.int64(3)
+    bytes_after: int = fb.int64(4)
+    records_removed: int = fb.int64(5)
+    tombstones_removed: int = fb.int64(6)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class CompactRangesResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    results: tuple[CompactRangeResult, ...] = fb.vector(1, CompactRangeResult)
+
+
 _REQUEST_TYPES: dict[int, type[Message]] = {
     Opcode.GOAWAY: GoAway,
     Opcode.HEARTBEAT: HeartbeatRequest,
@@ -999,6 +1060,8 @@ _REQUEST_TYPES: dict[int, type[Message]] = {
     Opcode.RANGE_HOLDINGS: RangeHoldingsRequest,
     Opcode.REMOVE_DATA_NODES: RemoveDataNodesRequest,
     Opcode.REBALANCE: RebalanceRequest,
+    Opcode.COMPACTION_KEYS: CompactionKeysRequest,
+    Opcode.COMPACT_RANGES: CompactRangesRequest,
 }
 
 _RESPONSE_TYPES: dict[int, type[Message]] = {
@@ -1029,6 +1092,8 @@ _RESPONSE_TYPES: dict[int, type[Message]] = {
     Opcode.RANGE_HOLDINGS: RangeHoldingsResponse,
     Opcode.REMOVE_DATA_NODES: RemoveDataNodesResponse,
     Opcode.REBALANCE: RebalanceResponse,
+    Opcode.COMPACTION_KEYS: CompactionKeysResponse,
+    Opcode.COMPACT_RANGES: CompactRangesResponse,
 }
 
 

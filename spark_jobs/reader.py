@@ -13,6 +13,7 @@ from concurrent.futures import Future
 
 import pyarrow as pa
 
+from client.compacted_tail import compacted_end
 from client.datanode_client import DataNodeClient
 from client.sync import SyncClient
 from net.pool import ConnectionPool
@@ -74,9 +75,21 @@ async def fetch_from_replicas(
     ) from failure
 
 
-def _first_base(data: bytes | memoryview) -> int:
-    """The base offset of the first fetched batch."""
-    return peek_header(data, 0).base_offset
+async def compacted_piece_end(
+    pool: ConnectionPool, piece: RangeSlice, offset: int, timeout: float
+) -> int | None:
+    """After an empty answer at ``offset``: the range's end when a replica
+    holds nothing of it from there (compacted away, SPEC §13) and the piece
+    ends by then; None otherwise."""
+    for address in piece.replicas:
+        node = DataNodeClient(address, pool=pool, timeout=timeout)
+        try:
+            end = await compacted_end(node, piece.stream_id, piece.range_index, offset)
+        except (ProtocolError, ConnectionClosed, OSError):
+            continue
+        if end is not None and end >= piece.end:
+            return end
+    return None
 
 
 def _next_offset(data: bytes | memoryview) -> int:
@@ -107,6 +120,9 @@ def read_slice(
     while offset < piece.end:
         data = pending.result()
         if not data:
+            end = client.run(compacted_piece_end, client.pool, piece, offset, client.timeout)
+            if end is not None:
+                return  # compaction left nothing from here to the piece's end
             raise MissingRecordsError(
                 f"stream {piece.stream_id} has no records at offset {offset} on "
                 f"{piece.replicas[0]}, though range {piece.range_index} was planned "
@@ -116,13 +132,8 @@ def read_slice(
         if fetched_end < piece.end:
             pending = fetch(fetched_end)
         records = decode_batches(data)
-        first_base = _first_base(data)
-        if first_base > offset:
-            raise MissingRecordsError(
-                f"stream {piece.stream_id}: asked for offset {offset}, "
-                f"got batches from offset {first_base}"
-            )
-        # offsets may skip records compaction removed (SPEC §13): the cut is by search
+        # a node answers from the next record compaction left (SPEC §13), never
+        # across records it lacks: the cut is by the offsets themselves
         skip = int(records.offsets.searchsorted(offset))
         stop = int(records.offsets.searchsorted(piece.end))
         if stop > skip:

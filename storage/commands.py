@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
+from sbp.batch_v2 import gap_marker
 from sbp.constants import OPEN_END_OFFSET
 from sbp.errors import (
     EpochFencedError,
@@ -22,6 +23,7 @@ from sbp.errors import (
 )
 
 from . import layout
+from .compaction import ChunkRewrite
 from .layout import stream_key
 from .model import Expired, RangeInfo, ReplicaBatch, StreamState, hosts
 from .producers import check_stamp
@@ -105,24 +107,36 @@ def replica_position(state: StreamState | None, item: ReplicaBatch, node_id: int
     return max(state.next_offset, info.start_offset)
 
 
-def catch_up(ctx: WriteContext, items: Sequence[ReplicaBatch]) -> int:
+def catch_up(
+    ctx: WriteContext,
+    items: Sequence[ReplicaBatch],
+    covered_to: int = 0,
+    where: tuple[int, int] | None = None,
+) -> int:
     """Catch-up: store batches of a sealed range this replica is short of,
     copied from a replica that holds them, in offset order from where this
     one's records stop. Returns how far the range is held afterwards.
-    Batches already held are skipped; one past a gap ends the catch-up."""
-    if not items:
+    Batches already held are skipped. The holder serves its batches without
+    a gap of its own, so offsets it skips were emptied by compaction (SPEC
+    §13): a gap marker keeps them here too, as up to ``covered_to`` when it
+    answered that nothing is left below it (``where``: the stream and range
+    then, without items)."""
+    if items:
+        stream_id, range_index = items[0].stream_id, items[0].range_index
+    elif where is not None:
+        stream_id, range_index = where
+    else:
         raise InvalidRequestError("nothing to catch up")
-    first = items[0]
-    state = ctx.current(first.stream_id)
-    info = _replica_range(state, first.stream_id, first.range_index, ctx.store.node_id)
+    state = ctx.current(stream_id)
+    info = _replica_range(state, stream_id, range_index, ctx.store.node_id)
     assert state is not None
     if info.is_open:
         raise InvalidRequestError(
-            f"range {info.range_index} of stream {first.stream_id} is open: it is replicated"
+            f"range {info.range_index} of stream {stream_id} is open: it is replicated"
         )
     start = max(info.start_offset, state.first_offset)
-    held = ctx.held_end(first.stream_id, start, info.end_offset)
-    state = ctx.for_update(first.stream_id)
+    held = ctx.held_end(stream_id, start, info.end_offset)
+    state = ctx.for_update(stream_id)
     for item in items:
         item_end = item.base_offset + item.record_count
         if item_end <= held:
@@ -130,7 +144,17 @@ def catch_up(ctx: WriteContext, items: Sequence[ReplicaBatch]) -> int:
         # A trim may have cut the range's first batch: every replica keeps
         # it whole (reads return whole batches), and so does this one.
         cut_by_trim = held == start and item.base_offset < held
-        if (item.base_offset != held and not cut_by_trim) or item_end > info.end_offset:
+        if item_end > info.end_offset:
+            break
+        if item.base_offset > held:  # emptied by compaction where it was copied from
+            ctx.add_batch(
+                state,
+                held,
+                gap_marker(item.base_offset - held),
+                item.base_offset - held,
+                advance=False,
+            )
+        elif item.base_offset != held and not cut_by_trim:
             break
         ctx.add_batch(state, item.base_offset, item.batch, item.record_count, advance=False)
         if 0 <= state.producers_from <= held:
@@ -140,6 +164,10 @@ def catch_up(ctx: WriteContext, items: Sequence[ReplicaBatch]) -> int:
             ctx.refresh_producers_ready(state)
             ctx.save_stream(state)
         held = item_end
+    end = min(covered_to, info.end_offset)
+    if end > held:
+        ctx.add_batch(state, held, gap_marker(end - held), end - held, advance=False)
+        held = end
     return held
 
 
@@ -357,3 +385,16 @@ def sync_ranges(
     ctx.refresh_producers_ready(state)
     ctx.save_stream(state)
     return [state.live(r) for r in merged]
+
+
+def apply_compaction(ctx: WriteContext, stream_id: int, rewrites: list[ChunkRewrite]) -> int:
+    """Put compacted chunks in place of the ones they were made from (SPEC
+    §13), in this one transaction; one whose stored size changed meanwhile
+    is skipped. The bytes freed."""
+    freed = 0
+    for rewrite in rewrites:
+        assert rewrite.value is not None
+        freed += ctx.replace_chunk(
+            stream_id, rewrite.base_offset, rewrite.old_size, rewrite.value, rewrite.batches
+        )
+    return freed

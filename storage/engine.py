@@ -26,6 +26,7 @@ from typing import Any, Final, Literal, TypeVar
 
 import lmdb
 
+from sbp.batch_v2 import is_gap_marker
 from sbp.batches import BASE_OFFSET, Buffer, batch_span, batch_spans, stamp_base_offset
 from sbp.errors import (
     InvalidRequestError,
@@ -34,8 +35,10 @@ from sbp.errors import (
     RangeNotFoundError,
     StreamDeletedError,
 )
+from sbp.key_hash import KeyMap
 
 from . import commands, layout
+from .compaction import ChunkRewrite, RangeKeys, rewrite_chunk, scan_keys
 from .layout import BATCH_KEY, IndexEntry, seek_floor
 from .model import (
     AppendItem,
@@ -343,11 +346,16 @@ class StorageEngine:
 
         return self._command(apply)
 
-    def catch_up(self, items: Sequence[ReplicaBatch]) -> Future[int]:
+    def catch_up(
+        self,
+        items: Sequence[ReplicaBatch],
+        covered_to: int = 0,
+        where: tuple[int, int] | None = None,
+    ) -> Future[int]:
         """Store batches a sealed range lacks here, copied from another
         replica (``commands.catch_up``); how far the range is held after them."""
         items = list(items)
-        return self._command(lambda ctx: commands.catch_up(ctx, items))
+        return self._command(lambda ctx: commands.catch_up(ctx, items, covered_to, where))
 
     def sync_ranges(
         self, stream_id: int, ranges: Sequence[RangeInfo], cleanup_policy: int | None = None
@@ -474,6 +482,92 @@ class StorageEngine:
         with store.env.begin(db=store.dbs[layout.INDEX_DB]) as txn:
             return layout.held_end(txn.cursor(), stream_id, start, end)
 
+    # -- compaction (SPEC §13; storage/compaction.py) --------------------------------
+
+    def _sealed_chunks(
+        self, txn: Any, stream_id: int, range_index: int
+    ) -> Iterator[tuple[int, memoryview]]:
+        """``(base offset, value)`` of each chunk of a sealed range held here
+        whole (RangeNotFoundError otherwise)."""
+        info = self.describe_range(stream_id, range_index)
+        if info.is_open or info.sealed_here:
+            raise RangeNotFoundError(
+                f"range {range_index} of stream {stream_id} is not sealed where the PM sealed "
+                "it: only such ranges are compacted"
+            )
+        start = max(info.start_offset, self.first_offset(stream_id) or 0)
+        cursor = txn.cursor(db=self._store.dbs[layout.BATCHES_DB])
+        if start >= info.end_offset or not layout.seek_floor(
+            cursor, layout.batch_key(stream_id, start)
+        ):
+            return
+        held = start
+        for key, value in cursor:
+            key_stream, base_offset = BATCH_KEY.unpack(key)
+            if key_stream != stream_id or base_offset >= info.end_offset:
+                break
+            chunk_end = base_offset + sum(batch_span(value, s) for s, _ in batch_spans(value))
+            if base_offset > held:
+                raise RangeNotFoundError(
+                    f"range {range_index} of stream {stream_id} is not held whole here "
+                    f"(offsets {held}..{base_offset - 1} are missing)"
+                )
+            held = max(held, chunk_end)
+            yield base_offset, value
+        if held < info.end_offset:
+            raise RangeNotFoundError(
+                f"range {range_index} of stream {stream_id} is held here only up to {held}"
+            )
+
+    def range_last_append_ms(self, stream_id: int, range_index: int) -> int:
+        """When the last chunk of a range held here was appended (0: none).
+        Thread-safe."""
+        info = self.describe_range(stream_id, range_index)
+        end = info.next_offset if info.is_open else info.end_offset
+        store = self._store
+        with store.env.begin(db=store.dbs[layout.INDEX_DB]) as txn:
+            cursor = txn.cursor()
+            if end <= info.start_offset or not layout.seek_floor(
+                cursor, layout.batch_key(stream_id, end - 1)
+            ):
+                return 0
+            key_stream, base_offset = BATCH_KEY.unpack(cursor.key())
+            if key_stream != stream_id or base_offset < info.start_offset:
+                return 0
+            return layout.decode_index(cursor.value()).append_time_ms
+
+    def range_keys(self, stream_id: int, range_index: int) -> RangeKeys:
+        """What a sealed range held here holds of each key (COMPACTION_KEYS).
+        Reads in a read transaction: call it off the event loop."""
+        store = self._store
+        with store.env.begin(buffers=True) as txn:
+            return scan_keys(self._sealed_chunks(txn, stream_id, range_index))
+
+    def compaction_rewrites(
+        self, stream_id: int, range_index: int, keys: KeyMap, drop_tombstones: bool
+    ) -> list[ChunkRewrite]:
+        """The chunks of a sealed range held here as ``keys`` compacts them
+        (only those that change), made in a read transaction, off the
+        writer: ``apply_compaction`` then swaps them in."""
+        store = self._store
+        with store.env.begin(buffers=True) as txn:
+            return [
+                rewrite
+                for base_offset, chunk in self._sealed_chunks(txn, stream_id, range_index)
+                if (rewrite := rewrite_chunk(base_offset, chunk, keys, drop_tombstones)).value
+                is not None
+            ]
+
+    def apply_compaction(
+        self, stream_id: int, range_index: int, rewrites: Sequence[ChunkRewrite]
+    ) -> Future[int]:
+        """Swap the compacted chunks in, all in one transaction: a crash
+        leaves the range as it was or compacted whole. A chunk that changed
+        since it was read (trimmed, say) is left for the next pass. The
+        bytes freed."""
+        rewrites = list(rewrites)
+        return self._command(lambda ctx: commands.apply_compaction(ctx, stream_id, rewrites))
+
     def keyless_below(self, stream_id: int) -> int:
         """The offset after the last batch stored here with a record without
         a key (0: none). Thread-safe."""
@@ -574,6 +668,11 @@ class StorageEngine:
         store = self._store
         with store.env.begin(db=store.dbs[layout.BATCHES_DB], buffers=True) as txn:
             batches = _find_batches(txn.cursor(), stream_id, offset, stop, max_bytes)
+            if not batches.size and batches.covered >= stop:
+                # held to the read's end, every record of it compacted away
+                # (SPEC §13): an empty answer, as at the end of what there is
+                yield NO_BATCHES
+                return
             if not batches.size:
                 if offset >= state.first_offset:
                     raise RangeNotFoundError(
@@ -803,10 +902,14 @@ class BorrowedBatches:
     map (no copy), with the base offset each must carry, which the stored
     batch does not (it is stamped on the way out)."""
 
-    __slots__ = ("_batches", "_owned", "record_count", "size")
+    __slots__ = ("_batches", "_owned", "covered", "record_count", "size")
 
     def __init__(
-        self, batches: list[tuple[Any, int, int, int]], size: int, record_count: int
+        self,
+        batches: list[tuple[Any, int, int, int]],
+        size: int,
+        record_count: int,
+        covered: int = 0,
     ) -> None:
         #: (chunk, start, end, base offset) of each batch, in order
         self._batches = batches
@@ -814,8 +917,11 @@ class BorrowedBatches:
         self._owned: bytearray | None = None
         #: bytes of the whole batches
         self.size = size
-        #: records in them
+        #: offsets they cover
         self.record_count = record_count
+        #: how far the read found the stream held without a gap (past
+        #: offsets compaction emptied, SPEC §13); 0 when it found nothing
+        self.covered = covered
 
     def copy(self) -> bytearray:
         """The batches in one buffer of their own, base offsets stamped."""
@@ -867,26 +973,29 @@ def _find_batches(
     cursor: Any, stream_id: int, offset: int, stop: int, max_bytes: int
 ) -> BorrowedBatches:
     """The consecutive whole batches of the stream from the one holding
-    ``offset``, below ``stop``, up to ``max_bytes`` (at least one); none when
-    that batch is not here (trimmed, or a gap)."""
+    ``offset`` (or, when compaction emptied that part, the next one left),
+    below ``stop``, up to ``max_bytes`` (at least one); none when that part
+    is not held here (trimmed, or a gap). Gap markers count as held and are
+    never returned."""
     if not seek_floor(cursor, layout.batch_key(stream_id, offset)):
         return NO_BATCHES
     found: list[tuple[Any, int, int, int]] = []
     total = records = 0
-    expected = 0  # where the next batch must start: no gap is crossed
-    for base_offset, count, chunk, start, end in _stream_batches(cursor, stream_id):
-        if not found:
-            if base_offset > offset:
-                break  # the batch holding offset is not here (trimmed, or a gap)
-            if base_offset + count <= offset:
-                continue  # below the read, in the same chunk
-        elif base_offset >= stop or base_offset != expected or total + (end - start) > max_bytes:
+    position = offset  # where the next batch must start: no gap is crossed
+    for base_offset, span, chunk, start, end in _stream_batches(cursor, stream_id):
+        if base_offset + span <= position:
+            continue  # below the read, in the same chunk
+        if base_offset > position or base_offset >= stop:
+            break  # a gap in what is held here, or the read's end
+        if found and total + (end - start) > max_bytes:
             break
+        position = base_offset + span
+        if is_gap_marker(chunk, start):
+            continue
         found.append((chunk, start, end, base_offset))
-        expected = base_offset + count
         total += end - start
-        records += count
-    return BorrowedBatches(found, total, records)
+        records += span
+    return BorrowedBatches(found, total, records, position if position > offset else 0)
 
 
 def _stream_batches(cursor: Any, stream_id: int) -> Iterator[tuple[int, int, Any, int, int]]:

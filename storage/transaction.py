@@ -497,6 +497,35 @@ class WriteContext:
         self._chunks.clear()
         self._unwritten_pages = 0
 
+    def replace_chunk(
+        self,
+        stream_id: int,
+        base_offset: int,
+        old_size: int,
+        value: bytes | bytearray,
+        batches: int,
+    ) -> int:
+        """Put ``value`` in place of the stream's chunk at ``base_offset``
+        (compacted: the same offsets, fewer bytes), keeping its index entry's
+        append time and span; skipped (0) when the stored chunk is no longer
+        ``old_size`` bytes. The bytes freed."""
+        key = batch_key(stream_id, base_offset)
+        stored = self.txn.get(key, db=self._index)
+        if stored is None:
+            return 0
+        entry = layout.decode_index(bytes(stored))
+        if entry.size != old_size:
+            return 0
+        self.txn.put(key, bytes(value), db=self._batches)
+        self.txn.put(
+            key,
+            layout.encode_index(entry._replace(size=len(value), batches=batches)),
+            db=self._index,
+        )
+        self.stored_bytes -= old_size - len(value)
+        self.stored_batches -= entry.batches - batches
+        return old_size - len(value)
+
     def _write_chunk(self, stream_id: int, chunk: _Chunk) -> None:
         key = BATCH_KEY.pack(stream_id, chunk.base_offset)
         # MDB_APPEND skips the search when the key sorts after every stored key

@@ -18,6 +18,11 @@ Violations (each one makes the run fail):
                     back for that range's offsets (streams with more than one replica)
 ==================  ===================================================================
 
+On compacted streams (``History.compacted_keys``) a value may be missing at
+the end, from the stream and its replicas, only where a later value of its
+key is stored (SPEC §13: the latest record of every key survives), and
+offsets may have gaps.
+
 With idempotent producers (the default) every ``unknown`` outcome must end
 up stored once or not at all. Without them (``--at-least-once``),
 duplicates of values that were sent more than once are allowed and counted.
@@ -27,9 +32,10 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .history import History
+from .history import History, key_of
 
 KINDS = (
     "lost",
@@ -108,8 +114,9 @@ def _check_stream(
         at[offset] = value
         offsets_of[value].append(offset)
     verdict.stored_records += len(at)
+    superseded = _superseded(at, history.compacted_keys)
     # gaps: the stored offsets run without a hole from the first to the last
-    if at:
+    if at and not history.compacted_keys:
         first, last = min(at), max(at)
         missing = (last - first + 1) - len(at)
         if missing:
@@ -130,6 +137,8 @@ def _check_stream(
             if outcome.offset < trimmed_to:
                 continue
             stored = at.get(outcome.offset)
+            if stored is None and superseded(outcome.offset, outcome.value):
+                continue  # compacted away: a later value of its key is stored
             if stored != outcome.value:
                 verdict.add(
                     "lost",
@@ -153,9 +162,22 @@ def _check_stream(
                 verdict.allowed_duplicates += len(offsets) - 1
             else:
                 verdict.add("duplicate", f"stream {stream_id}: {value!r} at {offsets}, sent once")
-    _check_reads(verdict, stream_id, history.observed.get(stream_id, []), at, trimmed_to)
+    observed = history.observed.get(stream_id, [])
+    _check_reads(verdict, stream_id, observed, at, trimmed_to, superseded)
     _check_ranges(verdict, stream_id, final.ranges)
-    _check_replicas(verdict, stream_id, final.replicas, at)
+    _check_replicas(verdict, stream_id, final.replicas, at, superseded)
+
+
+def _superseded(at: dict[int, bytes], keys: int) -> Callable[[int, bytes], bool]:
+    """Whether the value at an offset may be gone: on a compacted stream
+    with ``keys`` keys, when a later value of its key is stored."""
+    if not keys:
+        return lambda offset, value: False
+    latest: dict[bytes, int] = {}
+    for offset, value in at.items():
+        key = key_of(value, keys)
+        latest[key] = max(latest.get(key, -1), offset)
+    return lambda offset, value: latest.get(key_of(value, keys), -1) > offset
 
 
 def _check_reads(
@@ -164,6 +186,7 @@ def _check_reads(
     observed: list[tuple[int, bytes]],
     at: dict[int, bytes],
     trimmed_to: int,
+    superseded: Callable[[int, bytes], bool],
 ) -> None:
     previous = -1
     for offset, value in observed:
@@ -173,6 +196,8 @@ def _check_reads(
         if offset < trimmed_to:
             continue
         stored = at.get(offset)
+        if stored is None and superseded(offset, value):
+            continue
         if stored != value:
             verdict.add(
                 "dirty-read",
@@ -194,9 +219,11 @@ def _check_replicas(
     stream_id: int,
     replicas: dict[str, tuple[int, int, list[tuple[int, bytes]]]],
     at: dict[int, bytes],
+    superseded: Callable[[int, bytes], bool],
 ) -> None:
     for where, (start, stop, records) in replicas.items():
-        held = dict(records)
+        # a replica not compacted yet may still hold what others removed
+        held = {o: v for o, v in records if o in at or not superseded(o, v)}
         expected = {o: v for o, v in at.items() if start <= o < stop}
         if held != expected:
             verdict.add(

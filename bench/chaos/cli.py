@@ -58,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--replicas", type=int, default=1, help="replicas of each stream (default: 1)"
     )
     parser.add_argument(
+        "--compacted-keys",
+        type=int,
+        default=0,
+        metavar="N",
+        help="compacted streams (SPEC §13) whose values have N keys; the PM compacts every "
+        "second, and a value may then go once a later one of its key is stored "
+        "(default: 0, plain streams)",
+    )
+    parser.add_argument(
         "--at-least-once",
         action="store_true",
         help="producers without idempotence: a value sent again may be stored twice "
@@ -140,7 +149,10 @@ def _faults(args: argparse.Namespace, seed: int, root: Path) -> int:
         kinds=kinds,
         small_map_node=small,
         workload=WorkloadSettings(
-            producers=args.producers, replicas=args.replicas, idempotent=not args.at_least_once
+            producers=args.producers,
+            replicas=args.replicas,
+            idempotent=not args.at_least_once,
+            compacted_keys=max(args.compacted_keys, 0),
         ),
     )
     schedule = plan(settings)

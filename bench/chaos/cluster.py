@@ -65,6 +65,7 @@ class ChaosCluster:
         *,
         small_map_node: str | None = None,
         node_args: tuple[str, ...] = (),
+        pm_args: tuple[str, ...] = (),
     ) -> None:
         self.root = root
         self.node_count = nodes
@@ -84,6 +85,7 @@ class ChaosCluster:
                     str(root / "pm"),
                     "--node-timeout-ms",
                     str(NODE_TIMEOUT_MS),
+                    *pm_args,
                 ],
                 logs / "pm.log",
             )

@@ -1,7 +1,7 @@
 """What a run did and saw, as the checker and the report read it.
 
 Every value a producer sends is unique (``p<producer>-<seq>``) and ends with
-one outcome:
+one outcome (on compacted streams it has a key, ``key_of`` the value):
 
 =========== ===================================================================
 ``ack``     stored at ``offset`` (the node answered NONE)
@@ -16,9 +16,16 @@ the producer sent it again, so it may be stored twice.
 
 from __future__ import annotations
 
+import zlib
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+
+def key_of(value: bytes, keys: int) -> bytes:
+    """The key a value of a compacted stream is sent with: one of ``keys``,
+    a function of the value alone, so the checker needs nothing else."""
+    return b"k%d" % (zlib.crc32(value) % keys)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +66,9 @@ class History:
     streams: list[int] = field(default_factory=list)
     #: the producers were idempotent: nothing may be stored twice
     idempotent: bool = True
+    #: the streams are compacted (SPEC §13), their values sent with this many
+    #: keys (``key_of``); 0: plain streams
+    compacted_keys: int = 0
 
     def record_trim(self, stream_id: int, offset: int) -> None:
         self.trimmed_to[stream_id] = max(offset, self.trimmed_to.get(stream_id, 0))

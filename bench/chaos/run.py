@@ -34,6 +34,10 @@ REPLICA_SETTLE_S = 15.0
 MOVES_SETTLE_S = 300.0
 
 
+#: a PM that compacts often and rolls small ranges: passes run under the faults
+COMPACTING_PM_ARGS = ("--compaction-interval-ms", "1000", "--compaction-roll-bytes", "64KiB")
+
+
 @dataclass(frozen=True)
 class RunSettings:
     seed: int
@@ -74,6 +78,8 @@ def replay_command(settings: RunSettings) -> str:
         parts.append(f"--producers {settings.workload.producers}")
     if settings.workload.replicas != defaults.replicas:
         parts.append(f"--replicas {settings.workload.replicas}")
+    if settings.workload.compacted_keys:
+        parts.append(f"--compacted-keys {settings.workload.compacted_keys}")
     return " ".join(parts)
 
 
@@ -85,8 +91,15 @@ def plan(settings: RunSettings) -> list[Fault]:
 
 async def run(settings: RunSettings, root: Path) -> RunResult:
     schedule = plan(settings)
-    history = History(idempotent=settings.workload.idempotent)
-    cluster = ChaosCluster(root, settings.nodes, small_map_node=settings.small_map_node)
+    history = History(
+        idempotent=settings.workload.idempotent, compacted_keys=settings.workload.compacted_keys
+    )
+    cluster = ChaosCluster(
+        root,
+        settings.nodes,
+        small_map_node=settings.small_map_node,
+        pm_args=COMPACTING_PM_ARGS if settings.workload.compacted_keys else (),
+    )
     wall_start = time.monotonic()
     async with trio.open_nursery() as nursery:
         try:

@@ -1,7 +1,8 @@
 """The load a chaos run puts on the cluster, through the client library:
 
 - producers, one per stream, each sending unique values at a steady pace
-  with the library's ``Producer`` and recording each value's outcome;
+  with the library's ``Producer`` and recording each value's outcome (with
+  ``compacted_keys``, to compacted streams, each value with a key);
 - a tailing ``Consumer`` per stream, recording every record it is handed;
 - side operations on a seeded schedule of their own: seals of a stream's
   open range, trims below what is acknowledged, new streams (each with a
@@ -18,13 +19,15 @@ from dataclasses import dataclass
 
 import trio
 
+from client._base import single
 from client.consumer import Consumer
 from client.pm_client import PMClient
 from client.producer import Producer
 from client.retry import is_transient
-from sbp.errors import ProtocolError, SBPError
+from sbp import messages
+from sbp.errors import ProtocolError, SBPError, raise_for_code
 
-from .history import History, Outcome
+from .history import History, Outcome, key_of
 
 #: errors a workload loop records and outlives
 EXPECTED = (SBPError, OSError, trio.TooSlowError)
@@ -43,6 +46,8 @@ class WorkloadSettings:
     delivery_timeout_s: float = 20.0
     #: idempotent producers (SPEC §10): a value stored twice is a violation
     idempotent: bool = True
+    #: compacted streams (SPEC §13) whose values have this many keys (0: plain)
+    compacted_keys: int = 0
 
 
 class Workload:
@@ -98,10 +103,16 @@ class Workload:
     async def _add_stream(self) -> int | None:
         try:
             async with PMClient(self.pm_address) as pm:
-                created = await pm.create_stream(replica_nums=self.settings.replicas, timeout=10)
+                stream = messages.Stream(
+                    replica_nums=self.settings.replicas,
+                    cleanup_policy=1 if self.settings.compacted_keys else 0,
+                )
+                created = single(await pm.create_streams([stream], timeout=10), "CREATE_STREAMS")
+                raise_for_code(created.error_code, created.error_message)
         except EXPECTED as error:
             self.history.operations.append((self.now(), "create", -1, f"failed: {error}"))
             return None
+        assert created.stream is not None
         stream_id = created.stream.stream_id
         self.history.streams.append(stream_id)
         self.history.operations.append((self.now(), "create", stream_id, "ok"))
@@ -146,8 +157,9 @@ class Workload:
         self, producer: Producer, stream_id: int, value: bytes, settling: trio.Nursery
     ) -> None:
         sent_at = self.now()
+        keys = self.settings.compacted_keys
         try:
-            handle = await producer.send(value)
+            handle = await producer.send(value, key=key_of(value, keys) if keys else None)
         except EXPECTED as error:
             self._record(stream_id, value, "failed", -1, 0, sent_at, str(error))
             return

@@ -13,7 +13,9 @@ from __future__ import annotations
 from net.request import Request, Responder
 from sbp import messages
 from sbp.answer_frames import list_ranges_frames
+from sbp.enums import ErrorCode
 from sbp.errors import ProtocolError
+from sbp.key_hash import KeyMap
 
 from ..items import failed
 from ..node import DataNode
@@ -143,3 +145,47 @@ class RangeHandlers:
             for (stream_id, range_index), outcome in zip(keys, outcomes, strict=True)
         )
         await responder.send(messages.RangeHoldingsResponse(holdings=results))
+
+    async def compaction_keys(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.CompactionKeysRequest)
+        try:
+            found, last_append_ms = await self._node.compaction_keys(
+                request.principal, header.stream_id, header.range_index
+            )
+        except ProtocolError as error:
+            await responder.send(failed(messages.CompactionKeysResponse, error))
+            return
+        await responder.send(
+            messages.CompactionKeysResponse(
+                keys=len(found.keys),
+                records=found.records,
+                bytes=found.bytes,
+                last_append_ms=last_append_ms,
+            ),
+            found.keys.encode(),
+        )
+
+    async def compact_ranges(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.CompactRangesRequest)
+        try:
+            keys = KeyMap.decode(request.payload)
+        except ValueError as error:
+            responder.send_error_nowait(ErrorCode.INVALID_REQUEST, str(error))
+            return
+        wanted = [(r.range_index, r.drop_tombstones) for r in header.ranges]
+        outcomes = await self._node.compact_ranges(
+            request.principal, header.stream_id, wanted, keys
+        )
+        results = tuple(
+            failed(messages.CompactRangeResult, outcome, range_index=range_index)
+            if isinstance(outcome, ProtocolError)
+            else messages.CompactRangeResult(
+                range_index=range_index,
+                bytes_before=outcome.bytes_before,
+                bytes_after=outcome.bytes_after,
+                records_removed=outcome.records_removed,
+                tombstones_removed=outcome.tombstones_removed,
+            )
+            for (range_index, _), outcome in zip(wanted, outcomes, strict=True)
+        )
+        await responder.send(messages.CompactRangesResponse(results=results))

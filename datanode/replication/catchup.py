@@ -35,6 +35,7 @@ from typing import Final
 
 import trio
 
+from client.compacted_tail import compacted_end
 from client.datanode_client import DataNodeClient
 from client.retry import retry_delay
 from net.pool import ConnectionPool
@@ -273,9 +274,18 @@ class CatchUp:
                         raise error_for(code, fetched.result.error_message)
                     data = bytes(fetched.data)
             items = _items(info, data)
-            if not items:
+            if not data:
+                # nothing there: compaction emptied the rest of the range
+                # (SPEC §13), or the peer lacks it too
+                end = await compacted_end(peer, info.stream_id, info.range_index, held)
+                if end is None:
+                    return False
+                where = (info.stream_id, info.range_index)
+                now = await wait_future(engine.catch_up([], end, where))
+            elif not items:
                 return False
-            now = await wait_future(engine.catch_up(items))
+            else:
+                now = await wait_future(engine.catch_up(items))
             if now <= held:
                 return False
             held = now

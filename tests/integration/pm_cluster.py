@@ -80,10 +80,10 @@ class PMCluster:
         self.nodes[node_id] = node
         return node
 
-    async def start_nodes(self, node_ids: Sequence[int]) -> None:
+    async def start_nodes(self, node_ids: Sequence[int], *extra: str) -> None:
         async with trio.open_nursery() as nursery:
             for node_id in node_ids:
-                nursery.start_soon(self.start_node, node_id)
+                nursery.start_soon(self.start_node, node_id, *extra)
         await self.wait_alive(set(node_ids))
 
     async def wait_alive(
@@ -109,14 +109,19 @@ class PMCluster:
 
 @contextlib.asynccontextmanager
 async def pm_cluster(
-    root: Path, node_ids: Sequence[int] = (1, 2, 3), node_timeout_ms: int = NODE_TIMEOUT_MS
+    root: Path,
+    node_ids: Sequence[int] = (1, 2, 3),
+    node_timeout_ms: int = NODE_TIMEOUT_MS,
+    pm_args: Sequence[str] = (),
+    node_args: Sequence[str] = (),
 ) -> AsyncIterator[PMCluster]:
-    """A running PM with ``node_ids`` registered and alive."""
+    """A running PM (with ``pm_args``) and ``node_ids`` registered and alive
+    (each with ``node_args``)."""
     async with ConnectionPool() as pool:
         cluster = PMCluster(root, pool, node_timeout_ms=node_timeout_ms)
         try:
-            await cluster.start_pm()
-            await cluster.start_nodes(node_ids)
+            await cluster.start_pm("127.0.0.1:0", *pm_args)
+            await cluster.start_nodes(node_ids, *node_args)
             yield cluster
         finally:
             with trio.CancelScope(shield=True):

@@ -131,3 +131,25 @@ def test_a_replica_that_differs_from_the_stream_is_found() -> None:
     verdict = check(history(ack("a", 0), ack("b", 1)), [final])
     assert verdict.violations["replica"] == 1
     assert "node 2 holds 0 records of [0, 2), the stream 2" in verdict.examples["replica"][0]
+
+
+def compacted(*outcomes: Outcome, observed: list[tuple[int, str]] | None = None) -> History:
+    h = history(*outcomes, observed=observed)
+    h.compacted_keys = 1  # every value has the one key k0
+    return h
+
+
+def test_on_a_compacted_stream_only_the_latest_of_a_key_must_stay() -> None:
+    from bench.chaos.history import key_of
+
+    assert key_of(b"a", 1) == key_of(b"b", 1) == b"k0"
+    h = compacted(ack("a", 0), ack("b", 1), ack("c", 2), observed=[(0, "a"), (1, "b")])
+    replicas = {"range 0 on node 1": (0, 3, [(1, b"b"), (2, b"c")])}
+    verdict = check(h, [StoredStream(S, [(2, b"c")], [(0, -1)], replicas=replicas)])
+    assert verdict.ok, verdict.examples
+    # the latest acknowledged value of the key gone: lost
+    verdict = check(compacted(ack("a", 0), ack("b", 1)), [stored((0, "a"))])
+    assert verdict.violations["lost"] == 1
+    # another value where one was read is still a dirty read
+    verdict = check(compacted(ack("b", 1), observed=[(0, "a")]), [stored((0, "z"), (1, "b"))])
+    assert verdict.violations["dirty-read"] == 1

@@ -25,7 +25,15 @@ def _code_text() -> str:
 
 
 def test_every_flag_a_doc_names_is_declared() -> None:
-    declared = {f"--{name}" for name in FLAG_DECLARED.findall(_code_text())}
+    code = _code_text()
+    declared = {f"--{name}" for name in FLAG_DECLARED.findall(code)}
+    # argparse.BooleanOptionalAction declares --no-NAME beside --NAME
+    declared |= {
+        f"--no-{name}"
+        for name in re.findall(
+            r"""["']--([a-z][a-z0-9-]+)["'],\s*action=argparse\.BooleanOptionalAction""", code
+        )
+    }
     declared |= {"--help"}
     assert len(declared) > 50  # the scan finds the parsers
     unknown = {

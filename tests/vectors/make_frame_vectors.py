@@ -328,6 +328,18 @@ VECTORS = [
     Vector("rebalance_response", "(private) one range of 1 MiB from node 1 to node 4",
            Opcode.REBALANCE, RESPONSE, 27,
            m.RebalanceResponse(0, ErrorCode.NONE, "", (m.RangeMove(42, 3, 1, 4, 1 << 20),), 0)),
+    Vector("compaction_keys_request", "(private) the keys of stream 42 range 3",
+           Opcode.COMPACTION_KEYS, Flags.NONE, 28, m.CompactionKeysRequest(1000, 42, 3)),
+    Vector("compaction_keys_response", "(private) no key in the range",
+           Opcode.COMPACTION_KEYS, RESPONSE, 28,
+           m.CompactionKeysResponse(0, ErrorCode.NONE, "", 0, 0, 4096, 1_795_000_000_000)),
+    Vector("compact_ranges_request", "(private) ranges 0 and 1 by an empty map",
+           Opcode.COMPACT_RANGES, Flags.NONE, 29,
+           m.CompactRangesRequest(1000, 42, (m.CompactRange(0, True), m.CompactRange(1, False)))),
+    Vector("compact_ranges_response", "(private) range 0 halved",
+           Opcode.COMPACT_RANGES, RESPONSE, 29,
+           m.CompactRangesResponse(
+               0, (m.CompactRangeResult(0, ErrorCode.NONE, "", 2048, 1024, 10, 1),))),
 ]  # fmt: skip
 
 
