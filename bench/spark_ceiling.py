@@ -51,6 +51,7 @@ class _Reader(DataSourceReader):
                 pa.array(np.ones(n, dtype=np.int64)),
                 pa.array(np.arange(n, dtype=np.int64)),
                 pa.array(np.zeros(n, dtype=np.int64), ARROW_SCHEMA.field("timestamp").type),
+                pa.nulls(n, pa.binary()),  # no keys, as plain records have none
                 pa.Array.from_buffers(
                     pa.binary(), n, [None, pa.py_buffer(positions), pa.py_buffer(values)]
                 ),

@@ -1,4 +1,5 @@
-"""The SBP client library: ``Producer`` and ``Consumer`` for streams, the
+"""The SBP client library: ``Producer`` and ``Consumer`` for streams,
+``GroupConsumer`` for a member of a consumer group that shares streams, the
 blocking ``SyncClient`` facade over them, and the protocol clients
 ``PMClient`` and ``DataNodeClient`` over the ``net`` connection machinery.
 See docs/client.md."""
@@ -9,6 +10,7 @@ if TYPE_CHECKING:
     from ._base import DEFAULT_TIMEOUT, SBPClient
     from .consumer import Consumer, Record
     from .datanode_client import DataNodeClient, FetchedBatches
+    from .group_member import GroupConsumer, StreamBatch
     from .pm_client import PMClient
     from .producer import (
         Producer,
@@ -29,6 +31,8 @@ _LOCATIONS = {
     "Record": "consumer",
     "DataNodeClient": "datanode_client",
     "FetchedBatches": "datanode_client",
+    "GroupConsumer": "group_member",
+    "StreamBatch": "group_member",
     "PMClient": "pm_client",
     "Producer": "producer",
     "ProducerClosedError": "producer",
@@ -55,6 +59,7 @@ __all__ = [
     "Consumer",
     "DataNodeClient",
     "FetchedBatches",
+    "GroupConsumer",
     "PMClient",
     "Producer",
     "ProducerClosedError",
@@ -63,6 +68,7 @@ __all__ = [
     "RecordTooLargeError",
     "RecordsHandle",
     "SBPClient",
+    "StreamBatch",
     "SyncClient",
     "SyncConsumer",
     "SyncProducer",

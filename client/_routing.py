@@ -154,6 +154,12 @@ class ClientContext:
             raise RuntimeError("not open; use `async with`")
         return self._pm
 
+    @property
+    def pool(self) -> ConnectionPool:
+        if self._pool is None:
+            raise RuntimeError("not open; use `async with`")
+        return self._pool
+
     def node(self, data_node: messages.DataNode) -> DataNodeClient:
         """The client of a data node (by its advertised address)."""
         address = data_node.advertise_addr

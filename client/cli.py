@@ -104,6 +104,19 @@ def _positive(text: str) -> int:
 _INT64_MAX = (1 << 63) - 1
 
 
+def _subscription(text: str) -> list[int] | str:
+    """``--subscribe``: stream ids, comma-separated, or ``all``."""
+    if text == "all":
+        return text
+    try:
+        ids = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"stream ids, comma-separated, or all: {text!r}") from None
+    if not ids or ids[0] < 1:
+        raise argparse.ArgumentTypeError(f"stream ids are at least 1: {text!r}")
+    return ids
+
+
 def _stream_id(text: str) -> int:
     return _integer(text, 1, _INT64_MAX)
 
@@ -439,7 +452,13 @@ def build_parser() -> argparse.ArgumentParser:
         (read, None, "first offset to read (default: the stream's first stored offset)"),
         (tail, None, "first offset (default: the stream's end, only new records)"),
     ):
-        sub.add_argument("stream_id", type=_stream_id, metavar="STREAM")
+        sub.add_argument(
+            "stream_id",
+            type=_stream_id,
+            metavar="STREAM",
+            nargs="?" if sub is read else None,
+            help="the stream (read --group G --subscribe: none)" if sub is read else None,
+        )
         sub.add_argument(
             "--from",
             dest="from_offset",
@@ -491,7 +510,16 @@ def build_parser() -> argparse.ArgumentParser:
     read.add_argument(
         "--commit",
         action="store_true",
-        help="with --group: store the offset after the last record printed as its position",
+        help="with --group: store the offset after the last record printed as its position "
+        "(with --subscribe: every 5 s and on the way out)",
+    )
+    read.add_argument(
+        "--subscribe",
+        type=_subscription,
+        metavar="STREAMS",
+        help="with --group, instead of STREAM: read as a member of the group the streams "
+        "the PM assigns it of these (1,2,3, or all), sharing them with the group's other "
+        "members, until Ctrl-C or --count (SPEC §15)",
     )
     read.add_argument(
         "--to",
@@ -542,6 +570,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     group_reset.add_argument("--stream", type=_stream_id, metavar="STREAM", help="this stream only")
     group_reset.add_argument(
+        "--force",
+        action="store_true",
+        help="a group with live members: remove them first (they stop reading and join again)",
+    )
+    group_reset.add_argument(
         "--dry-run",
         action="store_true",
         help="print each position and where it would move; change nothing",
@@ -549,6 +582,9 @@ def build_parser() -> argparse.ArgumentParser:
     _command(group_reset, "cli_groups", "cmd_groups_reset")
     group_delete = group_commands.add_parser("delete", help="forget consumer groups")
     group_delete.add_argument("groups", type=_group, nargs="+", metavar="GROUP")
+    group_delete.add_argument(
+        "--force", action="store_true", help="groups with live members: remove them first"
+    )
     _command(group_delete, "cli_groups", "cmd_groups_delete")
 
     cluster = commands.add_parser("cluster", help="the cluster's data nodes")

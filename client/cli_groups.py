@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from net.service import UsageError
 from sbp import messages
-from sbp.errors import SBPError
+from sbp.errors import GroupNotFoundError, SBPError
 
 from . import format as fmt
 from ._routing import ClientContext, replica_for_read
@@ -33,13 +33,14 @@ async def cmd_groups_list(env: Env) -> int:
         [
             g["group"],
             len(g["stream_ids"]),
+            g["members"],
             "-" if g["lag_records"] is None else f"{g['lag_records']:,}",
             fmt.age_text(g["last_commit_ms"]),
         ]
         for g in summaries
     ]
     env.emit(
-        fmt.table(["group", "streams", "lag", "last commit"], rows)
+        fmt.table(["group", "streams", "members", "lag", "last commit"], rows)
         if rows
         else "no consumer groups"
     )
@@ -48,25 +49,42 @@ async def cmd_groups_list(env: Env) -> int:
 
 async def cmd_groups_describe(env: Env) -> int:
     """Per stream: the group's position, the stream's end, the lag in records
-    and in seconds, the last commit and its metadata."""
-    positions = await env.pm.fetch_offsets(env.args.group)
+    and in seconds, the last commit and its metadata; then its members
+    (SPEC §15): id, epoch, the streams each reads, its last heartbeat."""
+    members = await env.pm.describe_members(env.args.group)
+    try:
+        positions = await env.pm.fetch_offsets(env.args.group)
+    except GroupNotFoundError:
+        if not members:
+            raise
+        positions = ()  # members that have not committed yet
     async with ClientContext(env.pm, env.pool, env.args.timeout) as context:
         ages = [await _lag_seconds(context, p) for p in positions]
     if env.json:
-        env.emit_json(
-            [
-                {
-                    "stream_id": p.stream_id,
-                    "offset": p.offset,
-                    "end_offset": p.end_offset,
-                    "lag_records": p.lag_records,
-                    "lag_seconds": age,
-                    "commit_time_ms": p.commit_time_ms,
-                    "metadata": p.metadata,
-                }
-                for p, age in zip(positions, ages, strict=True)
-            ]
-        )
+        holder = {s: m.member_id for m in members for s in m.streams}
+        rows: list[dict[str, object]] = [
+            {
+                "stream_id": p.stream_id,
+                "offset": p.offset,
+                "end_offset": p.end_offset,
+                "lag_records": p.lag_records,
+                "lag_seconds": age,
+                "commit_time_ms": p.commit_time_ms,
+                "metadata": p.metadata,
+                "member": holder.get(p.stream_id),
+            }
+            for p, age in zip(positions, ages, strict=True)
+        ]
+        known = {p.stream_id for p in positions}
+        rows += [
+            {"stream_id": s, "offset": -1, "member": member}
+            for s, member in sorted(holder.items())
+            if s not in known
+        ]
+        env.emit_json(rows)
+        return EXIT_OK
+    _print_members(env, members)
+    if not positions:
         return EXIT_OK
     env.emit(
         fmt.table(
@@ -107,6 +125,49 @@ async def _lag_seconds(
     return lag_seconds(position.offset, position.end_offset, oldest, int(time.time() * 1000))
 
 
+def _print_members(env: Env, members: Sequence[messages.MemberDescription]) -> None:
+    if not members:
+        env.emit("no members")
+        return
+    env.emit(
+        fmt.table(
+            ["member", "epoch", "streams", "last heartbeat"],
+            [
+                [
+                    m.member_id,
+                    m.member_epoch,
+                    ",".join(str(s) for s in m.streams) or "-",
+                    fmt.age_text(m.last_heartbeat_ms),
+                ]
+                for m in members
+            ],
+        )
+    )
+
+
+async def _remove_members(env: Env, group: str) -> bool:
+    """``--force``: make every member of the group leave; whether there were any."""
+    members = await env.pm.describe_members(group)
+    for member in members:
+        await env.pm.group_heartbeat(group, member.member_id, -1)
+    if members and not env.json:
+        print(
+            f"sbp: removed {fmt.plural(len(members), 'member')} of group {group}: "
+            + ", ".join(m.member_id for m in members),
+            file=env.err,
+        )
+    return bool(members)
+
+
+def _refuse_members(members: Sequence[messages.MemberDescription], group: str) -> None:
+    if members:
+        raise UsageError(
+            f"group {group} has {fmt.plural(len(members), 'live member')} "
+            f"({', '.join(m.member_id for m in members)}): they keep its positions; "
+            "--force removes them first"
+        )
+
+
 def _known(value: int) -> str:
     return "-" if value < 0 else f"{value:,}"
 
@@ -117,6 +178,11 @@ async def cmd_groups_reset(env: Env) -> int:
     group that does not exist is GROUP_NOT_FOUND (exit 1): a group comes
     into being with a reader's first commit."""
     group, target = env.args.group, env.args.to
+    if not env.args.dry_run:
+        if env.args.force:
+            await _remove_members(env, group)
+        else:
+            _refuse_members(await env.pm.describe_members(group), group)
     held = await env.pm.fetch_offsets(group)  # GROUP_NOT_FOUND: nothing to reset
     stream_ids: Sequence[int] = (
         [env.args.stream] if env.args.stream is not None else [p.stream_id for p in held]
@@ -178,6 +244,11 @@ async def _target(context: ClientContext, stream_id: int, target: tuple[str, int
 
 async def cmd_groups_delete(env: Env) -> int:
     """Forget whole groups; an unknown group is an error (exit 1)."""
+    for group in env.args.groups:
+        if env.args.force:
+            await _remove_members(env, group)
+        else:
+            _refuse_members(await env.pm.describe_members(group), group)
     results = await env.pm.delete_groups(env.args.groups)
     if env.json:
         env.emit_json(results)

@@ -20,7 +20,8 @@ from ._routing import ClientContext
 from .by_time import offset_at_time, stream_end
 from .cli_commands import Env
 from .cli_defaults import EXIT_OK
-from .consumer import Consumer
+from .consumer import DEFAULT_AUTO_COMMIT_INTERVAL, Consumer
+from .group_member import GroupConsumer
 from .progress import Progress
 
 _NEWLINE: Final = np.uint8(ord("\n"))
@@ -48,7 +49,8 @@ class RecordPrinter:
     def done(self) -> bool:
         return self.past_end or (self.limit is not None and self.records >= self.limit)
 
-    def take(self, batch: DecodedRecords) -> None:
+    def take(self, batch: DecodedRecords, stream_id: int | None = None) -> None:
+        """Print (or count) ``batch``; ``stream_id``: a member's, shown per record."""
         count = len(batch)
         if self.end_offset is not None:
             below = int(np.searchsorted(batch.offsets, self.end_offset))
@@ -64,9 +66,9 @@ class RecordPrinter:
         self.records += count
         self.bytes += int(batch.value_offsets[count] - batch.value_offsets[0])
         if not self.env.args.stats:
-            self._print(batch, count)
+            self._print(batch, count, stream_id)
 
-    def _print(self, batch: DecodedRecords, count: int) -> None:
+    def _print(self, batch: DecodedRecords, count: int, stream_id: int | None = None) -> None:
         args, out = self.env.args, self.env.out
         shown_keys, shown_headers = args.keys, args.headers
         if not (self.env.json or args.offsets or args.hex or shown_keys or shown_headers):
@@ -82,6 +84,8 @@ class RecordPrinter:
             if self.env.json:
                 timestamp = int(batch.timestamps[i])
                 record = _record_json(offset, timestamp, raw, hex_values=args.hex)
+                if stream_id is not None:
+                    record = {"stream_id": stream_id, **record}
                 key = batch.key(i)
                 if key is not None:
                     record.update(_bytes_json("key", key, hex_values=args.hex))
@@ -90,7 +94,8 @@ class RecordPrinter:
                     record["headers"] = [[name, _header_json(v)] for name, v in headers]
                 lines.append(json.dumps(record))
                 continue
-            parts = [str(offset)] if args.offsets else []
+            where = str(offset) if stream_id is None else f"{stream_id}:{offset}"
+            parts = [where] if args.offsets else []
             if shown_headers:
                 parts.append(",".join(f"{n}={text(v)}" for n, v in batch.headers_of(i)))
             value = text(raw)
@@ -120,8 +125,13 @@ class RecordPrinter:
                 if self.records
                 else "no records"
             )
+            source = (
+                f"stream {stats['stream_id']}"
+                if stats["stream_id"] is not None
+                else f"group {self.env.args.group}"
+            )
             self.env.emit(
-                f"stream {stats['stream_id']}: {fmt.plural(self.records, 'record')}, "
+                f"{source}: {fmt.plural(self.records, 'record')}, "
                 f"{fmt.size_text(self.bytes)} of values, {span}"
             )
 
@@ -258,6 +268,10 @@ async def cmd_read(env: Env) -> int:
     line on stderr shows how far it is and how fast it goes."""
     if env.args.commit and env.args.group is None:
         raise UsageError("--commit needs --group")
+    if env.args.subscribe is not None:
+        return await _read_as_member(env)
+    if env.args.stream_id is None:
+        raise UsageError("read needs a STREAM (or --group G --subscribe STREAMS)")
     from_offset = env.args.from_offset
     if from_offset is None:  # the first record not trimmed away
         ranges = await env.pm.list_stream_ranges(env.args.stream_id)
@@ -274,6 +288,44 @@ async def cmd_read(env: Env) -> int:
             wanted = min(wanted, env.args.count)
         progress = Progress(env.err, True, total_records=wanted, verb="read")
     return await _consume(env, from_offset, tail=False, progress=progress, end_offset=stop)
+
+
+async def _read_as_member(env: Env) -> int:
+    """``read --group G --subscribe ...``: print what the PM assigns this
+    member (SPEC §15) as it comes, until Ctrl-C or --count; each record with
+    its stream (``S:O`` with --offsets, ``stream_id`` in JSON)."""
+    args = env.args
+    if args.group is None:
+        raise UsageError("--subscribe needs --group")
+    if args.stream_id is not None:
+        raise UsageError("give a STREAM or --subscribe, not both")
+    for flag, value in (
+        ("--from", args.from_offset),
+        ("--since", args.since),
+        ("--to", args.to_offset),
+        ("--until", args.until),
+    ):
+        if value is not None:
+            raise UsageError(
+                f"{flag} does not go with --subscribe: a member starts where the group stopped"
+            )
+    printer = RecordPrinter(env, args.count)
+    async with GroupConsumer(
+        env.pm,
+        args.group,
+        args.subscribe,
+        pool=env.pool,
+        request_timeout=args.timeout,
+        auto_commit_interval=DEFAULT_AUTO_COMMIT_INTERVAL if args.commit else None,
+    ) as member:
+        while not printer.done:
+            batch = await member.next_batch()
+            printer.take(batch.records, batch.stream_id)
+        if args.commit:
+            await member.commit()
+    if args.stats:
+        printer.print_stats()
+    return EXIT_OK
 
 
 async def _stop_offset(env: Env) -> int | None:

@@ -60,7 +60,7 @@ def node_summary(status: messages.DataNodeStatus, now: float) -> dict[str, Any]:
 async def group_summaries(pm: PMClient, limit: int | None = None) -> list[dict[str, Any]]:
     """Each consumer group (the first ``limit`` listed) by name: its streams,
     its lag in records over all of them as the PM last learned the ends
-    (None while no end is known) and its last commit."""
+    (None while no end is known), its last commit and its members (SPEC §15)."""
     summaries: list[dict[str, Any]] = []
     for listing in sorted(await pm.list_groups(), key=lambda g: g.group)[:limit]:
         try:
@@ -74,6 +74,7 @@ async def group_summaries(pm: PMClient, limit: int | None = None) -> list[dict[s
                 "stream_ids": list(listing.stream_ids),
                 "lag_records": sum(known) if known else None,
                 "last_commit_ms": listing.last_commit_ms,
+                "members": len(await pm.describe_members(listing.group)),
             }
         )
     return summaries

@@ -102,14 +102,15 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Record:
     """One record as a consumer yields it: its offset, its own timestamp
-    (ms since the Unix epoch), its value (None: a tombstone, SPEC §13), and
-    its key and headers (magic 2 batches; none for magic 1)."""
+    (ms since the Unix epoch), its value (None: a tombstone, SPEC §13), its
+    key and headers (magic 2 batches; none for magic 1), and its stream."""
 
     offset: int
     timestamp: int
     value: bytes | None
     key: bytes | None = None
     headers: tuple[tuple[str, bytes], ...] = ()
+    stream_id: int = 0
 
 
 class _End:
@@ -729,17 +730,19 @@ class _Records:
             records = await consumer.receive_batch()
             if records is None:
                 raise StopAsyncIteration
-            consumer.in_hand, consumer.unread = records, iter_records(records)
+            consumer.in_hand = records
+            consumer.unread = iter_records(records, consumer.stream_id)
 
 
-def iter_records(records: DecodedRecords) -> Iterator[Record]:
-    """The decoded records one ``Record`` at a time."""
+def iter_records(records: DecodedRecords, stream_id: int = 0) -> Iterator[Record]:
+    """The decoded records (of ``stream_id``) one ``Record`` at a time."""
     values = records.values
     bounds = records.value_offsets.tolist()
     timestamps = records.timestamps.tolist()
     if records.keys is None and records.headers is None and records.value_valid is None:
         for i, offset in enumerate(records.offsets.tolist()):
-            yield Record(offset, timestamps[i], values[bounds[i] : bounds[i + 1]].tobytes())
+            value = values[bounds[i] : bounds[i + 1]].tobytes()
+            yield Record(offset, timestamps[i], value, None, (), stream_id)
         return
     for i, offset in enumerate(records.offsets.tolist()):
         yield Record(
@@ -748,6 +751,7 @@ def iter_records(records: DecodedRecords) -> Iterator[Record]:
             records.value(i),
             records.key(i),
             tuple(records.headers_of(i)),
+            stream_id,
         )
 
 

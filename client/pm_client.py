@@ -225,12 +225,19 @@ class PMClient(RangeCalls):
         group: str,
         offsets: Sequence[messages.GroupOffset],
         *,
+        member_id: str = "",
+        member_epoch: int = -1,
         timeout: float | None = None,
     ) -> tuple[messages.GroupOffsetResult, ...]:
         """COMMIT_OFFSETS: store the group's next offsets, all at once; one
-        result per item (its own error code when it was refused)."""
+        result per item (its own error code when it was refused). A group
+        member gives its id and epoch (SPEC §15)."""
         request = messages.CommitOffsetsRequest(
-            timeout_ms=self.timeout_ms(timeout), group=group, offsets=tuple(offsets)
+            timeout_ms=self.timeout_ms(timeout),
+            group=group,
+            offsets=tuple(offsets),
+            member_id=member_id,
+            member_epoch=member_epoch,
         )
         header = await self.call_for(
             messages.CommitOffsetsResponse, Opcode.COMMIT_OFFSETS, request, timeout=timeout
@@ -281,6 +288,46 @@ class PMClient(RangeCalls):
         )
         raise_for_code(header.error_code, header.error_message)
         return header.groups
+
+    async def group_heartbeat(
+        self,
+        group: str,
+        member_id: str,
+        member_epoch: int,
+        *,
+        streams: Sequence[int] = (),
+        owned: Sequence[int] = (),
+        session_timeout_ms: int = 0,
+        timeout: float | None = None,
+    ) -> messages.GroupHeartbeatResponse:
+        """GROUP_HEARTBEAT (SPEC §15): join (epoch 0), stay, or leave (-1);
+        the answer's ``assigned`` are the streams the member may read.
+        Raises ``FencedMemberEpochError``, ``UnknownMemberIdError`` …"""
+        request = messages.GroupHeartbeatRequest(
+            timeout_ms=self.timeout_ms(timeout),
+            group=group,
+            member_id=member_id,
+            member_epoch=member_epoch,
+            streams=tuple(streams),
+            owned=tuple(owned),
+            session_timeout_ms=session_timeout_ms,
+        )
+        header = await self.call_for(
+            messages.GroupHeartbeatResponse, Opcode.GROUP_HEARTBEAT, request, timeout=timeout
+        )
+        raise_for_code(header.error_code, header.error_message)
+        return header
+
+    async def describe_members(
+        self, group: str, *, timeout: float | None = None
+    ) -> tuple[messages.MemberDescription, ...]:
+        """DESCRIBE_MEMBERS (implementation-private): a group's members."""
+        request = messages.DescribeMembersRequest(timeout_ms=self.timeout_ms(timeout), group=group)
+        header = await self.call_for(
+            messages.DescribeMembersResponse, Opcode.DESCRIBE_MEMBERS, request, timeout=timeout
+        )
+        raise_for_code(header.error_code, header.error_message)
+        return header.members
 
     async def delete_groups(
         self, groups: Sequence[str], *, timeout: float | None = None

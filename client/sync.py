@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Generic, Literal, Self, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +34,7 @@ from sbp.batches import Buffer, DecodedRecords
 
 from ._base import DEFAULT_TIMEOUT
 from .consumer import Consumer, Record, iter_records
+from .group_member import GroupConsumer, StreamBatch
 from .loop_thread import LoopThread
 from .pm_client import PMClient
 from .producer import RESUME_SETTLE_S, Producer, RecordHandle, RecordsHandle
@@ -203,6 +204,15 @@ class SyncClient:
         stored offset); ``options`` are ``Consumer``'s."""
         consumer = Consumer(self.pm, stream_id, from_offset, pool=self._loop.pool, **options)
         return SyncConsumer(self, self._host(consumer))
+
+    def group_consumer(
+        self, group: str, subscribe: Sequence[int] | Literal["all"], **options: Any
+    ) -> SyncGroupConsumer:
+        """A member of consumer group ``group`` reading the streams the PM
+        assigns it of ``subscribe`` (SPEC §15); ``options`` are
+        ``GroupConsumer``'s."""
+        member = GroupConsumer(self.pm, group, subscribe, pool=self._loop.pool, **options)
+        return SyncGroupConsumer(self, self._host(member))
 
     def _host(self, resource: AbstractAsyncContextManager[T]) -> _Hosted[T]:
         async def open_hosted() -> _Hosted[T]:
@@ -399,7 +409,7 @@ class SyncConsumer:
         consumer = self.consumer
         while (records := self._client.run(consumer.receive_batch)) is not None:
             consumer.in_hand = records  # a loop left part way goes on from there
-            for record in iter_records(records):
+            for record in iter_records(records, consumer.stream_id):
                 # handed out one at a time: commit() covers what was yielded,
                 # an automatic commit what the caller is done with
                 consumer.position = record.offset + 1
@@ -428,6 +438,49 @@ class SyncConsumer:
         return self._client.run(self.consumer.lag)
 
     def close(self) -> None:
+        self._client._release(self._hosted)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class SyncGroupConsumer:
+    """The blocking face of a ``GroupConsumer``: iterate over it for
+    ``Record``s (each with its ``stream_id``), or call ``next_batch``."""
+
+    def __init__(self, client: SyncClient, hosted: _Hosted[GroupConsumer]) -> None:
+        self._client = client
+        self._hosted = hosted
+        self.member = hosted.value
+
+    def next_batch(self) -> StreamBatch:
+        """The next records of one of the streams this member reads."""
+        return self._client.run(self.member.next_batch)
+
+    def __iter__(self) -> Iterator[Record]:
+        while True:
+            batch = self.next_batch()
+            yield from iter_records(batch.records, batch.stream_id)
+
+    @property
+    def assignment(self) -> frozenset[int]:
+        """The streams this member reads now."""
+        return self.member.assignment
+
+    def commit(self) -> None:
+        """Store what was handed out as the group's positions (``GroupConsumer.commit``)."""
+        self._client.run(self.member.commit)
+
+    def close(self) -> None:
+        """Commit, stop reading and leave the group at once."""
         self._client._release(self._hosted)
 
     def __enter__(self) -> Self:

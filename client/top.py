@@ -106,11 +106,12 @@ def render_frame(
     screen = f"{header}\n\n{body}" if rows else f"{header}\n\nthe PM knows no data nodes"
     if groups:
         behind = fmt.table(
-            ["group", "streams", "lag", "last commit"],
+            ["group", "streams", "members", "lag", "last commit"],
             [
                 [
                     g["group"],
                     g["streams"],
+                    g["members"],
                     f"{g['lag_records']:,}",
                     fmt.age_text(g["last_commit_ms"], now),
                 ]
@@ -136,6 +137,7 @@ async def furthest_behind(env: Env) -> list[dict[str, Any]]:
             "streams": len(g["stream_ids"]),
             "lag_records": g["lag_records"] or 0,
             "last_commit_ms": g["last_commit_ms"],
+            "members": g["members"],
         }
         for g in await group_summaries(env.pm, MAX_GROUPS_ASKED)
     ]

@@ -320,6 +320,23 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
                     ),
                 ),
             ),
+            Panel(
+                "Group members",
+                "Live members per group (SPEC §15), streams moved between members per second, "
+                "and the longest any subscribed stream has gone unread since a member let it go.",
+                "none",
+                (
+                    (f"sum by (group) (sbp_group_members{{{PM}}}) or on() vector(0)", "{{group}}"),
+                    (
+                        f"sum(rate(sbp_group_rebalances_total{{{PM}}}{RATE})) or on() vector(0)",
+                        "rebalances/s",
+                    ),
+                    (
+                        f"max(sbp_group_stream_unowned_seconds{{{PM}}}) or on() vector(0)",
+                        "longest unread (s)",
+                    ),
+                ),
+            ),
         ),
     ),
     (

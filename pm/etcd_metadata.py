@@ -20,6 +20,7 @@ encodings, so that ``sbp-pm migrate`` copies them as they are:
 ``moves/<stream_id:020>/<index:010>``   from node, to node: a range a rebalance moves
 ``producers/<name>``                    producer id, epoch (SPEC §10)
 ``groups/<group, hex>/<stream_id:020>`` offset, commit time, metadata (SPEC §11)
+``members/<group, hex>/<member, hex>``  epoch, session timeout, streams (SPEC §15)
 ``meta/next_stream_id``                 the lowest id never handed out
 ``meta/next_producer_id``               the lowest producer id never handed out
 ``meta/foreign_stream/<stream_id:020>`` empty: a stream another PM placed on a data node
@@ -47,6 +48,7 @@ from .metadata import (
     U64,
     Change,
     DeleteGroup,
+    DeleteMember,
     DeleteMove,
     DeleteNode,
     DeleteRange,
@@ -54,6 +56,7 @@ from .metadata import (
     MarkForeignStream,
     MetadataCounts,
     PutGroupOffsets,
+    PutMember,
     PutMove,
     PutNode,
     PutProducer,
@@ -64,17 +67,20 @@ from .metadata import (
     SetDraining,
     decode_move,
     encode_group_offset,
+    encode_member,
     encode_move,
     encode_producer,
     encode_range,
     encode_stream,
     group_offset_from_value,
+    member_from_value,
     producer_from_value,
     range_from_value,
     stream_from_value,
 )
 from .records import (
     GroupOffsetRecord,
+    MemberRecord,
     MoveRecord,
     NodeRecord,
     ProducerRecord,
@@ -124,6 +130,8 @@ class EtcdMetadataStore:
         self._next_producer_id = FIRST_PRODUCER_ID
         #: group -> stream id -> position
         self._groups: dict[str, dict[int, GroupOffsetRecord]] = {}
+        #: (group, member id) -> member
+        self._members: dict[tuple[str, str], MemberRecord] = {}
 
     # -- keys ----------------------------------------------------------------------
 
@@ -163,6 +171,15 @@ class EtcdMetadataStore:
     def _group_key(self, group: str, stream_id: int) -> bytes:
         return self._group_prefix(group) + b"%020d" % stream_id
 
+    def _member_key(self, group: str, member_id: str) -> bytes:
+        return (
+            self._prefix
+            + b"members/"
+            + group.encode().hex().encode()
+            + b"/"
+            + member_id.encode().hex().encode()
+        )
+
     # -- loading ---------------------------------------------------------------------
 
     async def load(self) -> None:
@@ -177,6 +194,7 @@ class EtcdMetadataStore:
         moves = self._prefix + b"moves/"
         producers = self._prefix + b"producers/"
         groups = self._prefix + b"groups/"
+        members = self._prefix + b"members/"
         foreign = self._prefix + b"meta/foreign_stream/"
         for kv in kvs:
             if kv.key.startswith(streams):
@@ -203,6 +221,14 @@ class EtcdMetadataStore:
                     bytes.fromhex(name_hex.decode()).decode(), int(stream), kv.value
                 )
                 self._groups.setdefault(record.group, {})[record.stream_id] = record
+            elif kv.key.startswith(members):
+                group_hex, member_hex = kv.key[len(members) :].split(b"/")
+                member = member_from_value(
+                    bytes.fromhex(group_hex.decode()).decode(),
+                    bytes.fromhex(member_hex.decode()).decode(),
+                    kv.value,
+                )
+                self._members[member.group, member.member_id] = member
             elif kv.key.startswith(foreign):
                 self._foreign.add(int(kv.key[len(foreign) :]))
             elif kv.key == self._next_id_key:
@@ -268,6 +294,9 @@ class EtcdMetadataStore:
     def group_offsets(self, group: str) -> list[GroupOffsetRecord]:
         held = self._groups.get(group, {})
         return [held[stream_id] for stream_id in sorted(held)]
+
+    def all_members(self) -> list[MemberRecord]:
+        return list(self._members.values())
 
     def all_group_offsets(self) -> list[GroupOffsetRecord]:
         # Also read by /metrics from its own thread: copy before iterating
@@ -370,6 +399,11 @@ class EtcdMetadataStore:
                 ]
             case DeleteGroup(group):
                 return [delete_prefix_op(self._group_prefix(group))]
+            case PutMember(member):
+                key = self._member_key(member.group, member.member_id)
+                return [put_op(key, encode_member(member))]
+            case DeleteMember(group, member_id):
+                return [delete_op(self._member_key(group, member_id))]
         raise TypeError(f"unknown change {change!r}")
 
     def _apply(self, change: Change) -> None:
@@ -419,6 +453,10 @@ class EtcdMetadataStore:
                     self._groups.setdefault(record.group, {})[record.stream_id] = record
             case DeleteGroup(group):
                 self._groups.pop(group, None)
+            case PutMember(member):
+                self._members[member.group, member.member_id] = member
+            case DeleteMember(group, member_id):
+                self._members.pop((group, member_id), None)
 
     def _remember_stream(self, stream: StreamRecord) -> None:
         if stream.stream_id not in self._streams:
@@ -457,6 +495,8 @@ def _groups(changes: Sequence[Change], op_count: Callable[[Change], int]) -> Ite
         | RaiseNextProducerId
         | PutGroupOffsets
         | DeleteGroup
+        | PutMember
+        | DeleteMember
     )
     units += [[c] for c in changes if isinstance(c, alone)]
     by_stream: dict[int, list[Change]] = {}
@@ -472,6 +512,9 @@ def _groups(changes: Sequence[Change], op_count: Callable[[Change], int]) -> Ite
     cap = MAX_TXN_OPS // 2  # changes, when each may take two operations
     for stream_changes in by_stream.values():
         units += [stream_changes[i : i + cap] for i in range(0, len(stream_changes), cap)]
+    placed = sum(len(unit) for unit in units)
+    if placed != len(changes):  # a kind of change this function does not know
+        raise TypeError(f"{len(changes) - placed} changes of a kind not cut into transactions")
     group: list[Change] = []
     ops = 0
     for unit in units:

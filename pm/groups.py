@@ -39,6 +39,7 @@ from sbp.errors import (
     StreamNotFoundError,
 )
 
+from .members import GroupMembers
 from .metadata import Change, DeleteGroup, Metadata, PutGroupOffsets
 from .records import GroupOffsetRecord, Outcome, RangeRecord
 
@@ -208,9 +209,12 @@ class ConsumerGroups:
         commit: Callable[[Sequence[Change]], Awaitable[None]],
         ends: StreamEnds,
         times: RecordTimes,
+        members: GroupMembers,
         clock_ms: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self._store = store
+        #: the groups' members (SPEC §15): who may commit
+        self.members = members
         self._commit = commit
         self.ends = ends
         self.times = times
@@ -239,10 +243,11 @@ class ConsumerGroups:
                     del held[group]
 
     async def commit(
-        self, group: str, items: Sequence[OffsetItem]
+        self, group: str, items: Sequence[OffsetItem], member_id: str = "", member_epoch: int = -1
     ) -> list[Outcome[GroupOffsetRecord]]:
         """Store the items that pass their checks, all in one commit; per
-        item, the stored position or why it was refused."""
+        item, the stored position or why it was refused. A member's commit
+        (``member_id``) is fenced by its epoch and holdings (SPEC §15)."""
         try:
             check_group_name(group)
             if len(items) > MAX_GROUP_COMMIT_ITEMS:
@@ -254,9 +259,14 @@ class ConsumerGroups:
         except InvalidRequestError as error:
             return [Outcome(error=error) for _ in items]
         now = self._clock_ms()
+        fenced = self.members.check_commit(
+            group, member_id, member_epoch, [item.stream_id for item in items]
+        )
         outcomes: list[Outcome[GroupOffsetRecord]] = []
-        for item in items:
+        for item, refused in zip(items, fenced, strict=True):
             try:
+                if refused is not None:
+                    raise refused
                 await self._check(item)
             except ProtocolError as error:
                 outcomes.append(Outcome(error=error))
@@ -373,6 +383,12 @@ class ConsumerGroups:
         for group in groups:
             try:
                 check_group_name(group)
+                members = len(self.members.members(group))
+                if members:
+                    raise InvalidRequestError(
+                        f"group {group!r} has {members} live members; remove them first "
+                        "(sbp groups delete --force)"
+                    )
                 if not self._held.get(group):
                     raise GroupNotFoundError(f"no consumer group {group!r}")
             except ProtocolError as error:

@@ -16,6 +16,7 @@ principal may describe; DELETE_GROUPS needs DELETE on ``cluster``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, TypeVar
 
@@ -33,9 +34,10 @@ from sbp.errors import (
     ProtocolError,
 )
 
-from .groups import OffsetItem
+from .groups import OffsetItem, check_group_name, wall_clock_ms
 from .liveness import NodeState
 from .manager import PlacementManager
+from .members import Heartbeat
 from .records import Outcome, RangeRecord
 from .wire import (
     DataNodeCache,
@@ -108,6 +110,8 @@ class PMHandlers:
             (Opcode.DRAIN_DATA_NODES, self.drain_data_nodes),
             (Opcode.REMOVE_DATA_NODES, self.remove_data_nodes),
             (Opcode.REBALANCE, self.rebalance),
+            (Opcode.GROUP_HEARTBEAT, self.group_heartbeat),
+            (Opcode.DESCRIBE_MEMBERS, self.describe_members),
         ):
             dispatcher.register(opcode, handler)
         return dispatcher
@@ -195,7 +199,9 @@ class PMHandlers:
         outcomes = await _allowed_only(
             self._access.check_each(request.principal, "FETCH", [i.stream_id for i in items]),
             [OffsetItem(i.stream_id, i.offset, i.metadata) for i in items],
-            lambda allowed: self._manager.groups.commit(header.group, allowed),
+            lambda allowed: self._manager.groups.commit(
+                header.group, allowed, header.member_id, header.member_epoch
+            ),
         )
         results = tuple(
             messages.GroupOffsetResult(
@@ -316,6 +322,59 @@ class PMHandlers:
             for p in plan
         )
         await responder.send(messages.RebalanceResponse(moves=moves, pending=pending))
+
+    async def group_heartbeat(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.GroupHeartbeatRequest)
+        beat = Heartbeat(
+            header.group,
+            header.member_id,
+            header.member_epoch,
+            tuple(header.streams),
+            tuple(header.owned),
+            header.session_timeout_ms,
+        )
+        try:
+            for stream_id in beat.streams:  # a member reads what it subscribes to
+                denied = self._access.check(request.principal, "FETCH", stream_id)
+                if denied is not None:
+                    raise denied
+            check_group_name(beat.group)
+            answer = await self._manager.members.heartbeat(beat)
+        except ProtocolError as error:
+            await responder.send(
+                messages.GroupHeartbeatResponse(error_code=error.code, error_message=error.message)
+            )
+            return
+        await responder.send(
+            messages.GroupHeartbeatResponse(
+                member_epoch=answer.epoch,
+                heartbeat_interval_ms=answer.interval_ms,
+                assigned=answer.assigned,
+            )
+        )
+
+    async def describe_members(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.DescribeMembersRequest)
+        try:
+            check_group_name(header.group)
+        except ProtocolError as error:
+            await responder.send(
+                messages.DescribeMembersResponse(error_code=error.code, error_message=error.message)
+            )
+            return
+        now, wall = time.monotonic(), wall_clock_ms()
+        members = tuple(
+            messages.MemberDescription(
+                member_id=member.record.member_id,
+                member_epoch=member.record.epoch,
+                streams=member.record.held,
+                subscribed=member.record.subscribed,
+                last_heartbeat_ms=wall - int((now - member.last_heard) * 1000),
+                session_timeout_ms=member.record.session_timeout_ms,
+            )
+            for member in self._manager.members.members(header.group)
+        )
+        await responder.send(messages.DescribeMembersResponse(members=members))
 
     def _require_cluster(self, request: Request, what: str) -> None:
         """Requests without items: refused whole (a SYSTEM_ERROR)."""

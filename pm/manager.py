@@ -62,6 +62,7 @@ from .drain import NodeDrains
 from .groups import ConsumerGroups, RecordTimes, StreamEnds
 from .liveness import NodeRegistry, NodeState
 from .locks import StreamLocks
+from .members import GroupMembers
 from .metadata import (
     Change,
     DeleteNode,
@@ -249,9 +250,11 @@ class PlacementManager:
         )
         #: idempotent producers' ids and epochs (INIT_PRODUCER)
         self.producers = ProducerIds(store, self.commit)
+        #: consumer group members (SPEC §15)
+        self.members = GroupMembers(store, self.commit)
         #: consumer groups' positions and the streams' ends (SPEC §11)
         self.groups = ConsumerGroups(
-            store, self.commit, StreamEnds(store, link), RecordTimes(store, link)
+            store, self.commit, StreamEnds(store, link), RecordTimes(store, link), self.members
         )
 
     # -- data nodes -----------------------------------------------------------
@@ -575,6 +578,7 @@ class PlacementManager:
                     doomed[stream_id] = self.store.ranges(stream_id)
                 await self.commit([DeleteStream(stream_id) for stream_id in doomed])
                 self.groups.forget_streams(doomed)  # their positions went in that commit
+                await self.members.forget_streams(doomed)
                 by_node: dict[int, list[int]] = defaultdict(list)
                 for stream_id, ranges in doomed.items():
                     for node_id in sorted({n for rng in ranges for n in rng.nodes}):

@@ -27,6 +27,8 @@ database       key                              value
                stream_id (q)                    metadata, UTF-8
 ``group_by_    stream_id (q), group name        empty: the index that finds a
 stream``                                        deleted stream's positions
+``members``    name length (B), group name,     JSON: epoch, session timeout,
+               member id, UTF-8                 subscribed and held streams (§15)
 ``meta``       name                             schema version, next stream id,
                                                 next producer id
 =============  ===============================  ==================================
@@ -41,6 +43,7 @@ Reads are short and run inline on the caller's thread.
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -52,6 +55,7 @@ import trio
 
 from .records import (
     GroupOffsetRecord,
+    MemberRecord,
     MoveRecord,
     NodeRecord,
     ProducerRecord,
@@ -64,7 +68,7 @@ SCHEMA_VERSION: Final = 1
 #: 4 GiB holds tens of millions of streams. LMDB's own default (10 MiB) would
 #: fill at about 50,000 streams.
 DEFAULT_MAP_SIZE: Final = 4 << 30
-_MAX_DBS: Final = 12
+_MAX_DBS: Final = 13
 
 _STREAM_KEY: Final = struct.Struct(">q")
 _STREAM_VALUE: Final = struct.Struct(">bqq")
@@ -200,6 +204,21 @@ class DeleteGroup:
     group: str
 
 
+@dataclass(frozen=True, slots=True)
+class PutMember:
+    """Store a consumer group member (SPEC §15)."""
+
+    member: MemberRecord
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteMember:
+    """Forget a consumer group member: it left, or its session expired."""
+
+    group: str
+    member_id: str
+
+
 Change = (
     PutStream
     | DeleteStream
@@ -216,6 +235,8 @@ Change = (
     | RaiseNextProducerId
     | PutGroupOffsets
     | DeleteGroup
+    | PutMember
+    | DeleteMember
 )
 
 
@@ -247,6 +268,7 @@ class Metadata(Protocol):
     def next_producer_id(self) -> int: ...
     def group_offsets(self, group: str) -> list[GroupOffsetRecord]: ...
     def all_group_offsets(self) -> list[GroupOffsetRecord]: ...
+    def all_members(self) -> list[MemberRecord]: ...
     def counts(self) -> MetadataCounts: ...
     def range_counts_by_node(self) -> dict[int, int]: ...
     async def commit(self, changes: Sequence[Change]) -> None: ...
@@ -317,6 +339,33 @@ def group_offset_from_value(group: str, stream_id: int, value: bytes) -> GroupOf
     return GroupOffsetRecord(group, stream_id, offset, commit_time_ms, metadata)
 
 
+def encode_member(member: MemberRecord) -> bytes:
+    return json.dumps(
+        {
+            "epoch": member.epoch,
+            "session_timeout_ms": member.session_timeout_ms,
+            "subscribed": list(member.subscribed),
+            "held": list(member.held),
+            "assigned": list(member.assigned),
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def member_from_value(group: str, member_id: str, value: bytes) -> MemberRecord:
+    """A member from its stored value (both stores keep the same one)."""
+    fields = json.loads(value)
+    return MemberRecord(
+        group,
+        member_id,
+        int(fields["epoch"]),
+        int(fields["session_timeout_ms"]),
+        tuple(int(s) for s in fields["subscribed"]),
+        tuple(int(s) for s in fields["held"]),
+        tuple(int(s) for s in fields.get("assigned", ())),
+    )
+
+
 def _group_prefix(group: str) -> bytes:
     name = group.encode()
     return bytes([len(name)]) + name
@@ -385,6 +434,7 @@ class MetadataStore:
         self._producers = self._env.open_db(b"producers")
         self._groups = self._env.open_db(b"groups")
         self._group_by_stream = self._env.open_db(b"group_by_stream")
+        self._members = self._env.open_db(b"members")
         self._check_schema()
         # One writer at a time: LMDB serialises write transactions anyway, and
         # commits that arrive meanwhile wait here, off worker threads, to go
@@ -572,6 +622,16 @@ class MetadataStore:
         found.sort(key=lambda r: (r.group.encode(), r.stream_id))
         return found
 
+    def all_members(self) -> list[MemberRecord]:
+        """Every consumer group member (SPEC §15)."""
+        found = []
+        with self._read() as txn:
+            for key, value in txn.cursor(db=self._members):
+                length = key[0]
+                group = key[1 : 1 + length].decode()
+                found.append(member_from_value(group, key[1 + length :].decode(), value))
+        return found
+
     @staticmethod
     def _decode_group_offset(key: bytes, value: bytes) -> GroupOffsetRecord:
         group, stream_id = _decode_group_key(key)
@@ -683,6 +743,11 @@ class MetadataStore:
                     key = _group_prefix(record.group) + stream_key
                     txn.put(key, encode_group_offset(record), db=self._groups)
                     txn.put(stream_key + record.group.encode(), b"", db=self._group_by_stream)
+            case PutMember(member):
+                key = _group_prefix(member.group) + member.member_id.encode()
+                txn.put(key, encode_member(member), db=self._members)
+            case DeleteMember(group, member_id):
+                txn.delete(_group_prefix(group) + member_id.encode(), db=self._members)
             case DeleteGroup(group):
                 prefix = _group_prefix(group)
                 cursor = txn.cursor(db=self._groups)

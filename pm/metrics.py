@@ -283,6 +283,33 @@ class GroupCollector(Collector):
         for group, count in sorted(groups.commits.items()):
             commits.add_metric([group], count)
         yield commits
+        yield from _members(manager, self._max_series)
+
+
+def _members(manager: PlacementManager, max_series: int) -> Iterator[Metric]:
+    """Consumer group members (SPEC §15): how many, how often streams
+    moved, and streams no member reads (at most ``max_series`` each)."""
+    members = manager.members
+    count = GaugeMetricFamily("sbp_group_members", "live members of the group", labels=["group"])
+    for group in members.groups()[:max_series]:
+        count.add_metric([group], len(members.members(group)))
+    yield count
+    rebalances = CounterMetricFamily(
+        "sbp_group_rebalances",
+        "heartbeat answers that changed a member's streams (joins, leaves, moves)",
+        labels=["group"],
+    )
+    for group, moved in sorted(members.rebalances.items())[:max_series]:
+        rebalances.add_metric([group], moved)
+    yield rebalances
+    unowned = GaugeMetricFamily(
+        "sbp_group_stream_unowned_seconds",
+        "seconds since a member last read a stream the group subscribes to that none reads now",
+        labels=["group", "stream"],
+    )
+    for group, stream, seconds in sorted(members.unowned(), key=lambda u: -u[2])[:max_series]:
+        unowned.add_metric([group, str(stream)], seconds)
+    yield unowned
 
 
 class CompactionCollector(Collector):

@@ -34,6 +34,7 @@ from .metadata import (
     MetadataError,
     MetadataStore,
     PutGroupOffsets,
+    PutMember,
     PutMove,
     PutNode,
     PutProducer,
@@ -153,6 +154,7 @@ def _everything(source: MetadataStore) -> list[Change]:
         PutGroupOffsets(tuple(positions[i : i + MAX_GROUP_COMMIT_ITEMS]))
         for i in range(0, len(positions), MAX_GROUP_COMMIT_ITEMS)
     ]
+    changes += [PutMember(member) for member in source.all_members()]
     return changes
 
 

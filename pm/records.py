@@ -71,6 +71,23 @@ class GroupOffsetRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class MemberRecord:
+    """A member of a consumer group (SPEC §15) as the metadata keeps it:
+    its epoch, the streams it subscribes to, the streams it holds (it was
+    told it may read them and has not let go of them yet), the streams its
+    last answer gave it, and its session timeout. When it was last heard of
+    is the leader's, in memory."""
+
+    group: str
+    member_id: str
+    epoch: int
+    session_timeout_ms: int
+    subscribed: tuple[int, ...] = ()
+    held: tuple[int, ...] = ()
+    assigned: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class RangeRecord(RangeSpan):
     """One range of a stream, ``[start_offset, end_offset)``.
 

@@ -111,13 +111,15 @@ async def run_manager(manager: PlacementManager, end_offsets_interval: float) ->
     of dead primaries and repairs, writes moved off full nodes, replicas
     restored, drains, nodes that come back (and every live node now and
     then), the ends of streams groups
-    read, streams' size limits, compacted streams' passes."""
+    read, streams' size limits, compacted streams' passes, group members'
+    sessions."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_liveness, manager.registry)
         nursery.start_soon(manager.upkeep.watch_nodes)
         nursery.start_soon(manager.reconcile_returning_nodes)
         nursery.start_soon(manager.size_retention.run)
         nursery.start_soon(manager.compactor.run)
+        nursery.start_soon(manager.members.expire)
         nursery.start_soon(manager.groups.run, end_offsets_interval)
 
 

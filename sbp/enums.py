@@ -43,6 +43,8 @@ class Opcode(IntEnum):
     COMPACTION_KEYS = 0x7005
     #: implementation-private (PM to data node): not in SPEC §2
     COMPACT_RANGES = 0x7006
+    #: implementation-private (client to PM): not in SPEC §2
+    DESCRIBE_MEMBERS = 0x7007
 
 
 #: every opcode value a receiver knows; anything else is an unknown opcode

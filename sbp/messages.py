@@ -950,6 +950,35 @@ class RebalanceRequest(Message):
 
 @fb.table
 @dataclass(frozen=True, slots=True)
+class DescribeMembersRequest(Message):
+    """Implementation-private (client to PM): a consumer group's members (§15)."""
+
+    timeout_ms: int = fb.int32(0)
+    group: str = fb.string(1)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class MemberDescription(Message):
+    member_id: str = fb.string(0)
+    member_epoch: int = fb.int32(1)
+    streams: tuple[int, ...] = fb.int64_vector(2)  # the streams it holds
+    subscribed: tuple[int, ...] = fb.int64_vector(3)
+    last_heartbeat_ms: int = fb.int64(4)  # the leader's clock
+    session_timeout_ms: int = fb.int32(5)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class DescribeMembersResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+    members: tuple[MemberDescription, ...] = fb.vector(3, MemberDescription)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
 class RangeMove(Message):
     stream_id: int = fb.int64(0)
     range_index: int = fb.int32(1)
@@ -1060,6 +1089,7 @@ _REQUEST_TYPES: dict[int, type[Message]] = {
     Opcode.RANGE_HOLDINGS: RangeHoldingsRequest,
     Opcode.REMOVE_DATA_NODES: RemoveDataNodesRequest,
     Opcode.REBALANCE: RebalanceRequest,
+    Opcode.DESCRIBE_MEMBERS: DescribeMembersRequest,
     Opcode.COMPACTION_KEYS: CompactionKeysRequest,
     Opcode.COMPACT_RANGES: CompactRangesRequest,
 }
@@ -1092,6 +1122,7 @@ _RESPONSE_TYPES: dict[int, type[Message]] = {
     Opcode.RANGE_HOLDINGS: RangeHoldingsResponse,
     Opcode.REMOVE_DATA_NODES: RemoveDataNodesResponse,
     Opcode.REBALANCE: RebalanceResponse,
+    Opcode.DESCRIBE_MEMBERS: DescribeMembersResponse,
     Opcode.COMPACTION_KEYS: CompactionKeysResponse,
     Opcode.COMPACT_RANGES: CompactRangesResponse,
 }

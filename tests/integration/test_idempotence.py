@@ -17,7 +17,12 @@ from net.pool import ConnectionPool
 from sbp import messages
 from sbp.batches import build_batch
 from sbp.enums import ErrorCode
-from sbp.errors import OutOfOrderSequenceError, ProducerFencedError, RangeNotFoundError
+from sbp.errors import (
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+    RangeNotFoundError,
+    RangeSealedError,
+)
 from sbp.producer_stamp import ProducerStamp
 
 from ..eventually import eventually
@@ -94,9 +99,18 @@ async def test_resends_are_stored_once_through_a_primarys_death(tmp_path: Path) 
         )
         assert ranges[0].end_offset == 4
         successor = cluster.node_client(primary_address(ranges[1]))
-        resent = await successor.append_batch(
-            stream_id, _batch(b"d"), producer=ProducerStamp(producer_id, 1, 0)
-        )
+
+        async def resend() -> messages.AppendResult | None:
+            # the successor may not have heard of range 1 yet (the PM tells
+            # it after its commit): RANGE_SEALED then, as a client would retry
+            try:
+                return await successor.append_batch(
+                    stream_id, _batch(b"d"), producer=ProducerStamp(producer_id, 1, 0)
+                )
+            except RangeSealedError:
+                return None
+
+        resent = await eventually(resend, timeout=10, what="the successor takes appends")
         assert resent.base_offset == 3  # answered where range 0 holds it
         after = await successor.append_batch(
             stream_id, _batch(b"e"), producer=ProducerStamp(producer_id, 1, 1)

@@ -28,6 +28,7 @@ from sbp.errors import NotLeaderError, ProducerFencedError
 
 from ..eventually import eventually
 from ..unit.test_pm_groups import check_position_store
+from ..unit.test_pm_members import check_member_store
 from ..unit.test_pm_metadata import check_draining_store
 from .etcd_cluster import etcd_cluster
 
@@ -163,5 +164,11 @@ async def test_metadata_round_trips_and_large_commits_are_cut(tmp_path: Path) ->
             latest = EtcdMetadataStore(etcd, PREFIX, leadership.guard)
             await latest.load()
             assert latest.draining_nodes() == {2}
+
+            # consumer group members (SPEC §15), as a new leader reads them
+            await check_member_store(store)
+            newest = EtcdMetadataStore(etcd, PREFIX, leadership.guard)
+            await newest.load()
+            assert newest.all_members() == store.all_members()
             assert [m.key for m in latest.moves()] == [(8, 0)]
             nursery.cancel_scope.cancel()

@@ -395,3 +395,53 @@ async def test_a_data_node_remembers_the_pm_term_through_sigkill(tmp_path: Path)
     finally:
         with trio.CancelScope(shield=True):
             await node.kill()
+
+
+async def test_a_failover_during_a_rebalance_keeps_every_members_epoch(tmp_path: Path) -> None:
+    """Members (SPEC §15) on PMs on etcd: a second member joins, the first
+    still holds the streams that move to it, the leader is killed; the new
+    leader answers both with the epochs they had, and the streams move on
+    once let go of, never held by two."""
+    async with etcd_cluster(tmp_path) as etcd, ConnectionPool() as pool:
+        pms = [await start_pm(tmp_path, f"pm-{i}", etcd.endpoints) for i in (1, 2)]
+        addresses = ",".join(p.address for p in pms)
+        pm = PMClient(addresses, pool=pool, timeout=10)
+        node = await start_server(
+            "datanode",
+            [
+                *("--listen", "127.0.0.1:0", "--node-id", "1", "--pm", addresses),
+                *("--data-dir", str(tmp_path / "node-1"), "--heartbeat-interval-ms", "200"),
+            ],
+            tmp_path / "logs",
+            name="node-1",
+        )
+        await eventually(pm.describe_cluster, until=lambda st: alive(st) == 1, timeout=20)
+        created = await pm.create_streams([messages.Stream(replica_nums=1)] * 4)
+        assert all(c.error_code == ErrorCode.NONE for c in created), created
+        streams = [c.stream.stream_id for c in created if c.stream is not None]
+        a = await pm.group_heartbeat("g", "a", 0, streams=streams, session_timeout_ms=20_000)
+        assert sorted(a.assigned) == streams
+        b = await pm.group_heartbeat("g", "b", 0, streams=streams, session_timeout_ms=20_000)
+        assert b.assigned == ()  # a still holds all four
+        a = await pm.group_heartbeat("g", "a", a.member_epoch, owned=streams)
+        assert len(a.assigned) == 2  # two are being revoked from a: mid-rebalance
+        epochs = {"a": a.member_epoch, "b": b.member_epoch}
+
+        leader = await leader_of(pms, pool)
+        leader.process.send_signal(signal.SIGKILL)
+        await leader.process.wait()
+
+        # the new leader knows both members at their epochs; a still holds
+        # what it has not let go of, so b gets nothing yet
+        b_again = await pm.group_heartbeat("g", "b", epochs["b"])
+        assert b_again.member_epoch == epochs["b"] and b_again.assigned == ()
+        kept = a.assigned
+        a_again = await pm.group_heartbeat("g", "a", epochs["a"], owned=kept)
+        assert a_again.member_epoch == epochs["a"] and a_again.assigned == kept
+        b_last = await pm.group_heartbeat("g", "b", epochs["b"])
+        assert sorted(b_last.assigned) == sorted(set(streams) - set(kept))
+        held = {d.member_id: set(d.streams) for d in await pm.describe_members("g")}
+        assert not held["a"] & held["b"] and held["a"] | held["b"] == set(streams)
+        await node.kill()
+        for other in pms:
+            await other.kill()

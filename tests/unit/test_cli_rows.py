@@ -40,8 +40,16 @@ def test_top_lines_are_cut_to_the_width() -> None:
 
 def test_top_shows_the_groups_furthest_behind() -> None:
     status = messages.DataNodeStatus(data_node=NODE, alive=True, last_heartbeat_ms=1_000_500)
-    groups = [{"group": "etl", "streams": 2, "lag_records": 1200, "last_commit_ms": 1_001_000}]
+    groups = [
+        {
+            "group": "etl",
+            "streams": 2,
+            "members": 3,
+            "lag_records": 1200,
+            "last_commit_ms": 1_001_000,
+        }
+    ]
     frame = render_frame("127.0.0.1:7400", [node_summary(status, 1_002.0)], 1_002.0, groups)
     part = frame.split("consumer groups furthest behind\n")[1].splitlines()
-    assert part[0].split() == ["group", "streams", "lag", "last", "commit"]
-    assert part[1].split()[:3] == ["etl", "2", "1,200"]
+    assert part[0].split() == ["group", "streams", "members", "lag", "last", "commit"]
+    assert part[1].split()[:4] == ["etl", "2", "3", "1,200"]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pm.groups import ConsumerGroups, OffsetItem, RecordTimes, StreamEnds
+from pm.members import GroupMembers
 from pm.metadata import (
     DeleteGroup,
     DeleteStream,
@@ -59,6 +60,7 @@ def _groups(store: MetadataStore, nodes: FakeDataNodes) -> ConsumerGroups:
         store.commit,
         StreamEnds(store, nodes),
         RecordTimes(store, nodes),
+        GroupMembers(store, store.commit),
         clock_ms=lambda: NOW,
     )
 

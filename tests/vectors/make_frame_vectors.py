@@ -340,6 +340,13 @@ VECTORS = [
            Opcode.COMPACT_RANGES, RESPONSE, 29,
            m.CompactRangesResponse(
                0, (m.CompactRangeResult(0, ErrorCode.NONE, "", 2048, 1024, 10, 1),))),
+    Vector("describe_members_request", "(private) the members of group etl",
+           Opcode.DESCRIBE_MEMBERS, Flags.NONE, 30, m.DescribeMembersRequest(1000, "etl")),
+    Vector("describe_members_response", "(private) one member holding streams 1 and 2",
+           Opcode.DESCRIBE_MEMBERS, RESPONSE, 30,
+           m.DescribeMembersResponse(0, ErrorCode.NONE, "", (
+               m.MemberDescription("m-1", 3, (1, 2), (1, 2, 3), 1_795_000_000_000, 45_000),
+           ))),
 ]  # fmt: skip
 
 
