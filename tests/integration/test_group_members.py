@@ -400,3 +400,59 @@ async def test_the_sync_face_reads_as_a_member(tmp_path: Path) -> None:
         positions = await cluster.pm_client().fetch_offsets("sync")
         assert {p.stream_id: p.offset for p in positions} == dict.fromkeys(streams, 3)
         assert await cluster.pm_client().describe_members("sync") == ()  # it left on close
+
+
+async def test_sbp_reads_as_a_member_and_describes_the_members(tmp_path: Path) -> None:
+    async with pm_cluster(tmp_path, (1,)) as cluster:
+        streams = await make_streams(cluster, 2)
+        for stream in streams:
+            async with Producer(cluster.pm_client(), stream, pool=cluster.pool) as producer:
+                await producer.send_many([b"%d-%d" % (stream, i) for i in range(3)])
+        subscribe = ",".join(map(str, streams))
+
+        def sbp(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "client.cli", "--pm", cluster.pm_address, *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=_child_env(),
+                check=False,
+            )
+
+        read = await trio.to_thread.run_sync(
+            lambda: sbp(
+                "--json",
+                "read",
+                "--group",
+                "cli",
+                "--subscribe",
+                subscribe,
+                "--count",
+                "6",
+                "--commit",
+            )
+        )
+        assert read.returncode == 0, read.stderr
+        records = [json.loads(line) for line in read.stdout.splitlines()]
+        assert sorted((r["stream_id"], r["offset"]) for r in records) == [
+            (s, i) for s in streams for i in range(3)
+        ]
+        # a member holding the streams: reset and delete refuse it without --force
+        joined = await cluster.pm_client().group_heartbeat("cli", "worker-1", 0, streams=streams)
+        assert sorted(joined.assigned) == streams
+        described = await trio.to_thread.run_sync(lambda: sbp("groups", "describe", "cli"))
+        assert "worker-1" in described.stdout and described.returncode == 0
+        refused = await trio.to_thread.run_sync(
+            lambda: sbp("groups", "reset", "cli", "--to", "earliest")
+        )
+        assert (
+            refused.returncode == 2 and "worker-1" in refused.stderr and "--force" in refused.stderr
+        )
+        forced = await trio.to_thread.run_sync(
+            lambda: sbp("groups", "reset", "cli", "--to", "earliest", "--force")
+        )
+        assert forced.returncode == 0, forced.stderr
+        assert await cluster.pm_client().describe_members("cli") == ()
+        bad = await trio.to_thread.run_sync(lambda: sbp("read", "--subscribe", subscribe))
+        assert bad.returncode == 2 and "--group" in bad.stderr
