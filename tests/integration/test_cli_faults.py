@@ -194,7 +194,7 @@ def test_smaller_command_line_faults(cluster: LocalCluster) -> None:
     missing = sbp(pm, "read")
     assert missing.returncode == 2
     assert missing.stderr.splitlines() == [
-        "sbp read: the following arguments are required: STREAM (see sbp read --help)"
+        "sbp: read needs a STREAM (or --group G --subscribe STREAMS)"
     ]
     # a stream that is not there, even with nothing to append
     nowhere = sbp(pm, "append", "999999", stdin=b"")

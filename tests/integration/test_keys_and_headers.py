@@ -91,7 +91,7 @@ async def test_the_library_carries_keys_headers_timestamps_and_tombstones(
 
 
 @settings(
-    max_examples=25,
+    max_examples=12,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -160,7 +160,7 @@ async def produce(
 
 @pytest.mark.deadline(240)
 async def test_killing_the_primary_loses_no_acknowledged_record(tmp_path: Path) -> None:
-    rounds = 5
+    rounds = 3
     rng_seed = random.Random(20261124)
     async with pm_cluster(tmp_path, NODES) as cluster:
         pm = cluster.pm_client()
