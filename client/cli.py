@@ -104,6 +104,16 @@ def _positive(text: str) -> int:
 _INT64_MAX = (1 << 63) - 1
 
 
+def _table_interval(text: str) -> int:
+    """``--table-interval``: a duration of at least 100 ms, or ``off`` (-1)."""
+    if text == "off":
+        return -1
+    value = _duration_ms(text)
+    if value < 100:
+        raise argparse.ArgumentTypeError(f"a table is committed at most every 100ms, not {text}")
+    return value
+
+
 def _subscription(text: str) -> list[int] | str:
     """``--subscribe``: stream ids, comma-separated, or ``all``."""
     if text == "all":
@@ -174,8 +184,8 @@ def _group(text: str) -> str:
     return text
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def _moment(text: str) -> int:
@@ -199,13 +209,13 @@ def _moment(text: str) -> int:
 
 
 def _duration_ms(text: str) -> int:
-    """A span of time as ms: 90s, 10m, 2h, 1d, or a number of ms."""
+    """A span of time as ms: 250ms, 90s, 10m, 2h, 1d, or a number of ms."""
     text = text.strip()
     if text.isdigit():
         return int(text)
     duration = _DURATION.match(text)
     if duration is None:
-        raise argparse.ArgumentTypeError(f"not a duration (90s, 10m, 2h, 1d) or ms: {text!r}")
+        raise argparse.ArgumentTypeError(f"not a duration (250ms, 90s, 10m, 2h, 1d): {text!r}")
     return int(float(duration.group(1)) * _UNIT_S[duration.group(2)] * 1000)
 
 
@@ -366,6 +376,14 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="DURATION",
             help="a tombstone is kept this long once it is its key's latest record"
             + (" (default 1d)" if defaults else ""),
+        )
+        sub.add_argument(
+            "--table-interval",
+            type=_table_interval,
+            default=-1 if defaults else None,
+            metavar="DURATION",
+            help="keep the stream also as the Iceberg table sbp.stream_<id>, committed this "
+            "often (at least 100ms; 1m, 10s …; off turns it off; docs/tables.md)",
         )
     delete = stream_commands.add_parser("delete", help="delete streams and their records")
     delete.add_argument("stream_ids", type=_stream_id, nargs="+", metavar="STREAM")
@@ -543,6 +561,30 @@ def build_parser() -> argparse.ArgumentParser:
             "(90s, 10m, 2h, 1d) or a date and time (2026-11-27T10:00, local time unless it "
             "names a zone such as Z or +01:00)",
         )
+
+    tables = commands.add_parser(
+        "tables", help="streams kept as Iceberg tables: their end offsets and lag"
+    )
+    table_commands = tables.add_subparsers(metavar="ACTION", required=True)
+    table_list = table_commands.add_parser("list", help="every tabled stream and its table")
+    table_describe = table_commands.add_parser("describe", help="one stream's table")
+    table_describe.add_argument("stream_id", type=_stream_id, metavar="STREAM")
+    for sub in (table_list, table_describe):
+        sub.add_argument(
+            "--catalog",
+            default=os.environ.get("SBP_CATALOG", "sqlite:///var/tables/catalog.db"),
+            metavar="URI",
+            help="the Iceberg catalog sbp-tables writes to (default: $SBP_CATALOG, else the "
+            "local cluster's sqlite:///var/tables/catalog.db)",
+        )
+        sub.add_argument(
+            "--warehouse",
+            default=os.environ.get("SBP_WAREHOUSE", "var/tables/warehouse"),
+            metavar="PATH_OR_URI",
+            help="its warehouse (default: $SBP_WAREHOUSE, else var/tables/warehouse)",
+        )
+    _command(table_list, "cli_tables", "cmd_tables_list")
+    _command(table_describe, "cli_tables", "cmd_tables_describe")
 
     groups = commands.add_parser("groups", help="consumer groups: positions and lag")
     group_commands = groups.add_subparsers(metavar="ACTION", required=True)

@@ -138,6 +138,7 @@ async def cmd_streams_create(env: Env) -> int:
         cleanup_policy=(2 if retained else 1) if env.args.compact else 0,
         min_compaction_lag_ms=env.args.compact_lag,
         delete_retention_ms=env.args.delete_retention,
+        table_interval_ms=env.args.table_interval,
     )
     results = await env.pm.create_streams([spec] * env.args.count)
     failed = [r for r in results if r.error_code]
@@ -199,11 +200,13 @@ async def cmd_streams_update(env: Env) -> int:
         args.compact,
         args.compact_lag,
         args.delete_retention,
+        args.table_interval,
     )
     if all(value is None for value in asked):
         raise UsageError(
             "nothing to update: give --replicas, --acks, --retention-ms, --retention-bytes, "
-            "--compact or --no-compact, --compact-lag and/or --delete-retention"
+            "--compact or --no-compact, --compact-lag, --delete-retention and/or "
+            "--table-interval"
         )
     size_limit = args.retention_bytes
     if size_limit == 0:
@@ -232,6 +235,9 @@ async def cmd_streams_update(env: Env) -> int:
             args.delete_retention
             if args.delete_retention is not None
             else current.delete_retention_ms
+        ),
+        table_interval_ms=(
+            args.table_interval if args.table_interval is not None else current.table_interval_ms
         ),
     )
     stream = await env.pm.update_stream(wanted)

@@ -95,11 +95,15 @@ _CHANGED: Final = _Changed()
 
 class GroupConsumer:
     """See the module docstring. ``subscribe``: stream ids, or ``"all"``
-    (every stream, as streams come and go). ``on_assigned`` and
-    ``on_revoked`` (sync or async) get the streams given or taken away,
-    between batches; ``auto_commit_interval`` (None: ``commit()`` only)
-    stores what the caller is done with. ``start``: where a stream the group
-    has no position on is read from, ``"earliest"`` or ``"latest"``."""
+    (every stream, as streams come and go; with ``where``, those it accepts).
+    ``on_assigned`` and ``on_revoked`` (sync or async) get the streams given
+    or taken away, between batches; ``on_lost`` (default: ``on_revoked``)
+    the streams dropped at once when fenced, which must not be committed.
+    ``auto_commit_interval`` (None: ``commit()`` only) stores what the
+    caller is done with. ``start``: where a stream the group has no
+    position on is read from, ``"earliest"`` or ``"latest"``; ``start_at``,
+    when given, says where each stream given starts instead (None: as
+    without it), for a caller that keeps its positions elsewhere."""
 
     def __init__(
         self,
@@ -111,8 +115,11 @@ class GroupConsumer:
         session_timeout: float = DEFAULT_SESSION_TIMEOUT,
         on_assigned: StreamsCallback | None = None,
         on_revoked: StreamsCallback | None = None,
+        on_lost: StreamsCallback | None = None,
         auto_commit_interval: float | None = DEFAULT_AUTO_COMMIT_INTERVAL,
         start: Literal["earliest", "latest"] = "earliest",
+        start_at: Callable[[int], Awaitable[int | None]] | None = None,
+        where: Callable[[messages.Stream], bool] | None = None,
         pool: ConnectionPool | None = None,
         tls: ssl.SSLContext | None = None,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
@@ -135,6 +142,9 @@ class GroupConsumer:
         self.session_timeout = session_timeout
         self.on_assigned = on_assigned
         self.on_revoked = on_revoked
+        self.on_lost = on_lost
+        self.start_at = start_at
+        self.where = where
         self.auto_commit_interval = auto_commit_interval
         self.start = start
         self.max_wait_ms = max_wait_ms
@@ -218,6 +228,13 @@ class GroupConsumer:
         """The streams this member reads now."""
         return frozenset(self._reading)
 
+    def holds(self, stream_id: int) -> bool:
+        """Whether this member may still act on the stream: it reads it,
+        and the PM answered it within a session (a member silent longer
+        may have lost it to another)."""
+        fresh = trio.current_time() - self._heard_at <= self.session_timeout
+        return self.epoch > 0 and fresh and stream_id in self._reading
+
     # -- reading ----------------------------------------------------------------
 
     async def next_batch(self) -> StreamBatch:
@@ -232,7 +249,7 @@ class GroupConsumer:
             if isinstance(item, _Changed):
                 await self._apply_assignment()
                 continue
-            if trio.current_time() - self._heard_at > self.session_timeout:
+            if self.epoch and trio.current_time() - self._heard_at > self.session_timeout:
                 # no answer for a whole session (paused, or cut off): the PM
                 # may have given every stream away; nothing more is handed out
                 # until a heartbeat says what this member reads
@@ -341,6 +358,8 @@ class GroupConsumer:
                 logger.info("group %r: heartbeat: %s", self.group, error)
 
     async def _heartbeat(self) -> None:
+        if self.epoch == 0 and not self._subscribed:
+            return  # "all" of no stream yet: nothing to join until one is there
         answer = await self._pm.group_heartbeat(
             self.group,
             self.member_id,
@@ -377,7 +396,7 @@ class GroupConsumer:
         start what was given."""
         if self._lost:
             lost, self._lost = self._lost, []
-            await _call(self.on_revoked, lost)
+            await _call(self.on_lost or self.on_revoked, lost)
         revoked = sorted(set(self._reading) - self._assigned)
         if revoked:
             await _call(self.on_revoked, revoked)
@@ -396,12 +415,18 @@ class GroupConsumer:
 
     async def _start_reading(self, stream_ids: list[int]) -> None:
         positions: dict[int, int] = {}
-        try:
-            for result in await self._pm.fetch_offsets(self.group, stream_ids):
-                if result.error_code == 0 and result.offset >= 0:
-                    positions[result.stream_id] = result.offset
-        except GroupNotFoundError:
-            pass
+        if self.start_at is not None:
+            for stream_id in stream_ids:
+                offset = await self.start_at(stream_id)
+                if offset is not None:
+                    positions[stream_id] = offset
+        else:
+            try:
+                for result in await self._pm.fetch_offsets(self.group, stream_ids):
+                    if result.error_code == 0 and result.offset >= 0:
+                        positions[result.stream_id] = result.offset
+            except GroupNotFoundError:
+                pass
         assert self._nursery is not None
         for stream_id in stream_ids:
             start = positions.get(stream_id)
@@ -435,7 +460,12 @@ class GroupConsumer:
         reading.done.set()
 
     async def _all_streams(self) -> tuple[int, ...]:
-        return tuple(sorted([s.stream_id async for s in self._pm.list_streams()]))
+        where = self.where
+        return tuple(
+            sorted(
+                [s.stream_id async for s in self._pm.list_streams() if where is None or where(s)]
+            )
+        )
 
 
 def _or_below_all(committed: int | None) -> int:

@@ -32,7 +32,7 @@ import ssl
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
@@ -140,11 +140,13 @@ def nodes_to_run(data_dir: Path, asked: int) -> int:
 
 @dataclass
 class Plan:
-    """The children of a local cluster: etcd members (``--ha``), PMs, data nodes."""
+    """The children of a local cluster: etcd members (``--ha``), PMs, data
+    nodes, and ``sbp-tables`` (SPEC §16)."""
 
     etcd: list[Child]
     pms: list[Child]
     data_nodes: list[Child]
+    tables: list[Child] = field(default_factory=list)
 
     @property
     def pm_addresses(self) -> str:
@@ -152,7 +154,35 @@ class Plan:
 
     @property
     def children(self) -> list[Child]:
-        return [*self.etcd, *self.pms, *self.data_nodes]
+        return [*self.etcd, *self.pms, *self.data_nodes, *self.tables]
+
+
+#: sbp-tables' /metrics, from --port-base
+TABLES_METRICS_PORT = 98
+
+
+def plan_tables(data_dir: Path, host: str, port_base: int, python: str) -> Child:
+    """``sbp-tables`` with a SQL catalog and a warehouse under ``tables/``."""
+    tables = data_dir / "tables"
+    return Child(
+        "tables",
+        [
+            *(python, "-m", "tables"),
+            *("--catalog", f"sqlite:///{tables / 'catalog.db'}"),
+            *("--warehouse", str(tables / "warehouse")),
+            *("--metrics-listen", f"{host}:{_port(port_base, TABLES_METRICS_PORT)}"),
+        ],
+        data_dir / "logs" / "tables.log",
+    )
+
+
+def tables_available() -> bool:
+    """Whether sbp-tables can run here (the ``tables`` extra is installed)."""
+    try:
+        import pyiceberg  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 #: --ha: etcd members and PMs, and their port offsets from --port-base
@@ -267,6 +297,12 @@ def _banner(plan: Plan, data_dir: Path, tls: bool) -> str:
     else:
         lines += [f"  {pm.name:<11} {pm.address}" for pm in plan.pms]
     lines += [f"  {node.name:<11} {node.address}" for node in plan.data_nodes]
+    if plan.tables:
+        tables = data_dir / "tables"
+        lines.append(
+            f"  sbp-tables  catalog sqlite:///{tables / 'catalog.db'}, warehouse "
+            f"{tables / 'warehouse'} (streams with --table-interval)"
+        )
     pm_arg = plan.pm_addresses
     if tls:
         pki = data_dir / "pki"
@@ -337,6 +373,8 @@ async def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
         )
         return 2
     tls = secure_children(plan, pki, args.acl_file) if args.tls else None
+    if not args.no_tables and tls is None and tables_available():
+        plan.tables = [plan_tables(data_dir, args.host, args.port_base, sys.executable)]
     children = plan.children
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
@@ -439,6 +477,7 @@ async def start_plan(plan: Plan, data_dir: Path, tls: ssl.SSLContext | None) -> 
             f"the PM sees {alive} of {len(data_nodes)} data nodes alive; "
             f"see the logs in {data_dir / 'logs'}"
         )
+    await _start_together(plan.tables, ("--pm", plan.pm_addresses))
 
 
 @asynccontextmanager
@@ -564,6 +603,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="authorize requests by this ACL file on the PM and every data node (needs --tls; "
         "`sbp` presents the principal 'client'); see docs/security.md",
+    )
+    parser.add_argument(
+        "--no-tables",
+        action="store_true",
+        help="do not run sbp-tables, which keeps the streams with a table_interval_ms as "
+        "Iceberg tables under DATA_DIR/tables (docs/tables.md; not run with --tls)",
     )
     parser.add_argument("--ready-file", help=argparse.SUPPRESS)
     return parser

@@ -511,7 +511,8 @@ def _columns_of(
     """The bytes of each row's ``spans``, row after row."""
     if len(spans) == 1:
         a, length = spans[0]
-        return blocks[:, a : a + length].reshape(-1)
+        # a copy: a one-byte column would otherwise stay a strided view
+        return np.ascontiguousarray(blocks[:, a : a + length]).reshape(-1)
     return np.concatenate([blocks[:, a : a + length] for a, length in spans], axis=1).reshape(-1)
 
 

@@ -74,16 +74,43 @@ def _binary(
 
 
 def _headers(records: DecodedRecords) -> pa.Array:
+    """The records' headers as map<string, binary>: a map holds a name once,
+    so of a name repeated in a record the last value is kept (SPEC §16)."""
     n = len(records)
     headers = records.headers
     if headers is None:
         return pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), _NO_NAMES, _NO_VALUES)
     names, values = headers.names, headers.values
-    return pa.MapArray.from_arrays(
-        pa.array(headers.entry_offsets),
-        _binary(len(names), names.data, names.offsets, type_=pa.string()),
-        _binary(len(values), values.data, values.offsets),
-    )
+    offsets = np.asarray(headers.entry_offsets, dtype=np.int32)
+    name_array = _binary(len(names), names.data, names.offsets, type_=pa.string())
+    value_array = _binary(len(values), values.data, values.offsets)
+    last = _last_of_each_name(offsets, name_array)
+    if last is not None:
+        kept_before = np.concatenate([[0], np.cumsum(last)]).astype(np.int32)
+        offsets = kept_before[offsets]
+        name_array = name_array.filter(pa.array(last))
+        value_array = value_array.filter(pa.array(last))
+    return pa.MapArray.from_arrays(pa.array(offsets), name_array, value_array)
+
+
+def _last_of_each_name(
+    offsets: npt.NDArray[np.int32], names: pa.Array
+) -> npt.NDArray[np.bool_] | None:
+    """Which header entries to keep so that each record has a name once (the
+    last of it); None when no record repeats a name (the usual case: one
+    grouping, nothing filtered)."""
+    entries = len(names)
+    counts = np.diff(offsets)
+    if entries < 2 or counts.max() < 2:
+        return None  # no record has two headers
+    rows = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), counts)
+    table = pa.table({"row": rows, "name": names, "at": np.arange(entries, dtype=np.int64)})
+    latest = table.group_by(["row", "name"]).aggregate([("at", "max")])
+    if latest.num_rows == entries:
+        return None
+    keep = np.zeros(entries, dtype=np.bool_)
+    keep[latest.column("at_max").to_numpy()] = True
+    return keep
 
 
 def records_to_arrow(

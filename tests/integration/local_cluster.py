@@ -47,8 +47,11 @@ class LocalCluster:
         return self.log_path.read_text(errors="replace")
 
 
-def start_cluster(data_dir: Path, nodes: int = 2, extra: Sequence[str] = ()) -> LocalCluster:
-    """Start ``python -m client.launcher`` on free ports and wait until it is up."""
+def start_cluster(
+    data_dir: Path, nodes: int = 2, extra: Sequence[str] = (), *, tables: bool = False
+) -> LocalCluster:
+    """Start ``python -m client.launcher`` on free ports and wait until it is
+    up (with sbp-tables only when ``tables``: the other tests need none)."""
     ready = data_dir.parent / f"{data_dir.name}.ready"
     ready.unlink(missing_ok=True)
     log_path = data_dir.parent / f"{data_dir.name}.out"
@@ -64,6 +67,7 @@ def start_cluster(data_dir: Path, nodes: int = 2, extra: Sequence[str] = ()) -> 
         str(nodes),
         "--ready-file",
         str(ready),
+        *([] if tables else ["--no-tables"]),
         *extra,
     ]
     with log_path.open("ab") as log:

@@ -42,6 +42,7 @@ def pm_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "0",
             "--ready-file",
             str(ready),
+            "--no-tables",  # the tables' tests write them themselves
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

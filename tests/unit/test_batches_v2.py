@@ -227,3 +227,17 @@ def test_a_producer_batch_holds_no_wider_span_of_timestamps_than_a_batch_can() -
     batch.add(b"w", None, None, now - 20 * day)
     assert batch.stamps == (now - 20 * day, now - 20 * day)
     assert not batch.takes_stamps(now + 5 * day, now + 5 * day, now)
+
+
+def test_columns_of_one_byte_headers_are_contiguous() -> None:
+    """Alike headers are read as rows of a 2-D view; a one-byte name or
+    value must still come out as a contiguous buffer (Arrow takes it as is)."""
+    batch = build_batch_v2(
+        [b"v"] * 10, 1, keys=[b"k"] * 10, headers=[[("n", b"%d" % i)] for i in range(10)]
+    )
+    stamp_base_offset(batch, 0)
+    headers = decode_batches(bytes(batch)).headers
+    assert headers is not None
+    for column in (headers.names.data, headers.values.data):
+        assert column.flags["C_CONTIGUOUS"]
+    assert headers.values.data.tobytes() == b"0123456789"

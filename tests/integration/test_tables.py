@@ -1,0 +1,213 @@
+"""Streams as Iceberg tables (SPEC §16) on real processes: ``sbp-tables``
+keeps a tabled stream in ``sbp.stream_<id>`` exactly once through SIGKILLs,
+with two workers of which one is killed, and an idle stream stalls
+nothing; pyiceberg reads what the stream holds."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from client import Producer
+from sbp import messages
+from sbp.enums import ErrorCode
+from tables.catalog import END_OFFSET, end_offset, load_table, open_catalog, table_name
+
+from ..eventually import eventually, eventually_blocking
+from .local_cluster import lines, sbp_json, start_cluster
+from .pm_cluster import PMCluster, pm_cluster
+from .procs import ServerProcess, _child_env, start_server
+
+pytestmark = [pytest.mark.integration, pytest.mark.deadline(240)]
+
+INTERVAL_MS = 200
+
+
+async def tabled_stream(cluster: PMCluster, interval_ms: int = INTERVAL_MS) -> int:
+    [created] = await cluster.pm_client().create_streams(
+        [messages.Stream(replica_nums=1, table_interval_ms=interval_ms)]
+    )
+    assert created.error_code == ErrorCode.NONE, created.error_message
+    assert created.stream is not None
+    return created.stream.stream_id
+
+
+async def start_tables(cluster: PMCluster, root: Path, name: str) -> ServerProcess:
+    return await start_server(
+        "tables",
+        [
+            "--pm",
+            cluster.pm_address,
+            "--catalog",
+            f"sqlite:///{root}/catalog.db",
+            "--warehouse",
+            str(root / "warehouse"),
+            "--member-id",
+            name,
+            "--session-timeout-ms",
+            "2000",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        root / "logs",
+        name=name,
+    )
+
+
+def table_rows(root: Path, stream_id: int) -> tuple[list[int], int | None]:
+    """The offsets the table holds (pyiceberg's scan), and its end offset."""
+    catalog = open_catalog(f"sqlite:///{root}/catalog.db", str(root / "warehouse"))
+    table = load_table(catalog, stream_id)
+    if table is None:
+        return [], None
+    offsets = table.scan(selected_fields=("offset",)).to_arrow().column("offset").to_pylist()
+    return sorted(offsets), end_offset(table)
+
+
+async def test_a_tabled_stream_is_in_its_table_once_through_kills(tmp_path: Path) -> None:
+    """Records with keys are appended while sbp-tables is SIGKILLed and
+    started again 20 times: the table ends with every record once, and an
+    idle tabled stream beside it stalls nothing."""
+    async with pm_cluster(tmp_path, (1,)) as cluster:
+        stream = await tabled_stream(cluster)
+        idle = await tabled_stream(cluster)
+        pm = cluster.pm_client()
+        total = 100_000
+        rng = random.Random(62)
+
+        async def produce() -> None:
+            async with Producer(pm, stream, pool=cluster.pool, linger=0.01) as producer:
+                for start in range(0, total, 500):
+                    await producer.send_many(
+                        [b"v%d" % i for i in range(start, start + 500)],
+                        keys=[b"k%d" % (i % 97) for i in range(start, start + 500)],
+                    )
+                    await trio.sleep(0.02)
+
+        tables = await start_tables(cluster, tmp_path, "tables-1")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(produce)
+            for _ in range(20):
+                await trio.sleep(rng.uniform(0.1, 0.6))
+                await tables.kill()
+                tables = await start_tables(cluster, tmp_path, "tables-1")
+        offsets, _end = await eventually(
+            lambda: trio.to_thread.run_sync(table_rows, tmp_path, stream),
+            until=lambda found: found[1] == total,
+            timeout=60,
+            what="the table's end at the stream's end",
+        )
+        assert offsets == list(range(total))
+        assert (await trio.to_thread.run_sync(table_rows, tmp_path, idle))[1] is None
+        await tables.stop(signal.SIGTERM)
+
+
+async def test_two_workers_share_the_tables_and_one_is_killed(tmp_path: Path) -> None:
+    async with pm_cluster(tmp_path, (1,)) as cluster:
+        streams = [await tabled_stream(cluster) for _ in range(4)]
+        pm = cluster.pm_client()
+        workers = [await start_tables(cluster, tmp_path, f"w{i}") for i in range(2)]
+        per_stream = 3000
+
+        async def produce(stream_id: int) -> None:
+            async with Producer(pm, stream_id, pool=cluster.pool, linger=0.01) as producer:
+                for _start in range(0, per_stream, 100):
+                    await producer.send_many([b"x"] * 100, keys=[b"k"] * 100)
+                    await trio.sleep(0.02)
+
+        async with trio.open_nursery() as nursery:
+            for stream_id in streams:
+                nursery.start_soon(produce, stream_id)
+            await trio.sleep(1.0)
+            await workers[0].kill()
+        for stream_id in streams:
+            offsets, _end = await eventually(
+                lambda s=stream_id: trio.to_thread.run_sync(table_rows, tmp_path, s),
+                until=lambda found: found[1] == per_stream,
+                timeout=60,
+                what=f"stream {stream_id}'s table complete",
+            )
+            assert offsets == list(range(per_stream))
+        await workers[1].stop(signal.SIGTERM)
+        catalog = open_catalog(f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "warehouse"))
+        snapshot = catalog.load_table(table_name(streams[0])).current_snapshot()
+        assert snapshot is not None and snapshot.summary is not None
+        assert snapshot.summary.additional_properties[END_OFFSET] == str(per_stream)
+
+
+async def test_sbp_tables_lists_and_describes_the_tables(tmp_path: Path) -> None:
+    async with pm_cluster(tmp_path, (1,)) as cluster:
+
+        def sbp(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "client.cli", "--pm", cluster.pm_address, *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=_child_env(),
+                check=False,
+            )
+
+        refused = await trio.to_thread.run_sync(
+            lambda: sbp("streams", "create", "--table-interval", "50")
+        )
+        assert refused.returncode == 2 and "100ms" in refused.stderr
+        created = await trio.to_thread.run_sync(
+            lambda: sbp("--json", "streams", "create", "--table-interval", "200ms")
+        )
+        assert created.returncode == 0, created.stderr
+        stream = json.loads(created.stdout)[0]["stream"]["stream_id"]
+        async with Producer(cluster.pm_client(), stream, pool=cluster.pool) as producer:
+            await producer.send_many([b"r%d" % i for i in range(50)])
+        tables = await start_tables(cluster, tmp_path, "tables")
+        await eventually(
+            lambda: trio.to_thread.run_sync(table_rows, tmp_path, stream),
+            until=lambda found: found[1] == 50,
+            timeout=30,
+        )
+        where = (
+            "--catalog",
+            f"sqlite:///{tmp_path}/catalog.db",
+            "--warehouse",
+            str(tmp_path / "warehouse"),
+        )
+        listed = await trio.to_thread.run_sync(lambda: sbp("--json", "tables", "list", *where))
+        assert listed.returncode == 0, listed.stderr
+        [row] = json.loads(listed.stdout)
+        assert (row["stream_id"], row["end_offset"], row["lag_records"], row["rows"]) == (
+            stream,
+            50,
+            0,
+            50,
+        )
+        described = await trio.to_thread.run_sync(
+            lambda: sbp("tables", "describe", str(stream), *where)
+        )
+        assert described.returncode == 0 and f"sbp.stream_{stream}" in described.stdout
+        await tables.stop(signal.SIGTERM)
+
+
+def test_sbp_cluster_runs_sbp_tables_with_a_catalog_under_its_directory(tmp_path: Path) -> None:
+    data_dir = tmp_path / "var"
+    cluster = start_cluster(data_dir, nodes=1, tables=True)
+    try:
+        created = sbp_json(cluster.pm_address, "streams", "create", "--table-interval", "100ms")
+        stream = created[0]["stream"]["stream_id"]
+        sbp_json(
+            cluster.pm_address, "append", str(stream), stdin=lines([f"r{i}" for i in range(10)])
+        )
+        eventually_blocking(
+            lambda: table_rows(data_dir / "tables", stream)[1],
+            until=lambda end: end == 10,
+            timeout=30,
+            what="sbp-tables, started by sbp-cluster, to commit the stream",
+        )
+    finally:
+        assert cluster.stop() == 0, cluster.output()
