@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeVar
 
@@ -154,29 +155,14 @@ class SyncClient:
     def delete_stream(self, stream_id: int) -> None:
         self.run(self.pm.delete_stream, stream_id)
 
-    def update_stream(
-        self,
-        stream_id: int,
-        *,
-        replica_nums: int | None = None,
-        retention_period_ms: int | None = None,
-    ) -> messages.Stream:
-        """Change a stream's replica count or retention (None keeps it); returns
-        the stream as stored."""
+    def update_stream(self, stream_id: int, **settings: int) -> messages.Stream:
+        """Change some of a stream's settings (``messages.Stream`` fields, such
+        as ``replica_nums=3`` or ``table_interval_ms=1000``), keeping the rest;
+        returns the stream as stored."""
 
         async def update() -> messages.Stream:
             current = await self.pm.get_stream(stream_id)
-            wanted = messages.Stream(
-                stream_id=stream_id,
-                replica_nums=current.replica_nums if replica_nums is None else replica_nums,
-                retention_period_ms=(
-                    current.retention_period_ms
-                    if retention_period_ms is None
-                    else retention_period_ms
-                ),
-                epoch=current.epoch,
-            )
-            return await self.pm.update_stream(wanted)
+            return await self.pm.update_stream(replace(current, **settings))
 
         return self.run(update)
 

@@ -40,6 +40,7 @@ from grafana_foundation_sdk.models.dashboard import (
 OUTPUT: Final = Path(__file__).with_name("sbp-cluster.json")
 NODE: Final = 'job="$datanode_job",instance=~"$node"'
 PM: Final = 'job="$pm_job"'
+TABLES: Final = 'job="$tables_job"'
 RATE: Final = "[$__rate_interval]"
 
 
@@ -535,6 +536,70 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
         ),
     ),
     (
+        "Tables",
+        (
+            Panel(
+                "Table lag in records",
+                "Records of each tabled stream not in its Iceberg table yet (SPEC §16): the ten "
+                "furthest behind. It falls at each commit (every table_interval_ms).",
+                "none",
+                (
+                    (
+                        f"topk(10, sbp_table_lag_records{{{TABLES}}})",
+                        "stream {{stream}}",
+                    ),
+                ),
+            ),
+            Panel(
+                "Oldest uncommitted record",
+                "Age of the oldest record gathered and not committed to its table, over every "
+                "stream and sbp-tables process; within about 2x table_interval_ms when keeping up.",
+                "s",
+                (
+                    (
+                        f"max(sbp_table_oldest_uncommitted_seconds{{{TABLES}}})",
+                        "oldest",
+                    ),
+                ),
+            ),
+            Panel(
+                "Table commits and rows/s",
+                "Snapshots committed and rows added per second, and commits that failed (tried "
+                "again: the catalog down, or another writer's newer snapshot).",
+                "ops",
+                (
+                    (
+                        f"sum(rate(sbp_table_commits_total{{{TABLES}}}{RATE}))",
+                        "commits",
+                    ),
+                    (
+                        f"sum(rate(sbp_table_rows_total{{{TABLES}}}{RATE}))",
+                        "rows",
+                    ),
+                    (
+                        f"sum(rate(sbp_table_failed_commits_total{{{TABLES}}}{RATE}))",
+                        "failed commits",
+                    ),
+                ),
+            ),
+            Panel(
+                "Table files and bytes/s",
+                "Data files and bytes (as Arrow) committed to the tables per second.",
+                "Bps",
+                (
+                    (
+                        f"sum(rate(sbp_table_bytes_total{{{TABLES}}}{RATE}))",
+                        "bytes",
+                    ),
+                    (
+                        f"sum(rate(sbp_table_files_total{{{TABLES}}}{RATE}))",
+                        "files",
+                    ),
+                ),
+            ),
+        ),
+    ),
+    (
         "Replication",
         (
             Panel(
@@ -661,6 +726,13 @@ def _variables() -> list[Any]:
             "sbp_pm_streams",
             "sbp-pm",
             "the Prometheus job that scrapes the PM",
+        ),
+        (
+            "tables_job",
+            "Tables job",
+            "sbp_table_streams",
+            "sbp-tables",
+            "the Prometheus job that scrapes the sbp-tables processes",
         ),
     ]
     variables: list[Any] = [

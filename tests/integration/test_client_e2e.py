@@ -178,5 +178,9 @@ async def test_sync_client_trims_updates_and_reads_from_the_first_stored_offset(
                 updated = client.update_stream(stream, retention_period_ms=60_000)
                 assert (updated.retention_period_ms, updated.replica_nums) == (60_000, 1)
                 assert client.update_stream(stream, replica_nums=2).retention_period_ms == 60_000
+                # a change of one setting keeps the others, the §13-§16 ones too
+                client.update_stream(stream, min_compaction_lag_ms=1_000, table_interval_ms=5_000)
+                kept = client.update_stream(stream, replica_nums=1)
+                assert (kept.min_compaction_lag_ms, kept.table_interval_ms) == (1_000, 5_000)
 
         await trio.to_thread.run_sync(scenario)

@@ -138,7 +138,7 @@ class Prometheus:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    running = start_cluster(tmp_path / "var", nodes=2)
+    running = start_cluster(tmp_path / "var", nodes=2, tables=True)
     try:
         yield running
     finally:
@@ -200,20 +200,23 @@ def test_dashboard_queries_return_data_from_a_live_cluster(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     addresses = metrics_addresses(cluster)
-    assert sorted(addresses) == ["node-1", "node-2", "pm"]
+    assert sorted(addresses) == ["node-1", "node-2", "pm", "tables"]
     prometheus = Prometheus(
         tmp_path,
         {
             "sbp-pm": [addresses["pm"]],
             "sbp-datanode": [addresses["node-1"], addresses["node-2"]],
+            "sbp-tables": [addresses["tables"]],
         },
     )
     try:
-        prometheus.wait_ready(jobs=3)
+        prometheus.wait_ready(jobs=4)
         with SyncClient(cluster.pm_address) as client:
             # the loaded stream has two replicas: the replication panels get data
             streams = [client.create_stream(replicas).stream_id for replicas in (2, 1, 1)]
             primary = client.list_ranges(streams[0])[-1]
+            # and is kept as a table: the Tables row gets data
+            client.update_stream(streams[0], table_interval_ms=1_000)
         node_address = next(
             r.data_node.advertise_addr for r in primary.replica_nodes if r.is_primary
         )
@@ -232,6 +235,7 @@ def test_dashboard_queries_return_data_from_a_live_cluster(
                 .replace("$node", ".*")
                 .replace("$datanode_job", "sbp-datanode")
                 .replace("$pm_job", "sbp-pm")
+                .replace("$tables_job", "sbp-tables")
             )
             answer = prometheus.query(concrete, at=during)
             assert answer["status"] == "success", (concrete, answer)
