@@ -35,6 +35,7 @@ from typing import IO, TYPE_CHECKING, NoReturn
 from net.address import parse_address_list
 from net.sizes import parse_size
 from sbp.constants import MAX_GROUP_NAME_BYTES
+from tables.defaults import default_catalog, default_warehouse
 
 from .cli_defaults import DEFAULT_PM, DEFAULT_TIMEOUT_S, EXIT_INTERRUPTED, EXIT_USAGE, LOCAL_PKI
 
@@ -572,14 +573,14 @@ def build_parser() -> argparse.ArgumentParser:
     for sub in (table_list, table_describe):
         sub.add_argument(
             "--catalog",
-            default=os.environ.get("SBP_CATALOG", "sqlite:///var/tables/catalog.db"),
+            default=default_catalog(),
             metavar="URI",
             help="the Iceberg catalog sbp-tables writes to (default: $SBP_CATALOG, else the "
             "local cluster's sqlite:///var/tables/catalog.db)",
         )
         sub.add_argument(
             "--warehouse",
-            default=os.environ.get("SBP_WAREHOUSE", "var/tables/warehouse"),
+            default=default_warehouse(),
             metavar="PATH_OR_URI",
             help="its warehouse (default: $SBP_WAREHOUSE, else var/tables/warehouse)",
         )

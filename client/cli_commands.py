@@ -109,7 +109,7 @@ def _retention(stream: messages.Stream) -> str:
 
 def _stream_rows(streams: Sequence[messages.Stream]) -> str:
     return fmt.table(
-        ["stream", "replicas", "acks", "retention", "cleanup", "epoch"],
+        ["stream", "replicas", "acks", "retention", "cleanup", "table", "epoch"],
         [
             [
                 s.stream_id,
@@ -117,6 +117,7 @@ def _stream_rows(streams: Sequence[messages.Stream]) -> str:
                 fmt.acks_text(s),
                 _retention(s),
                 fmt.cleanup_text(s),
+                fmt.table_text(s),
                 s.epoch,
             ]
             for s in streams

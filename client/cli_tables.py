@@ -55,6 +55,7 @@ async def _summary(env: Env, catalog: Any, stream_id: int, interval_ms: int) -> 
         "bytes": int(summary.get("total-files-size", 0)),
         "snapshots": 0 if table is None else len(table.snapshots()),
         "location": None if table is None else table.location(),
+        "metadata": None if table is None else table.metadata_location,
     }
 
 
@@ -105,13 +106,14 @@ async def cmd_tables_describe(env: Env) -> int:
         env.emit_json(row)
         return EXIT_OK
     end = "no commit yet" if row["end_offset"] is None else f"{row['end_offset']:,}"
-    every = fmt.duration_text(row["interval_ms"] / 1000)
+    every = fmt.retention_text(row["interval_ms"])
     size = fmt.size_text(row["bytes"])
     env.emit(
         "\n".join(
             [
                 f"table       {row['table']} (committed every {every})",
                 f"location    {row['location'] or '-'}",
+                f"metadata    {row['metadata'] or '-'}",
                 f"end offset  {end} (the stream's end: {row['stream_end']:,}; "
                 f"lag {row['lag_records']:,} records)",
                 f"rows        {row['rows']:,} in {row['files']} files, {size}",

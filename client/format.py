@@ -129,6 +129,13 @@ def cleanup_text(stream: messages.Stream) -> str:
     )
 
 
+def table_text(stream: messages.Stream) -> str:
+    """How often a stream's table is committed (SPEC §16), ``-`` for none."""
+    if stream.table_interval_ms <= 0:
+        return "-"
+    return f"every {retention_text(stream.table_interval_ms)}"
+
+
 def duration_text(seconds: float) -> str:
     """A span of time, to the second: ``45s``, ``3m 20s``, ``2h 05m``."""
     whole = max(0, round(seconds))

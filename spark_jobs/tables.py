@@ -17,7 +17,10 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from spark_jobs.layout import stream_layouts
+from spark_jobs.options import parse_tls
 from tables.catalog import end_offset, load_table, open_catalog
+from tables.defaults import default_catalog, default_warehouse
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -35,18 +38,18 @@ def read_stream(
     *,
     pm: str,
     streams: Sequence[int],
-    catalog: str,
-    warehouse: str,
+    catalog: str | None = None,
+    warehouse: str | None = None,
     include_headers: bool = False,
     **options: str,
 ) -> DataFrame:
-    """Every record of ``streams`` (see the module docstring); ``options``
+    """Every record of ``streams`` (see the module docstring), from the
+    catalog and warehouse ``sbp-tables`` writes to (by default
+    ``$SBP_CATALOG`` and ``$SBP_WAREHOUSE``, else a local cluster's); ``options``
     go to the ``sbp`` source for the part past the tables (its
     ``endingOffsets`` included: the table part is the tables' snapshots)."""
-    from pyspark.sql import functions as F
-
     columns = [*COLUMNS, "headers"] if include_headers else list(COLUMNS)
-    tables = open_catalog(catalog, warehouse)
+    tables = open_catalog(catalog or default_catalog(), warehouse or default_warehouse())
     starting: dict[str, int] = {}
     files: list[str] = []
     for stream_id in streams:
@@ -63,9 +66,22 @@ def read_stream(
             )
         files += [task.file.file_path for task in tasks]
         starting[str(stream_id)] = end
+    if "endingOffsets" not in options:
+        # The streams' ends now: a stream whose table reaches its end needs
+        # no source (whose planning alone costs a Python worker's round trip).
+        layouts = stream_layouts(pm, streams, tls=parse_tls(options))
+        ends = {str(s): layouts[s].next_offset for s in streams}
+        starting = {
+            s: start
+            for s, start in starting.items()
+            if ends[s] > max(start, layouts[int(s)].first_offset)
+        }
+        if files and not starting:
+            return _history(spark, files, columns)
+        options = {**options, "endingOffsets": json.dumps({s: ends[s] for s in starting})}
     source_options: dict[str, Any] = {
         "pm": pm,
-        "streams": ",".join(str(s) for s in streams),
+        "streams": ",".join(starting) if starting else ",".join(str(s) for s in streams),
         "startingOffsets": json.dumps(starting),
         **({"includeHeaders": "true"} if include_headers else {}),
         **options,
@@ -73,7 +89,14 @@ def read_stream(
     rest = spark.read.format("sbp").options(**source_options).load().select(*columns)
     if not files:
         return rest
-    history = spark.read.parquet(*files).select(
+    return _history(spark, files, columns).unionByName(rest)
+
+
+def _history(spark: SparkSession, files: list[str], columns: list[str]) -> DataFrame:
+    """The tables' rows, from their Parquet files, in the source's columns."""
+    from pyspark.sql import functions as F
+
+    return spark.read.parquet(*files).select(
         *[
             # the table's timestamp is a UTC time without a zone (SPEC §16);
             # the session reads it in UTC
@@ -81,4 +104,3 @@ def read_stream(
             for name in columns
         ]
     )
-    return history.unionByName(rest)

@@ -49,8 +49,15 @@ PARTITION_SPEC: Final = PartitionSpec(
 )
 #: the rows' Arrow schema as pyiceberg writes them
 ARROW_SCHEMA: Final[pa.Schema] = SCHEMA.as_arrow()
-#: a commit that meets a newer snapshot fails (see the module docstring)
-TABLE_PROPERTIES: Final = {"commit.retry.num-retries": "0"}
+#: a commit that meets a newer snapshot fails (see the module docstring);
+#: set on tables made without them too
+TABLE_PROPERTIES: Final = {
+    "commit.retry.num-retries": "0",
+    # a commit every few seconds: manifests merged, old metadata files deleted
+    "commit.manifest-merge.enabled": "true",
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "20",
+}
 
 
 class CatalogError(ValueError):
@@ -114,7 +121,7 @@ def load_or_create_table(catalog: Catalog, stream_id: int) -> Table:
             partition_spec=PARTITION_SPEC,
             properties=properties,
         )
-    if table.properties.get("commit.retry.num-retries") != "0":
+    if any(table.properties.get(name) != value for name, value in TABLE_PROPERTIES.items()):
         with table.transaction() as change:
             change.set_properties(TABLE_PROPERTIES)
         table = catalog.load_table(table_name(stream_id))

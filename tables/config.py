@@ -22,7 +22,8 @@ DESCRIPTION: Final = (
 #: the consumer group sbp-tables processes share the streams in (SPEC §15)
 DEFAULT_GROUP: Final = "sbp-tables"
 DEFAULT_SESSION_TIMEOUT_MS: Final = 10_000
-DEFAULT_SWEEP_INTERVAL_MS: Final = 600_000
+DEFAULT_MAINTENANCE_INTERVAL_MS: Final = 300_000
+DEFAULT_MAX_GATHERED_BYTES: Final = 1 << 30
 
 
 def _catalog(text: str) -> str:
@@ -68,10 +69,20 @@ OPTIONS: Final = (
         metavar="BYTES",
     ),
     Option(
-        "sweep-interval-ms",
-        "how often the data files no snapshot names are deleted (those over an hour old)",
+        "max-gathered-bytes",
+        "stop reading the streams while this much is gathered and not committed (over "
+        "every stream, e.g. while the catalog cannot be reached), e.g. 1GiB",
+        parse_size,
+        default=f"{DEFAULT_MAX_GATHERED_BYTES >> 20}MiB",
+        metavar="BYTES",
+    ),
+    Option(
+        "maintenance-interval-ms",
+        "how often each table's small data files are rewritten as larger ones, its "
+        "snapshots replaced over an hour ago expired, and the data files no snapshot names "
+        "deleted",
         positive_int,
-        default=str(DEFAULT_SWEEP_INTERVAL_MS),
+        default=str(DEFAULT_MAINTENANCE_INTERVAL_MS),
         metavar="MS",
     ),
     Option(
@@ -94,7 +105,8 @@ class TablesConfig:
     member_id: str | None = None
     session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_MS / 1000
     target_file_bytes: int = DEFAULT_TARGET_BYTES
-    sweep_interval_s: float = DEFAULT_SWEEP_INTERVAL_MS / 1000
+    max_gathered_bytes: int = DEFAULT_MAX_GATHERED_BYTES
+    maintenance_interval_s: float = DEFAULT_MAINTENANCE_INTERVAL_MS / 1000
     metrics_listen: tuple[str, int] = ("127.0.0.1", 0)
     log_level: str = "info"
 
@@ -116,7 +128,8 @@ def parse_config(argv: Sequence[str] | None = None) -> TablesConfig:
         member_id=values["member_id"],
         session_timeout_s=session_ms / 1000,
         target_file_bytes=values["target_file_bytes"],
-        sweep_interval_s=values["sweep_interval_ms"] / 1000,
+        max_gathered_bytes=values["max_gathered_bytes"],
+        maintenance_interval_s=values["maintenance_interval_ms"] / 1000,
         metrics_listen=values["metrics_listen"],
         log_level=values["log_level"],
     )

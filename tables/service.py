@@ -9,7 +9,9 @@ Each assigned stream gets a ``TableWriter`` that starts from its table's
 first and then let go of; a stream lost (this process was fenced, or silent
 past its session) is let go of without a commit, and a commit is only made
 while the process still holds its stream. An idle stream costs a timer
-check. Every ``--sweep-interval-ms`` the tables' unnamed data files go.
+check. Every ``--maintenance-interval-ms`` each table's small files are
+rewritten, its old snapshots expired and its unnamed data files deleted
+(``tables.maintenance``, ``tables.sweep``).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class TableStats:
     rows: int = 0
     bytes: int = 0
     files: int = 0
+    rewritten_files: int = 0
     swept_files: int = 0
     #: by stream: the stream's end as last asked
     ends: dict[int, int] = field(default_factory=dict)
@@ -102,16 +105,33 @@ class TablesService:
         async with self.member as member, trio.open_nursery() as nursery:
             nursery.start_soon(self._commit_when_due)
             nursery.start_soon(self._refresh_ends, context)
-            nursery.start_soon(self._sweep_now_and_then)
+            nursery.start_soon(self._maintain_now_and_then)
             with trio.CancelScope() as reading:
                 nursery.start_soon(_cancel_on, stopping, reading)
                 async for batch in member:
                     writer = self.writers.get(batch.stream_id)
                     if writer is not None:
                         writer.add(batch.records)
+                    await self._wait_for_room()
             for stream_id in list(self.writers):  # stopping: what is gathered goes in
                 await self._commit(stream_id)
             nursery.cancel_scope.cancel()
+
+    def gathered_bytes(self) -> int:
+        return sum(writer.pending_bytes for writer in self.writers.values())
+
+    async def _wait_for_room(self) -> None:
+        """Read no further while too much waits for a commit (the catalog
+        down): the records stay in the streams, not in this process's memory."""
+        if self.gathered_bytes() <= self.config.max_gathered_bytes:
+            return
+        log.warning(
+            "%d bytes gathered and not committed (--max-gathered-bytes): reading waits "
+            "for the commits",
+            self.gathered_bytes(),
+        )
+        while self.gathered_bytes() > self.config.max_gathered_bytes:
+            await trio.sleep(COMMIT_CHECK_S)
 
     # -- streams given and taken away -----------------------------------------------
 
@@ -204,17 +224,25 @@ class TablesService:
                 del self.stats.ends[gone]
             await trio.sleep(ENDS_REFRESH_S)
 
-    async def _sweep_now_and_then(self) -> None:
+    async def _maintain_now_and_then(self) -> None:
+        """Every ``--maintenance-interval-ms``, each table held: its small
+        files rewritten and old snapshots expired (under its writer's lock,
+        between commits), then the files no snapshot names deleted."""
         while True:
-            await trio.sleep(self.config.sweep_interval_s)
-            for writer in list(self.writers.values()):
-                if writer.table is None:
+            await trio.sleep(self.config.maintenance_interval_s)
+            for stream_id, writer in list(self.writers.items()):
+                assert self.member is not None
+                if writer.table is None or not self.member.holds(stream_id):
                     continue
                 try:
+                    async with self._locks.setdefault(stream_id, trio.Lock()):
+                        rewritten = await trio.to_thread.run_sync(writer.maintain)
                     swept = await trio.to_thread.run_sync(sweep, writer.table)
-                except Exception as error:
-                    log.info("stream %d: sweeping its table: %s", writer.stream_id, error)
+                except Exception as error:  # the catalog or the files: next time
+                    log.info("stream %d: upkeep of its table: %s", stream_id, error)
                     continue
+                if rewritten is not None:
+                    self.stats.rewritten_files += rewritten.files_in
                 self.stats.swept_files += len(swept)
 
 
@@ -272,6 +300,7 @@ class TablesCollector(Collector):
             ("rows", "rows committed", stats.rows),
             ("bytes", "bytes of rows committed (as Arrow holds them)", stats.bytes),
             ("files", "data files committed", stats.files),
+            ("rewritten_files", "small data files rewritten as larger ones", stats.rewritten_files),
             ("swept_files", "data files deleted because no snapshot names them", stats.swept_files),
         ):
             yield CounterMetricFamily(f"sbp_table_{name}", text, value=value)

@@ -32,6 +32,7 @@ from sbp.batches import DecodedRecords
 from spark_jobs.arrow import records_to_arrow
 
 from .catalog import ARROW_SCHEMA, END_OFFSET, end_offset, load_or_create_table, table_name
+from .maintenance import Rewritten, expire_snapshots, rewrite_small_files
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,20 @@ class TableWriter:
         return Committed(
             rows.num_rows, rows.nbytes, int(summary.get("added-data-files", 0)), taken.next_offset
         )
+
+    def maintain(self) -> Rewritten | None:
+        """Rewrite the table's small files and expire its old snapshots
+        (``tables.maintenance``), on the table this writer commits to, so
+        that its next commit follows on. On a failure the table is read
+        again and the error raised."""
+        assert self.table is not None
+        try:
+            rewritten = rewrite_small_files(self.table, self.target_bytes)
+            expire_snapshots(self.table)
+        except Exception:
+            self._reread()
+            raise
+        return rewritten
 
     def _reread(self) -> None:
         """After a failed commit: the table as it is now."""

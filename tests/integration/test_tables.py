@@ -8,14 +8,17 @@ from __future__ import annotations
 import json
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
 import trio
 
 from client import Producer
+from net.address import free_ports
 from sbp import messages
 from sbp.enums import ErrorCode
 from tables.catalog import END_OFFSET, end_offset, load_table, open_catalog, table_name
@@ -211,3 +214,52 @@ def test_sbp_cluster_runs_sbp_tables_with_a_catalog_under_its_directory(tmp_path
         )
     finally:
         assert cluster.stop() == 0, cluster.output()
+
+
+async def test_a_catalog_out_of_reach_is_said_at_start_and_waited_for_later(
+    tmp_path: Path,
+) -> None:
+    """A catalog that cannot be reached: at start, one line and exit 1; while
+    running (its SQLite file locked by another process), the commits fail,
+    are tried again, and the table ends with every record once."""
+    [port] = free_ports(1)
+    refused = await trio.run_process(
+        [sys.executable, "-m", "tables", "--pm", "127.0.0.1:9", "--catalog",
+         f"http://127.0.0.1:{port}", "--warehouse", str(tmp_path / "w")],
+        capture_stdout=True, capture_stderr=True, check=False, env=_child_env(),
+    )  # fmt: skip
+    said = refused.stderr.decode()
+    assert refused.returncode == 1 and "cannot use the catalog" in said, said
+    assert "Traceback" not in said
+
+    async with pm_cluster(tmp_path, (1,)) as cluster:
+        stream = await tabled_stream(cluster)
+        tables = await start_tables(cluster, tmp_path, "tables")
+
+        async def append(start: int, count: int) -> None:
+            async with Producer(cluster.pm_client(), stream, pool=cluster.pool) as producer:
+                await producer.send_many([b"r%d" % i for i in range(start, start + count)])
+
+        def table_end() -> Awaitable[tuple[list[int], int | None]]:
+            return trio.to_thread.run_sync(table_rows, tmp_path, stream)
+
+        await append(0, 1000)
+        await eventually(table_end, until=lambda found: found[1] == 1000, timeout=30)
+        lock = sqlite3.connect(tmp_path / "catalog.db", timeout=0, isolation_level=None)
+        lock.execute("BEGIN EXCLUSIVE")
+        try:
+            await append(1000, 1000)
+            await eventually(
+                lambda: trio.to_thread.run_sync(tables.log),
+                until=lambda log: "a commit to its table failed" in log,
+                timeout=30,
+                what="a commit to fail on the locked catalog",
+            )
+        finally:
+            lock.execute("ROLLBACK")
+            lock.close()
+        offsets, _end = await eventually(
+            table_end, until=lambda found: found[1] == 2000, timeout=60
+        )
+        assert offsets == list(range(2000))
+        await tables.stop(signal.SIGTERM)

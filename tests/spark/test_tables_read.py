@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+import spark_jobs
 from sbp.batch_v2 import build_batch_v2
 from spark_jobs.tables import read_stream
 from tables.catalog import load_or_create_table, open_catalog
@@ -46,6 +47,11 @@ def test_history_from_the_table_and_the_rest_from_the_stream(
     assert taken is not None
     writer.commit(taken)
     assert writer.end == 300
+    # the table holds the whole stream: read from its files alone
+    whole = read_stream(
+        spark, pm=ops.pm_address, streams=[stream], catalog=catalog_uri, warehouse=warehouse
+    )
+    assert sorted(row.offset for row in whole.collect()) == list(range(300))
     with client.producer(stream) as producer:
         producer.send_batch(keyed_batch(300, 100))
         producer.flush()
@@ -71,14 +77,14 @@ def test_history_from_the_table_and_the_rest_from_the_stream(
 
 
 def test_a_stream_without_a_table_is_read_whole_from_the_stream(
-    spark: SparkSession, ops: StreamOps, tmp_path: Path
+    spark: SparkSession, ops: StreamOps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stream = ops.create_stream()
     ops.append(stream, [b"a", b"b"])
-    frame = read_stream(
-        spark, pm=ops.pm_address, streams=[stream], catalog=f"sqlite:///{tmp_path}/c.db",
-        warehouse=str(tmp_path / "wh"),
-    )  # fmt: skip
+    # spark_jobs.read_stream, with the catalog from the environment
+    monkeypatch.setenv("SBP_CATALOG", f"sqlite:///{tmp_path}/c.db")
+    monkeypatch.setenv("SBP_WAREHOUSE", str(tmp_path / "wh"))
+    frame = spark_jobs.read_stream(spark, pm=ops.pm_address, streams=[stream])
     assert [row.value for row in frame.orderBy("offset").collect()] == [b"a", b"b"]
     with pytest.raises(ValueError, match="catalog"):
         read_stream(spark, pm=ops.pm_address, streams=[stream], catalog="nope", warehouse="x")

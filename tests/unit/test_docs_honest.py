@@ -9,7 +9,17 @@ from ..docs_text import ROOT, named_in_docs
 
 CODE = sorted(
     path
-    for package in ("sbp", "storage", "net", "client", "datanode", "pm", "spark_jobs", "bench")
+    for package in (
+        "sbp",
+        "storage",
+        "net",
+        "client",
+        "datanode",
+        "pm",
+        "spark_jobs",
+        "tables",
+        "bench",
+    )
     for path in (ROOT / package).rglob("*.py")
 )
 

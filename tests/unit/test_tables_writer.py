@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
 
 from sbp.batch_v2 import build_batch_v2
 from sbp.batches import DecodedRecords, decode_batches, stamp_base_offset
 from tables.catalog import END_OFFSET, end_offset, load_or_create_table, open_catalog
+from tables.maintenance import expire_snapshots, rewrite_small_files
 from tables.sweep import sweep
 from tables.writer import TableWriter
 
@@ -112,3 +114,48 @@ def test_a_repeated_header_name_keeps_its_last_value(catalog: Catalog) -> None:
     commit(writer)
     rows = load_or_create_table(catalog, 4).scan().to_arrow().to_pylist()
     assert rows[0]["headers"] == [("a", b"2")]
+
+
+def test_small_files_are_rewritten_and_old_snapshots_expired(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    writer = TableWriter(catalog, 1, interval_s=1, target_bytes=1 << 20)
+    writer.open()
+    for first in range(0, 100, 10):  # ten commits, a small file each
+        writer.add(records(first, 10))
+        commit(writer)
+    table = writer.table
+    assert table is not None and len(table.inspect.files()) == 10
+    done = writer.maintain()
+    assert done is not None and (done.files_in, done.files_out, done.rows) == (10, 1, 100)
+    table = load_or_create_table(catalog, 1)
+    assert end_offset(table) == 100  # the same rows, the same end
+    assert offsets_in(catalog, 1) == list(range(100))
+    assert len(table.inspect.files()) == 1
+    # the writer commits on after it
+    writer.add(records(100, 5))
+    commit(writer)
+    assert offsets_in(catalog, 1) == list(range(105))
+    # the snapshots replaced are expired, then their files swept; rows stay
+    assert expire_snapshots(writer.table, keep_s=0) == 11
+    for path in (tmp_path / "warehouse").rglob("*.parquet"):
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+    assert len(sweep(load_or_create_table(catalog, 1))) == 10
+    assert offsets_in(catalog, 1) == list(range(105))
+    assert writer.maintain() is None  # two files: nothing to rewrite
+
+
+def test_a_rewrite_behind_the_table_changes_nothing(catalog: Catalog) -> None:
+    writer = TableWriter(catalog, 1, interval_s=1, target_bytes=1 << 20)
+    writer.open()
+    for first in range(0, 80, 10):
+        writer.add(records(first, 10))
+        commit(writer)
+    other = TableWriter(catalog, 1, interval_s=1)
+    other.open()
+    other.add(records(80, 10))
+    commit(other)  # the table moved on since the first writer's view
+    with pytest.raises(CommitFailedException):
+        rewrite_small_files(writer.table, 1 << 20)
+    assert offsets_in(catalog, 1) == list(range(90))
+    assert len(load_or_create_table(catalog, 1).inspect.files()) == 9
