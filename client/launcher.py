@@ -518,8 +518,10 @@ async def _start_together(children: list[Child], extra_args: tuple[str, ...] = (
 
 
 async def stop_plan(plan: Plan) -> None:
-    # Data nodes first, so they can still reach the PM while they drain; etcd last.
-    for group in (plan.data_nodes, plan.pms):
+    # sbp-tables first (its last commits and its leaving the group need the
+    # cluster), then the data nodes, so they can still reach the PM while
+    # they drain; etcd last.
+    for group in (plan.tables, plan.data_nodes, plan.pms):
         async with trio.open_nursery() as nursery:
             for child in group:
                 nursery.start_soon(stop_child, child)

@@ -186,11 +186,11 @@ def test_no_restart_stops_the_cluster_when_a_node_dies(tmp_path: Path) -> None:
 
 
 def test_children_stop_when_the_launcher_is_killed(tmp_path: Path) -> None:
-    cluster = start_cluster(tmp_path / "var", nodes=1)
+    cluster = start_cluster(tmp_path / "var", nodes=1, tables=True)
     children = _children_of(cluster.process.pid)
-    assert len(children) == 2
     cluster.process.send_signal(signal.SIGKILL)
     cluster.process.wait()
+    assert len(children) == 3  # the PM, the node and sbp-tables
     eventually_blocking(lambda: all_gone(children))
 
 

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Awaitable
 from pathlib import Path
 
+import psutil
 import pytest
 import trio
 
@@ -24,7 +25,7 @@ from sbp.enums import ErrorCode
 from tables.catalog import END_OFFSET, end_offset, load_table, open_catalog, table_name
 
 from ..eventually import eventually, eventually_blocking
-from .local_cluster import lines, sbp_json, start_cluster
+from .local_cluster import all_gone, lines, sbp_json, start_cluster
 from .pm_cluster import PMCluster, pm_cluster
 from .procs import ServerProcess, _child_env, start_server
 
@@ -212,8 +213,11 @@ def test_sbp_cluster_runs_sbp_tables_with_a_catalog_under_its_directory(tmp_path
             timeout=30,
             what="sbp-tables, started by sbp-cluster, to commit the stream",
         )
+        children = psutil.Process(cluster.process.pid).children()
+        assert len(children) == 3  # the PM, the node and sbp-tables
     finally:
         assert cluster.stop() == 0, cluster.output()
+    assert all_gone(children)  # stopping the cluster stopped sbp-tables too
 
 
 async def test_a_catalog_out_of_reach_is_said_at_start_and_waited_for_later(
