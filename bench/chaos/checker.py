@@ -16,6 +16,10 @@ Violations (each one makes the run fail):
 ``phantom``         a value stored that no producer sent
 ``replica``         a replica of a range holds other records than the stream reads
                     back for that range's offsets (streams with more than one replica)
+``table``           with ``--tables`` (SPEC §16): a stream's Iceberg table holds an
+                    offset twice, another value than the stream, an offset the
+                    stream never stored, or misses one it stores, or did not reach
+                    the stream's end (``tables_check``)
 ==================  ===================================================================
 
 On compacted streams (``History.compacted_keys``) a value may be missing at
@@ -47,6 +51,7 @@ KINDS = (
     "range-chain",
     "phantom",
     "replica",
+    "table",
 )
 #: examples kept per kind in the report
 EXAMPLES = 10

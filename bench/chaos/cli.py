@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: 0, plain streams)",
     )
     parser.add_argument(
+        "--tables",
+        action="store_true",
+        help="streams kept as Iceberg tables by sbp-tables (SPEC §16), which is killed and "
+        "paused as the servers are; each table is checked against its stream at the end",
+    )
+    parser.add_argument(
         "--at-least-once",
         action="store_true",
         help="producers without idempotence: a value sent again may be stored twice "
@@ -153,6 +159,7 @@ def _faults(args: argparse.Namespace, seed: int, root: Path) -> int:
             replicas=args.replicas,
             idempotent=not args.at_least_once,
             compacted_keys=max(args.compacted_keys, 0),
+            tables=args.tables,
         ),
     )
     schedule = plan(settings)

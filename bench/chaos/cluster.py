@@ -10,6 +10,9 @@ proxy                  carries
                        the node advertises this proxy's address as its own
 =====================  ===========================================================
 
+With ``tables``, ``sbp-tables`` runs too, reaching the PM through
+``clients->pm`` and the nodes through their proxies.
+
 A restarted server gets a new port; its proxies are pointed at it, so the
 addresses everyone else knows stay the same.
 """
@@ -35,6 +38,8 @@ HEARTBEAT_INTERVAL_MS = 500
 NODE_MAP_SIZE = "2GiB"
 #: the node meant to fill up: a minute of the default workload fills it
 SMALL_MAP_SIZE = "3MiB"
+#: sbp-tables' session: a killed one's streams go to its successor this soon
+TABLES_SESSION_MS = 3000
 
 
 @dataclass
@@ -66,6 +71,7 @@ class ChaosCluster:
         small_map_node: str | None = None,
         node_args: tuple[str, ...] = (),
         pm_args: tuple[str, ...] = (),
+        tables: bool = False,
     ) -> None:
         self.root = root
         self.node_count = nodes
@@ -122,6 +128,25 @@ class ChaosCluster:
                 logs / f"{name}.log",
             )
             self.nodes[name] = Server(child, [ingress])
+        #: sbp-tables (SPEC §16), reaching the PM as the clients do
+        self.tables = (
+            Server(
+                Child(
+                    "tables",
+                    [
+                        python,
+                        "-m",
+                        "tables",
+                        *("--catalog", f"sqlite:///{root / 'tables' / 'catalog.db'}"),
+                        *("--warehouse", str(root / "tables" / "warehouse")),
+                        *("--session-timeout-ms", str(TABLES_SESSION_MS)),
+                    ],
+                    logs / "tables.log",
+                )
+            )
+            if tables
+            else None
+        )
         self._nursery: trio.Nursery | None = None
 
     # -- addresses ------------------------------------------------------------
@@ -141,10 +166,14 @@ class ChaosCluster:
         ]
 
     def servers(self) -> list[Server]:
-        return [self.pm, *self.nodes.values()]
+        return [self.pm, *self.nodes.values(), *([self.tables] if self.tables else [])]
 
     def server(self, name: str) -> Server:
-        return self.pm if name == "pm" else self.nodes[name]
+        if name == "pm":
+            return self.pm
+        if name == "tables" and self.tables is not None:
+            return self.tables
+        return self.nodes[name]
 
     # -- lifetime -------------------------------------------------------------
 
@@ -157,13 +186,20 @@ class ChaosCluster:
             await self._start(server)
         if await wait_for_nodes(self.pm_address, len(self.nodes), 30) < len(self.nodes):
             raise RuntimeError(f"the data nodes did not all join the PM; logs in {self.root}")
+        if self.tables is not None:
+            await self._start(self.tables)
 
     def _node_args(self, name: str) -> tuple[str, ...]:
         return ("--pm", self.pm_links[name].address, "--advertise", self.node_address(name))
 
     async def _start(self, server: Server) -> None:
         assert self._nursery is not None
-        extra = () if server is self.pm else self._node_args(server.name)
+        if server is self.pm:
+            extra: tuple[str, ...] = ()
+        elif server is self.tables:
+            extra = ("--pm", self.pm_address)
+        else:
+            extra = self._node_args(server.name)
         await start_child(server.child, extra)
         for proxy in server.ingress:
             proxy.retarget(server.child.address)

@@ -32,6 +32,7 @@ A full disk is not scheduled: one node runs with a small LMDB map
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import trio
@@ -87,9 +88,11 @@ def draw_schedule(
     kinds: tuple[str, ...] = KINDS,
     mean_gap_s: float = 3.0,
     quiet_tail_s: float = 5.0,
+    others: Sequence[str] = (),
 ) -> list[Fault]:
     """Faults one after another (never two at once, so that each one's
-    effect can be read from the timeline), from ``seed`` alone."""
+    effect can be read from the timeline), from ``seed`` alone; ``others``
+    are processes besides the PM and the nodes to kill and pause."""
     rng = random.Random(seed)
     faults: list[Fault] = []
     at = rng.uniform(2.0, 4.0)
@@ -103,7 +106,7 @@ def draw_schedule(
             finish = rng.random() < 0.5
             duration = rng.uniform(3.0, 15.0)
         elif kind in ("kill", "pause"):
-            target = rng.choice([*nodes, "pm"])
+            target = rng.choice([*nodes, "pm", *others])
         elif kind in ("partition-node-pm", "isolate-node"):
             target = rng.choice(nodes)
         elif kind == "partition-clients-pm":

@@ -50,6 +50,7 @@ def document(result: RunResult) -> dict[str, Any]:
         "unknown_stored": verdict.unknown_stored,
         "unknown_missing": verdict.unknown_missing,
         "allowed_duplicates": verdict.allowed_duplicates,
+        "table_rows": result.table_rows,
         "violations": {kind: verdict.violations.get(kind, 0) for kind in checker.KINDS},
         "examples": dict(verdict.examples),
         "read_errors": verdict.read_errors,
@@ -99,7 +100,12 @@ def markdown(result: RunResult, doc: dict[str, Any]) -> str:
         f"{doc['unknown_missing']:,} were not. Duplicates of values sent again: "
         f"{doc['allowed_duplicates']:,}. Side operations: "
         + (", ".join(f"{n} {what}" for what, n in sorted(operations.items())) or "none")
-        + ".",
+        + "."
+        + (
+            f" The streams' Iceberg tables held {doc['table_rows']:,} rows at the end."
+            if doc["table_rows"] is not None
+            else ""
+        ),
         "",
         "## Violations",
         "",

@@ -17,7 +17,7 @@ from sbp import messages
 from sbp.batches import decode_batches
 from sbp.enums import ErrorCode, Opcode
 
-from . import checker
+from . import checker, tables_check
 from .cluster import ChaosCluster
 from .faults import KINDS, Fault, Injector, draw_schedule
 from .history import History
@@ -58,6 +58,8 @@ class RunResult:
     tracebacks: dict[str, int]
     elapsed_s: float
     root: Path
+    #: rows in the streams' Iceberg tables at the end (``--tables`` runs)
+    table_rows: int | None = None
 
 
 def replay_command(settings: RunSettings) -> str:
@@ -80,13 +82,18 @@ def replay_command(settings: RunSettings) -> str:
         parts.append(f"--replicas {settings.workload.replicas}")
     if settings.workload.compacted_keys:
         parts.append(f"--compacted-keys {settings.workload.compacted_keys}")
+    if settings.workload.tables:
+        parts.append("--tables")
     return " ".join(parts)
 
 
 def plan(settings: RunSettings) -> list[Fault]:
     nodes = [f"node-{i}" for i in range(1, settings.nodes + 1)]
     links = ["clients->pm", *(f"{n}->pm" for n in nodes), *(f"->{n}" for n in nodes)]
-    return draw_schedule(settings.seed, settings.duration_s, nodes, links, settings.kinds)
+    others = ["tables"] if settings.workload.tables else []
+    return draw_schedule(
+        settings.seed, settings.duration_s, nodes, links, settings.kinds, others=others
+    )
 
 
 async def run(settings: RunSettings, root: Path) -> RunResult:
@@ -99,12 +106,14 @@ async def run(settings: RunSettings, root: Path) -> RunResult:
         settings.nodes,
         small_map_node=settings.small_map_node,
         pm_args=COMPACTING_PM_ARGS if settings.workload.compacted_keys else (),
+        tables=settings.workload.tables,
     )
     wall_start = time.monotonic()
     async with trio.open_nursery() as nursery:
         try:
             await cluster.start(nursery)
-            print(f"cluster up: PM and {settings.nodes} data nodes, logs in {root / 'logs'}")
+            also = " and sbp-tables" if settings.workload.tables else ""
+            print(f"cluster up: PM, {settings.nodes} data nodes{also}, logs in {root / 'logs'}")
             started = trio.current_time()
             workload = Workload(cluster.pm_address, history, settings.workload, settings.seed)
             async with trio.open_nursery() as running:
@@ -122,10 +131,14 @@ async def run(settings: RunSettings, root: Path) -> RunResult:
                 running.cancel_scope.cancel()
             await _moves_done(cluster.pm_address)
             stored = await _read_back(cluster.pm_address, history.streams)
+            if settings.workload.tables:
+                tables = await tables_check.read_tables(root, stored)
         finally:
             await cluster.stop_all()
             nursery.cancel_scope.cancel()
     verdict = checker.check(history, stored)
+    if settings.workload.tables:
+        tables_check.check_tables(verdict, history, stored, tables)
     return RunResult(
         settings,
         schedule,
@@ -135,6 +148,7 @@ async def run(settings: RunSettings, root: Path) -> RunResult:
         cluster.log_tracebacks(),
         time.monotonic() - wall_start,
         root,
+        sum(len(rows) for _, rows in tables.values()) if settings.workload.tables else None,
     )
 
 

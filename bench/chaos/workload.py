@@ -31,6 +31,8 @@ from .history import History, Outcome, key_of
 
 #: errors a workload loop records and outlives
 EXPECTED = (SBPError, OSError, trio.TooSlowError)
+#: how often sbp-tables commits the streams with ``tables`` (SPEC §16)
+TABLE_INTERVAL_MS = 500
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class WorkloadSettings:
     idempotent: bool = True
     #: compacted streams (SPEC §13) whose values have this many keys (0: plain)
     compacted_keys: int = 0
+    #: streams kept as Iceberg tables by sbp-tables (SPEC §16)
+    tables: bool = False
 
 
 class Workload:
@@ -106,6 +110,7 @@ class Workload:
                 stream = messages.Stream(
                     replica_nums=self.settings.replicas,
                     cleanup_policy=1 if self.settings.compacted_keys else 0,
+                    table_interval_ms=TABLE_INTERVAL_MS if self.settings.tables else -1,
                 )
                 created = single(await pm.create_streams([stream], timeout=10), "CREATE_STREAMS")
                 raise_for_code(created.error_code, created.error_message)

@@ -1,6 +1,7 @@
 """The fault-injection harness as a user runs it, at smoke size: a 60-second
 run of every fault kind against a PM and three data nodes, on streams of one
-replica, must find no violation (replicated streams:
+replica kept as Iceberg tables by sbp-tables, must find no violation in the
+streams or their tables (replicated streams:
 test_chaos_replicated.py; mutated frames: test_chaos_fuzz.py, each a file
 of its own so that the long runs go to different test workers)."""
 
@@ -20,16 +21,20 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_a_minute_of_faults_loses_nothing_acknowledged(tmp_path: Path) -> None:
-    run = run_chaos("--duration", "60", "--seed", str(SEED), "--out", str(tmp_path), timeout=300)
+    run = run_chaos(
+        "--duration", "60", "--seed", str(SEED), "--tables", "--out", str(tmp_path), timeout=300
+    )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     # the schedule is printed before the run, so that it can be replayed
-    assert f"replay with: python -m bench chaos --seed {SEED} --duration 60" in run.stdout
+    assert f"replay with: python -m bench chaos --seed {SEED} --duration 60 --tables" in run.stdout
     report = json.loads((tmp_path / "chaos.json").read_text())
     assert report["verdict"] == "pass"
     assert report["violations"] == dict.fromkeys(CHECKS, 0)
     assert {f["kind"] for f in report["faults"]} == set(FAULTS)
     assert report["outcomes"]["ack"] > 5_000
     assert report["stored_records"] > 0 and report["observed_by_consumers"] > 0
+    # every stored record is in its table once ("table" above); trimmed ones may be too
+    assert report["table_rows"] >= report["stored_records"]
     assert not any(report["server_tracebacks"].values())
     for name in ("chaos.md", "chaos.png"):
         assert (tmp_path / name).stat().st_size > 0

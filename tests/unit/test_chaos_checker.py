@@ -8,6 +8,7 @@ import itertools
 from bench.chaos.checker import StoredStream, check
 from bench.chaos.faults import KINDS, draw_schedule
 from bench.chaos.history import History, Outcome
+from bench.chaos.tables_check import check_tables
 
 S = 7
 
@@ -153,3 +154,43 @@ def test_on_a_compacted_stream_only_the_latest_of_a_key_must_stay() -> None:
     # another value where one was read is still a dirty read
     verdict = check(compacted(ack("b", 1), observed=[(0, "a")]), [stored((0, "z"), (1, "b"))])
     assert verdict.violations["dirty-read"] == 1
+
+
+def table_rows(*rows: tuple[int, str]) -> list[tuple[int, bytes]]:
+    return [(offset, value.encode()) for offset, value in rows]
+
+
+def test_a_table_is_checked_against_its_stream() -> None:
+    h = history(ack("a", 0), ack("b", 1), ack("c", 2))
+    final = [stored((0, "a"), (1, "b"), (2, "c"))]
+
+    def table_verdict(end: int, *rows: tuple[int, str]) -> list[str]:
+        verdict = check(h, final)
+        check_tables(verdict, h, final, {S: (end, table_rows(*rows))})
+        return verdict.examples.get("table", [])
+
+    assert table_verdict(3, (0, "a"), (1, "b"), (2, "c")) == []
+    assert table_verdict(3, (0, "a"), (1, "b"), (1, "b"), (2, "c")) == [
+        f"stream {S} offset 1: 2 rows in the table"
+    ]
+    assert table_verdict(3, (0, "a"), (2, "c")) == [f"stream {S} offset 1: missing from the table"]
+    assert table_verdict(3, (0, "a"), (1, "x"), (2, "c")) == [f"stream {S} offset 1: another value"]
+    assert table_verdict(2, (0, "a"), (1, "b")) == [f"stream {S}: the table ends at 2, not 3"]
+    assert table_verdict(4, (0, "a"), (1, "b"), (2, "c"), (3, "d")) == [
+        f"stream {S} offset 3: not in the stream"
+    ]
+    # tabled before a trim: in the table only, and fine
+    trimmed = history(ack("a", 0), ack("b", 1), ack("c", 2))
+    trimmed.trimmed_to[S] = 2
+    verdict = check(trimmed, [stored((2, "c"))])
+    check_tables(
+        verdict, trimmed, [stored((2, "c"))], {S: (3, table_rows((0, "a"), (1, "b"), (2, "c")))}
+    )
+    assert not verdict.examples.get("table")
+
+
+def test_the_tables_process_is_killed_and_paused_when_asked() -> None:
+    nodes, links = ["node-1"], ["->node-1"]
+    schedule = draw_schedule(5, 600, nodes, links, ("kill", "pause"), others=["tables"])
+    assert "tables" in {fault.target for fault in schedule}
+    assert "tables" not in {f.target for f in draw_schedule(5, 600, nodes, links, ("kill",))}
