@@ -57,6 +57,10 @@ TABLE_PROPERTIES: Final = {
     "commit.manifest-merge.enabled": "true",
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "20",
+    # files of at most 128 MiB before compression: each is a task of its own
+    # for Spark's Parquet reader (whose splits are 128 MiB), so that a
+    # table's files share the cores evenly
+    "write.target-file-size-bytes": str(128 << 20),
 }
 
 
