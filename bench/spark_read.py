@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from client.local_cluster import start_local_cluster
 from client.sync import SyncClient
 from sbp.batches import build_batch_from_arrays
 
@@ -49,38 +48,6 @@ SBP_EXPORT = "sbp-export-parquet"
 PARQUET_COPY = "parquet-to-parquet"
 #: the sbp source's default cut (maxRecordsPerPartition): the ceiling gets as many partitions
 PARTITION_RECORDS = 1_000_000
-READY_TIMEOUT_S = 60.0
-
-
-def start_cluster(root: Path) -> tuple[subprocess.Popen[bytes], str]:
-    ready = root / "ready"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "client.launcher",
-            "--data-dir",
-            str(root / "data"),
-            "--nodes",
-            "2",
-            "--port-base",
-            "0",
-            "--sync",
-            "never",
-            "--ready-file",
-            str(ready),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not (ready.exists() and ready.read_text().strip()):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise SystemExit(f"the local cluster did not start; see {root / 'data' / 'logs'}")
-        time.sleep(0.1)
-    return process, ready.read_text().strip()
 
 
 def fill_stream(pm: str, records: int) -> tuple[int, pa.Table]:
@@ -146,7 +113,10 @@ def measure(records: int, repeat: int, warmups: int = WARMUPS) -> dict[str, list
 
     with tempfile.TemporaryDirectory(prefix="sbp-bench-spark-") as tmp:
         root = Path(tmp)
-        cluster, pm = start_cluster(root)
+        cluster = start_local_cluster(
+            root / "data", ["--nodes", "2", "--sync", "never", "--no-tables"]
+        )
+        pm = cluster.pm_address
         try:
             print(f"filling a stream with {records:,} records of {VALUE_SIZE} B …", flush=True)
             stream_id, table = fill_stream(pm, records)
@@ -210,8 +180,7 @@ def measure(records: int, repeat: int, warmups: int = WARMUPS) -> dict[str, list
                         times[name].append(seconds)
             spark.stop()
         finally:
-            cluster.send_signal(signal.SIGTERM)
-            cluster.wait(30)
+            cluster.stop()
     return times
 
 

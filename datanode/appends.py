@@ -58,11 +58,16 @@ Answer = Callable[[list[AppendOutcome] | None], None]
 
 
 class TicketState(enum.Enum):
+    """Where a ticket is; each step asserts the one before it."""
+
     RECEIVED = "received"
     QUEUED = "queued"
     SUBMITTED = "submitted"
     WRITTEN = "written"
     DURABLE = "durable"
+
+
+_BEFORE_DURABLE = frozenset({TicketState.RECEIVED, TicketState.SUBMITTED, TicketState.WRITTEN})
 
 
 class Appends:
@@ -103,6 +108,7 @@ class Appends:
         if lane is None and all(self._knows(item.stream_id) for item in ticket.to_store):
             self._submit(ticket)
             return None
+        assert ticket.state is TicketState.RECEIVED, ticket.state
         ticket.state = TicketState.QUEUED
         if lane is not None:
             lane.append(ticket)
@@ -138,6 +144,7 @@ class Appends:
         replicated = replicator is not None and any(
             replicator.replicates(item.stream_id) for item in ticket.to_store
         )
+        assert ticket.state in (TicketState.RECEIVED, TicketState.QUEUED), ticket.state
         ticket.state = TicketState.SUBMITTED
         self._engine.submit(
             ticket.to_store,
@@ -149,6 +156,7 @@ class Appends:
         """SUBMITTED -> WRITTEN, on trio's thread: the batches are written,
         their commit syncing; the pipelines of replicated ranges take them
         now, from memory."""
+        assert ticket.state is TicketState.SUBMITTED, ticket.state
         ticket.state = TicketState.WRITTEN
         replicator = self._replicator
         assert replicator is not None
@@ -168,6 +176,8 @@ class Appends:
         """-> DURABLE, on trio's thread: count, wake the FETCHes waiting on
         these streams (even when the ticket was answered TIMEOUT already),
         then answer, or wait for the replicas of replicated items."""
+        # RECEIVED: nothing to store (see ``start``)
+        assert ticket.state in _BEFORE_DURABLE, ticket.state
         ticket.state = TicketState.DURABLE
         outcomes = ticket.with_denials(stored)
         counters = self._counters

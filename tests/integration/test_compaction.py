@@ -20,6 +20,7 @@ from sbp import messages
 from sbp.batches import batch_spans, peek_header
 from sbp.enums import ErrorCode
 
+from ..eventually import eventually
 from .pm_cluster import PMCluster, pm_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.deadline(240)]
@@ -101,12 +102,14 @@ async def until_records(
     cluster: PMCluster, stream_id: int, count: int, timeout: float = 60
 ) -> list[tuple[int, bytes, bytes | None]]:
     """Read the stream from its start until it holds ``count`` records."""
-    with trio.fail_after(timeout):
-        while True:
-            records = await read_records(cluster, stream_id)
-            if len(records) == count:
-                return records
-            await trio.sleep(PASS_MS / 1000)
+    records: list[tuple[int, bytes, bytes | None]] = await eventually(
+        lambda: read_records(cluster, stream_id),
+        until=lambda records: len(records) == count,
+        timeout=timeout,
+        interval=PASS_MS / 1000,
+        what=f"stream {stream_id} holding {count} records",
+    )
+    return records
 
 
 async def test_a_compacted_stream_keeps_each_keys_latest_record_on_every_replica(
@@ -159,17 +162,21 @@ async def test_a_full_open_range_of_a_compacted_stream_is_sealed_and_compacted(
     ) as cluster:
         stream_id = await create_compacted(cluster)
         latest = await write_updates(cluster, stream_id, 12, seal_every=1_000)
-        with trio.fail_after(60):
-            while True:
-                ranges = await cluster.pm_client().list_stream_ranges(stream_id)
-                if len(ranges) > 1:
-                    break
-                await trio.sleep(PASS_MS / 1000)
+        await eventually(
+            lambda: cluster.pm_client().list_stream_ranges(stream_id),
+            until=lambda ranges: len(ranges) > 1,
+            timeout=60,
+            interval=PASS_MS / 1000,
+            what="the compacted stream's range rolled",
+        )
         # the rolled range is compacted: fewer records than were written
-        with trio.fail_after(60):
-            while len(await read_records(cluster, stream_id)) >= 12 * KEYS:
-                await trio.sleep(PASS_MS / 1000)
-        records = await read_records(cluster, stream_id)
+        records = await eventually(
+            lambda: read_records(cluster, stream_id),
+            until=lambda records: len(records) < 12 * KEYS,
+            timeout=60,
+            interval=PASS_MS / 1000,
+            what="the rolled range compacted",
+        )
         by_key: dict[bytes, tuple[int, bytes | None]] = {}
         for offset, key, value in records:
             by_key[key] = (offset, value)

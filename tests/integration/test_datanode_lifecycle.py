@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import signal
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import pytest
 import trio
 
 from client.children import ClusterError
 from net.connection import Connection
-from net.server import Dispatcher, Request, Responder, Server
+from net.server import Server
 from sbp import messages
 from sbp.batches import build_batch, decode_batches
 from sbp.enums import ClientRole, ErrorCode, Opcode
 from sbp.errors import ConnectionClosed, ShuttingDownError
 
 from ..eventually import eventually
+from ..fake_pm import FakePM
 from .conftest import (
     DataNodes,
     append_request,
@@ -205,54 +205,9 @@ async def test_metrics_endpoint(datanodes: DataNodes) -> None:
 # -- the PM link, against a stand-in PM served by this test ------------------------
 
 
-@dataclass
-class FakePM:
-    """Answers HEARTBEAT, REPORT_METRICS and LIST_RANGES like a PM would."""
-
-    ranges: dict[int, list[messages.Range]] = field(default_factory=dict)
-    heartbeats: list[messages.HeartbeatRequest] = field(default_factory=list)
-    reports: list[messages.ReportMetricsRequest] = field(default_factory=list)
-    lookups: list[int] = field(default_factory=list)
-
-    def dispatcher(self) -> Dispatcher:
-        dispatcher = Dispatcher("PM")
-        dispatcher.register(Opcode.HEARTBEAT, self.heartbeat)
-        dispatcher.register(Opcode.REPORT_METRICS, self.report)
-        dispatcher.register(Opcode.LIST_RANGES, self.list_ranges)
-        return dispatcher
-
-    async def heartbeat(self, request: Request, responder: Responder) -> None:
-        header = request.header_as(messages.HeartbeatRequest)
-        self.heartbeats.append(header)
-        await responder.send(
-            messages.HeartbeatResponse(client_id=header.client_id, client_role=ClientRole.PM)
-        )
-
-    async def report(self, request: Request, responder: Responder) -> None:
-        header = request.header_as(messages.ReportMetricsRequest)
-        self.reports.append(header)
-        await responder.send(messages.ReportMetricsResponse(data_node=header.data_node))
-
-    async def list_ranges(self, request: Request, responder: Responder) -> None:
-        header = request.header_as(messages.ListRangesRequest)
-        results = []
-        for owner in header.range_owners:
-            self.lookups.append(owner.stream_id)
-            known = self.ranges.get(owner.stream_id)
-            if known is None:
-                results.append(
-                    messages.ListRangesResult(
-                        range_owner=owner, error_code=ErrorCode.STREAM_NOT_FOUND
-                    )
-                )
-            else:
-                results.append(messages.ListRangesResult(range_owner=owner, ranges=tuple(known)))
-        await responder.send(messages.ListRangesResponse(list_responses=tuple(results)))
-
-
 @pytest.fixture
 async def fake_pm() -> AsyncIterator[tuple[FakePM, str, trio.Nursery]]:
-    pm = FakePM()
+    pm = FakePM(known_ranges_only=True)
     async with trio.open_nursery() as nursery:
         host, port = await nursery.start(Server(pm.dispatcher()).serve, "127.0.0.1", 0)
         yield pm, f"{host}:{port}", nursery
@@ -307,7 +262,7 @@ async def test_unknown_stream_is_looked_up_on_the_pm(
 
 
 async def test_survives_pm_absence_and_restart(datanodes: DataNodes) -> None:
-    pm = FakePM()
+    pm = FakePM(known_ranges_only=True)
     async with trio.open_nursery() as outer:
         # Reserve a port for the PM, then start the node while nothing listens there.
         host, port = await outer.start(Server(FakePM().dispatcher()).serve, "127.0.0.1", 0)

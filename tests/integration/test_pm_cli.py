@@ -18,6 +18,7 @@ from sbp import messages
 from sbp.enums import ErrorCode, Flags, Opcode
 from sbp.frames import Frame, encode_frame
 
+from ..eventually import eventually
 from .pm_cluster import pm_cluster
 from .procs import RawConnection, ServerProcess, run_cli, start_server
 
@@ -249,13 +250,12 @@ async def test_past_the_descriptor_limit_clients_are_refused_not_left_hanging(
             preexec_fn=low_limit,
         )
     try:
-        address = ""
-        with trio.fail_after(20):
-            while not address:
-                for line in (logs / "pm.stdout").read_text().splitlines():
-                    if line.startswith("listening on "):
-                        address = line.split()[-1]
-                await trio.sleep(0.05)
+
+        def listening_address() -> str:
+            lines = (logs / "pm.stdout").read_text().splitlines()
+            return next((ln.split()[-1] for ln in lines if ln.startswith("listening on ")), "")
+
+        address = await eventually(listening_address, timeout=20, what="the PM's address")
         host, port = address.rsplit(":", 1)
         first = await RawConnection.open(address)
         opened = [first]

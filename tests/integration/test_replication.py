@@ -245,12 +245,13 @@ async def test_a_primary_restarted_before_the_pm_noticed_has_its_range_sealed(
 
 async def wait_sealed(cluster: PMCluster, stream_id: int, range_index: int) -> messages.Range:
     pm = cluster.pm_client()
-    with trio.fail_after(20):
-        while True:
-            ranges = await pm.list_stream_ranges(stream_id)
-            if len(ranges) > range_index + 1 and not ranges[range_index].is_open:
-                return ranges[range_index]
-            await trio.sleep(0.05)
+    ranges = await eventually(
+        lambda: pm.list_stream_ranges(stream_id),
+        until=lambda ranges: len(ranges) > range_index + 1 and not ranges[range_index].is_open,
+        timeout=20,
+        what=f"stream {stream_id} range {range_index} sealed",
+    )
+    return ranges[range_index]
 
 
 @pytest.mark.deadline(120)

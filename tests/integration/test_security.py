@@ -180,11 +180,11 @@ async def test_replicated_streams_over_mutual_tls_with_per_item_authorization(
             assert await trio.to_thread.run_sync(read_synchronously) == [b"a", b"b", b"c"]
             (rng,) = await alice.list_stream_ranges(1)
             follower = next(r for r in rng.replica_nodes if not r.is_primary)
-            with trio.fail_after(10):
-                while (
-                    len(await read_all(cluster, "alice", follower.data_node.advertise_addr, 1)) < 3
-                ):
-                    await trio.sleep(0.1)
+            await eventually(
+                lambda: read_all(cluster, "alice", follower.data_node.advertise_addr, 1),
+                until=lambda records: len(records) >= 3,
+                what="the follower holding the three records",
+            )
             # nobody may DELETE ("*" deny)
             with pytest.raises(ProtocolError) as denied:
                 await alice.delete_stream(1)

@@ -5,71 +5,28 @@ through ``StreamOps`` and Spark through the ``spark`` fixture."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
-from .streams import StreamOps
+from client.local_cluster import start_local_cluster
 
-#: seconds the cluster gets to start its PM and data nodes
-CLUSTER_START_TIMEOUT_S = 60.0
-CLUSTER_STOP_TIMEOUT_S = 30.0
+from .streams import StreamOps
 
 
 @pytest.fixture(scope="session")
 def pm_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A local cluster (``python -m client.launcher``, 2 data nodes, free ports)."""
+    """A local cluster (``sbp-cluster``, 2 data nodes, free ports); the
+    tables' tests write their tables themselves."""
     root = tmp_path_factory.mktemp("sbp-cluster")
-    ready = root / "ready"
-    log = (root / "cluster.log").open("wb")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "client.launcher",
-            "--data-dir",
-            str(root / "data"),
-            "--nodes",
-            "2",
-            "--port-base",
-            "0",
-            "--ready-file",
-            str(ready),
-            "--no-tables",  # the tables' tests write them themselves
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    cluster = start_local_cluster(
+        root / "data", ["--nodes", "2", "--no-tables"], log_path=root / "cluster.log"
     )
     try:
-        deadline = time.monotonic() + CLUSTER_START_TIMEOUT_S
-        while not (ready.exists() and ready.read_text().strip()):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the local cluster did not start:\n{_tail(root / 'cluster.log')}"
-                )
-            time.sleep(0.1)
-        yield ready.read_text().strip()
+        yield cluster.pm_address
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(CLUSTER_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
-
-
-def _tail(path: Path, size: int = 4000) -> str:
-    return path.read_text(errors="replace")[-size:] if path.exists() else ""
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

@@ -234,10 +234,13 @@ async def test_followers_end_up_told_the_last_commit_offset() -> None:
                 engine.append(1)
                 pipeline.new_data()
                 await trio.sleep(0)
-            while pipeline.commit < engine.next or any(
-                c.told_commit < engine.next for c in connections
-            ):
-                await trio.sleep(0.01)
+            await eventually(
+                lambda: (
+                    pipeline.commit >= engine.next
+                    and all(c.told_commit >= engine.next for c in connections)
+                ),
+                what="the commit offset told to both followers",
+            )
             nursery.cancel_scope.cancel()
     assert [c.next for c in connections] == [200, 200]
     assert [c.told_commit for c in connections] == [200, 200]

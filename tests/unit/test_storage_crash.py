@@ -23,6 +23,8 @@ from sbp.batches import batch_spans, build_batch, decode_batches, peek_header
 from sbp.errors import StreamDeletedError
 from storage import AppendItem, AppendOutcome, AppendResult, ProducerStamp, StorageEngine
 
+from ..eventually import eventually_blocking
+
 STREAM = 1
 MAP_SIZE = 256 * 1024 * 1024
 
@@ -88,10 +90,7 @@ def lines_until_killed(
         chunks: list[bytes] = []
         reader = threading.Thread(target=lambda: chunks.append(child.stdout.read()))  # type: ignore[union-attr]
         reader.start()
-        give_up = time.monotonic() + 30
-        while not until.exists() and time.monotonic() < give_up:
-            time.sleep(0.01)
-        assert until.exists(), f"the child never wrote {until.name}"
+        eventually_blocking(until.exists, timeout=30, what=f"the child writing {until.name}")
         child.send_signal(signal.SIGKILL)
         reader.join()
         output = b"".join(chunks)
