@@ -202,11 +202,11 @@ class PlacementManager:
         #: whether the cluster has an object store (SPEC §14): tiered streams need one
         self.object_store = object_store
         self._locks = StreamLocks()
-        #: SYNC_RANGES to the data nodes, one call at a time per node
-        self._node_syncs = NodeSyncs(self._send_sync, self._sync_failed)
-        #: the shielded scopes of calls to data nodes running now, and whether
-        #: shutdown has ended them (``stop_outgoing``)
-        self._outgoing: set[trio.CancelScope] = set()
+        #: SYNC_RANGES and DELETE_STREAMS to the data nodes, one call at a time per node
+        self._node_syncs = NodeSyncs(
+            self._send_sync, self._sync_failed, delete=self._link.delete_streams
+        )
+        #: whether shutdown has ended the calls to data nodes (``stop_outgoing``)
         self.stopping = False
         #: seals by cause (metrics)
         self.seals: Counter[str] = Counter()
@@ -410,7 +410,7 @@ class PlacementManager:
                 _id_list(todo.foreign),
             )
         if todo.delete:
-            await self._link.delete_streams(node_id, todo.delete)
+            await self._node_syncs.delete(node_id, todo.delete)
         for stream_id in todo.sync:
             async with self._locks.hold(stream_id):
                 await self._node_syncs.sync(node_id, [stream_id])
@@ -438,8 +438,6 @@ class PlacementManager:
         (those that miss the change hear it when reconciled)."""
         self.stopping = True
         self._node_syncs.stop()
-        for scope in list(self._outgoing):
-            scope.cancel()
 
     def cluster(self) -> list[NodeState]:
         """Every known data node with its liveness and latest report."""
@@ -583,17 +581,7 @@ class PlacementManager:
                 for stream_id, ranges in doomed.items():
                     for node_id in sorted({n for rng in ranges for n in rng.nodes}):
                         by_node[node_id].append(stream_id)
-                await self._tell_nodes(
-                    deadline,
-                    [
-                        (
-                            node_id,
-                            f"DELETE_STREAMS of {len(ids)} streams to node {node_id}",
-                            partial(self._link.delete_streams, node_id, ids),
-                        )
-                        for node_id, ids in by_node.items()
-                    ],
-                )
+                await self._tell(by_node, deadline, deleted=True)
         return results
 
     async def update_streams(
@@ -1011,25 +999,36 @@ class PlacementManager:
             ranges = self.store.ranges(stream_id)
             for node_id in sorted({n for rng in ranges for n in rng.nodes} | extra):
                 by_node[node_id].append(stream_id)
+        await self._tell(by_node, deadline, deleted=False)
+
+    async def _tell(self, by_node: dict[int, list[int]], deadline: float, *, deleted: bool) -> None:
+        """SYNC_RANGES (or DELETE_STREAMS) of the streams to each live node,
+        through its queue (``pm.node_syncs``), waited for until the deadline
+        and sent after it all the same. A node that does not take its call
+        is reconciled (``_sync_failed``), a dead one once it is back."""
+        what = "DELETE_STREAMS" if deleted else "SYNC_RANGES"
         # Shielded: the change is committed, and its request learns it was
         # even when the calls run out of its time.
         with trio.CancelScope(deadline=deadline, shield=True):
             async with trio.open_nursery() as nursery:
                 for node_id, ids in by_node.items():
-                    # A dead node is reconciled when it is back (reconcile_node).
                     if self.registry.is_alive(node_id):
-                        nursery.start_soon(self._sync_node, node_id, ids)
+                        nursery.start_soon(self._tell_node, node_id, ids, deleted)
                     else:
                         log.info(
-                            "SYNC_RANGES of %s to node %d skipped: the node is dead",
+                            "%s of %s to node %d skipped: the node is dead",
+                            what,
                             _streams_text(ids),
                             node_id,
                         )
 
-    async def _sync_node(self, node_id: int, stream_ids: Sequence[int]) -> None:
+    async def _tell_node(self, node_id: int, stream_ids: Sequence[int], deleted: bool) -> None:
         # a failure was logged and the node is reconciled (_sync_failed)
         with contextlib.suppress(SBPError, OSError):
-            await self._node_syncs.sync(node_id, stream_ids)
+            if deleted:
+                await self._node_syncs.delete(node_id, stream_ids)
+            else:
+                await self._node_syncs.sync(node_id, stream_ids)
 
     async def _send_sync(self, node_id: int, stream_ids: Sequence[int]) -> None:
         """SYNC_RANGES of the streams, with their ranges as they are now."""
@@ -1037,54 +1036,15 @@ class PlacementManager:
         await self._link.sync_ranges(node_id, streams)
 
     def _sync_failed(self, node_id: int, stream_ids: Sequence[int], error: Exception) -> None:
-        """A live node that did not take a SYNC_RANGES (cut off from the PM,
-        say, while its heartbeats still come) is reconciled as a returning
-        node is: until then it could hold a range open that the PM sealed,
-        short of its end, with nobody to tell it."""
+        """A live node that did not take a SYNC_RANGES or DELETE_STREAMS (cut
+        off from the PM, say, while its heartbeats still come) is reconciled
+        as a returning node is: until then it could hold a range open that the
+        PM sealed, short of its end, with nobody to tell it."""
         if not self.stopping:
             log.warning(
-                "SYNC_RANGES of %s to node %d failed: %s", _streams_text(stream_ids), node_id, error
+                "telling node %d of %s failed: %s", node_id, _streams_text(stream_ids), error
             )
         self._returning.send_nowait(node_id)
-
-    async def _tell_nodes(
-        self, deadline: float, calls: Sequence[tuple[int, str, Callable[[], Awaitable[None]]]]
-    ) -> None:
-        """Best effort, after a commit: run the calls concurrently until the
-        deadline, shielded from the request being cancelled, and log failures.
-        A live node that did not take its call is reconciled as a returning
-        node is (as for SYNC_RANGES, ``_sync_failed``)."""
-
-        async def attempt(node_id: int, what: str, call: Callable[[], Awaitable[None]]) -> None:
-            taken = False
-            try:
-                await call()
-                taken = True
-            except trio.Cancelled:
-                log.warning("%s: no answer before the request's deadline", what)
-                raise
-            except (SBPError, OSError) as exc:
-                log.warning("%s failed: %s", what, exc)
-            finally:
-                if not taken:
-                    self._returning.send_nowait(node_id)
-
-        with trio.CancelScope(deadline=deadline, shield=True) as scope:
-            # Shielded from the request, not from shutdown (``stop_outgoing``).
-            self._outgoing.add(scope)
-            if self.stopping:
-                scope.cancel()
-            try:
-                async with trio.open_nursery() as nursery:
-                    for node_id, what, call in calls:
-                        # A dead node would only be waited for until the deadline;
-                        # it is reconciled when it is back (reconcile_node).
-                        if self.registry.is_alive(node_id):
-                            nursery.start_soon(attempt, node_id, what, call)
-                        else:
-                            log.info("%s skipped: the node is dead", what)
-            finally:
-                self._outgoing.discard(scope)
 
 
 def _id_list(ids: Sequence[int], shown: int = 10) -> str:

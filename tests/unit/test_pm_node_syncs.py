@@ -19,6 +19,7 @@ class Nodes:
     carries a stream of ``failing``. Records what ``on_failure`` hears."""
 
     def __init__(self, *held: int) -> None:
+        #: (node, streams) of each call; a DELETE_STREAMS call's node is negative
         self.calls: list[tuple[int, list[int]]] = []
         self.releases = {i: trio.Event() for i in held}
         self.failing: set[int] = set()
@@ -35,8 +36,11 @@ class Nodes:
     def on_failure(self, node_id: int, stream_ids: Sequence[int], error: Exception) -> None:
         self.failures.append((node_id, list(stream_ids), str(error)))
 
+    async def delete(self, node_id: int, stream_ids: Sequence[int]) -> None:
+        await self.send(-node_id, stream_ids)
+
     def syncs(self) -> NodeSyncs:
-        return NodeSyncs(self.send, self.on_failure)
+        return NodeSyncs(self.send, self.on_failure, delete=self.delete)
 
 
 async def test_calls_that_come_while_one_is_under_way_go_together() -> None:
@@ -153,3 +157,28 @@ async def test_a_call_sends_each_stream_once_in_order(streams: list[int]) -> Non
     nodes = Nodes()
     await nodes.syncs().sync(4, streams)
     assert nodes.calls == [(4, sorted(set(streams)))]
+
+
+async def test_deletions_go_in_the_same_queue_first_and_a_deleted_stream_is_not_synced() -> None:
+    """Behind a call under way, syncs of streams 1-3 and the deletion of
+    stream 2 wait together: DELETE_STREAMS of 2 goes first, then SYNC_RANGES
+    of 1 and 3 only; a deletion never overtakes a sync queued before it."""
+    nodes = Nodes(0)
+    syncs = nodes.syncs()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(syncs.sync, 1, [9])
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(syncs.sync, 1, [1, 2, 3])
+        nursery.start_soon(syncs.delete, 1, [2])
+        await trio.testing.wait_all_tasks_blocked()
+        assert nodes.calls == [(1, [9])]
+        nodes.releases[0].set()
+    assert nodes.calls == [(1, [9]), (-1, [2]), (1, [1, 3])]
+
+
+async def test_a_failed_deletion_is_reported_and_raised() -> None:
+    nodes = Nodes()
+    nodes.failing = {4}
+    with pytest.raises(OSError):
+        await nodes.syncs().delete(2, [4])
+    assert nodes.failures == [(2, [4], "connection reset")]
