@@ -62,3 +62,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             marker = item.get_closest_marker("deadline")
             seconds = float(marker.args[0]) if marker else DEFAULT_DEADLINE_SECONDS
             item.obj = _with_deadline(item.obj, item.nodeid, seconds)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, except that the Spark tests (``tests/spark``) go
+    to one worker together: they share a session-wide SparkSession and local
+    cluster, which a second worker would start again beside the first (two
+    JVMs on two cores)."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
+
+    class SparkTestsTogether(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith("tests/spark/"):
+                return "tests/spark"
+            return str(super()._split_scope(nodeid))
+
+    return SparkTestsTogether(config, log)
