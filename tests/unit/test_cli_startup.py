@@ -43,9 +43,13 @@ def test_a_command_that_reads_no_records_loads_no_numpy_or_metrics() -> None:
 
 
 def test_ctrl_c_while_the_command_loads_is_one_line() -> None:
-    """SIGINT raised exactly while ``client.cli_run`` imports trio."""
+    """SIGINT raised exactly while ``client.cli_run`` imports trio. SIGINT
+    is made the terminal's default first: a process started from a
+    background job inherits it ignored, and Python then never raises
+    KeyboardInterrupt."""
     script = (
         "import builtins, os, signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from client.cli import main\n"
         "real_import = builtins.__import__\n"
         "def importing(name, *args, **kwargs):\n"
