@@ -40,10 +40,9 @@ import trio
 
 from net.ratelog import RateLimitedLog
 from sbp import messages
-from sbp.enums import DataNodeState, ErrorCode
+from sbp.enums import DataNodeState
 from sbp.errors import (
     DataNodeNotFoundError,
-    EpochFencedError,
     InvalidRequestError,
     NotEnoughReplicasError,
     OffsetOutOfRangeError,
@@ -87,6 +86,7 @@ from .rebalance import DEFAULT_THRESHOLD as REBALANCE_THRESHOLD
 from .rebalance import PlannedMove, Rebalancer
 from .reconcile import ReconcilePlan
 from .records import Holding, NodeRecord, Outcome, RangeRecord, StreamRecord
+from .sealing import full_and_short, seal_refused, seal_replicas
 from .size_retention import DEFAULT_INTERVAL_S as SIZE_RETENTION_INTERVAL_S
 from .size_retention import SizeRetention
 from .upkeep import ReplicaUpkeep
@@ -110,12 +110,6 @@ RECONCILE_RETRY_MAX_S: Final = 600.0
 #: every live node is also compared with the metadata this often: what put a
 #: node out of step unnoticed is set right within this long
 RECONCILE_INTERVAL_S: Final = 60.0
-#: sealing a replicated range: how long replicas that have not answered yet
-#: may still answer once enough have, and how often that is looked at
-SEAL_GRACE_S: Final = 0.5
-SEAL_POLL_S: Final = 0.05
-#: a replica on a node held dead is asked to seal for this long at most
-DEAD_REPLICA_SEAL_S: Final = 2.0
 
 
 class DataNodeCalls(Protocol):
@@ -767,13 +761,13 @@ class PlacementManager:
             )
             acks = effective_acks(len(rng.nodes), stream.ack_nums)
             refusals: dict[int, BaseException] = {}
-            held = await self._seal_replicas(rng, acks, refusals)
+            held = await seal_replicas(self._link, self.registry, rng, acks, refusals)
             try:
                 end = seal_end(list(held.values()), len(rng.nodes), acks)
             except NotEnoughReplicasError as error:
-                raise _seal_refused(error, refusals) from None
+                raise seal_refused(error, refusals) from None
             # A trim may have raised the start past what the replicas had seen.
-            leaving = self._full_and_short(rng, held, end)
+            leaving = full_and_short(self.registry, self.min_free_space, rng, held, end)
             end = max(end, rng.start_offset)
             sealed = replace(
                 rng,
@@ -802,82 +796,6 @@ class PlacementManager:
                 )
             await self.sync_stream(stream_id, deadline, also=leaving)
             return [sealed, following]
-
-    def _full_and_short(self, rng: RangeRecord, held: dict[int, int], end: int) -> list[int]:
-        """The replicas of a range sealed at ``end`` that hold less of it and
-        whose node is full: they could not copy the rest (catch-up), so they
-        leave the range rather than stay short of it for good; the range is
-        then under-replicated until a node with room takes a copy
-        (``restore_replication``). Never the replica whose answer is the end."""
-        if len(rng.nodes) <= 1:
-            return []
-        leaving = []
-        for node_id, offset in held.items():
-            state = self.registry.get(node_id)
-            if offset < end and state is not None and state.is_full(self.min_free_space):
-                log.warning(
-                    "stream %d range %d: node %d is full and holds %d of its %d records; "
-                    "it leaves the range",
-                    rng.stream_id,
-                    rng.range_index,
-                    node_id,
-                    max(offset - rng.start_offset, 0),
-                    end - rng.start_offset,
-                )
-                leaving.append(node_id)
-        return leaving
-
-    async def _seal_replicas(
-        self, rng: RangeRecord, ack_nums: int, refusals: dict[int, BaseException]
-    ) -> dict[int, int]:
-        """SEAL_RANGES on the range's replicas: the next offset each answered,
-        by node id, from which the caller takes the end by SPEC §7's rule
-        (``sbp.replication.seal_end``); why the others did not, into
-        ``refusals``.
-
-        One replica: its answer, waited for until the deadline (nothing else
-        holds the records). Several: every replica is asked at once; once
-        ``R - A + 1`` have answered, the others get ``SEAL_GRACE_S`` more. A
-        replica that sealed refuses the primary's REPLICATE from then on, so
-        after enough answers no more records can be acknowledged in the range.
-        """
-        if len(rng.nodes) == 1:
-            return {rng.primary: await self._link.seal_replica(rng, rng.primary)}
-        answers: dict[int, int] = {}
-        needed = len(rng.nodes) - ack_nums + 1
-        settled = trio.Event()
-        unfinished = len(rng.nodes)
-
-        async def ask(node_id: int) -> None:
-            nonlocal unfinished
-            # A node the PM holds dead gets one short try, not the whole deadline.
-            budget = math.inf if self.registry.is_alive(node_id) else DEAD_REPLICA_SEAL_S
-            try:
-                with trio.fail_after(budget):
-                    answers[node_id] = await self._link.seal_replica(rng, node_id)
-            except (SBPError, OSError, trio.TooSlowError) as error:
-                refusals[node_id] = error
-                log.info(
-                    "SEAL_RANGES of stream %d range %d on node %d: %s",
-                    rng.stream_id,
-                    rng.range_index,
-                    node_id,
-                    error or "no answer",
-                )
-            finally:
-                unfinished -= 1
-                if len(answers) >= needed or not unfinished:
-                    settled.set()
-
-        async with trio.open_nursery() as nursery:
-            for node_id in rng.nodes:
-                nursery.start_soon(ask, node_id)
-            await settled.wait()
-            with trio.move_on_after(SEAL_GRACE_S):
-                while unfinished:
-                    await trio.sleep(SEAL_POLL_S)
-            nursery.cancel_scope.cancel()
-        return answers
 
     def stream_ranges(self, stream_id: int) -> list[RangeRecord]:
         """LIST_RANGES by stream: every range, in order."""
@@ -1069,20 +987,3 @@ def _check_node(node: NodeRecord) -> None:
         raise InvalidRequestError(
             f"data node {node.node_id} advertises {node.address!r}, not host:port"
         )
-
-
-def _seal_refused(
-    error: NotEnoughReplicasError, refusals: dict[int, BaseException]
-) -> ProtocolError:
-    """The seal's failure with what each replica that did not answer said:
-    when every one of them refused this PM's term, the cause is the term
-    (a deposed PM, or data placed by PMs of another kind), not the replicas."""
-    reasons = "; ".join(
-        f"node {node_id}: {why or 'no answer in time'}" for node_id, why in sorted(refusals.items())
-    )
-    fenced = refusals and all(
-        getattr(why, "code", None) == ErrorCode.EPOCH_FENCED for why in refusals.values()
-    )
-    if fenced:
-        return EpochFencedError(f"the replicas refuse this PM's term ({reasons})")
-    return NotEnoughReplicasError(f"{error.message} ({reasons})" if reasons else error.message)

@@ -212,7 +212,7 @@ class ReplicaUpkeep:
         asks for is full: its disk or its LMDB map cannot take much more. Seal
         the open ranges it holds, so that their streams go on in ranges placed
         on nodes with room; the seal lets a replica there that is short of the
-        end leave the range (``_full_and_short``). A range whose next one
+        end leave the range (``pm.sealing.full_and_short``). A range whose next one
         cannot be placed elsewhere stays open. Returns how many were sealed."""
         open_here = [rng.key for rng in self._pm.store.ranges_on_node(node_id) if rng.is_open]
         if not open_here:
