@@ -23,7 +23,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from .metadata import PutRange
 from .placement import NodeLoad, has_room
+from .range_log import Committed
 from .records import NodeRecord
 
 log = logging.getLogger(__name__)
@@ -215,6 +217,14 @@ class NodeRegistry:
             state.placed_since_report += 1
             if position == 0:
                 state.primaries += 1
+
+    def committed(self, done: Committed) -> None:
+        """Each node's range count follows a commit (``pm.range_log``)."""
+        for nodes in done.replaced.values():
+            self.note_removed(nodes)
+        for change in done.changes:
+            if isinstance(change, PutRange):
+                self.note_hosted(change.range.nodes)
 
     def note_hosted(self, nodes: Iterable[int]) -> None:
         """Count a range committed on ``nodes``."""

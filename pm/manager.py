@@ -80,6 +80,7 @@ from .move_budget import MoveBudget
 from .node_syncs import NodeSyncs
 from .placement import place
 from .producers import ProducerIds
+from .range_log import RangeLog
 from .range_sizes import RangeSizes
 from .rebalance import DEFAULT_INTERVAL_S as REBALANCE_INTERVAL_S
 from .rebalance import DEFAULT_THRESHOLD as REBALANCE_THRESHOLD
@@ -224,6 +225,9 @@ class PlacementManager:
         #: the bytes of ranges, as replicas hold them
         self.range_sizes = RangeSizes(registry, link)
         self.size_retention = SizeRetention(self, self.range_sizes, size_retention_interval)
+        #: every change of ranges and streams, and what follows each
+        self.range_log = RangeLog(store)
+        self.range_log.observe(registry, self.upkeep, self.size_retention)
         #: nodes being drained (SPEC §12)
         #: how fast copies of ranges start (drains and rebalancing)
         self.move_budget = MoveBudget(max_move_bytes_per_s)
@@ -844,42 +848,9 @@ class PlacementManager:
         return nodes
 
     async def commit(self, changes: Sequence[Change]) -> None:
-        """Commit ``changes`` atomically; then the state derived from the
-        ranges (each node's range count, the short-handed ranges) follows
-        them here, the one place it changes."""
-        hosting = self._hosting_before(changes)
-        # Shielded: once the transaction starts, the caller must see how it ended.
-        with trio.CancelScope(shield=True):
-            await self.store.commit(changes)
-        for key, nodes in hosting.items():
-            self.registry.note_removed(nodes)
-            self.upkeep.forget(key)
-        for change in changes:
-            if isinstance(change, PutRange):
-                self.registry.note_hosted(change.range.nodes)
-                self.upkeep.track(change.range)
-            elif isinstance(change, PutStream):
-                self.size_retention.track(change.stream)
-            elif isinstance(change, DeleteStream):
-                self.size_retention.forget(change.stream_id)
-
-    def _hosting_before(self, changes: Sequence[Change]) -> dict[tuple[int, int], tuple[int, ...]]:
-        """The nodes of every range the changes replace or remove, as they are now."""
-        hosting: dict[tuple[int, int], tuple[int, ...]] = {}
-        for change in changes:
-            if isinstance(change, PutRange | DeleteRange):
-                sid, index = (
-                    change.range.key
-                    if isinstance(change, PutRange)
-                    else (change.stream_id, change.range_index)
-                )
-                current = self.store.range(sid, index)
-                if current is not None:
-                    hosting[current.key] = current.nodes
-            elif isinstance(change, DeleteStream):
-                for rng in self.store.ranges(change.stream_id):
-                    hosting[rng.key] = rng.nodes
-        return hosting
+        """Commit ``changes`` atomically (``pm.range_log``: the state derived
+        from the ranges follows there)."""
+        await self.range_log.commit(changes)
 
     async def _each(
         self, deadline: float, items: Sequence[Callable[[], Awaitable[T]]]

@@ -24,7 +24,8 @@ from net.ratelog import RateLimitedLog
 from sbp.errors import ProtocolError
 
 from .liveness import NodeRegistry
-from .metadata import Metadata
+from .metadata import DeleteStream, Metadata, PutStream
+from .range_log import Committed
 from .range_sizes import RangeSizes
 from .records import Outcome, RangeRecord, StreamRecord
 
@@ -60,6 +61,14 @@ class SizeRetention:
         #: trims made, and the bytes they dropped (metrics)
         self.trims = 0
         self.trimmed_bytes = 0
+
+    def committed(self, done: Committed) -> None:
+        """The streams under a size limit follow a commit (``pm.range_log``)."""
+        for change in done.changes:
+            if isinstance(change, PutStream):
+                self.track(change.stream)
+            elif isinstance(change, DeleteStream):
+                self.forget(change.stream_id)
 
     def track(self, stream: StreamRecord) -> None:
         """A stream committed: follow its limit."""

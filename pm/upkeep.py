@@ -33,6 +33,7 @@ from sbp.errors import NoAvailableDataNodeError, ProtocolError
 from .liveness import NodeRegistry, NodeState
 from .metadata import Change, Metadata, PutRange
 from .placement import place, place_copies
+from .range_log import Committed
 from .records import RangeRecord
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,14 @@ class ReplicaUpkeep:
             if len(rng.nodes) > 1
         }
         return len(on_dead | (self._short_handed or set()))
+
+    def committed(self, done: Committed) -> None:
+        """The short-handed ranges follow a commit (``pm.range_log``)."""
+        for key in done.replaced:
+            self.forget(key)
+        for change in done.changes:
+            if isinstance(change, PutRange):
+                self.track(change.range)
 
     def forget(self, key: tuple[int, int]) -> None:
         """A range replaced or removed: ``track`` takes the new one, if any."""
