@@ -13,7 +13,7 @@ Rules that hold throughout:
 - Telling the data nodes (SYNC_RANGES, DELETE_STREAMS) after a commit is best
   effort within the request's deadline: the change is already the truth; a
   data node that missed it asks the PM (LIST_RANGES) when it meets the stream,
-  and is reconciled with the metadata when it comes back (``reconcile_node``).
+  and is reconciled with the metadata when it comes back (``pm.reconciler``).
   Sealing is different: the PM cannot record an end offset without the
   primary's answer, so a seal fails when the primary does not answer.
 - Changes to one stream's ranges (seal, trim, update, delete) are serialised
@@ -67,7 +67,6 @@ from .metadata import (
     DeleteNode,
     DeleteRange,
     DeleteStream,
-    MarkForeignStream,
     Metadata,
     MetadataCounts,
     PutNode,
@@ -85,11 +84,12 @@ from .range_sizes import RangeSizes
 from .rebalance import DEFAULT_INTERVAL_S as REBALANCE_INTERVAL_S
 from .rebalance import DEFAULT_THRESHOLD as REBALANCE_THRESHOLD
 from .rebalance import PlannedMove, Rebalancer
-from .reconcile import ReconcilePlan
+from .reconciler import RECONCILE_INTERVAL_S, NodeReconciler
 from .records import Holding, NodeRecord, Outcome, RangeRecord, StreamRecord
 from .sealing import full_and_short, seal_refused, seal_replicas
 from .size_retention import DEFAULT_INTERVAL_S as SIZE_RETENTION_INTERVAL_S
 from .size_retention import SizeRetention
+from .stream_ids import StreamIds
 from .upkeep import ReplicaUpkeep
 
 log = logging.getLogger(__name__)
@@ -103,14 +103,6 @@ T = TypeVar("T")
 #: (10,000 results stay far below the 16 MiB frame limit)
 DEFAULT_LIST_LIMIT: Final = 1000
 MAX_LIST_LIMIT: Final = 10_000
-#: how long reconciling a returning data node may take, and the wait before
-#: trying again after a failure (doubling per failure in a row, up to the max)
-RECONCILE_TIMEOUT_S: Final = 60.0
-RECONCILE_RETRY_S: Final = 10.0
-RECONCILE_RETRY_MAX_S: Final = 600.0
-#: every live node is also compared with the metadata this often: what put a
-#: node out of step unnoticed is set right within this long
-RECONCILE_INTERVAL_S: Final = 60.0
 
 
 class DataNodeCalls(Protocol):
@@ -205,20 +197,20 @@ class PlacementManager:
         self.stopping = False
         #: seals by cause (metrics)
         self.seals: Counter[str] = Counter()
-        # Ids are handed out here, on the event loop; each commit records the
-        # high-water mark, so a restart never hands out an acknowledged id again.
-        self._next_stream_id = store.next_stream_id()
+        self.stream_ids = StreamIds(store.next_stream_id())
         registry.restore(store.nodes(), store.range_counts_by_node(), store.draining_nodes())
-        # Nodes back from the dead (or first heard of since start-up) whose
-        # data may predate changes they were not told of; see reconcile_node.
-        self._returning, self._returned = trio.open_memory_channel[int](math.inf)
-        self._reconciling: set[int] = set()
-        #: how often every live node is reconciled anyway (0: never)
-        self._reconcile_interval = reconcile_interval
-        #: streams sent to a node by a reconcile, by cause (metrics)
-        self.reconciled: Counter[str] = Counter()
-        #: by node: the streams it holds that this PM never created, as last logged
-        self._foreign_told: dict[int, list[int]] = {}
+        #: nodes brought back in step with the metadata
+        self.reconciler = NodeReconciler(
+            store,
+            registry,
+            link,
+            self._node_syncs,
+            self._locks,
+            self.commit,
+            self.stream_ids,
+            interval=reconcile_interval,
+            stopping=lambda: self.stopping,
+        )
         #: the replicas' upkeep: dead primaries, repairs, full nodes, short-handed ranges
         self.upkeep = ReplicaUpkeep(self, min_free_space=min_free_space, repair_after=repair_after)
         #: streams' size limits (SPEC §12)
@@ -305,122 +297,7 @@ class PlacementManager:
 
     def _note_if_returning(self, node_id: int) -> None:
         if self.registry.is_returning(node_id):
-            self._returning.send_nowait(node_id)
-
-    async def reconcile_returning_nodes(self, timeout: float = RECONCILE_TIMEOUT_S) -> None:
-        """Run forever: reconcile each data node as it comes back (see
-        ``reconcile_node``), several nodes at once, and every live node
-        every ``reconcile_interval``."""
-        async with trio.open_nursery() as nursery:
-            if self._reconcile_interval > 0:
-                nursery.start_soon(self._reconcile_live_nodes, timeout)
-            async for node_id in self._returned:
-                if node_id not in self._reconciling:
-                    self._reconciling.add(node_id)
-                    nursery.start_soon(self._reconcile_until_done, node_id, timeout)
-
-    async def _reconcile_live_nodes(self, timeout: float) -> None:
-        """Every ``reconcile_interval``, send each live node the streams whose
-        ranges it sees otherwise than the metadata. A node's view can go out
-        of step without a failure the PM sees (a view applied out of order,
-        say); left alone, the PM would count on a replica that holds nothing
-        until the stream's ranges next change. Nothing is deleted here: only
-        a node that was away or missed a call is sent DELETE_STREAMS. A node
-        that does not answer is tried at the next interval."""
-        while True:
-            await trio.sleep(self._reconcile_interval)
-            for state in self.registry.states():
-                if self.stopping:
-                    return
-                if not state.alive or state.node_id in self._reconciling:
-                    continue
-                with trio.move_on_after(timeout):
-                    try:
-                        await self.reconcile_node(state.node_id, periodic=True)
-                    except (SBPError, OSError) as exc:
-                        log.info("comparing data node %d with the metadata: %s", state.node_id, exc)
-
-    async def _reconcile_until_done(self, node_id: int, timeout: float) -> None:
-        """Reconcile, trying again after a failure with a delay that doubles
-        each time (``RECONCILE_RETRY_S`` up to ``RECONCILE_RETRY_MAX_S``) while
-        the node stays alive; a node that died is reconciled when it is back."""
-        delay = RECONCILE_RETRY_S
-        try:
-            while True:
-                try:
-                    with trio.fail_after(timeout):
-                        await self.reconcile_node(node_id)
-                    return
-                except (SBPError, OSError, trio.TooSlowError) as exc:
-                    log.warning(
-                        "reconciling data node %d failed (%s); trying again in %.0f s",
-                        node_id,
-                        exc or type(exc).__name__,
-                        delay,
-                    )
-                await trio.sleep(delay)
-                if not self.registry.is_alive(node_id):
-                    return
-                delay = min(delay * 2, RECONCILE_RETRY_MAX_S)
-        finally:
-            self._reconciling.discard(node_id)
-
-    async def reconcile_node(self, node_id: int, *, periodic: bool = False) -> ReconcilePlan:
-        """Tell a data node what it missed while away (``pm.reconcile``):
-        DELETE_STREAMS for streams deleted since (not in the ``periodic``
-        comparison of a live node), SYNC_RANGES (the PM's whole list, under
-        the stream's lock so it cannot overtake a newer change) for streams
-        trimmed, sealed or created since. Returns what was done."""
-        hosted = await self._link.hosted_ranges(node_id)
-        known_foreign = self.store.foreign_streams()
-        todo = reconcile.plan(
-            hosted,
-            self.store.ranges_on_node(node_id),
-            lambda stream_id: self.store.stream(stream_id) is not None,
-            self._next_stream_id,
-            known_foreign,
-        )
-        if periodic:
-            todo.delete = []
-        if todo.foreign:
-            # A new stream with a held id would be handed the old records: the
-            # next id moves past them, and they are recorded as foreign so
-            # that no later reconcile takes them for deleted ones.
-            changes: list[Change] = [
-                MarkForeignStream(sid) for sid in todo.foreign if sid not in known_foreign
-            ]
-            beyond = max(todo.foreign) + 1
-            if beyond > self._next_stream_id:
-                self._next_stream_id = beyond
-                changes.append(RaiseNextStreamId(beyond))
-            if changes:
-                await self.commit(changes)
-        if todo.foreign and self._foreign_told.get(node_id) != todo.foreign:
-            # said once per node and set of streams: every live node is
-            # reconciled every reconcile_interval
-            self._foreign_told[node_id] = todo.foreign
-            log.warning(
-                "data node %d holds streams this PM never created (%s): a PM with other "
-                "metadata placed them (another cluster's, or one PM's LMDB metadata where PMs "
-                "on etcd now run: `sbp-pm migrate` moves it). Left alone, and no new stream "
-                "takes their ids",
-                node_id,
-                _id_list(todo.foreign),
-            )
-        if todo.delete:
-            await self._node_syncs.delete(node_id, todo.delete)
-        for stream_id in todo.sync:
-            async with self._locks.hold(stream_id):
-                await self._node_syncs.sync(node_id, [stream_id])
-            self.reconciled["periodic" if periodic else "returning"] += 1
-        if not todo.empty:
-            log.info(
-                "data node %d was behind: deleted streams %s, synced streams %s",
-                node_id,
-                _id_list(todo.delete) or "none",
-                _id_list(todo.sync) or "none",
-            )
-        return todo
+            self.reconciler.note_returning(node_id)
 
     def hold(self, stream_id: int) -> AbstractAsyncContextManager[None]:
         """The stream's lock: one change of a stream's ranges at a time."""
@@ -540,8 +417,7 @@ class PlacementManager:
             except ProtocolError as exc:
                 results.append(Outcome(error=exc))
                 continue
-            stream = replace(spec, stream_id=self._next_stream_id)
-            self._next_stream_id += 1
+            stream = replace(spec, stream_id=self.stream_ids.take())
             first = RangeRecord(stream.stream_id, 0, 0, nodes, epoch=stream.epoch)
             created.append((stream, first))
             results.append(Outcome((stream, first)))
@@ -549,7 +425,7 @@ class PlacementManager:
             return results
         changes: list[Change] = [PutStream(stream) for stream, _ in created]
         changes += [PutRange(rng) for _, rng in created]
-        changes.append(RaiseNextStreamId(self._next_stream_id))
+        changes.append(RaiseNextStreamId(self.stream_ids.next))
         await self.commit(changes)
         await self.sync_streams([stream.stream_id for stream, _ in created], deadline)
         return results
@@ -933,19 +809,13 @@ class PlacementManager:
             log.warning(
                 "telling node %d of %s failed: %s", node_id, _streams_text(stream_ids), error
             )
-        self._returning.send_nowait(node_id)
-
-
-def _id_list(ids: Sequence[int], shown: int = 10) -> str:
-    """Ids for a log line: the first few and how many more."""
-    text = ", ".join(str(i) for i in ids[:shown])
-    return f"{text} and {len(ids) - shown} more" if len(ids) > shown else text
+        self.reconciler.note_returning(node_id)
 
 
 def _streams_text(stream_ids: Sequence[int]) -> str:
     if len(stream_ids) == 1:
         return f"stream {stream_ids[0]}"
-    return f"{len(stream_ids)} streams ({_id_list(stream_ids)})"
+    return f"{len(stream_ids)} streams ({reconcile.id_list(stream_ids)})"
 
 
 def _no_stream(stream_id: int) -> StreamNotFoundError:

@@ -118,7 +118,7 @@ class ClusterCollector(Collector):
             labels=["cause"],
         )
         for cause in ("returning", "periodic"):
-            reconciled.add_metric([cause], manager.reconciled[cause])
+            reconciled.add_metric([cause], manager.reconciler.reconciled[cause])
         yield reconciled
         yield CounterMetricFamily(
             f"{NAMESPACE}_repairs",

@@ -6,7 +6,7 @@ for), so a node that was dead, unreachable past a request's deadline, or
 down while the PM restarted may still hold streams deleted since, ranges
 trimmed away since, or an open range sealed since. ``plan`` finds them; the
 manager then sends DELETE_STREAMS and SYNC_RANGES (see
-``PlacementManager.reconcile_node``).
+``pm.reconciler``).
 
 A stream the node has and the PM does not is deleted only when its id is
 below the next id the PM would hand out: stream ids are never reused, so
@@ -19,7 +19,7 @@ since the next id then moves past it so that no new stream takes its id.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
@@ -72,3 +72,9 @@ def plan(
             # trimmed (ranges gone, a later start), sealed, or never heard of here
             result.sync.append(stream_id)
     return result
+
+
+def id_list(ids: Sequence[int], shown: int = 10) -> str:
+    """Ids for a log line: the first few and how many more."""
+    text = ", ".join(str(i) for i in ids[:shown])
+    return text if len(ids) <= shown else f"{text} and {len(ids) - shown} more"

@@ -116,7 +116,7 @@ async def run_manager(manager: PlacementManager, end_offsets_interval: float) ->
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_liveness, manager.registry)
         nursery.start_soon(manager.upkeep.watch_nodes)
-        nursery.start_soon(manager.reconcile_returning_nodes)
+        nursery.start_soon(manager.reconciler.run)
         nursery.start_soon(manager.size_retention.run)
         nursery.start_soon(manager.compactor.run)
         nursery.start_soon(manager.members.expire)

@@ -87,7 +87,7 @@ async def test_reconcile_deletes_and_syncs_what_the_node_missed(store: MetadataS
     nodes.synced.clear()
     nodes.deleted.clear()
 
-    todo = await manager.reconcile_node(1)
+    todo = await manager.reconciler.reconcile_node(1)
 
     assert nodes.deleted == [(1, (doomed,))]
     assert [(n, sid) for n, sid, _ in nodes.synced] == [(1, trimmed)]
@@ -108,7 +108,7 @@ async def test_a_failed_reconcile_is_tried_again_later_and_later(
     node = NodeRecord(1, "127.0.0.1:9001")
     registry.restore([node], {})  # known from the metadata, as after a PM restart
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(manager.reconcile_returning_nodes)
+        nursery.start_soon(manager.reconciler.run)
         for _ in range(60):  # a heartbeat a second
             await manager.heartbeat(node)
             await trio.sleep(1)
@@ -153,7 +153,7 @@ async def test_a_live_node_that_missed_a_sync_ranges_is_reconciled(
     nodes.hosted[1] = [opened]  # what the node holds: the range still open
     nodes.next_offsets[opened.stream_id] = 5
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(manager.reconcile_returning_nodes)
+        nursery.start_soon(manager.reconciler.run)
         # the seal's own SYNC_RANGES
         nodes.lost_until = trio.current_time() + 5.0
         nodes.listings_failing = 1  # and the first reconcile's listing
@@ -181,7 +181,7 @@ async def test_no_new_stream_takes_the_id_of_a_stream_a_node_holds(store: Metada
     await manager.heartbeat(NodeRecord(1, "127.0.0.1:9001"))
     nodes.hosted[1] = [RangeRecord(1, 0, 0, (1,)), RangeRecord(3, 0, 0, (1,))]
 
-    todo = await manager.reconcile_node(1)
+    todo = await manager.reconciler.reconcile_node(1)
 
     assert todo.foreign == [1, 3]
     [created] = await manager.create_streams([StreamRecord(0, 1)], timeout=5)
@@ -205,7 +205,7 @@ async def test_every_live_node_is_compared_with_the_metadata_now_and_then(
     kept, doomed = (r.value[1] for r in created if r.value is not None)
     await manager.delete_streams([doomed.stream_id], timeout=5)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(manager.reconcile_returning_nodes)
+        nursery.start_soon(manager.reconciler.run)
         await trio.sleep(1)  # the reconcile of the node first heard of
         nodes.hosted[1] = [doomed]  # out of step: kept is missing, doomed still here
         nodes.synced.clear()
@@ -219,7 +219,7 @@ async def test_every_live_node_is_compared_with_the_metadata_now_and_then(
     assert len(listed) == 2 and 59 <= listed[0] <= 60 and 119 <= listed[1] <= 120
     assert [(n, sid) for n, sid, _ in nodes.synced] == [(1, kept.stream_id)] * 2
     assert nodes.deleted == []
-    assert manager.reconciled == {"periodic": 2}
+    assert manager.reconciler.reconciled == {"periodic": 2}
 
 
 async def test_streams_found_foreign_are_never_taken_for_deleted_ones(tmp_path: Path) -> None:
@@ -234,7 +234,7 @@ async def test_streams_found_foreign_are_never_taken_for_deleted_ones(tmp_path: 
             manager = PlacementManager(store, NodeRegistry(5.0), nodes, reconcile_interval=0)
             await manager.heartbeat(NodeRecord(1, "127.0.0.1:9001"))
             for _ in range(2):
-                todo = await manager.reconcile_node(1)
+                todo = await manager.reconciler.reconcile_node(1)
                 assert (todo.foreign, todo.delete) == ([1, 3], [])
             assert store.foreign_streams() == {1, 3}
             assert store.next_stream_id() == 4
