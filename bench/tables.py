@@ -44,6 +44,7 @@ from net.pool import ConnectionPool
 from sbp import messages
 from sbp.batches import build_batch_from_arrays
 from tables.catalog import END_OFFSET, load_table, open_catalog
+from tables.defaults import local_tables
 
 VALUE_BYTES = 1024
 TICK_S = 0.1
@@ -55,8 +56,7 @@ def _values(rng: np.random.Generator, count: int) -> np.ndarray[Any, np.dtype[np
 
 
 def _catalog(root: Path) -> Any:
-    tables = root / "tables"
-    return open_catalog(f"sqlite:///{tables / 'catalog.db'}", str(tables / "warehouse"))
+    return open_catalog(*local_tables(root))
 
 
 def _commit_times(root: Path, stream_id: int) -> list[tuple[int, float]]:
@@ -221,8 +221,7 @@ def spark_read(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
     def measure(stream_id: int, tabled_s: float) -> dict[str, Any]:
         spark = spark_session("sbp-bench-tables", conf={"spark.driver.memory": "3g"})
-        catalog = f"sqlite:///{root / 'tables' / 'catalog.db'}"
-        warehouse = str(root / "tables" / "warehouse")
+        catalog, warehouse = local_tables(root)
         table = load_table(open_catalog(catalog, warehouse), stream_id)
         assert table is not None
         files = [task.file.file_path for task in table.scan().plan_files()]

@@ -41,6 +41,7 @@ from net.address import free_ports
 from net.dirlock import locked_dir
 from net.service import ServiceError
 from net.tls import TLSSettings
+from tables.defaults import local_tables
 
 from . import cluster_control
 from .children import READY_TIMEOUT_S, Child, ClusterError, start_child, stop_child, wait_for_nodes
@@ -163,13 +164,13 @@ TABLES_METRICS_PORT = 98
 
 def plan_tables(data_dir: Path, host: str, port_base: int, python: str) -> Child:
     """``sbp-tables`` with a SQL catalog and a warehouse under ``tables/``."""
-    tables = data_dir / "tables"
+    catalog, warehouse = local_tables(data_dir)
     return Child(
         "tables",
         [
             *(python, "-m", "tables"),
-            *("--catalog", f"sqlite:///{tables / 'catalog.db'}"),
-            *("--warehouse", str(tables / "warehouse")),
+            *("--catalog", catalog),
+            *("--warehouse", warehouse),
             *("--metrics-listen", f"{host}:{_port(port_base, TABLES_METRICS_PORT)}"),
         ],
         data_dir / "logs" / "tables.log",
@@ -298,10 +299,10 @@ def _banner(plan: Plan, data_dir: Path, tls: bool) -> str:
         lines += [f"  {pm.name:<11} {pm.address}" for pm in plan.pms]
     lines += [f"  {node.name:<11} {node.address}" for node in plan.data_nodes]
     if plan.tables:
-        tables = data_dir / "tables"
+        catalog, warehouse = local_tables(data_dir)
         lines.append(
-            f"  sbp-tables  catalog sqlite:///{tables / 'catalog.db'}, warehouse "
-            f"{tables / 'warehouse'} (streams with --table-interval)"
+            f"  sbp-tables  catalog {catalog}, warehouse {warehouse} "
+            "(streams with --table-interval)"
         )
     pm_arg = plan.pm_addresses
     if tls:

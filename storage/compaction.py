@@ -87,10 +87,6 @@ class ChunkRewrite:
     records_removed: int = 0
     tombstones_removed: int = 0
 
-    @property
-    def new_size(self) -> int:
-        return self.old_size if self.value is None else len(self.value)
-
 
 def rewrite_chunk(
     base_offset: int, chunk: bytes | memoryview, keys: KeyMap, drop_tombstones: bool

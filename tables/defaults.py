@@ -6,12 +6,21 @@ them under ``var/tables``). No pyiceberg here: the CLI imports this module."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Final
 
 CATALOG_ENV: Final = "SBP_CATALOG"
 WAREHOUSE_ENV: Final = "SBP_WAREHOUSE"
-LOCAL_CATALOG: Final = "sqlite:///var/tables/catalog.db"
-LOCAL_WAREHOUSE: Final = "var/tables/warehouse"
+
+
+def local_tables(data_dir: Path) -> tuple[str, str]:
+    """The catalog URI and warehouse of the tables a local cluster keeps
+    under ``DATA_DIR/tables``."""
+    tables = data_dir / "tables"
+    return f"sqlite:///{tables / 'catalog.db'}", str(tables / "warehouse")
+
+
+LOCAL_CATALOG, LOCAL_WAREHOUSE = local_tables(Path("var"))
 
 
 def default_catalog() -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 import trio
 
 from client.children import Child, start_child, stop_child, wait_for_nodes
+from tables.defaults import local_tables
 
 from .proxy import LinkProxy
 
@@ -129,6 +130,7 @@ class ChaosCluster:
             )
             self.nodes[name] = Server(child, [ingress])
         #: sbp-tables (SPEC §16), reaching the PM as the clients do
+        catalog, warehouse = local_tables(root)
         self.tables = (
             Server(
                 Child(
@@ -137,8 +139,8 @@ class ChaosCluster:
                         python,
                         "-m",
                         "tables",
-                        *("--catalog", f"sqlite:///{root / 'tables' / 'catalog.db'}"),
-                        *("--warehouse", str(root / "tables" / "warehouse")),
+                        *("--catalog", catalog),
+                        *("--warehouse", warehouse),
                         *("--session-timeout-ms", str(TABLES_SESSION_MS)),
                     ],
                     logs / "tables.log",

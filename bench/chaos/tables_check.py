@@ -14,6 +14,7 @@ from pathlib import Path
 import trio
 
 from tables.catalog import end_offset, load_table, open_catalog
+from tables.defaults import local_tables
 
 from .checker import StoredStream, Verdict
 from .history import History
@@ -24,8 +25,7 @@ TABLES_SETTLE_S = 60.0
 
 def _read_table(root: Path, stream_id: int) -> tuple[int, list[tuple[int, bytes]]]:
     """(end offset, rows as (offset, value)) of the stream's table."""
-    tables = root / "tables"
-    catalog = open_catalog(f"sqlite:///{tables / 'catalog.db'}", str(tables / "warehouse"))
+    catalog = open_catalog(*local_tables(root))
     table = load_table(catalog, stream_id)
     if table is None:
         return 0, []
