@@ -97,35 +97,57 @@ class StreamEnds:
         self._store = store
         self._link = link
         self._ends: dict[int, int] = {}
+        #: by stream: the range its end was last read from, and whether it was open
+        self._read_from: dict[int, tuple[int, bool]] = {}
 
     def end(self, stream_id: int) -> int | None:
         return self._ends.get(stream_id)
 
-    def note(self, found: dict[int, int]) -> None:
-        """Record these streams' ends."""
-        if any(self._ends.get(s) != end for s, end in found.items()):
-            self._ends = {**self._ends, **found}
+    def note(self, found: dict[int, int], ranges: dict[int, int], *, sealed: bool) -> None:
+        """Record these streams' ends, read from the ranges ``ranges`` names
+        (stream -> range index), sealed or open. Two refreshes may be
+        answered in either order: an open range's end never goes below one
+        already read from it, and is not taken once that range or a later
+        one is known sealed."""
+        read_from = self._read_from
+        taken: dict[int, int] = {}
+        for stream_id, end in found.items():
+            index = ranges[stream_id]
+            known = read_from.get(stream_id)
+            if not sealed and known is not None:
+                known_index, known_open = known
+                if known_index > index or (known_index == index and not known_open):
+                    continue  # an answer from before a seal
+                if known_index == index:
+                    end = max(end, self._ends.get(stream_id, end))
+            taken[stream_id] = end
+        self._read_from = {**read_from, **{s: (ranges[s], not sealed) for s in taken}}
+        if any(self._ends.get(s) != end for s, end in taken.items()):
+            self._ends = {**self._ends, **taken}
 
     def forget_others(self, stream_ids: Iterable[int]) -> None:
         """Keep only these streams' ends (the others lost their last position)."""
         keep = set(stream_ids)
         if any(s not in keep for s in self._ends):
             self._ends = {s: end for s, end in self._ends.items() if s in keep}
+            self._read_from = {s: r for s, r in self._read_from.items() if s in keep}
 
     async def refresh(self, stream_ids: Iterable[int]) -> None:
         """Learn these streams' ends: a sealed last range's end as stored,
         an open one's from its primary (one request per node)."""
         by_primary: dict[int, list[RangeRecord]] = {}
         sealed: dict[int, int] = {}
+        sealed_ranges: dict[int, int] = {}
         for stream_id in stream_ids:
             last = self._store.last_range(stream_id)
             if last is None:
                 continue
             if not last.is_open:
                 sealed[stream_id] = last.end_offset
+                sealed_ranges[stream_id] = last.range_index
             else:
                 by_primary.setdefault(last.primary, []).append(last)
-        self.note(sealed)
+        self.note(sealed, sealed_ranges, sealed=True)
 
         async def ask(node_id: int, ranges: list[RangeRecord]) -> None:
             with trio.move_on_after(END_TIMEOUT_S):
@@ -134,7 +156,7 @@ class StreamEnds:
                 except (SBPError, OSError) as error:
                     log.info("end offsets from data node %d: %s", node_id, error)
                     return
-                self.note(found)
+                self.note(found, {r.stream_id: r.range_index for r in ranges}, sealed=False)
 
         async with trio.open_nursery() as nursery:
             for node_id, ranges in by_primary.items():

@@ -188,6 +188,26 @@ async def test_ends_come_from_the_primaries(store: MetadataStore) -> None:
     assert ends.end(1) == 250
 
 
+def test_an_answer_that_arrives_late_does_not_take_an_open_ranges_end_back(
+    store: MetadataStore,
+) -> None:
+    """Two refreshes of a stream may be answered in either order: the older
+    answer of an open range, arriving last, leaves the higher end, and one
+    from a range known sealed since is not taken. A sealed end is taken as
+    it is."""
+    ends = StreamEnds(store, FakeDataNodes())
+    ends.note({1: 500}, {1: 0}, sealed=False)
+    ends.note({1: 0}, {1: 0}, sealed=False)
+    assert ends.end(1) == 500
+    ends.note({1: 480}, {1: 0}, sealed=True)  # sealed below the primary's next offset
+    assert ends.end(1) == 480
+    ends.note({1: 500}, {1: 0}, sealed=False)  # from before the seal
+    assert ends.end(1) == 480
+    ends.note({1: 530}, {1: 1}, sealed=False)  # the next range
+    ends.note({1: 480}, {1: 0}, sealed=False)
+    assert ends.end(1) == 530
+
+
 async def test_the_lag_in_seconds_is_the_age_of_the_oldest_unread_record(
     store: MetadataStore,
 ) -> None:
