@@ -22,22 +22,22 @@ system-deps:
 
 # The main job: a local cluster (PM + 3 data nodes, data under ./var) until Ctrl-C.
 # `make run PORT_BASE=9000` when 7400 and the ports after it are taken.
-run: $(VENV)/.installed-dev,tables
+run: $(VENV)/.installed-dev,tables,tiering
 	$(BIN)/sbp-cluster $(if $(PORT_BASE),--port-base $(PORT_BASE))
 
 # Byte-compiled first: the tests start hundreds of server and CLI processes,
 # and an environment with PYTHONDONTWRITEBYTECODE would compile each from source.
-PACKAGES := sbp storage net client datanode pm spark_jobs tables bench tests
+PACKAGES := sbp storage net client datanode pm spark_jobs tables tiering bench tests
 
 # Two workers, a test file each at a time (a module's shared cluster stays
 # on one worker): the suite mostly waits on server processes.
-test: $(VENV)/.installed-dev,spark,tables,bench system-deps
+test: $(VENV)/.installed-dev,spark,tables,tiering,bench system-deps
 	$(PY) -m compileall -q $(PACKAGES)
 	$(PY) -m pytest -n 2 --dist loadfile
 
 # The quick check after each change: unit, protocol and property tests (no
 # server processes, no Spark); `make test` (what CI runs) runs everything.
-test-fast: $(VENV)/.installed-dev,spark,tables,bench
+test-fast: $(VENV)/.installed-dev,spark,tables,tiering,bench
 	$(PY) -m compileall -q $(PACKAGES)
 	$(PY) -m pytest tests/unit -q
 

@@ -115,6 +115,14 @@ def _table_interval(text: str) -> int:
     return value
 
 
+def _local_retention(text: str) -> int:
+    """``--local-retention``: a duration (0: leave the disks once copied),
+    or ``off`` (-1: not tiered)."""
+    if text == "off":
+        return -1
+    return _duration_ms(text)
+
+
 def _subscription(text: str) -> list[int] | str:
     """``--subscribe``: stream ids, comma-separated, or ``all``."""
     if text == "all":
@@ -339,6 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
     _command(create, "cli_commands", "cmd_streams_create")
     listing = stream_commands.add_parser("list", help="list every stream")
     _command(listing, "cli_commands", "cmd_streams_list")
+    describe = stream_commands.add_parser(
+        "describe", help="a stream's settings and its ranges, with where each one is"
+    )
+    describe.add_argument("stream_id", type=_stream_id, metavar="STREAM")
+    _command(describe, "cli_commands", "cmd_streams_describe")
     get = stream_commands.add_parser("get", help="show streams by id")
     get.add_argument("stream_ids", type=_stream_id, nargs="+", metavar="STREAM")
     _command(get, "cli_commands", "cmd_streams_get")
@@ -385,6 +398,15 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="DURATION",
             help="keep the stream also as the Iceberg table sbp.stream_<id>, committed this "
             "often (at least 100ms; 1m, 10s …; off turns it off; docs/tables.md)",
+        )
+        sub.add_argument(
+            "--local-retention",
+            type=_local_retention,
+            default=-1 if defaults else None,
+            metavar="DURATION",
+            help="tier the stream: copy its sealed ranges to the object store and drop them "
+            "from the data nodes once this old (0, 1h, 7d …; off: not tiered; needs a cluster "
+            "with an object store; docs/operations.md#tiered-storage)",
         )
     delete = stream_commands.add_parser("delete", help="delete streams and their records")
     delete.add_argument("stream_ids", type=_stream_id, nargs="+", metavar="STREAM")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -109,7 +110,7 @@ def _retention(stream: messages.Stream) -> str:
 
 def _stream_rows(streams: Sequence[messages.Stream]) -> str:
     return fmt.table(
-        ["stream", "replicas", "acks", "retention", "cleanup", "table", "epoch"],
+        ["stream", "replicas", "acks", "retention", "cleanup", "tiered", "table", "epoch"],
         [
             [
                 s.stream_id,
@@ -117,6 +118,7 @@ def _stream_rows(streams: Sequence[messages.Stream]) -> str:
                 fmt.acks_text(s),
                 _retention(s),
                 fmt.cleanup_text(s),
+                fmt.tiering_text(s),
                 fmt.table_text(s),
                 s.epoch,
             ]
@@ -140,6 +142,7 @@ async def cmd_streams_create(env: Env) -> int:
         min_compaction_lag_ms=env.args.compact_lag,
         delete_retention_ms=env.args.delete_retention,
         table_interval_ms=env.args.table_interval,
+        local_retention_ms=env.args.local_retention,
     )
     results = await env.pm.create_streams([spec] * env.args.count)
     failed = [r for r in results if r.error_code]
@@ -190,6 +193,25 @@ async def cmd_streams_get(env: Env) -> int:
     return EXIT_SERVER_ERROR if failed else EXIT_OK
 
 
+async def cmd_streams_describe(env: Env) -> int:
+    """A stream's settings, then its ranges with where each one is: on the
+    data nodes, also in the object store, or there only (SPEC §14)."""
+    stream = await env.pm.get_stream(env.args.stream_id)
+    ranges = list(await env.pm.list_stream_ranges(env.args.stream_id))
+    if env.json:
+        env.emit_json({"stream": stream, "ranges": ranges})
+        return EXIT_OK
+    env.emit(_stream_rows([stream]))
+    env.emit("")
+    env.emit_listing(ranges, _range_rows, "no ranges")
+    where = Counter(fmt.where_text(r) for r in ranges)
+    env.emit(
+        f"{len(ranges)} ranges: "
+        + ", ".join(f"{where[w]} {w}" for w in ("nodes", "nodes+store", "store") if where[w])
+    )
+    return EXIT_OK
+
+
 async def cmd_streams_update(env: Env) -> int:
     """Change a stream's settings; those not given stay as they are."""
     args = env.args
@@ -202,12 +224,13 @@ async def cmd_streams_update(env: Env) -> int:
         args.compact_lag,
         args.delete_retention,
         args.table_interval,
+        args.local_retention,
     )
     if all(value is None for value in asked):
         raise UsageError(
             "nothing to update: give --replicas, --acks, --retention-ms, --retention-bytes, "
-            "--compact or --no-compact, --compact-lag, --delete-retention and/or "
-            "--table-interval"
+            "--compact or --no-compact, --compact-lag, --delete-retention, --table-interval "
+            "and/or --local-retention"
         )
     size_limit = args.retention_bytes
     if size_limit == 0:
@@ -239,6 +262,9 @@ async def cmd_streams_update(env: Env) -> int:
         ),
         table_interval_ms=(
             args.table_interval if args.table_interval is not None else current.table_interval_ms
+        ),
+        local_retention_ms=(
+            args.local_retention if args.local_retention is not None else current.local_retention_ms
         ),
     )
     stream = await env.pm.update_stream(wanted)
@@ -294,7 +320,17 @@ async def cmd_streams_trim(env: Env) -> int:
 
 def _range_rows(ranges: Sequence[messages.Range]) -> str:
     return fmt.table(
-        ["stream", "range", "start", "end", "next", "commit", "epoch", "nodes (* primary)"],
+        [
+            "stream",
+            "range",
+            "start",
+            "end",
+            "next",
+            "commit",
+            "epoch",
+            "where",
+            "nodes (* primary)",
+        ],
         [
             [
                 r.stream_id,
@@ -304,6 +340,7 @@ def _range_rows(ranges: Sequence[messages.Range]) -> str:
                 r.next_offset,
                 _commit_text(r.commit_offset),
                 r.epoch,
+                fmt.where_text(r),
                 fmt.replicas_text(r),
             ]
             for r in ranges

@@ -176,6 +176,23 @@ class DataNodeClient(RangeCalls):
         )
         return header.results
 
+    async def upload_range(
+        self, stream_id: int, range_index: int, epoch: int, *, timeout: float | None = None
+    ) -> messages.UploadRangeResponse:
+        """UPLOAD_RANGE (implementation-private, PM to data node): copy a
+        sealed range to the object store (SPEC §14)."""
+        request = messages.UploadRangeRequest(
+            timeout_ms=self.timeout_ms(timeout),
+            stream_id=stream_id,
+            range_index=range_index,
+            epoch=epoch,
+        )
+        header = await self.call_for(
+            messages.UploadRangeResponse, Opcode.UPLOAD_RANGE, request, timeout=timeout
+        )
+        raise_for_code(header.error_code, header.error_message)
+        return header
+
     @asynccontextmanager
     async def fetch(
         self,

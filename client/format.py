@@ -136,6 +136,24 @@ def table_text(stream: messages.Stream) -> str:
     return f"every {retention_text(stream.table_interval_ms)}"
 
 
+def tiering_text(stream: messages.Stream) -> str:
+    """Whether a stream is tiered (SPEC §14) and how long its ranges stay
+    on the nodes, ``-`` when it is not."""
+    if stream.local_retention_ms < 0:
+        return "-"
+    return f"local {retention_text(stream.local_retention_ms)}"
+
+
+#: where a range is, by its object_state (SPEC §14)
+_WHERE = {0: "nodes", 1: "nodes+store", 2: "store"}
+
+
+def where_text(rng: messages.Range) -> str:
+    """Where a range's records are: on the data nodes, also in the object
+    store, or in the store only."""
+    return _WHERE.get(rng.object_state, f"state {rng.object_state}")
+
+
 def duration_text(seconds: float) -> str:
     """A span of time, to the second: ``45s``, ``3m 20s``, ``2h 05m``."""
     whole = max(0, round(seconds))

@@ -47,6 +47,12 @@ from . import cluster_control
 from .children import READY_TIMEOUT_S, Child, ClusterError, start_child, stop_child, wait_for_nodes
 from .cluster_control import serve_control
 from .node_control import NodeControl
+from .object_store_child import (
+    BUCKET,
+    object_store_args,
+    plan_object_store,
+    use_local_credentials,
+)
 from .pki import LocalCA, local_cluster_pki
 from .supervisor import Supervisor
 
@@ -142,12 +148,14 @@ def nodes_to_run(data_dir: Path, asked: int) -> int:
 @dataclass
 class Plan:
     """The children of a local cluster: etcd members (``--ha``), PMs, data
-    nodes, and ``sbp-tables`` (SPEC §16)."""
+    nodes, ``sbp-tables`` (SPEC §16) and the object store (SPEC §14)."""
 
     etcd: list[Child]
     pms: list[Child]
     data_nodes: list[Child]
     tables: list[Child] = field(default_factory=list)
+    #: ``weed mini`` (``--object-store``, SPEC §14)
+    object_store: list[Child] = field(default_factory=list)
 
     @property
     def pm_addresses(self) -> str:
@@ -155,7 +163,7 @@ class Plan:
 
     @property
     def children(self) -> list[Child]:
-        return [*self.etcd, *self.pms, *self.data_nodes, *self.tables]
+        return [*self.object_store, *self.etcd, *self.pms, *self.data_nodes, *self.tables]
 
 
 #: sbp-tables' /metrics, from --port-base
@@ -298,6 +306,11 @@ def _banner(plan: Plan, data_dir: Path, tls: bool) -> str:
     else:
         lines += [f"  {pm.name:<11} {pm.address}" for pm in plan.pms]
     lines += [f"  {node.name:<11} {node.address}" for node in plan.data_nodes]
+    for store in plan.object_store:
+        lines.append(
+            f"  object store http://{store.address} (S3, SeaweedFS), bucket {BUCKET}: "
+            "streams with --local-retention"
+        )
     if plan.tables:
         catalog, warehouse = local_tables(data_dir)
         lines.append(
@@ -373,6 +386,12 @@ async def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.object_store:
+        try:
+            add_object_store(plan, data_dir, args.host, args.port_base)
+        except FileNotFoundError as error:
+            print(f"sbp-cluster: {error}", file=sys.stderr)
+            return 2
     tls = secure_children(plan, pki, args.acl_file) if args.tls else None
     if not args.no_tables and tls is None and tables_available():
         plan.tables = [plan_tables(data_dir, args.host, args.port_base, sys.executable)]
@@ -465,10 +484,20 @@ async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope
         return
 
 
+def add_object_store(plan: Plan, data_dir: Path, host: str, port_base: int) -> None:
+    """``weed mini`` for the plan, and the PMs and data nodes pointed at it."""
+    use_local_credentials()
+    store = plan_object_store(data_dir, host, port_base, sys.executable)
+    plan.object_store = [store]
+    for child in [*plan.pms, *plan.data_nodes]:
+        child.argv += object_store_args(store)
+
+
 async def start_plan(plan: Plan, data_dir: Path, tls: ssl.SSLContext | None) -> None:
-    """Start etcd, the PMs, then the data nodes, and wait until the PM sees
-    every data node alive."""
+    """Start the object store and etcd, the PMs, then the data nodes, and
+    wait until the PM sees every data node alive."""
     data_nodes = plan.data_nodes
+    await _start_together(plan.object_store)
     await _start_together(plan.etcd)
     await _start_together(plan.pms)
     await _start_together(data_nodes, ("--pm", plan.pm_addresses))
@@ -531,6 +560,8 @@ async def stop_plan(plan: Plan) -> None:
     # for that to time out (7 s) before it exits.
     for member in plan.etcd:
         await stop_child(member)
+    for store in plan.object_store:
+        await stop_child(store)
 
 
 def _positive(text: str) -> int:
@@ -612,6 +643,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not run sbp-tables, which keeps the streams with a table_interval_ms as "
         "Iceberg tables under DATA_DIR/tables (docs/tables.md; not run with --tls)",
+    )
+    parser.add_argument(
+        "--object-store",
+        action="store_true",
+        help="run an S3 object store (SeaweedFS's `weed mini`, data under "
+        "DATA_DIR/object-store, S3 on port-base+170) and keep tiered streams' sealed ranges "
+        "there (SPEC §14; docs/operations.md#tiered-storage)",
     )
     parser.add_argument("--ready-file", help=argparse.SUPPRESS)
     return parser

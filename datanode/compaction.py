@@ -20,6 +20,7 @@ import trio
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from net.pacer import Pacer
 from sbp.key_hash import KeyMap
 from storage.compaction import RangeKeys
 from storage.engine import StorageEngine
@@ -31,24 +32,6 @@ logger = logging.getLogger(__name__)
 
 #: bytes per second compaction reads and rewrites, by default
 DEFAULT_COMPACTION_BYTES_PER_S: Final = 200 << 20
-
-
-class Pacer:
-    """Keeps work under ``rate`` bytes per second, on average since the last
-    second of idleness (0: no limit)."""
-
-    def __init__(self, rate: int) -> None:
-        self.rate = rate
-        self._free_at = 0.0
-
-    async def spend(self, nbytes: int) -> None:
-        """Count ``nbytes`` done; sleep as long as they take at the rate."""
-        if self.rate <= 0 or nbytes <= 0:
-            return
-        now = trio.current_time()
-        self._free_at = max(self._free_at, now - 1.0) + nbytes / self.rate
-        if self._free_at > now:
-            await trio.sleep(self._free_at - now)
 
 
 @dataclass(slots=True)

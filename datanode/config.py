@@ -31,6 +31,8 @@ from net.tls import ServerSecurity
 from sbp.constants import DEFAULT_MAX_FRAME_LENGTH
 from storage.engine import DEFAULT_PAGE_CACHE_WINDOW
 from storage.producers import DEFAULT_EXPIRY_MS
+from tiering.settings import object_store_options, object_store_settings
+from tiering.store import ObjectStoreSettings
 
 PROG: Final = "sbp-datanode"
 
@@ -41,6 +43,11 @@ DEFAULT_IDLE_TIMEOUT_S: Final = 600
 DEFAULT_HEARTBEAT_MS: Final = 1000
 DEFAULT_METRICS_REPORT_MS: Final = 5000
 DEFAULT_RETENTION_INTERVAL_MS: Final = 30_000
+
+#: how fast a node copies ranges to the object store, by default
+DEFAULT_UPLOAD_BYTES_PER_S: Final = 100 << 20
+#: the disk cache of ranges read from the object store, by default
+DEFAULT_OBJECT_CACHE_BYTES: Final = 1 << 30
 
 OPTIONS: Final = (
     *listen_options(),
@@ -112,6 +119,23 @@ OPTIONS: Final = (
         default=str(DEFAULT_RETENTION_INTERVAL_MS),
         metavar="MS",
     ),
+    *object_store_options(),
+    Option(
+        "max-upload-bytes-per-s",
+        "copy sealed ranges to the object store at most this fast (SPEC §14), e.g. "
+        "100MiB; 0: no limit",
+        parse_size,
+        default=str(DEFAULT_UPLOAD_BYTES_PER_S),
+        metavar="BYTES",
+    ),
+    Option(
+        "object-cache-bytes",
+        "keep at most this much of the object store's ranges in a disk cache under "
+        "--data-dir, for reads of ranges no longer on the nodes, e.g. 1GiB",
+        parse_size,
+        default=str(DEFAULT_OBJECT_CACHE_BYTES),
+        metavar="BYTES",
+    ),
     Option(
         "compaction-bytes-per-s",
         "read and rewrite sealed ranges of compacted streams at most this fast (SPEC §13), "
@@ -175,6 +199,12 @@ class DataNodeConfig:
     producer_expiry_ms: int = DEFAULT_EXPIRY_MS
     #: how fast compaction reads and rewrites (SPEC §13); 0: no limit
     compaction_bytes_per_s: int = DEFAULT_COMPACTION_BYTES_PER_S
+    #: the S3 bucket and prefix of tiered streams' ranges (SPEC §14)
+    object_store: ObjectStoreSettings | None = None
+    #: how fast ranges are copied to the object store; 0: no limit
+    max_upload_bytes_per_s: int = DEFAULT_UPLOAD_BYTES_PER_S
+    #: the disk cache of ranges read from the object store
+    object_cache_bytes: int = DEFAULT_OBJECT_CACHE_BYTES
     #: per-principal byte rates (SPEC §12), None: none
     quota_file: Path | None = None
     #: TLS, mutual TLS and the ACL file (SPEC §9)
@@ -218,6 +248,9 @@ def parse_config(argv: Sequence[str] | None = None) -> DataNodeConfig:
         retention_interval_s=values["retention_interval_ms"] / 1000,
         producer_expiry_ms=values["producer_expiry_ms"],
         compaction_bytes_per_s=values["compaction_bytes_per_s"],
+        object_store=object_store_settings(values),
+        max_upload_bytes_per_s=values["max_upload_bytes_per_s"],
+        object_cache_bytes=values["object_cache_bytes"],
         quota_file=values["quota_file"],
         security=security_settings(values),
         log_level=values["log_level"],

@@ -29,6 +29,7 @@ def range_to_info(wire: messages.Range) -> RangeInfo:
             )
             for replica in wire.replica_nodes
         ),
+        object_state=wire.object_state,
     )
 
 
@@ -55,6 +56,7 @@ def info_to_range(info: RangeInfo, commit_offset: int | None = None) -> messages
         ),
         epoch=info.epoch,
         commit_offset=commit_offset,
+        object_state=info.object_state,
     )
 
 

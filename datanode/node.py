@@ -25,6 +25,7 @@ from sbp import messages
 from sbp.errors import (
     DataNodeNotFoundError,
     EpochFencedError,
+    InvalidRequestError,
     OffsetOutOfRangeError,
     ProtocolError,
     RangeNotFoundError,
@@ -34,6 +35,7 @@ from storage.compaction import RangeKeys
 from storage.engine import NO_BATCHES, BorrowedBatches, StorageEngine
 from storage.layout import IndexEntry
 from storage.model import AppendItem, RangeInfo, ReplicaBatch
+from tiering.layout import RangeTrailer
 
 from .appends import Answer, Appends, AppendTicket
 from .compaction import (
@@ -53,6 +55,7 @@ from .replication.metrics import ReplicationCollector
 from .replication.primary import Replicator
 from .report import LoadReporter
 from .retention import DEFAULT_INTERVAL_S, RetentionKeeper
+from .tiered import IN_STORE_ONLY, NodeTiering
 from .timeouts import TimeoutQueue
 from .waiters import StreamWaiters
 
@@ -94,6 +97,7 @@ class DataNode:
         data_dir: Path | None = None,
         retention_interval_s: float = DEFAULT_INTERVAL_S,
         compaction_bytes_per_s: int = DEFAULT_COMPACTION_BYTES_PER_S,
+        tiering: NodeTiering | None = None,
     ) -> None:
         self.node_id = node_id
         self.engine = engine
@@ -151,6 +155,8 @@ class DataNode:
         #: rewrites of sealed ranges of compacted streams (SPEC §13)
         self.compaction = NodeCompaction(engine, self.waiters, compaction_bytes_per_s)
         self.metrics.registry.register(CompactionCollector(self.compaction.counters))
+        #: copies to the object store and reads from it (SPEC §14)
+        self.tiering = tiering
         self._appends = Appends(
             engine,
             self.replicator,
@@ -180,6 +186,8 @@ class DataNode:
                 nursery.start_soon(self.catch_up.run)
             task_status.started()
             nursery.start_soon(self.retention.run)
+            if self.tiering is not None:
+                nursery.start_soon(self.tiering.run)
             if self.pm is not None:
                 # registers with the address clients are to use: once known
                 await self._serving.wait()
@@ -584,6 +592,34 @@ class DataNode:
 
     def knows(self, stream_id: int) -> bool:
         return self.engine.next_offset(stream_id) is not None
+
+    async def upload_range(
+        self, principal: str, stream_id: int, range_index: int, epoch: int
+    ) -> RangeTrailer | ProtocolError:
+        """UPLOAD_RANGE (the PM's, SPEC §14): copy a sealed range held whole
+        here to the object store; its object's trailer, or the error."""
+        denied = self.access.check_internal(principal, "UPLOAD_RANGE")
+        if denied is not None:
+            return denied
+        if self.tiering is None:
+            return InvalidRequestError(
+                f"data node {self.node_id} has no object store (--object-store)"
+            )
+        try:
+            check_stream_id(stream_id)
+            return await self.tiering.upload(stream_id, range_index, epoch)
+        except ProtocolError as error:
+            return error
+
+    def in_object_store(self, stream_id: int, offset: int) -> RangeInfo | None:
+        """The range holding ``offset`` when it is in the object store only
+        (SPEC §14) and this node reads from there; None otherwise."""
+        if self.tiering is None:
+            return None
+        info = self.engine.range_at(stream_id, offset)
+        if info is None or info.object_state != IN_STORE_ONLY:
+            return None
+        return info
 
     async def learn_stream(self, stream_id: int) -> bool:
         """Ask the PM about a stream this node has no record of (SPEC §5:

@@ -51,12 +51,26 @@ from .handlers.replicate import ReplicateHandler
 from .handlers.streams import StreamHandlers
 from .node import DataNode, PMSettings
 from .quotas import quotas_from
+from .tiered import NodeTiering
 
 logger = logging.getLogger(__name__)
 
 LOCK_FILE: Final = "datanode.lock"
 #: how often the node looks whether freed heap should go back to the kernel
 GIVE_BACK_INTERVAL_S: Final = 2.0
+
+
+def node_tiering(config: DataNodeConfig, engine: StorageEngine) -> NodeTiering | None:
+    """Copies to the object store and reads from it, when the node has one."""
+    if config.object_store is None:
+        return None
+    return NodeTiering(
+        engine,
+        config.object_store,
+        config.data_dir,
+        upload_bytes_per_s=config.max_upload_bytes_per_s,
+        cache_bytes=config.object_cache_bytes,
+    )
 
 
 def build_dispatcher(node: DataNode, max_frame_bytes: int) -> Dispatcher:
@@ -75,6 +89,7 @@ def build_dispatcher(node: DataNode, max_frame_bytes: int) -> Dispatcher:
     dispatcher.register(Opcode.RANGE_HOLDINGS, ranges.range_holdings)
     dispatcher.register(Opcode.COMPACTION_KEYS, ranges.compaction_keys)
     dispatcher.register(Opcode.COMPACT_RANGES, ranges.compact_ranges)
+    dispatcher.register(Opcode.UPLOAD_RANGE, ranges.upload_range)
     streams = StreamHandlers(node)
     dispatcher.register(Opcode.DELETE_STREAMS, streams.delete_streams)
     dispatcher.register(Opcode.PRODUCER_STATE, streams.producer_state)
@@ -145,6 +160,7 @@ async def _serve(config: DataNodeConfig, engine: StorageEngine, signals: Shutdow
         data_dir=config.data_dir,
         retention_interval_s=config.retention_interval_s,
         compaction_bytes_per_s=config.compaction_bytes_per_s,
+        tiering=node_tiering(config, engine),
     )
     metrics = node.metrics
     server = Server(

@@ -48,6 +48,7 @@ from sbp.key_hash import KeyMap
 from .liveness import NodeRegistry
 from .metadata import Metadata
 from .records import Holding, RangeRecord, StreamRecord
+from .rolling import roll_if_full
 from .stream_settings import compacted
 
 log = logging.getLogger(__name__)
@@ -187,14 +188,9 @@ class Compactor:
     async def roll(self, stream: StreamRecord) -> None:
         """Seal the stream's open range once it holds ``roll_bytes``: only
         sealed ranges are compacted."""
-        ranges = self._store.ranges(stream.stream_id)
-        if not ranges or not ranges[-1].is_open or self.roll_bytes <= 0:
-            return
-        last = ranges[-1]
-        held = await self._link.range_holdings(last.primary, [last.key])
-        holding = held.get(last.key)
-        if holding is not None and holding.size >= self.roll_bytes:
-            await self._seal(stream.stream_id, last.range_index)
+        if await roll_if_full(
+            self._store, self._link, self._seal, stream.stream_id, self.roll_bytes
+        ):
             self.stats.rolls += 1
 
     async def compact(self, stream: StreamRecord) -> bool:

@@ -29,12 +29,17 @@ from net.settings import (
 from net.sizes import parse_size
 from net.tls import ServerSecurity
 from sbp.constants import DEFAULT_MAX_FRAME_LENGTH
+from tiering.settings import object_store_options, object_store_settings
+from tiering.store import ObjectStoreSettings
 
 from .compaction import DEFAULT_INTERVAL_S as DEFAULT_COMPACTION_INTERVAL_S
 from .compaction import DEFAULT_MAX_KEYS as DEFAULT_COMPACTION_MAX_KEYS
 from .compaction import DEFAULT_ROLL_BYTES as DEFAULT_COMPACTION_ROLL_BYTES
 from .compaction import CompactionSettings
 from .metadata import DEFAULT_MAP_SIZE
+from .tiering import DEFAULT_INTERVAL_S as DEFAULT_TIERING_INTERVAL_S
+from .tiering import DEFAULT_ROLL_BYTES as DEFAULT_TIERED_ROLL_BYTES
+from .tiering import DEFAULT_SWEEP_INTERVAL_S
 
 PROG: Final = "sbp-pm"
 
@@ -227,6 +232,31 @@ OPTIONS: Final = (
         default=f"{DEFAULT_COMPACTION_ROLL_BYTES >> 20}MiB",
         metavar="BYTES",
     ),
+    *object_store_options(),
+    Option(
+        "tiering-interval-ms",
+        "how often tiered streams' ranges are moved on (SPEC §14): full open ranges sealed, "
+        "sealed ranges copied to the object store, copied ones dropped from the nodes",
+        positive_int,
+        default=str(int(DEFAULT_TIERING_INTERVAL_S * 1000)),
+        metavar="MS",
+    ),
+    Option(
+        "tiered-roll-bytes",
+        "seal a tiered stream's open range once it holds this much, so that it is copied "
+        "to the object store (0: never), e.g. 64MiB",
+        parse_size,
+        default=f"{DEFAULT_TIERED_ROLL_BYTES >> 20}MiB",
+        metavar="BYTES",
+    ),
+    Option(
+        "object-sweep-interval-ms",
+        "how often the object store is listed for objects no range names (an upload a "
+        "crash cut short), which are deleted",
+        positive_int,
+        default=str(int(DEFAULT_SWEEP_INTERVAL_S * 1000)),
+        metavar="MS",
+    ),
     Option(
         "max-move-bytes-per-s",
         "draining nodes: start copies of their ranges no faster than this on average "
@@ -324,6 +354,11 @@ class PMConfig:
     rebalance_interval_s: float = DEFAULT_REBALANCE_INTERVAL_MS / 1000
     reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_MS / 1000
     compaction: CompactionSettings = field(default_factory=CompactionSettings)
+    #: the S3 bucket and prefix of tiered streams' ranges (SPEC §14)
+    object_store: ObjectStoreSettings | None = None
+    object_sweep_interval_s: float = DEFAULT_SWEEP_INTERVAL_S
+    tiered_roll_bytes: int = DEFAULT_TIERED_ROLL_BYTES
+    tiering_interval_s: float = DEFAULT_TIERING_INTERVAL_S
     map_size: int = DEFAULT_MAP_SIZE
     max_frame_bytes: int = DEFAULT_MAX_FRAME_LENGTH
     max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -377,6 +412,10 @@ def parse_config(argv: Sequence[str] | None = None) -> PMConfig:
             max_keys=values["compaction_max_keys"],
             roll_bytes=values["compaction_roll_bytes"],
         ),
+        object_store=object_store_settings(values),
+        object_sweep_interval_s=values["object_sweep_interval_ms"] / 1000,
+        tiered_roll_bytes=values["tiered_roll_bytes"],
+        tiering_interval_s=values["tiering_interval_ms"] / 1000,
         map_size=values["map_size"],
         max_frame_bytes=values["max_frame_bytes"],
         max_connections=values["max_connections"],

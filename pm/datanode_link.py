@@ -45,6 +45,8 @@ T = TypeVar("T")
 VERIFY_TIMEOUT_S: Final = 2.0
 #: the deadline sent when the caller has none
 DEFAULT_CALL_TIMEOUT_S: Final = 30.0
+#: how long a data node may take to copy a range to the object store
+UPLOAD_TIMEOUT_S: Final = 60.0
 #: stream entries per SYNC_RANGES or DELETE_STREAMS request (keeps frames well
 #: under the frame limit and the data node's per-request work bounded)
 MAX_STREAMS_PER_REQUEST: Final = 1000
@@ -228,6 +230,18 @@ class DataNodeLink:
             lambda node, timeout: node.compact_ranges(stream_id, wanted, encoded, timeout=timeout),
         )
         return list(results)
+
+    async def upload_range(self, node_id: int, rng: RangeRecord) -> None:
+        """UPLOAD_RANGE: the node copies the sealed range to the object store
+        (SPEC §14); ``ProtocolError`` when it did not."""
+        with trio.fail_after(UPLOAD_TIMEOUT_S):
+            await self._call(
+                node_id,
+                "UPLOAD_RANGE",
+                lambda node, timeout: node.upload_range(
+                    rng.stream_id, rng.range_index, rng.epoch, timeout=timeout
+                ),
+            )
 
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
         for start in range(0, len(stream_ids), MAX_STREAMS_PER_REQUEST):

@@ -47,7 +47,7 @@ from .leadership import Leadership
 from .liveness import NodeRegistry
 from .manager import PlacementManager
 from .metrics import PMMetrics
-from .server import build_server, drain, metrics_endpoint, run_manager
+from .server import build_server, drain, metrics_endpoint, object_store, run_manager
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,10 @@ async def run_pm_on_etcd(config: PMConfig) -> int:
                     rebalance_interval=config.rebalance_interval_s,
                     reconcile_interval=config.reconcile_interval_s,
                     compaction=config.compaction,
+                    objects=object_store(config),
+                    object_sweep_interval=config.object_sweep_interval_s,
+                    tiered_roll_bytes=config.tiered_roll_bytes,
+                    tiering_interval=config.tiering_interval_s,
                 )
                 counts = manager.counts()
                 log.info(

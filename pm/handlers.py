@@ -39,6 +39,7 @@ from .liveness import NodeState
 from .manager import PlacementManager
 from .members import Heartbeat
 from .records import Outcome, RangeRecord
+from .tiering import IN_STORE_ONLY, serving_nodes
 from .wire import (
     DataNodeCache,
     node_record,
@@ -117,10 +118,22 @@ class PMHandlers:
         return dispatcher
 
     def _range(self, rng: RangeRecord) -> messages.Range:
-        return range_message(rng, self._data_node)
+        return self._ranges([rng])[0]
 
     def _ranges(self, ranges: Sequence[RangeRecord]) -> tuple[messages.Range, ...]:
-        return tuple(range_message(rng, self._data_node) for rng in ranges)
+        """The ranges for a reader: one in the object store only lists the
+        live nodes that serve it from there (SPEC §14)."""
+        if not any(rng.object_state == IN_STORE_ONLY for rng in ranges):
+            return tuple(range_message(rng, self._data_node) for rng in ranges)
+        live = self._manager.serving_candidates()
+        return tuple(
+            range_message(
+                rng,
+                self._data_node,
+                serving_nodes(rng, live) if rng.object_state == IN_STORE_ONLY else (),
+            )
+            for rng in ranges
+        )
 
     # -- data nodes -----------------------------------------------------------
 

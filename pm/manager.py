@@ -54,6 +54,7 @@ from sbp.errors import (
 )
 from sbp.key_hash import KeyMap
 from sbp.replication import effective_acks, seal_end
+from tiering.store import ObjectStore
 
 from . import reconcile, stream_settings
 from .compaction import DEFAULT_COMPACTION, CompactionSettings, Compactor
@@ -90,6 +91,10 @@ from .sealing import full_and_short, seal_refused, seal_replicas
 from .size_retention import DEFAULT_INTERVAL_S as SIZE_RETENTION_INTERVAL_S
 from .size_retention import SizeRetention
 from .stream_ids import StreamIds
+from .tiering import DEFAULT_INTERVAL_S as TIERING_INTERVAL_S
+from .tiering import DEFAULT_ROLL_BYTES as TIERING_ROLL_BYTES
+from .tiering import DEFAULT_SWEEP_INTERVAL_S as TIERING_SWEEP_INTERVAL_S
+from .tiering import Tiering
 from .upkeep import ReplicaUpkeep
 
 log = logging.getLogger(__name__)
@@ -155,6 +160,9 @@ class DataNodeCalls(Protocol):
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
         """DELETE_STREAMS."""
 
+    async def upload_range(self, node_id: int, rng: RangeRecord) -> None:
+        """UPLOAD_RANGE: the node copies the sealed range to the object store."""
+
     async def hosted_ranges(self, node_id: int) -> list[RangeRecord]:
         """LIST_RANGES by data node, asked of the node: the ranges it holds."""
 
@@ -178,7 +186,10 @@ class PlacementManager:
         rebalance_threshold: float = REBALANCE_THRESHOLD,
         rebalance_interval: float = REBALANCE_INTERVAL_S,
         reconcile_interval: float = RECONCILE_INTERVAL_S,
-        object_store: bool = False,
+        objects: ObjectStore | None = None,
+        object_sweep_interval: float = TIERING_SWEEP_INTERVAL_S,
+        tiered_roll_bytes: int = TIERING_ROLL_BYTES,
+        tiering_interval: float = TIERING_INTERVAL_S,
         compaction: CompactionSettings = DEFAULT_COMPACTION,
     ) -> None:
         self.store = store
@@ -187,7 +198,7 @@ class PlacementManager:
         #: below this free space a data node is full (``--min-free-space``)
         self.min_free_space = min_free_space
         #: whether the cluster has an object store (SPEC §14): tiered streams need one
-        self.object_store = object_store
+        self.object_store = objects is not None
         self._locks = StreamLocks()
         #: SYNC_RANGES and DELETE_STREAMS to the data nodes, one call at a time per node
         self._node_syncs = NodeSyncs(
@@ -238,6 +249,24 @@ class PlacementManager:
         self.compactor = Compactor(
             store, link, registry, self._seal_for_compaction, settings=compaction
         )
+        #: tiered streams' ranges in the object store (SPEC §14)
+        self.tiering: Tiering | None = None
+        if objects is not None:
+            self.tiering = Tiering(
+                store,
+                registry,
+                link,
+                objects,
+                self.commit,
+                self.hold,
+                self.sync_streams,
+                self.trim_streams,
+                self._seal_for_tiering,
+                roll_bytes=tiered_roll_bytes,
+                interval=tiering_interval,
+                sweep_interval=object_sweep_interval,
+            )
+            self.range_log.observe(self.tiering)
         #: idempotent producers' ids and epochs (INIT_PRODUCER)
         self.producers = ProducerIds(store, self.commit)
         #: consumer group members (SPEC §15)
@@ -306,6 +335,11 @@ class PlacementManager:
     def hold_all(self, stream_ids: Iterable[int]) -> AbstractAsyncContextManager[None]:
         """The locks of several streams, for a change of all of them at once."""
         return self._locks.hold_all(stream_ids)
+
+    def serving_candidates(self) -> list[int]:
+        """The live data nodes, by id: those that may serve ranges in the
+        object store only (``pm.tiering.serving_nodes``)."""
+        return [state.node_id for state in self.registry.states() if state.alive]
 
     def stop_outgoing(self) -> None:
         """Shutdown: end every call to data nodes still running after its
@@ -616,7 +650,14 @@ class PlacementManager:
 
     async def _seal_for_compaction(self, stream_id: int, range_index: int) -> None:
         """Seal a compacted stream's open range that has grown to the roll size."""
-        outcome = (await self.seal_ranges([(stream_id, range_index)], 30.0, cause="compaction"))[0]
+        await self._seal_rolled(stream_id, range_index, "compaction")
+
+    async def _seal_for_tiering(self, stream_id: int, range_index: int) -> None:
+        """Seal a tiered stream's open range that has grown to the roll size."""
+        await self._seal_rolled(stream_id, range_index, "tiering")
+
+    async def _seal_rolled(self, stream_id: int, range_index: int, cause: str) -> None:
+        outcome = (await self.seal_ranges([(stream_id, range_index)], 30.0, cause=cause))[0]
         if outcome.error is not None:
             raise outcome.error
 

@@ -85,6 +85,8 @@ _RANGE_KEY: Final = struct.Struct(">qi")
 _MOVE_VALUE: Final = struct.Struct(">ii")
 _RANGE_HEAD: Final = struct.Struct(">qqqB")
 _WANTED: Final = struct.Struct(">B")
+#: a copied range's object state, last append time and object size (SPEC §14)
+_OBJECT: Final = struct.Struct(">Bqq")
 _NODE_KEY: Final = struct.Struct(">i")
 U64: Final = struct.Struct(">Q")
 
@@ -379,8 +381,15 @@ def _decode_group_key(key: bytes) -> tuple[str, int]:
 def encode_range(rng: RangeRecord) -> bytes:
     head = _RANGE_HEAD.pack(rng.start_offset, rng.end_offset, rng.epoch, len(rng.nodes))
     value = head + struct.pack(f">{len(rng.nodes)}i", *rng.nodes)
-    # Only a short-handed range carries the count it wants, so every value
-    # written before that existed decodes unchanged, as a whole range.
+    # Only a short-handed range carries the count it wants, and only a
+    # copied one its object, so every value written before either existed
+    # decodes unchanged, as a whole range on the nodes only.
+    if rng.object_state:
+        return (
+            value
+            + _WANTED.pack(rng.replicas_wanted if rng.short_handed else 0)
+            + _OBJECT.pack(rng.object_state, rng.last_append_ms, rng.object_bytes)
+        )
     return value + _WANTED.pack(rng.replicas_wanted) if rng.short_handed else value
 
 
@@ -395,7 +404,22 @@ def range_from_value(stream_id: int, range_index: int, value: bytes) -> RangeRec
     nodes = struct.unpack_from(f">{count}i", value, _RANGE_HEAD.size)
     wanted_at = _RANGE_HEAD.size + 4 * count
     wanted = _WANTED.unpack_from(value, wanted_at)[0] if len(value) > wanted_at else 0
-    return RangeRecord(stream_id, range_index, start, tuple(nodes), end, epoch, wanted)
+    object_at = wanted_at + _WANTED.size
+    state, last_append_ms, object_bytes = (
+        _OBJECT.unpack_from(value, object_at) if len(value) > object_at else (0, 0, 0)
+    )
+    return RangeRecord(
+        stream_id,
+        range_index,
+        start,
+        tuple(nodes),
+        end,
+        epoch,
+        wanted,
+        state,
+        last_append_ms,
+        object_bytes,
+    )
 
 
 # -- the store ----------------------------------------------------------------

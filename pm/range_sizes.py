@@ -37,6 +37,9 @@ class RangeSizes:
         asked: dict[int, list[tuple[int, int]]] = {}
         by_key = {rng.key: rng for rng in ranges}
         for rng in ranges:
+            if not rng.nodes and rng.object_state:
+                sizes[rng.key] = rng.object_bytes  # in the object store only (SPEC §14)
+                continue
             cached = self._sealed.get(rng.key)
             if not rng.is_open and cached is not None and cached[0] == rng.start_offset:
                 sizes[rng.key] = cached[1]

@@ -105,6 +105,13 @@ class RangeRecord(RangeSpan):
     end_offset: int = OPEN_END_OFFSET
     epoch: int = 0
     replicas_wanted: int = 0
+    #: 0 on the data nodes only, 1 also in the object store, 2 there only
+    #: (SPEC §14; ``nodes`` is empty then)
+    object_state: int = 0
+    #: when the last batch of a copied range was appended (its object says)
+    last_append_ms: int = 0
+    #: the bytes of a copied range's batches in the object store
+    object_bytes: int = 0
 
     @property
     def short_handed(self) -> bool:

@@ -25,6 +25,7 @@ from net.service import (
     announce,
     drain_on_signals,
 )
+from tiering.store import ObjectStore
 
 from .config import PMConfig
 from .datanode_link import DataNodeLink
@@ -61,6 +62,10 @@ async def run_pm(config: PMConfig) -> int:
                 rebalance_interval=config.rebalance_interval_s,
                 reconcile_interval=config.reconcile_interval_s,
                 compaction=config.compaction,
+                objects=object_store(config),
+                object_sweep_interval=config.object_sweep_interval_s,
+                tiered_roll_bytes=config.tiered_roll_bytes,
+                tiering_interval=config.tiering_interval_s,
             )
             metrics = PMMetrics(manager, lag_max_series=config.lag_metrics_max_series)
             access = access_control(config.security)
@@ -88,6 +93,11 @@ async def run_pm(config: PMConfig) -> int:
                     nursery.cancel_scope.cancel()
     log.info("stopped")
     return EXIT_OK
+
+
+def object_store(config: PMConfig) -> ObjectStore | None:
+    """The object store of tiered streams (SPEC §14), when the PM has one."""
+    return None if config.object_store is None else ObjectStore(config.object_store)
 
 
 def build_server(config: PMConfig, handler: RequestHandler, metrics: PMMetrics) -> Server:
@@ -119,6 +129,8 @@ async def run_manager(manager: PlacementManager, end_offsets_interval: float) ->
         nursery.start_soon(manager.reconciler.run)
         nursery.start_soon(manager.size_retention.run)
         nursery.start_soon(manager.compactor.run)
+        if manager.tiering is not None:
+            nursery.start_soon(manager.tiering.run)
         nursery.start_soon(manager.members.expire)
         nursery.start_soon(manager.groups.run, end_offsets_interval)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from typing import Final
 
@@ -36,14 +36,33 @@ class DataNodeCache:
 
 
 def range_message(
-    rng: RangeRecord, data_node: Callable[[int], messages.DataNode]
+    rng: RangeRecord,
+    data_node: Callable[[int], messages.DataNode],
+    serving: Sequence[int] = (),
 ) -> messages.Range:
     """The wire form of a range. ``next_offset`` and ``commit_offset`` are
     the PM's snapshot: the end of a sealed range (everything below it is
     final, as its replicas report it too), the start of an open one (the
     replicas know the live values; DESCRIBE_RANGES on a data node returns
-    them)."""
+    them). A range in the object store only (SPEC §14) has no replica; to a
+    reader, ``serving`` are the nodes that read it from the store, none of
+    them primary."""
     snapshot = rng.start_offset if rng.is_open else rng.end_offset
+    if serving:
+        return messages.Range(
+            stream_id=rng.stream_id,
+            range_index=rng.range_index,
+            start_offset=rng.start_offset,
+            end_offset=rng.end_offset,
+            next_offset=snapshot,
+            commit_offset=snapshot,
+            replica_nodes=tuple(
+                messages.ReplicaNode(data_node=data_node(node_id), is_primary=False)
+                for node_id in serving
+            ),
+            epoch=rng.epoch,
+            object_state=rng.object_state,
+        )
     return messages.Range(
         stream_id=rng.stream_id,
         range_index=rng.range_index,
@@ -56,6 +75,7 @@ def range_message(
             for position, node_id in enumerate(rng.nodes)
         ),
         epoch=rng.epoch,
+        object_state=rng.object_state,
     )
 
 

@@ -45,6 +45,8 @@ class Opcode(IntEnum):
     COMPACT_RANGES = 0x7006
     #: implementation-private (client to PM): not in SPEC §2
     DESCRIBE_MEMBERS = 0x7007
+    #: implementation-private (PM to data node): not in SPEC §2
+    UPLOAD_RANGE = 0x7008
 
 
 #: every opcode value a receiver knows; anything else is an unknown opcode

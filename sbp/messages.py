@@ -1060,6 +1060,28 @@ class CompactRangesResponse(Message):
     results: tuple[CompactRangeResult, ...] = fb.vector(1, CompactRangeResult)
 
 
+@fb.table
+@dataclass(frozen=True, slots=True)
+class UploadRangeRequest(Message):
+    """Implementation-private (PM to data node): copy a sealed range held
+    whole on the node to the object store (§14)."""
+
+    timeout_ms: int = fb.int32(0)
+    stream_id: int = fb.int64(1)
+    range_index: int = fb.int32(2)
+    epoch: int = fb.int64(3)
+
+
+@fb.table
+@dataclass(frozen=True, slots=True)
+class UploadRangeResponse(Message):
+    throttle_time_ms: int = fb.int32(0)
+    error_code: ErrorCode | int = _error_code_field(1)
+    error_message: str = fb.string(2)
+    object_bytes: int = fb.int64(3)
+    last_append_ms: int = fb.int64(4)
+
+
 _REQUEST_TYPES: dict[int, type[Message]] = {
     Opcode.GOAWAY: GoAway,
     Opcode.HEARTBEAT: HeartbeatRequest,
@@ -1092,6 +1114,7 @@ _REQUEST_TYPES: dict[int, type[Message]] = {
     Opcode.DESCRIBE_MEMBERS: DescribeMembersRequest,
     Opcode.COMPACTION_KEYS: CompactionKeysRequest,
     Opcode.COMPACT_RANGES: CompactRangesRequest,
+    Opcode.UPLOAD_RANGE: UploadRangeRequest,
 }
 
 _RESPONSE_TYPES: dict[int, type[Message]] = {
@@ -1125,6 +1148,7 @@ _RESPONSE_TYPES: dict[int, type[Message]] = {
     Opcode.DESCRIBE_MEMBERS: DescribeMembersResponse,
     Opcode.COMPACTION_KEYS: CompactionKeysResponse,
     Opcode.COMPACT_RANGES: CompactRangesResponse,
+    Opcode.UPLOAD_RANGE: UploadRangeResponse,
 }
 
 

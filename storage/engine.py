@@ -914,7 +914,7 @@ class BorrowedBatches:
         #: (chunk, start, end, base offset) of each batch, in order
         self._batches = batches
         #: the batches copied out of the map (``detach``)
-        self._owned: bytearray | None = None
+        self._owned: bytes | bytearray | None = None
         #: bytes of the whole batches
         self.size = size
         #: offsets they cover
@@ -922,6 +922,14 @@ class BorrowedBatches:
         #: how far the read found the stream held without a gap (past
         #: offsets compaction emptied, SPEC §13); 0 when it found nothing
         self.covered = covered
+
+    @classmethod
+    def owned(cls, data: bytes | bytearray, record_count: int) -> BorrowedBatches:
+        """Batches read from elsewhere (the object store), already in one
+        buffer with their base offsets."""
+        found = cls([], len(data), record_count)
+        found._owned = data
+        return found
 
     def copy(self) -> bytearray:
         """The batches in one buffer of their own, base offsets stamped."""

@@ -114,6 +114,8 @@ def encode_range(info: RangeInfo) -> bytes:
     }
     if info.sealed_here:
         record["sealed_here"] = True
+    if info.object_state:
+        record["object_state"] = info.object_state
     return json.dumps(record, separators=(",", ":")).encode()
 
 
@@ -129,6 +131,7 @@ def decode_range(key: bytes, value: bytes) -> RangeInfo:
         replicas=tuple(ReplicaInfo(n, a, p) for n, a, p in record["replicas"]),
         deleted=record["deleted"],
         sealed_here=record.get("sealed_here", False),
+        object_state=record.get("object_state", 0),
     )
 
 

@@ -56,6 +56,9 @@ class RangeInfo(RangeSpan):
     #: where the PM ended it: with followers, records past the PM's end (which
     #: may be lower) were never acknowledged, so they are not served meanwhile
     sealed_here: bool = False
+    #: 0 on the data nodes only, 1 also in the object store, 2 there only
+    #: (SPEC §14): a range in state 2 is read from the store
+    object_state: int = 0
 
     @property
     def end_is_final(self) -> bool:

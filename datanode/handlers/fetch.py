@@ -16,6 +16,7 @@ from sbp import messages
 from sbp.constants import FRAME_OVERHEAD
 from sbp.errors import ConnectionClosed, ProtocolError
 from storage.engine import BorrowedBatches, StorageEngine
+from storage.model import RangeInfo
 
 from ..items import failed
 from ..node import DataNode
@@ -129,11 +130,42 @@ class FetchHandler:
         budget = self._payload_budget
         wanted = sum(min(max(info.batch_max_bytes, 1), budget) for info in pending)
         async with responder.answer_room(min(wanted, budget)):
-            with _Reads() as reads:
+            from_store = await self._read_from_store(pending)
+            with _Reads(from_store) as reads:
                 # nothing from here to the answer waits: the batches are
                 # borrowed from LMDB's map and written to the socket as
                 # they are (``Responder.send_borrowed_nowait``)
                 return self._read_and_answer(pending, deadline, min_bytes, responder, reads, charge)
+
+    async def _read_from_store(
+        self, pending: list[messages.FetchInfo]
+    ) -> dict[int, BorrowedBatches | ProtocolError]:
+        """The batches of the items whose offsets lie in ranges in the object
+        store only (SPEC §14), read all at once, by ``id`` of the item; the
+        store's error for those it could not read in time."""
+        node = self._node
+        found: dict[int, BorrowedBatches | ProtocolError] = {}
+        wanted = [
+            (info, rng)
+            for info in pending
+            if (rng := node.in_object_store(info.stream_id, info.fetch_offset)) is not None
+        ]
+        if not wanted:
+            return found
+        tiering = node.tiering
+        assert tiering is not None
+
+        async def read(info: messages.FetchInfo, rng: RangeInfo) -> None:
+            max_bytes = min(max(info.batch_max_bytes, 1), self._payload_budget)
+            try:
+                found[id(info)] = await tiering.read(rng, info.fetch_offset, max_bytes)
+            except ProtocolError as error:
+                found[id(info)] = error
+
+        async with trio.open_nursery() as nursery:
+            for info, rng in wanted:
+                nursery.start_soon(read, info, rng)
+        return found
 
     def _read_and_answer(
         self,
@@ -158,7 +190,9 @@ class FetchHandler:
                 # Never more than fits one frame, whatever batch_max_bytes says
                 # (the engine still returns at least one whole batch).
                 max_bytes = min(max(info.batch_max_bytes, 1), self._payload_budget - read)
-                data = self._node.read(info.stream_id, info.fetch_offset, max_bytes, reads)
+                data = reads.from_store(info)
+                if data is None:
+                    data = self._node.read(info.stream_id, info.fetch_offset, max_bytes, reads)
             except ProtocolError as error:
                 self._counters.fetch_items_failed += 1
                 answered.append((_failed(info, error), None))
@@ -211,9 +245,19 @@ class _Reads:
     at most ``_MAX_BORROWED_READS`` (each takes one of LMDB's reader
     slots); the batches of items read past that are copied out at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, from_store: dict[int, BorrowedBatches | ProtocolError]) -> None:
         self._open = contextlib.ExitStack()
         self._held = 0
+        #: what was read from the object store, by ``id`` of the item
+        self._from_store = from_store
+
+    def from_store(self, info: messages.FetchInfo) -> BorrowedBatches | None:
+        """The item's batches read from the object store (raised: the
+        store's error); None for an item read here."""
+        found = self._from_store.get(id(info))
+        if isinstance(found, ProtocolError):
+            raise found
+        return found
 
     def __enter__(self) -> _Reads:
         return self

@@ -189,3 +189,17 @@ class RangeHandlers:
             for (range_index, _), outcome in zip(wanted, outcomes, strict=True)
         )
         await responder.send(messages.CompactRangesResponse(results=results))
+
+    async def upload_range(self, request: Request, responder: Responder) -> None:
+        header = request.header_as(messages.UploadRangeRequest)
+        outcome = await self._node.upload_range(
+            request.principal, header.stream_id, header.range_index, header.epoch
+        )
+        if isinstance(outcome, ProtocolError):
+            await responder.send(failed(messages.UploadRangeResponse, outcome))
+            return
+        await responder.send(
+            messages.UploadRangeResponse(
+                object_bytes=outcome.object_bytes, last_append_ms=outcome.last_append_ms
+            )
+        )

@@ -18,6 +18,7 @@ CODE = sorted(
         "pm",
         "spark_jobs",
         "tables",
+        "tiering",
         "bench",
     )
     for path in (ROOT / package).rglob("*.py")

@@ -347,6 +347,11 @@ VECTORS = [
            m.DescribeMembersResponse(0, ErrorCode.NONE, "", (
                m.MemberDescription("m-1", 3, (1, 2), (1, 2, 3), 1_795_000_000_000, 45_000),
            ))),
+    Vector("upload_range_request", "(private) copy stream 42 range 3 of epoch 2",
+           Opcode.UPLOAD_RANGE, Flags.NONE, 31, m.UploadRangeRequest(60000, 42, 3, 2)),
+    Vector("upload_range_response", "(private) an object of 64 MiB",
+           Opcode.UPLOAD_RANGE, RESPONSE, 31,
+           m.UploadRangeResponse(0, ErrorCode.NONE, "", 64 << 20, 1_795_000_000_000)),
 ]  # fmt: skip
 
 
