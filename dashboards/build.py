@@ -536,6 +536,66 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
         ),
     ),
     (
+        "Tiered storage",
+        (
+            Panel(
+                "Tiered bytes: nodes and store",
+                "Bytes of the tiered streams' record batches on the data nodes (one "
+                "replica's) and in the object store (SPEC §14); sized every 30 s.",
+                "bytes",
+                (
+                    (f'sum(sbp_pm_tiered_stream_bytes{{{PM},where="nodes"}})', "on the nodes"),
+                    (f'sum(sbp_pm_tiered_stream_bytes{{{PM},where="store"}})', "in the store"),
+                ),
+            ),
+            Panel(
+                "Upload and download rates",
+                "Bytes the data nodes copied to the object store and read from it per second.",
+                "Bps",
+                (
+                    (f"sum(rate(sbp_datanode_uploaded_bytes_total{{{NODE}}}{RATE}))", "upload"),
+                    (
+                        f"sum(rate(sbp_datanode_downloaded_bytes_total{{{NODE}}}{RATE}))",
+                        "download",
+                    ),
+                ),
+            ),
+            Panel(
+                "Oldest range not copied",
+                "How long the sealed range waiting longest for its copy has waited, and "
+                "how many wait: it grows while the store is down.",
+                "s",
+                (
+                    (f"sbp_pm_tiering_oldest_uncopied_seconds{{{PM}}}", "oldest"),
+                    (f"sbp_pm_tiering_pending_copies{{{PM}}}", "ranges waiting"),
+                ),
+            ),
+            Panel(
+                "Object store errors and cache hits",
+                "Copies and reads that failed per second, and the share of chunk reads the "
+                "nodes' disk caches served.",
+                "ops",
+                (
+                    (
+                        f"sum(rate(sbp_datanode_upload_errors_total{{{NODE}}}{RATE}))",
+                        "upload errors",
+                    ),
+                    (
+                        f"sum(rate(sbp_datanode_download_errors_total{{{NODE}}}{RATE}))",
+                        "download errors",
+                    ),
+                    (
+                        f"sum(rate(sbp_datanode_object_cache_hits_total{{{NODE}}}{RATE})) / "
+                        f"clamp_min(sum(rate(sbp_datanode_object_cache_hits_total{{{NODE}}}"
+                        f"{RATE})) + sum(rate(sbp_datanode_object_cache_misses_total{{{NODE}}}"
+                        f"{RATE})), 1)",
+                        "cache hit share",
+                    ),
+                ),
+            ),
+        ),
+    ),
+    (
         "Tables",
         (
             Panel(

@@ -55,7 +55,7 @@ from .replication.metrics import ReplicationCollector
 from .replication.primary import Replicator
 from .report import LoadReporter
 from .retention import DEFAULT_INTERVAL_S, RetentionKeeper
-from .tiered import IN_STORE_ONLY, NodeTiering
+from .tiered import IN_STORE_ONLY, NodeTiering, TieringCollector
 from .timeouts import TimeoutQueue
 from .waiters import StreamWaiters
 
@@ -157,6 +157,8 @@ class DataNode:
         self.metrics.registry.register(CompactionCollector(self.compaction.counters))
         #: copies to the object store and reads from it (SPEC §14)
         self.tiering = tiering
+        if tiering is not None:
+            self.metrics.registry.register(TieringCollector(tiering))
         self._appends = Appends(
             engine,
             self.replicator,

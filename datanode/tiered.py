@@ -5,8 +5,12 @@ disk cache under ``--data-dir``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from sbp.errors import InvalidRequestError
 from storage.engine import BorrowedBatches, StorageEngine
@@ -21,6 +25,37 @@ from tiering.upload import RangeUploads
 CACHE_DIR: Final = "object-cache"
 #: a range read from the object store only (SPEC §14)
 IN_STORE_ONLY: Final = 2
+
+
+class TieringCollector(Collector):
+    """What a node copied to the object store and read from it (/metrics)."""
+
+    def __init__(self, tiering: NodeTiering) -> None:
+        self._tiering = tiering
+
+    def collect(self) -> Iterator[Metric]:
+        uploads = self._tiering.uploads.counters
+        reads = self._tiering.reads
+        cache = self._tiering.cache
+        for name, help_text, value in (
+            (
+                "uploaded_bytes",
+                "bytes of ranges copied to the object store",
+                uploads.uploaded_bytes,
+            ),
+            ("uploaded_ranges", "ranges copied to the object store", uploads.uploaded_ranges),
+            ("upload_errors", "copies to the object store that failed", uploads.upload_errors),
+            ("downloaded_bytes", "bytes read from the object store", reads.downloaded_bytes),
+            ("download_errors", "reads from the object store that failed", reads.download_errors),
+            ("object_cache_hits", "chunk reads the disk cache served", cache.hits),
+            ("object_cache_misses", "chunk reads the disk cache did not hold", cache.misses),
+        ):
+            yield CounterMetricFamily(f"sbp_datanode_{name}", help_text, value=value)
+        yield GaugeMetricFamily(
+            "sbp_datanode_object_cache_bytes",
+            "bytes of object chunks in the disk cache",
+            value=cache.bytes,
+        )
 
 
 class NodeTiering:

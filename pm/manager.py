@@ -262,6 +262,7 @@ class PlacementManager:
                 self.sync_streams,
                 self.trim_streams,
                 self._seal_for_tiering,
+                self.range_sizes,
                 roll_bytes=tiered_roll_bytes,
                 interval=tiering_interval,
                 sweep_interval=object_sweep_interval,

@@ -69,6 +69,7 @@ class PMMetrics:
         self.registry.register(ClusterCollector(current))
         self.registry.register(GroupCollector(current, lag_max_series))
         self.registry.register(CompactionCollector(current, lag_max_series))
+        self.registry.register(TieringCollector(current, lag_max_series))
         self.connections = ServerMetrics(self.registry)
 
 
@@ -371,3 +372,56 @@ class CompactionCollector(Collector):
         for stream_id, state in streams[: self._max_series]:
             dirty.add_metric([str(stream_id)], state.dirty)
         yield dirty
+
+
+class TieringCollector(Collector):
+    """Tiered storage (SPEC §14): the ranges' moves to the object store, and
+    each tiered stream's bytes on the nodes and in the store (at most
+    ``max_series`` streams, the largest first)."""
+
+    def __init__(self, current: Callable[[], PlacementManager | None], max_series: int) -> None:
+        self._current = current
+        self._max_series = max_series
+
+    def collect(self) -> Iterator[Metric]:
+        manager = self._current()
+        if manager is None or manager.tiering is None:
+            return
+        tiering = manager.tiering
+        for name, help_text, value in (
+            ("tiering_copied_ranges", "sealed ranges copied to the object store", tiering.copied),
+            (
+                "tiering_offloaded_ranges",
+                "copied ranges dropped from the data nodes (in the object store only)",
+                tiering.offloaded,
+            ),
+            ("tiering_deleted_objects", "objects deleted from the store", tiering.deleted_objects),
+            ("tiering_copy_failures", "copies that failed (tried again)", tiering.copy_failures),
+            (
+                "tiering_rolled_ranges",
+                "open ranges of tiered streams sealed on reaching the roll size",
+                tiering.rolls,
+            ),
+        ):
+            yield CounterMetricFamily(f"{NAMESPACE}_{name}", help_text, value=value)
+        yield GaugeMetricFamily(
+            f"{NAMESPACE}_tiering_pending_copies",
+            "sealed ranges of tiered streams not copied to the object store yet",
+            value=tiering.pending_copies(),
+        )
+        yield GaugeMetricFamily(
+            f"{NAMESPACE}_tiering_oldest_uncopied_seconds",
+            "how long the sealed range waiting longest for its copy has waited",
+            value=tiering.oldest_uncopied_seconds(),
+        )
+        stored = GaugeMetricFamily(
+            f"{NAMESPACE}_tiered_stream_bytes",
+            "bytes of a tiered stream's record batches on the data nodes (one replica's) and "
+            "in the object store",
+            labels=["stream", "where"],
+        )
+        largest = sorted(tiering.bytes_by_stream().items(), key=lambda item: -sum(item[1]))
+        for stream_id, (on_nodes, in_store) in largest[: self._max_series]:
+            stored.add_metric([str(stream_id), "nodes"], on_nodes)
+            stored.add_metric([str(stream_id), "store"], in_store)
+        yield stored

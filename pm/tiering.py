@@ -45,6 +45,7 @@ from tiering.store import ObjectStore
 from .liveness import NodeRegistry
 from .metadata import Change, DeleteRange, DeleteStream, Metadata, PutRange, PutStream
 from .range_log import Committed
+from .range_sizes import RangeSizes
 from .records import Outcome, RangeRecord, StreamRecord
 from .rolling import HoldingsLink, roll_full
 
@@ -59,6 +60,8 @@ DEFAULT_INTERVAL_S: Final = 1.0
 #: a tiered stream's open range is sealed once it holds this much, so that
 #: it can be copied (``--tiered-roll-bytes``)
 DEFAULT_ROLL_BYTES: Final = 64 << 20
+#: tiered streams' bytes on the nodes and in the store are sized this often
+SIZE_INTERVAL_S: Final = 30.0
 #: objects no metadata names are looked for this often
 DEFAULT_SWEEP_INTERVAL_S: Final = 600.0
 #: copies the PM has asked for at once
@@ -118,6 +121,7 @@ class Tiering:
         sync_streams: SyncStreams,
         trim_streams: TrimStreams,
         seal: Callable[[int, int], Awaitable[None]],
+        sizes: RangeSizes,
         *,
         roll_bytes: int = DEFAULT_ROLL_BYTES,
         interval: float = DEFAULT_INTERVAL_S,
@@ -133,6 +137,7 @@ class Tiering:
         self._sync_streams = sync_streams
         self._trim_streams = trim_streams
         self._seal = seal
+        self._sizes = sizes
         self.roll_bytes = roll_bytes
         #: the tiered streams, whose open ranges roll at ``roll_bytes``
         self._tiered: set[int] = set()
@@ -151,6 +156,11 @@ class Tiering:
         self._to_expire: list[tuple[int, int, int]] = []
         #: objects of removed ranges, to delete
         self._to_delete: list[str] = []
+        #: when each range waiting for a copy was first seen waiting (wall ms)
+        self._waiting_since: dict[tuple[int, int], int] = {}
+        #: stream -> (bytes on the nodes, bytes in the store), sized every
+        #: ``SIZE_INTERVAL_S`` (metrics)
+        self.stream_bytes: dict[int, tuple[int, int]] = {}
         #: (stream, index) -> (next try, backoff) of copies that failed
         self._backoff: dict[tuple[int, int], tuple[float, float]] = {}
         self._copying: set[tuple[int, int]] = set()
@@ -189,6 +199,7 @@ class Tiering:
                 for index in list(self._objects.get(change.stream_id, ())):
                     self._removed(change.stream_id, index)
                 self._to_copy = {k for k in self._to_copy if k[0] != change.stream_id}
+                self.stream_bytes.pop(change.stream_id, None)
             elif isinstance(change, PutStream) and tiered(change.stream):
                 # switched to tiered: its sealed ranges are copied too
                 self._tiered.add(change.stream.stream_id)
@@ -204,6 +215,7 @@ class Tiering:
         if rng.object_state != ON_NODES:
             self._objects.setdefault(rng.stream_id, {})[rng.range_index] = rng.epoch
             self._to_copy.discard(key)
+            self._waiting_since.pop(key, None)
             if rng.object_state == IN_STORE_TOO and stream is not None:
                 due = rng.last_append_ms + max(stream.local_retention_ms, 0)
                 heapq.heappush(self._to_offload, (due, *key))
@@ -212,9 +224,11 @@ class Tiering:
                 heapq.heappush(self._to_expire, (expires, *key))
         elif tiered(stream) and not rng.is_open:
             self._to_copy.add(key)
+            self._waiting_since.setdefault(key, self._wall_ms())
 
     def _removed(self, stream_id: int, range_index: int) -> None:
         self._to_copy.discard((stream_id, range_index))
+        self._waiting_since.pop((stream_id, range_index), None)
         of_stream = self._objects.get(stream_id, {})
         epoch = of_stream.pop(range_index, None)
         if not of_stream:
@@ -232,6 +246,7 @@ class Tiering:
         next_sweep = trio.current_time() + min(self.sweep_interval, 30.0)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._roll_full_ranges)
+            nursery.start_soon(self._size_now_and_then)
             while True:
                 self._start_copies(nursery)
                 await self._offload_due()
@@ -255,6 +270,14 @@ class Tiering:
                 )
             except ProtocolError as error:
                 _failures.warning("roll", "rolling tiered streams' open ranges: %s", error)
+
+    async def _size_now_and_then(self) -> None:
+        while True:
+            try:
+                await self.size_streams()
+            except ProtocolError as error:
+                _failures.warning("size", "sizing tiered streams: %s", error)
+            await trio.sleep(SIZE_INTERVAL_S)
 
     def _start_copies(self, nursery: trio.Nursery) -> None:
         now = trio.current_time()
@@ -293,6 +316,7 @@ class Tiering:
         rng = self._store.range(stream_id, range_index)
         if rng is None or rng.object_state != ON_NODES or rng.is_open:
             self._to_copy.discard((stream_id, range_index))
+            self._waiting_since.pop((stream_id, range_index), None)
             return False
         holders = [n for n in rng.nodes if self._registry.is_alive(n)]
         if not holders:
@@ -426,3 +450,32 @@ class Tiering:
 
     def pending_copies(self) -> int:
         return len(self._to_copy)
+
+    def bytes_by_stream(self) -> dict[int, tuple[int, int]]:
+        """Each tiered stream's (bytes on the nodes, bytes in the store) as
+        last sized; 0 for one not sized yet."""
+        sized = dict.fromkeys(self._tiered | set(self._objects), (0, 0))
+        sized.update(self.stream_bytes)
+        return sized
+
+    def oldest_uncopied_seconds(self) -> float:
+        """How long the sealed range waiting longest for its copy has waited
+        (0 when none waits)."""
+        if not self._waiting_since:
+            return 0.0
+        return max(self._wall_ms() - min(self._waiting_since.values()), 0) / 1000
+
+    async def size_streams(self) -> None:
+        """Bytes of each tiered stream (or one with an object) on the nodes
+        and in the store (metrics): ranges on the nodes as their replicas
+        hold them (a sealed range asked once), copied ones as their objects
+        say."""
+        streams = self._tiered | set(self._objects)
+        sizes: dict[int, tuple[int, int]] = {}
+        for stream_id in sorted(streams):
+            ranges = self._store.ranges(stream_id)
+            on_nodes = [r for r in ranges if r.nodes]
+            held = await self._sizes.sizes(on_nodes) if on_nodes else {}
+            in_store = sum(r.object_bytes for r in ranges if r.object_state != ON_NODES)
+            sizes[stream_id] = (sum(held.values()), in_store)
+        self.stream_bytes = sizes

@@ -138,7 +138,7 @@ class Prometheus:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    running = start_cluster(tmp_path / "var", nodes=2, tables=True)
+    running = start_cluster(tmp_path / "var", nodes=2, extra=["--object-store"], tables=True)
     try:
         yield running
     finally:
@@ -217,6 +217,8 @@ def test_dashboard_queries_return_data_from_a_live_cluster(
             primary = client.list_ranges(streams[0])[-1]
             # and is kept as a table: the Tables row gets data
             client.update_stream(streams[0], table_interval_ms=1_000)
+            # and one is tiered: the Tiered storage row gets data
+            client.update_stream(streams[1], local_retention_ms=0)
         node_address = next(
             r.data_node.advertise_addr for r in primary.replica_nodes if r.is_primary
         )

@@ -23,6 +23,7 @@ from pm.metadata import (
     range_from_value,
 )
 from pm.range_log import RangeLog
+from pm.range_sizes import RangeSizes
 from pm.records import Holding, NodeRecord, Outcome, RangeRecord, StreamRecord
 from pm.rolling import roll_if_full
 from pm.tiering import IN_STORE_ONLY, IN_STORE_TOO, ON_NODES, Tiering, serving_nodes
@@ -142,6 +143,7 @@ class Harness:
             self.sync,
             self.trim,
             self.seal,
+            RangeSizes(self.registry, self.nodes),
             wall_ms=self.clock,
         )
         self.log.observe(self.tiering)
