@@ -19,7 +19,7 @@ from typing import Final, TypeVar
 
 import trio
 
-from client import retry
+from client import retry as retries
 from client.datanode_client import DataNodeClient
 from client.lag import record_timestamp
 from net.limits import ConnectionLimits
@@ -234,6 +234,8 @@ class DataNodeLink:
     async def upload_range(self, node_id: int, rng: RangeRecord) -> None:
         """UPLOAD_RANGE: the node copies the sealed range to the object store
         (SPEC §14); ``ProtocolError`` when it did not."""
+        # One attempt: a copy that fails is asked for again by the tiering
+        # pass, of whichever replica is live then (``pm.tiering``).
         with trio.fail_after(UPLOAD_TIMEOUT_S):
             await self._call(
                 node_id,
@@ -241,6 +243,7 @@ class DataNodeLink:
                 lambda node, timeout: node.upload_range(
                     rng.stream_id, rng.range_index, rng.epoch, timeout=timeout
                 ),
+                retry=False,
             )
 
     async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
@@ -287,10 +290,12 @@ class DataNodeLink:
         node_id: int,
         what: str,
         call: Callable[[DataNodeClient, float], Awaitable[T]],
+        *,
+        retry: bool = True,
     ) -> T:
         """``call`` on the node until it answers for good or the caller's
-        deadline passes (``client.retry``); each attempt sends the time left
-        as its ``timeout_ms``."""
+        deadline passes (``client.retry``; once without ``retry``); each
+        attempt sends the time left as its ``timeout_ms``."""
 
         async def attempt() -> T:
             address = self._address_of(node_id)
@@ -302,7 +307,9 @@ class DataNodeLink:
             node = DataNodeClient(address, pool=self._pool, timeout=max(remaining, 0.001))
             return await call(node, max(remaining, 0.001))
 
-        return await retry.until_deadline(
+        if not retry:
+            return await attempt()
+        return await retries.until_deadline(
             attempt, f"{what} to node {node_id}", initial=RETRY_INITIAL_S, cap=RETRY_MAX_S
         )
 

@@ -38,7 +38,12 @@ from typing import Final, Protocol
 import trio
 
 from net.ratelog import RateLimitedLog
-from sbp.errors import NoAvailableDataNodeError, ProtocolError, UnknownServerError
+from sbp.errors import (
+    ConnectionClosed,
+    NoAvailableDataNodeError,
+    ProtocolError,
+    UnknownServerError,
+)
 from tiering import layout
 from tiering.store import ObjectStore
 
@@ -71,6 +76,10 @@ _RETRY_INITIAL_S: Final = 1.0
 _RETRY_MAX_S: Final = 60.0
 #: streams read per page when the metadata is first looked through
 _PAGE: Final = 1000
+#: what a call to a data node or the store may fail with
+_CALL_ERRORS: Final = (ProtocolError, ConnectionClosed, OSError)
+#: how long a pass's calls to the data nodes may take
+_CALL_TIMEOUT_S: Final = 30.0
 #: nodes that serve a range in the store only
 SERVING_NODES: Final = 2
 
@@ -264,19 +273,21 @@ class Tiering:
         ``roll_bytes``, every interval: a range is copied once sealed."""
         while True:
             await trio.sleep(self.interval)
-            try:
-                self.rolls += await roll_full(
-                    self._store, self._link, self._seal, sorted(self._tiered), self.roll_bytes
-                )
-            except ProtocolError as error:
-                _failures.warning("roll", "rolling tiered streams' open ranges: %s", error)
+            with trio.move_on_after(_CALL_TIMEOUT_S):
+                try:
+                    self.rolls += await roll_full(
+                        self._store, self._link, self._seal, sorted(self._tiered), self.roll_bytes
+                    )
+                except _CALL_ERRORS as error:
+                    _failures.warning("roll", "rolling tiered streams' open ranges: %r", error)
 
     async def _size_now_and_then(self) -> None:
         while True:
-            try:
-                await self.size_streams()
-            except ProtocolError as error:
-                _failures.warning("size", "sizing tiered streams: %s", error)
+            with trio.move_on_after(_CALL_TIMEOUT_S):
+                try:
+                    await self.size_streams()
+                except _CALL_ERRORS as error:
+                    _failures.warning("size", "sizing tiered streams: %r", error)
             await trio.sleep(SIZE_INTERVAL_S)
 
     def _start_copies(self, nursery: trio.Nursery) -> None:
@@ -293,7 +304,7 @@ class Tiering:
         try:
             await self.copy(*key)
             self._backoff.pop(key, None)
-        except ProtocolError as error:
+        except (*_CALL_ERRORS, trio.TooSlowError) as error:
             self.copy_failures += 1
             _, backoff = self._backoff.get(key, (0.0, _RETRY_INITIAL_S / 2))
             backoff = min(backoff * 2, _RETRY_MAX_S)
@@ -304,7 +315,7 @@ class Tiering:
                 key[1],
                 key[0],
                 backoff,
-                error,
+                error or type(error).__name__,
             )
         finally:
             self._copying.discard(key)

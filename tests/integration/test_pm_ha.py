@@ -43,13 +43,18 @@ LEASE_TTL_MS = "3000"
 
 
 async def start_pm(
-    root: Path, name: str, endpoints: list[str], node_timeout_ms: str = NODE_TIMEOUT_MS
+    root: Path,
+    name: str,
+    endpoints: list[str],
+    *extra: str,
+    node_timeout_ms: str = NODE_TIMEOUT_MS,
 ) -> ServerProcess:
     return await start_server(
         "pm",
         [
             *("--listen", "127.0.0.1:0", "--etcd", ",".join(endpoints)),
             *("--lease-ttl-ms", LEASE_TTL_MS, "--node-timeout-ms", node_timeout_ms),
+            *extra,
         ],
         root / "logs",
         name=name,
@@ -243,7 +248,10 @@ async def test_a_leader_stopped_past_its_lease_writes_nothing_when_it_resumes(
     async with etcd_cluster(tmp_path) as etcd, ConnectionPool() as pool:
         # A long node timeout: the stopped PM still holds the data node alive
         # when it resumes, and so goes as far as writing the new stream.
-        pms = [await start_pm(tmp_path, f"pm-{i}", etcd.endpoints, "60000") for i in (1, 2)]
+        pms = [
+            await start_pm(tmp_path, f"pm-{i}", etcd.endpoints, node_timeout_ms="60000")
+            for i in (1, 2)
+        ]
         node = await start_server(
             "datanode",
             [

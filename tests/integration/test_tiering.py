@@ -17,14 +17,19 @@ import pytest
 import trio
 
 from client.consumer import Consumer
+from client.pm_client import PMClient
 from client.producer import Producer
+from net.pool import ConnectionPool
 from sbp import messages
 from sbp.enums import ErrorCode
 from tiering import layout
 
 from ..eventually import eventually
+from .etcd_cluster import etcd_cluster
 from .object_store import client_for, running_object_store
 from .pm_cluster import PMCluster, pm_cluster
+from .procs import start_server
+from .test_pm_ha import leader_of, start_pm
 
 pytestmark = [pytest.mark.integration, pytest.mark.deadline(180)]
 
@@ -171,3 +176,109 @@ async def test_a_paused_store_fails_reads_of_its_ranges_but_never_appends(
 async def write_unpaced(cluster: PMCluster, stream_id: int, start: int, count: int) -> None:
     async with Producer(cluster.pm_client(), stream_id, pool=cluster.pool) as producer:
         await producer.send_many([value(o) for o in range(start, start + count)])
+
+
+#: copies slow enough to be cut short: 8 MiB take 4 s
+SLOW_UPLOADS = ("--max-upload-bytes-per-s", "2MiB")
+SLOW_RANGE = 8 * 1024
+
+
+async def stored_objects(store_args: list[str], stream_id: int) -> list[str]:
+    objects = client_for(store_args)
+    return [key for key, _ in await objects.run(objects.list, layout.stream_prefix(stream_id))]
+
+
+async def offloaded_end(cluster_pm: PMClient, stream_id: int) -> int:
+    """The end of the stream's first range once it is in the store only; 0 before."""
+    first = (await cluster_pm.list_stream_ranges(stream_id))[0]
+    return first.end_offset if first.object_state == 2 else 0
+
+
+async def test_a_node_killed_mid_upload_leaves_nothing_half_recorded(tmp_path: Path) -> None:
+    async with (
+        running_object_store(tmp_path) as (_, store_args),
+        pm_cluster(
+            tmp_path,
+            pm_args=[*store_args, "--tiering-interval-ms", "200"],
+            node_args=[*store_args, *SLOW_UPLOADS],
+        ) as cluster,
+    ):
+        pm = cluster.pm_client()
+        stream_id = await create_tiered(cluster)
+        await write_unpaced(cluster, stream_id, 0, SLOW_RANGE)
+        [rng] = await ranges_of(cluster, stream_id)
+        await pm.seal_range(stream_id, rng.range_index)
+        uploader = next(r.data_node.node_id for r in rng.replica_nodes if r.is_primary)
+        await trio.sleep(1.5)  # the first live replica, the primary, is copying it
+        await cluster.nodes[uploader].kill()
+        # nothing recorded, and no object to read: a multipart upload not
+        # completed is no object
+        assert (await ranges_of(cluster, stream_id))[0].object_state == 0
+        assert await stored_objects(store_args, stream_id) == []
+        # the other replica copies it, once
+        end = await eventually(lambda: offloaded_end(pm, stream_id), timeout=60)
+        assert end == SLOW_RANGE
+        assert await stored_objects(store_args, stream_id) == [
+            layout.object_key(stream_id, 0, rng.epoch)
+        ]
+        assert await read_all(cluster, stream_id, 0, end) == [value(o) for o in range(end)]
+
+
+async def test_a_pm_failover_on_etcd_while_uploads_run_records_each_copy_once(
+    tmp_path: Path,
+) -> None:
+    async with (
+        running_object_store(tmp_path) as (_, store_args),
+        etcd_cluster(tmp_path) as etcd,
+        ConnectionPool() as pool,
+    ):
+        pms = [await start_pm(tmp_path, f"pm-{i}", etcd.endpoints, *store_args) for i in (1, 2)]
+        addresses = ",".join(p.address for p in pms)
+        cluster = PMCluster(tmp_path, pool)
+        cluster.pm = pms[0]
+        nodes = []
+        try:
+            for node_id in (1, 2):
+                nodes.append(
+                    await start_server(
+                        "datanode",
+                        [
+                            *("--listen", "127.0.0.1:0", "--node-id", str(node_id)),
+                            *("--data-dir", str(tmp_path / f"node-{node_id}"), "--pm", addresses),
+                            *("--heartbeat-interval-ms", "200", *store_args, *SLOW_UPLOADS),
+                        ],
+                        tmp_path / "logs",
+                        name=f"node-{node_id}",
+                    )
+                )
+            pm = PMClient(addresses, pool=pool, timeout=10)
+            await eventually(
+                pm.describe_cluster, until=lambda st: sum(s.alive for s in st) >= 2, timeout=20
+            )
+            [created] = await pm.create_streams(
+                [messages.Stream(replica_nums=2, local_retention_ms=0)]
+            )
+            assert created.stream is not None and created.range is not None
+            stream_id = created.stream.stream_id
+            async with Producer(pm, stream_id, pool=pool) as producer:
+                await producer.send_many([value(o) for o in range(SLOW_RANGE)])
+            await pm.seal_range(stream_id, 0)
+            await trio.sleep(1.0)  # the copy runs
+            leader = await leader_of(pms, pool)
+            await leader.kill()
+            end = await eventually(lambda: offloaded_end(pm, stream_id), timeout=60)
+            assert end == SLOW_RANGE
+            assert await stored_objects(store_args, stream_id) == [
+                layout.object_key(stream_id, 0, created.range.epoch)
+            ]
+            found: list[bytes] = []
+            async with Consumer(pm, stream_id, 0, pool=pool) as consumer:
+                async for records in consumer:
+                    found.extend(records.value(i) for i in range(len(records)))
+                    if len(found) >= end:
+                        break
+            assert found == [value(o) for o in range(end)]
+        finally:
+            with trio.CancelScope(shield=True):
+                for process in [*nodes, *pms]:
+                    await process.kill()
