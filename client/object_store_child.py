@@ -50,8 +50,12 @@ def weed_binary() -> str | None:
     return shutil.which("weed")
 
 
-def plan_object_store(data_dir: Path, host: str, port_base: int, python: str) -> Child:
-    """``weed mini`` with every port given, S3 first."""
+def plan_object_store(
+    data_dir: Path, host: str, port_base: int, python: str, *, with_parent: bool = True
+) -> Child:
+    """``weed mini`` with every port given, S3 first; ``with_parent`` runs it
+    under ``client.with_parent`` (a launcher's child), else as it is (a
+    harness that signals weed itself)."""
     weed = weed_binary()
     if weed is None:
         raise FileNotFoundError(
@@ -66,7 +70,8 @@ def plan_object_store(data_dir: Path, host: str, port_base: int, python: str) ->
         "object-store",
         [
             # weed cannot watch the launcher itself: it must not outlive it
-            *(python, "-m", "client.with_parent", weed, "mini"),
+            *((python, "-m", "client.with_parent") if with_parent else ()),
+            *(weed, "mini"),
             f"-dir={data_dir / 'object-store'}",
             f"-ip={host}",
             f"-ip.bind={host}",
@@ -85,11 +90,12 @@ def plan_object_store(data_dir: Path, host: str, port_base: int, python: str) ->
     )
 
 
-def object_store_args(store: Child) -> list[str]:
-    """What the PM and the data nodes are given to reach it."""
+def object_store_args(store: Child, address: str = "") -> list[str]:
+    """What the PM and the data nodes are given to reach it (at ``address``
+    when they reach it through something in front of it)."""
     return [
         *("--object-store", f"s3://{BUCKET}/{PREFIX}"),
-        *("--object-store-endpoint", f"http://{store.address}"),
+        *("--object-store-endpoint", f"http://{address or store.address}"),
     ]
 
 

@@ -32,6 +32,7 @@ from sbp.constants import DEFAULT_MAX_FRAME_LENGTH
 from storage.engine import DEFAULT_PAGE_CACHE_WINDOW
 from storage.producers import DEFAULT_EXPIRY_MS
 from tiering.settings import object_store_options, object_store_settings
+from tiering.store import DEFAULT_TIMEOUT_S as DEFAULT_STORE_TIMEOUT_S
 from tiering.store import ObjectStoreSettings
 
 PROG: Final = "sbp-datanode"
@@ -129,6 +130,14 @@ OPTIONS: Final = (
         metavar="BYTES",
     ),
     Option(
+        "object-store-timeout-ms",
+        "how long a read of a range in the object store only waits for the store before it "
+        "answers OBJECT_STORE_UNAVAILABLE (retriable)",
+        positive_int,
+        default=str(int(DEFAULT_STORE_TIMEOUT_S * 1000)),
+        metavar="MS",
+    ),
+    Option(
         "object-cache-bytes",
         "keep at most this much of the object store's ranges in a disk cache under "
         "--data-dir, for reads of ranges no longer on the nodes, e.g. 1GiB",
@@ -205,6 +214,8 @@ class DataNodeConfig:
     max_upload_bytes_per_s: int = DEFAULT_UPLOAD_BYTES_PER_S
     #: the disk cache of ranges read from the object store
     object_cache_bytes: int = DEFAULT_OBJECT_CACHE_BYTES
+    #: how long a read waits for the object store
+    object_store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S
     #: per-principal byte rates (SPEC §12), None: none
     quota_file: Path | None = None
     #: TLS, mutual TLS and the ACL file (SPEC §9)
@@ -251,6 +262,7 @@ def parse_config(argv: Sequence[str] | None = None) -> DataNodeConfig:
         object_store=object_store_settings(values),
         max_upload_bytes_per_s=values["max_upload_bytes_per_s"],
         object_cache_bytes=values["object_cache_bytes"],
+        object_store_timeout_s=values["object_store_timeout_ms"] / 1000,
         quota_file=values["quota_file"],
         security=security_settings(values),
         log_level=values["log_level"],

@@ -34,7 +34,7 @@ from sbp.key_hash import KeyMap
 from storage.compaction import RangeKeys
 from storage.engine import NO_BATCHES, BorrowedBatches, StorageEngine
 from storage.layout import IndexEntry
-from storage.model import AppendItem, RangeInfo, ReplicaBatch
+from storage.model import AppendItem, RangeInfo, ReplicaBatch, hosts
 from tiering.layout import RangeTrailer
 
 from .appends import Answer, Appends, AppendTicket
@@ -619,9 +619,18 @@ class DataNode:
         if self.tiering is None:
             return None
         info = self.engine.range_at(stream_id, offset)
-        if info is None or info.object_state != IN_STORE_ONLY:
-            return None
-        return info
+        if info is not None and info.object_state == IN_STORE_ONLY:
+            return info
+        return self.tiering.listed_range(stream_id, offset)
+
+    def may_be_in_store(self, stream_id: int, offset: int) -> bool:
+        """Whether the PM may know ``offset`` to be in a range in the store
+        only that this node's view does not show: the node has an object
+        store, and does not host the range of ``offset`` as it sees it."""
+        if self.tiering is None:
+            return False
+        info = self.engine.range_at(stream_id, offset)
+        return info is None or not hosts(info, self.node_id)
 
     async def learn_stream(self, stream_id: int) -> bool:
         """Ask the PM about a stream this node has no record of (SPEC §5:
@@ -636,6 +645,8 @@ class DataNode:
         the answer may be older than what SYNC_RANGES brought meanwhile
         (``StorageEngine.learn_ranges``)."""
         infos = [range_to_info(r) for r in ranges]
+        if self.tiering is not None:
+            self.tiering.note_listed(stream_id, infos)
         await self._prefetch_dropped([(stream_id, infos)])
         await wait_future(self.engine.learn_ranges(stream_id, infos))
         self.ranges_changed(stream_id)

@@ -70,6 +70,7 @@ def node_tiering(config: DataNodeConfig, engine: StorageEngine) -> NodeTiering |
         config.data_dir,
         upload_bytes_per_s=config.max_upload_bytes_per_s,
         cache_bytes=config.object_cache_bytes,
+        timeout=config.object_store_timeout_s,
     )
 
 

@@ -5,26 +5,31 @@ disk cache under ``--data-dir``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sbp.errors import InvalidRequestError
+from sbp.errors import InvalidRequestError, ProtocolError
 from storage.engine import BorrowedBatches, StorageEngine
 from storage.model import RangeInfo
 from tiering.cache import ChunkCache
 from tiering.layout import RangeTrailer
 from tiering.reader import TieredReads
-from tiering.store import ObjectStore, ObjectStoreSettings
+from tiering.store import DEFAULT_TIMEOUT_S, ObjectStore, ObjectStoreSettings
 from tiering.upload import RangeUploads
 
 #: the cache's directory under the node's data directory
 CACHE_DIR: Final = "object-cache"
 #: a range read from the object store only (SPEC §14)
 IN_STORE_ONLY: Final = 2
+#: streams whose ranges in the store only a node keeps as the PM listed them
+MAX_LISTED_STREAMS: Final = 10_000
+#: a read of a range this node does not know asks the PM at most this often
+LOOKUP_EVERY_S: Final = 1.0
 
 
 class TieringCollector(Collector):
@@ -69,14 +74,51 @@ class NodeTiering:
         *,
         upload_bytes_per_s: int,
         cache_bytes: int,
+        timeout: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        self.store = ObjectStore(settings)
+        self._engine = engine
+        self.store = ObjectStore(settings, timeout=timeout)
         self.uploads = RangeUploads(engine, self.store, upload_bytes_per_s)
         self.cache = ChunkCache(data_dir / CACHE_DIR, cache_bytes)
         self.reads = TieredReads(self.store, self.cache)
+        #: ranges in the store only as the PM last listed them, by stream and
+        #: index: a node serves them whether or not it holds the stream
+        #: (its own view of a stream it does not host may be old)
+        self._listed: dict[int, dict[int, RangeInfo]] = {}
+        #: when each stream was last looked up for a read (``may_look_up``)
+        self._looked_up: dict[int, float] = {}
 
     async def run(self) -> None:
         await self.reads.run()
+
+    def note_listed(self, stream_id: int, ranges: Sequence[RangeInfo]) -> None:
+        """The PM listed the stream's ranges (LIST_RANGES): keep those in
+        the store only."""
+        offloaded = {r.range_index: r for r in ranges if r.object_state == IN_STORE_ONLY}
+        if offloaded:
+            self._listed[stream_id] = offloaded
+            while len(self._listed) > MAX_LISTED_STREAMS:
+                del self._listed[next(iter(self._listed))]
+        else:
+            self._listed.pop(stream_id, None)
+
+    def listed_range(self, stream_id: int, offset: int) -> RangeInfo | None:
+        """The range in the store only that holds ``offset``, as the PM listed it."""
+        for info in self._listed.get(stream_id, {}).values():
+            if info.start_offset <= offset < info.end_offset:
+                return info
+        return None
+
+    def may_look_up(self, stream_id: int) -> bool:
+        """Whether a read may ask the PM about the stream now: once a
+        second at most per stream."""
+        now = time.monotonic()
+        if now - self._looked_up.get(stream_id, -LOOKUP_EVERY_S) < LOOKUP_EVERY_S:
+            return False
+        self._looked_up[stream_id] = now
+        if len(self._looked_up) > MAX_LISTED_STREAMS:
+            del self._looked_up[next(iter(self._looked_up))]
+        return True
 
     async def upload(self, stream_id: int, range_index: int, epoch: int) -> RangeTrailer:
         return await self.uploads.upload(stream_id, range_index, epoch)
@@ -90,4 +132,16 @@ class NodeTiering:
         data, records = await self.reads.read(
             info.stream_id, info.range_index, info.epoch, offset, max_bytes
         )
+        if self.reads.near_end(info.stream_id, info.range_index, info.epoch, offset + records):
+            self._read_next_ahead(info)
         return BorrowedBatches.owned(data, records)
+
+    def _read_next_ahead(self, info: RangeInfo) -> None:
+        """A reader near the end of a range in the store goes on to the next
+        one: its first chunks are read ahead if it is in the store only."""
+        try:
+            following = self._engine.describe_range(info.stream_id, info.range_index + 1)
+        except ProtocolError:
+            return
+        if following.object_state == IN_STORE_ONLY:
+            self.reads.read_ahead(following.stream_id, following.range_index, following.epoch)

@@ -42,6 +42,7 @@ from sbp.errors import (
     ConnectionClosed,
     NoAvailableDataNodeError,
     ProtocolError,
+    RangeNotFoundError,
     UnknownServerError,
 )
 from tiering import layout
@@ -306,6 +307,11 @@ class Tiering:
             self._backoff.pop(key, None)
         except (*_CALL_ERRORS, trio.TooSlowError) as error:
             self.copy_failures += 1
+            if isinstance(error, RangeNotFoundError):
+                # the node's view is behind the PM's: it catches up within a second
+                self._backoff[key] = (trio.current_time() + _RETRY_INITIAL_S, _RETRY_INITIAL_S / 2)
+                log.debug("copy of range %d of stream %d: %s", key[1], key[0], error)
+                return
             _, backoff = self._backoff.get(key, (0.0, _RETRY_INITIAL_S / 2))
             backoff = min(backoff * 2, _RETRY_MAX_S)
             self._backoff[key] = (trio.current_time() + backoff, backoff)

@@ -49,19 +49,14 @@ def range_message(
     them primary."""
     snapshot = rng.start_offset if rng.is_open else rng.end_offset
     if serving:
-        return messages.Range(
-            stream_id=rng.stream_id,
-            range_index=rng.range_index,
-            start_offset=rng.start_offset,
-            end_offset=rng.end_offset,
-            next_offset=snapshot,
-            commit_offset=snapshot,
-            replica_nodes=tuple(
-                messages.ReplicaNode(data_node=data_node(node_id), is_primary=False)
-                for node_id in serving
-            ),
-            epoch=rng.epoch,
-            object_state=rng.object_state,
+        replicas = tuple(
+            messages.ReplicaNode(data_node=data_node(node_id), is_primary=False)
+            for node_id in serving
+        )
+    else:
+        replicas = tuple(
+            messages.ReplicaNode(data_node=data_node(node_id), is_primary=position == 0)
+            for position, node_id in enumerate(rng.nodes)
         )
     return messages.Range(
         stream_id=rng.stream_id,
@@ -70,10 +65,7 @@ def range_message(
         end_offset=rng.end_offset,
         next_offset=snapshot,
         commit_offset=snapshot,
-        replica_nodes=tuple(
-            messages.ReplicaNode(data_node=data_node(node_id), is_primary=position == 0)
-            for position, node_id in enumerate(rng.nodes)
-        ),
+        replica_nodes=replicas,
         epoch=rng.epoch,
         object_state=rng.object_state,
     )

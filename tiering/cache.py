@@ -14,6 +14,8 @@ import shutil
 from collections import OrderedDict
 from pathlib import Path
 
+from sbp.batches import Buffer
+
 
 class ChunkCache:
     """See the module docstring. ``max_bytes`` 0 keeps nothing."""
@@ -33,12 +35,17 @@ class ChunkCache:
         name = hashlib.blake2b(key.encode(), digest_size=12).hexdigest()
         return self.directory / f"{name}-{chunk}"
 
-    def get(self, key: str, chunk: int) -> bytes | None:
-        if (key, chunk) not in self._sizes:
+    def get(self, key: str, chunk: int, start: int = 0, length: int | None = None) -> bytes | None:
+        """``length`` bytes of the chunk from ``start`` (all of it by
+        default); None when it is not here."""
+        size = self._sizes.get((key, chunk))
+        if size is None:
             self.misses += 1
             return None
+        wanted = size - start if length is None else min(length, size - start)
         try:
-            data = self._file(key, chunk).read_bytes()
+            with self._file(key, chunk).open("rb") as file:
+                data = os.pread(file.fileno(), wanted, start)
         except OSError:
             self._forget(key, chunk)
             self.misses += 1
@@ -47,18 +54,32 @@ class ChunkCache:
         self.hits += 1
         return data
 
-    def put(self, key: str, chunk: int, data: bytes) -> None:
+    def put(self, key: str, chunk: int, data: Buffer) -> None:
+        """Keep a chunk (``write`` then ``admit``, in one go)."""
+        if self.write(key, chunk, data):
+            self.admit(key, chunk, len(data))
+
+    def write(self, key: str, chunk: int, data: Buffer) -> bool:
+        """The chunk's file, written whole (any thread may call this);
+        whether it is to be admitted."""
         if len(data) > self.max_bytes or (key, chunk) in self._sizes:
-            return
-        while self.bytes + len(data) > self.max_bytes and self._sizes:
-            old_key, old_chunk = next(iter(self._sizes))
-            self._forget(old_key, old_chunk)
+            return False
         path = self._file(key, chunk)
-        partial = path.with_suffix(".part")
+        partial = path.with_name(f"{path.name}.part")
         partial.write_bytes(data)
         os.replace(partial, path)
-        self._sizes[(key, chunk)] = len(data)
-        self.bytes += len(data)
+        return True
+
+    def admit(self, key: str, chunk: int, size: int) -> None:
+        """Count a written chunk in, dropping the least recently used ones
+        to stay within the bound (the thread that reads, only)."""
+        if (key, chunk) in self._sizes:
+            return
+        while self.bytes + size > self.max_bytes and self._sizes:
+            old_key, old_chunk = next(iter(self._sizes))
+            self._forget(old_key, old_chunk)
+        self._sizes[(key, chunk)] = size
+        self.bytes += size
 
     def forget_object(self, key: str) -> None:
         """Drop every chunk of an object (it was deleted)."""

@@ -164,3 +164,32 @@ class RangeIndex:
         last = int(np.searchsorted(self.positions, position + max_bytes, side="right")) - 1
         last = max(last, first + 1)
         return position, int(self.positions[last]), int(self.offsets[last] - self.offsets[first])
+
+
+def whole_object(
+    stream_id: int,
+    range_index: int,
+    epoch: int,
+    end_offset: int,
+    batches: Buffer,
+    last_append_ms: int,
+) -> bytes:
+    """A range's object in one buffer: its whole batches (base offsets
+    stamped), index and trailer (as ``tiering.upload`` writes it a piece at
+    a time)."""
+    index = IndexBuilder()
+    index.add(batches)
+    encoded = index.encode(end_offset)
+    start = BASE_OFFSET.unpack_from(batches, 0)[0] if len(batches) else end_offset
+    trailer = RangeTrailer(
+        stream_id,
+        range_index,
+        epoch,
+        start,
+        end_offset,
+        len(batches),
+        last_append_ms,
+        index.batch_count,
+        crc32c(encoded),
+    )
+    return bytes(batches) + encoded + trailer.encode()

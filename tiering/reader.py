@@ -16,6 +16,7 @@ from typing import Any, Final, TypeVar
 
 import trio
 
+from sbp.batches import Buffer
 from sbp.errors import ObjectStoreUnavailableError, ProtocolError
 
 from . import layout
@@ -26,9 +27,11 @@ from .store import ObjectStore
 T = TypeVar("T")
 
 #: bytes per cached chunk and per ranged GET
-CHUNK_BYTES: Final = 4 << 20
+CHUNK_BYTES: Final = 8 << 20
 #: chunks read ahead of the one a read needs
-READ_AHEAD: Final = 2
+READ_AHEAD: Final = 4
+#: chunks read from the store kept in memory as well (the newest)
+RECENT_CHUNKS: Final = 2 * (READ_AHEAD + 1)
 #: indexes of objects kept in memory
 _MAX_INDEXES: Final = 4096
 
@@ -43,6 +46,11 @@ class TieredReads:
         #: chunks being read: readers wait for the one GET
         self._reading: dict[tuple[str, int], trio.Event] = {}
         self._nursery: trio.Nursery | None = None
+        #: the chunks read from the store most recently, kept in memory too:
+        #: a reader goes through each a FETCH at a time
+        self._recent: OrderedDict[tuple[str, int], memoryview] = OrderedDict()
+        #: objects whose index is being read ahead of a reader
+        self._starting: set[str] = set()
         #: bytes read from the store (metrics)
         self.downloaded_bytes = 0
         self.download_errors = 0
@@ -63,20 +71,48 @@ class TieredReads:
         index = await self._index(key)
         position, end, records = index.span(offset, max_bytes)
         first, last = position // CHUNK_BYTES, (end - 1) // CHUNK_BYTES
-        chunks: dict[int, bytes] = {}
+        pieces: dict[int, Buffer] = {}
         async with trio.open_nursery() as nursery:
             for chunk in range(first, last + 1):
-                nursery.start_soon(self._load, key, index, chunk, chunks)
+                # the part of each chunk the read needs
+                start = max(position - chunk * CHUNK_BYTES, 0)
+                stop = min(end - chunk * CHUNK_BYTES, CHUNK_BYTES)
+                nursery.start_soon(self._load, key, index, chunk, start, stop, pieces)
         self._read_ahead(key, index, last)
-        joined = b"".join(chunks[c] for c in range(first, last + 1))
-        skip = position - first * CHUNK_BYTES
-        return joined[skip : skip + end - position], records
+        return b"".join(pieces[c] for c in range(first, last + 1)), records
+
+    def near_end(self, stream_id: int, range_index: int, epoch: int, offset: int) -> bool:
+        """Whether a read at ``offset`` is within the read-ahead of the end of
+        the range's object (time to read the next range ahead)."""
+        index = self._indexes.get(layout.object_key(stream_id, range_index, epoch))
+        if index is None:
+            return False
+        position, _, _ = index.span(min(offset, int(index.offsets[-1]) - 1), 1)
+        return index.trailer.data_bytes - position <= READ_AHEAD * CHUNK_BYTES
+
+    def read_ahead(self, stream_id: int, range_index: int, epoch: int) -> None:
+        """Start reading a range's index and first chunks, for a reader about
+        to get there."""
+        key = layout.object_key(stream_id, range_index, epoch)
+        if self._nursery is not None and key not in self._indexes and key not in self._starting:
+            self._starting.add(key)
+            self._nursery.start_soon(self._start_ahead, key)
+
+    async def _start_ahead(self, key: str) -> None:
+        try:
+            with contextlib.suppress(ProtocolError):
+                index = await self._index(key)
+                self._read_ahead(key, index, -1)
+        finally:
+            self._starting.discard(key)
 
     def forget(self, stream_id: int, range_index: int, epoch: int) -> None:
         """The object was deleted: nothing of it is served from memory or disk."""
         key = layout.object_key(stream_id, range_index, epoch)
         self._indexes.pop(key, None)
         self.cache.forget_object(key)
+        for recent in [k for k in self._recent if k[0] == key]:
+            del self._recent[recent]
 
     async def _index(self, key: str) -> RangeIndex:
         found = self._indexes.get(key)
@@ -98,27 +134,47 @@ class TieredReads:
             self._indexes.popitem(last=False)
         return index
 
-    async def _load(self, key: str, index: RangeIndex, chunk: int, into: dict[int, bytes]) -> None:
-        into[chunk] = await self._chunk(key, index, chunk)
-
-    async def _chunk(self, key: str, index: RangeIndex, chunk: int) -> bytes:
+    async def _load(
+        self,
+        key: str,
+        index: RangeIndex,
+        chunk: int,
+        start: int,
+        stop: int,
+        into: dict[int, Buffer],
+    ) -> None:
+        """``[start, stop)`` of the chunk into ``into[chunk]``."""
         while True:
-            cached = self.cache.get(key, chunk)
+            recent = self._recent.get((key, chunk))
+            if recent is not None:
+                self.cache.hits += 1
+                into[chunk] = recent[start:stop]
+                return
+            cached = self.cache.get(key, chunk, start, stop - start)
             if cached is not None:
-                return cached
+                into[chunk] = cached
+                return
             reading = self._reading.get((key, chunk))
             if reading is None:
                 break
             await reading.wait()  # read by another reader: cached now, unless it failed
-            if self.cache.get(key, chunk) is None and (key, chunk) not in self._reading:
-                break
+        data = await self._fetch(key, index, chunk)
+        into[chunk] = data[start:stop]
+
+    async def _fetch(self, key: str, index: RangeIndex, chunk: int) -> memoryview:
+        """The whole chunk from the store, then into the cache; one GET for
+        all who want it meanwhile."""
         done = self._reading[(key, chunk)] = trio.Event()
         try:
             start = chunk * CHUNK_BYTES
             length = min(CHUNK_BYTES, index.trailer.data_bytes - start)
             data = await self._call(self.store.read, key, start, length)
             self.downloaded_bytes += len(data)
-            self.cache.put(key, chunk, data)
+            self._recent[(key, chunk)] = data
+            while len(self._recent) > RECENT_CHUNKS:
+                self._recent.popitem(last=False)
+            if await trio.to_thread.run_sync(self.cache.write, key, chunk, data):
+                self.cache.admit(key, chunk, len(data))
             return data
         finally:
             del self._reading[(key, chunk)]
@@ -133,8 +189,10 @@ class TieredReads:
                 self._nursery.start_soon(self._ahead, key, index, chunk)
 
     async def _ahead(self, key: str, index: RangeIndex, chunk: int) -> None:
+        if (key, chunk) in self._reading or (key, chunk) in self.cache:
+            return
         with contextlib.suppress(ProtocolError):  # the read that needs it will say so
-            await self._chunk(key, index, chunk)
+            await self._fetch(key, index, chunk)
 
     async def _call(self, call: Callable[..., T], *args: Any) -> T:
         try:

@@ -150,15 +150,16 @@ class ObjectStore:
             return None
         return int(info.size)
 
-    def read(self, key: str, position: int, length: int) -> bytes:
-        """``length`` bytes of the object from ``position`` (one ranged GET)."""
+    def read(self, key: str, position: int, length: int) -> memoryview:
+        """``length`` bytes of the object from ``position`` (one ranged GET),
+        in the buffer the client read them into (not copied)."""
         with self._fs.open_input_file(self._path(key)) as source:
             data = source.read_at(length, position)
         if len(data) != length:
             raise OSError(
                 f"{key}: asked for {length} bytes at {position}, the store returned {len(data)}"
             )
-        return bytes(data)
+        return memoryview(data)
 
     def read_tail(self, key: str, length: int) -> tuple[int, bytes]:
         """The object's size and its last ``length`` bytes."""

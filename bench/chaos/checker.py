@@ -69,6 +69,8 @@ class StoredStream:
     #: per "range R on node N": the range's [start, stop) and the records
     #: that replica holds of it
     replicas: dict[str, tuple[int, int, list[tuple[int, bytes]]]] = field(default_factory=dict)
+    #: its ranges in the object store only (SPEC §14), read from there
+    offloaded_ranges: int = 0
 
 
 @dataclass

@@ -73,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
         "paused as the servers are; each table is checked against its stream at the end",
     )
     parser.add_argument(
+        "--tiered",
+        action="store_true",
+        help="tiered streams (SPEC §14): an object store (weed mini) runs too, sealed ranges "
+        "go there and leave the nodes at once, and the store is killed, paused and slowed "
+        "as the servers are; reads of its ranges must lose nothing",
+    )
+    parser.add_argument(
         "--at-least-once",
         action="store_true",
         help="producers without idempotence: a value sent again may be stored twice "
@@ -160,6 +167,7 @@ def _faults(args: argparse.Namespace, seed: int, root: Path) -> int:
             idempotent=not args.at_least_once,
             compacted_keys=max(args.compacted_keys, 0),
             tables=args.tables,
+            tiered=args.tiered,
         ),
     )
     schedule = plan(settings)

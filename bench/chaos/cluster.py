@@ -11,7 +11,9 @@ proxy                  carries
 =====================  ===========================================================
 
 With ``tables``, ``sbp-tables`` runs too, reaching the PM through
-``clients->pm`` and the nodes through their proxies.
+``clients->pm`` and the nodes through their proxies. With ``object_store``,
+SeaweedFS's ``weed mini`` runs too (``object-store``), and the PM and the
+nodes reach it through ``->object-store``.
 
 A restarted server gets a new port; its proxies are pointed at it, so the
 addresses everyone else knows stay the same.
@@ -28,6 +30,7 @@ from pathlib import Path
 import trio
 
 from client.children import Child, start_child, stop_child, wait_for_nodes
+from client.object_store_child import object_store_args, plan_object_store, use_local_credentials
 from tables.defaults import local_tables
 
 from .proxy import LinkProxy
@@ -73,6 +76,7 @@ class ChaosCluster:
         node_args: tuple[str, ...] = (),
         pm_args: tuple[str, ...] = (),
         tables: bool = False,
+        object_store: bool = False,
     ) -> None:
         self.root = root
         self.node_count = nodes
@@ -149,6 +153,12 @@ class ChaosCluster:
             if tables
             else None
         )
+        #: the object store (SPEC §14), reached through its proxy
+        self.object_store: Server | None = None
+        if object_store:
+            use_local_credentials()
+            store = plan_object_store(root, "127.0.0.1", 0, python, with_parent=False)
+            self.object_store = Server(store, [LinkProxy("->object-store", "")])
         self._nursery: trio.Nursery | None = None
 
     # -- addresses ------------------------------------------------------------
@@ -163,19 +173,29 @@ class ChaosCluster:
 
     @property
     def proxies(self) -> list[LinkProxy]:
-        return [self.client_pm, *self.pm_links.values()] + [
+        store = [self.object_store.ingress[0]] if self.object_store else []
+        return [self.client_pm, *self.pm_links.values(), *store] + [
             server.ingress[0] for server in self.nodes.values()
         ]
 
     def servers(self) -> list[Server]:
-        return [self.pm, *self.nodes.values(), *([self.tables] if self.tables else [])]
+        store = [self.object_store] if self.object_store else []
+        return [*store, self.pm, *self.nodes.values(), *([self.tables] if self.tables else [])]
 
     def server(self, name: str) -> Server:
         if name == "pm":
             return self.pm
         if name == "tables" and self.tables is not None:
             return self.tables
+        if name == "object-store" and self.object_store is not None:
+            return self.object_store
         return self.nodes[name]
+
+    def _store_args(self) -> tuple[str, ...]:
+        if self.object_store is None:
+            return ()
+        proxy = self.object_store.ingress[0]
+        return tuple(object_store_args(self.object_store.child, proxy.address))
 
     # -- lifetime -------------------------------------------------------------
 
@@ -183,6 +203,8 @@ class ChaosCluster:
         self._nursery = nursery
         for proxy in self.proxies:
             await nursery.start(proxy.run)
+        if self.object_store is not None:
+            await self._start(self.object_store)
         await self._start(self.pm)
         for server in self.nodes.values():
             await self._start(server)
@@ -192,12 +214,17 @@ class ChaosCluster:
             await self._start(self.tables)
 
     def _node_args(self, name: str) -> tuple[str, ...]:
-        return ("--pm", self.pm_links[name].address, "--advertise", self.node_address(name))
+        return (
+            *("--pm", self.pm_links[name].address, "--advertise", self.node_address(name)),
+            *self._store_args(),
+        )
 
     async def _start(self, server: Server) -> None:
         assert self._nursery is not None
         if server is self.pm:
-            extra: tuple[str, ...] = ()
+            extra: tuple[str, ...] = self._store_args()
+        elif server is self.object_store:
+            extra = ()
         elif server is self.tables:
             extra = ("--pm", self.pm_address)
         else:

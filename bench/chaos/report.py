@@ -51,6 +51,7 @@ def document(result: RunResult) -> dict[str, Any]:
         "unknown_missing": verdict.unknown_missing,
         "allowed_duplicates": verdict.allowed_duplicates,
         "table_rows": result.table_rows,
+        "offloaded_ranges": sum(stream.offloaded_ranges for stream in result.stored),
         "violations": {kind: verdict.violations.get(kind, 0) for kind in checker.KINDS},
         "examples": dict(verdict.examples),
         "read_errors": verdict.read_errors,
@@ -104,6 +105,11 @@ def markdown(result: RunResult, doc: dict[str, Any]) -> str:
         + (
             f" The streams' Iceberg tables held {doc['table_rows']:,} rows at the end."
             if doc["table_rows"] is not None
+            else ""
+        )
+        + (
+            f" {doc['offloaded_ranges']:,} ranges were in the object store only, read from there."
+            if doc["offloaded_ranges"]
             else ""
         ),
         "",

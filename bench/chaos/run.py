@@ -36,6 +36,8 @@ MOVES_SETTLE_S = 300.0
 
 #: a PM that compacts often and rolls small ranges: passes run under the faults
 COMPACTING_PM_ARGS = ("--compaction-interval-ms", "1000", "--compaction-roll-bytes", "64KiB")
+#: tiered streams' ranges roll, go to the object store and leave the nodes within seconds
+TIERING_PM_ARGS = ("--tiering-interval-ms", "500", "--tiered-roll-bytes", "64KiB")
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,8 @@ def replay_command(settings: RunSettings) -> str:
         parts.append(f"--compacted-keys {settings.workload.compacted_keys}")
     if settings.workload.tables:
         parts.append("--tables")
+    if settings.workload.tiered:
+        parts.append("--tiered")
     return " ".join(parts)
 
 
@@ -91,6 +95,9 @@ def plan(settings: RunSettings) -> list[Fault]:
     nodes = [f"node-{i}" for i in range(1, settings.nodes + 1)]
     links = ["clients->pm", *(f"{n}->pm" for n in nodes), *(f"->{n}" for n in nodes)]
     others = ["tables"] if settings.workload.tables else []
+    if settings.workload.tiered:
+        links.append("->object-store")
+        others.append("object-store")
     return draw_schedule(
         settings.seed, settings.duration_s, nodes, links, settings.kinds, others=others
     )
@@ -105,14 +112,19 @@ async def run(settings: RunSettings, root: Path) -> RunResult:
         root,
         settings.nodes,
         small_map_node=settings.small_map_node,
-        pm_args=COMPACTING_PM_ARGS if settings.workload.compacted_keys else (),
+        pm_args=(
+            *(COMPACTING_PM_ARGS if settings.workload.compacted_keys else ()),
+            *(TIERING_PM_ARGS if settings.workload.tiered else ()),
+        ),
         tables=settings.workload.tables,
+        object_store=settings.workload.tiered,
     )
     wall_start = time.monotonic()
     async with trio.open_nursery() as nursery:
         try:
             await cluster.start(nursery)
             also = " and sbp-tables" if settings.workload.tables else ""
+            also += " and an object store" if settings.workload.tiered else ""
             print(f"cluster up: PM, {settings.nodes} data nodes{also}, logs in {root / 'logs'}")
             started = trio.current_time()
             workload = Workload(cluster.pm_address, history, settings.workload, settings.seed)
@@ -192,11 +204,13 @@ async def _read_back(pm_address: str, streams: list[int]) -> list[checker.Stored
         ranges: list[tuple[int, int]] = []
         replicas: dict[str, tuple[int, int, list[tuple[int, bytes]]]] = {}
         error = ""
+        offloaded = 0
         try:
             with trio.fail_after(FINAL_READ_TIMEOUT_S):
                 async with PMClient(pm_address) as pm:
                     wire = await pm.list_stream_ranges(stream_id, timeout=10)
                     ranges = [(r.start_offset, -1 if r.is_open else r.end_offset) for r in wire]
+                    offloaded = sum(1 for r in wire if r.object_state == 2)
                 async with Consumer(pm_address, stream_id, retry_timeout=60) as consumer:
                     async for record in consumer.records():
                         records.append((record.offset, record.value))
@@ -217,7 +231,7 @@ async def _read_back(pm_address: str, streams: list[int]) -> list[checker.Stored
                             replicas[key] = (rng.start_offset, stop, held)
         except (*EXPECTED, trio.TooSlowError) as exc:
             error = f"{type(exc).__name__}: {exc}"
-        stored.append(checker.StoredStream(stream_id, records, ranges, error, replicas))
+        stored.append(checker.StoredStream(stream_id, records, ranges, error, replicas, offloaded))
     return stored
 
 

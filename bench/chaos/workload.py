@@ -52,6 +52,8 @@ class WorkloadSettings:
     compacted_keys: int = 0
     #: streams kept as Iceberg tables by sbp-tables (SPEC §16)
     tables: bool = False
+    #: tiered streams (SPEC §14): sealed ranges go to the object store at once
+    tiered: bool = False
 
 
 class Workload:
@@ -111,6 +113,7 @@ class Workload:
                     replica_nums=self.settings.replicas,
                     cleanup_policy=1 if self.settings.compacted_keys else 0,
                     table_interval_ms=TABLE_INTERVAL_MS if self.settings.tables else -1,
+                    local_retention_ms=0 if self.settings.tiered else -1,
                 )
                 created = single(await pm.create_streams([stream], timeout=10), "CREATE_STREAMS")
                 raise_for_code(created.error_code, created.error_message)

@@ -145,6 +145,18 @@ class FetchHandler:
         store's error for those it could not read in time."""
         node = self._node
         found: dict[int, BorrowedBatches | ProtocolError] = {}
+        if node.tiering is None:
+            return found
+        for stream_id in {
+            info.stream_id
+            for info in pending
+            if node.in_object_store(info.stream_id, info.fetch_offset) is None
+            and node.may_be_in_store(info.stream_id, info.fetch_offset)
+        }:
+            # a range this node does not host: the PM may list it in the
+            # store only (this node's view of the stream may be old)
+            if node.tiering.may_look_up(stream_id):
+                await node.learn_stream(stream_id)
         wanted = [
             (info, rng)
             for info in pending

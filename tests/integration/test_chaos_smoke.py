@@ -1,7 +1,7 @@
 """The fault-injection harness as a user runs it, at smoke size: a 60-second
-run of every fault kind against a PM and three data nodes, on streams of one
-replica kept as Iceberg tables by sbp-tables, must find no violation in the
-streams or their tables (replicated streams:
+run of every fault kind against a PM, three data nodes and an object store,
+on tiered streams of one replica kept as Iceberg tables by sbp-tables, must
+find no violation in the streams or their tables (replicated streams:
 test_chaos_replicated.py; mutated frames: test_chaos_fuzz.py, each a file
 of its own so that the long runs go to different test workers)."""
 
@@ -15,18 +15,22 @@ import pytest
 from bench.chaos.checker import KINDS as CHECKS
 from bench.chaos.faults import KINDS as FAULTS
 
-from .chaos_runs import SEED, run_chaos
+from .chaos_runs import TIERED_SEED, run_chaos
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_a_minute_of_faults_loses_nothing_acknowledged(tmp_path: Path) -> None:
     run = run_chaos(
-        "--duration", "60", "--seed", str(SEED), "--tables", "--out", str(tmp_path), timeout=300
+        "--duration", "60", "--seed", str(TIERED_SEED), "--tables", "--tiered",
+        "--out", str(tmp_path), timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     # the schedule is printed before the run, so that it can be replayed
-    assert f"replay with: python -m bench chaos --seed {SEED} --duration 60 --tables" in run.stdout
+    replay = (
+        f"replay with: python -m bench chaos --seed {TIERED_SEED} --duration 60 --tables --tiered"
+    )
+    assert replay in run.stdout
     report = json.loads((tmp_path / "chaos.json").read_text())
     assert report["verdict"] == "pass"
     assert report["violations"] == dict.fromkeys(CHECKS, 0)
@@ -35,6 +39,8 @@ def test_a_minute_of_faults_loses_nothing_acknowledged(tmp_path: Path) -> None:
     assert report["stored_records"] > 0 and report["observed_by_consumers"] > 0
     # every stored record is in its table once ("table" above); trimmed ones may be too
     assert report["table_rows"] >= report["stored_records"]
+    # sealed ranges went to the object store and were read back from there
+    assert report["offloaded_ranges"] > 0
     assert not any(report["server_tracebacks"].values())
     for name in ("chaos.md", "chaos.png"):
         assert (tmp_path / name).stat().st_size > 0

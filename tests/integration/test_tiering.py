@@ -33,11 +33,11 @@ from .test_pm_ha import leader_of, start_pm
 
 pytestmark = [pytest.mark.integration, pytest.mark.deadline(180)]
 
-MAP_SIZE = "24MiB"
-ROLL = "2MiB"
+MAP_SIZE = "12MiB"
+ROLL = "1MiB"
 VALUE = 1000
 #: about 3x a node's map size, through a stream of 2 replicas on 3 nodes
-RECORDS = 72 * 1024
+RECORDS = 36 * 1024
 
 
 def value(offset: int) -> bytes:
@@ -91,7 +91,7 @@ async def store_and_cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
         pm_cluster(
             tmp_path,
             pm_args=[*store_args, "--tiering-interval-ms", "200", "--tiered-roll-bytes", ROLL],
-            node_args=[*store_args, "--map-size", MAP_SIZE],
+            node_args=[*store_args, "--map-size", MAP_SIZE, "--object-store-timeout-ms", "1000"],
         ) as cluster,
     ):
         yield store, store_args, cluster
@@ -136,7 +136,7 @@ async def test_a_paused_store_fails_reads_of_its_ranges_but_never_appends(
 ) -> None:
     store, _, cluster = store_and_cluster
     stream_id = await create_tiered(cluster)
-    await write(cluster, stream_id, 0, 8 * 1024)
+    await write(cluster, stream_id, 0, 4 * 1024)
 
     async def offloaded() -> list[messages.Range]:
         return [r for r in await ranges_of(cluster, stream_id) if r.object_state == 2]
@@ -157,7 +157,7 @@ async def test_a_paused_store_fails_reads_of_its_ranges_but_never_appends(
     try:
         # appends go on while the store does not answer
         with trio.fail_after(20):
-            await write_unpaced(cluster, stream_id, 8 * 1024, 4 * 1024)
+            await write_unpaced(cluster, stream_id, 4 * 1024, 2 * 1024)
         # a read of a range in the store only says so, retriably
         info = messages.FetchInfo(
             stream_id=stream_id, fetch_offset=first.start_offset, batch_max_bytes=1 << 20
@@ -169,7 +169,7 @@ async def test_a_paused_store_fails_reads_of_its_ranges_but_never_appends(
     finally:
         weed.send_signal(signal.SIGCONT)
     # back: every record reads, those written while it was away too
-    total = 12 * 1024
+    total = 6 * 1024
     assert await read_all(cluster, stream_id, 0, total) == [value(o) for o in range(total)]
 
 
@@ -178,9 +178,9 @@ async def write_unpaced(cluster: PMCluster, stream_id: int, start: int, count: i
         await producer.send_many([value(o) for o in range(start, start + count)])
 
 
-#: copies slow enough to be cut short: 8 MiB take 4 s
-SLOW_UPLOADS = ("--max-upload-bytes-per-s", "2MiB")
-SLOW_RANGE = 8 * 1024
+#: copies slow enough to be cut short: 2 MiB take 2 s
+SLOW_UPLOADS = ("--max-upload-bytes-per-s", "1MiB")
+SLOW_RANGE = 2 * 1024
 
 
 async def stored_objects(store_args: list[str], stream_id: int) -> list[str]:
@@ -263,7 +263,7 @@ async def test_a_pm_failover_on_etcd_while_uploads_run_records_each_copy_once(
             async with Producer(pm, stream_id, pool=pool) as producer:
                 await producer.send_many([value(o) for o in range(SLOW_RANGE)])
             await pm.seal_range(stream_id, 0)
-            await trio.sleep(1.0)  # the copy runs
+            await trio.sleep(0.8)  # the copy runs
             leader = await leader_of(pms, pool)
             await leader.kill()
             end = await eventually(lambda: offloaded_end(pm, stream_id), timeout=60)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
 from pm.liveness import NodeRegistry
 from pm.metadata import (
@@ -28,44 +27,11 @@ from pm.records import Holding, NodeRecord, Outcome, RangeRecord, StreamRecord
 from pm.rolling import roll_if_full
 from pm.tiering import IN_STORE_ONLY, IN_STORE_TOO, ON_NODES, Tiering, serving_nodes
 from sbp.batches import build_batch, stamp_base_offset
-from sbp.crc32c import crc32c
-from sbp.errors import ObjectStoreUnavailableError
 from tiering import layout
-from tiering.layout import IndexBuilder, RangeTrailer
-from tiering.store import ObjectStore, ObjectStoreSettings
+from tiering.layout import RangeTrailer
+from tiering.memory import MemoryObjectStore
 
 STREAM = 1
-
-
-class MemoryObjects(ObjectStore):
-    """An object store in a dict, with the real class's checks on top."""
-
-    def __init__(self) -> None:
-        self.settings = ObjectStoreSettings("bucket")
-        self.timeout = 1.0
-        self._limiter = trio.CapacityLimiter(4)
-        self.objects: dict[str, bytes] = {}
-        self.down = False
-
-    async def run(self, call: Any, *args: Any, timeout: float | None = None) -> Any:
-        if self.down:
-            raise ObjectStoreUnavailableError("the store is down")
-        return call(*args)
-
-    def size(self, key: str) -> int | None:
-        found = self.objects.get(key)
-        return None if found is None else len(found)
-
-    def read_tail(self, key: str, length: int) -> tuple[int, bytes]:
-        data = self.objects[key]
-        return len(data), data[-length:]
-
-    def list(self, prefix: str) -> list[tuple[str, int]]:
-        return [(k, len(v)) for k, v in sorted(self.objects.items()) if k.startswith(prefix)]
-
-    def delete(self, keys: Sequence[str]) -> None:
-        for key in keys:
-            self.objects.pop(key, None)
 
 
 def range_object(rng: RangeRecord, last_append_ms: int) -> bytes:
@@ -75,27 +41,15 @@ def range_object(rng: RangeRecord, last_append_ms: int) -> bytes:
         batch = build_batch([b"r"] * min(10, rng.end_offset - offset), 0)
         stamp_base_offset(batch, offset)
         data += batch
-    index = IndexBuilder()
-    index.add(data)
-    encoded = index.encode(rng.end_offset)
-    trailer = RangeTrailer(
-        rng.stream_id,
-        rng.range_index,
-        rng.epoch,
-        rng.start_offset,
-        rng.end_offset,
-        len(data),
-        last_append_ms,
-        index.batch_count,
-        crc32c(encoded),
+    return layout.whole_object(
+        rng.stream_id, rng.range_index, rng.epoch, rng.end_offset, data, last_append_ms
     )
-    return bytes(data) + encoded + trailer.encode()
 
 
 class Nodes:
     """Data nodes that upload what they are asked to, as the real ones do."""
 
-    def __init__(self, objects: MemoryObjects, clock: Clock) -> None:
+    def __init__(self, objects: MemoryObjectStore, clock: Clock) -> None:
         self.objects = objects
         self.clock = clock
         self.uploads: list[tuple[int, tuple[int, int]]] = []
@@ -124,7 +78,7 @@ class Harness:
     def __init__(self, store: MetadataStore) -> None:
         self.store = store
         self.clock = Clock()
-        self.objects = MemoryObjects()
+        self.objects = MemoryObjectStore()
         self.nodes = Nodes(self.objects, self.clock)
         self.registry = NodeRegistry(5.0)
         for node_id in (1, 2, 3):
