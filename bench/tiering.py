@@ -5,14 +5,14 @@ PM's work per state change at 100,000 tiered ranges.
     .venv/bin/python -m bench.tiering [--quick] [--part read|upload|pm|all]
 
 **read**: a PM, one data node (``--sync never``) and SeaweedFS's ``weed
-mini`` on loopback. Each round fills a plain stream and a tiered one
-(``local_retention_ms`` 0, ranges rolled at the default 64 MiB) with
-``--mb`` MB of 1 KiB values, waits until
-every sealed range of the tiered one is in the store only, then reads from
-offset 0 to the end with a ``Consumer``: the plain stream (local disk), the
-tiered one (from the store, through the node's empty cache: cold) and the
-tiered one again (warm). Reported: MB/s of each, medians over ``--rounds``,
-and the ratios cold/local and warm/local of each round.
+mini`` on loopback. Each round fills a tiered stream (ranges rolled at the
+default 64 MiB) with ``--mb`` MiB of 1 KiB values and reads the same
+ranges from offset 0 to the end with a ``Consumer`` three times: once they
+are copied but still on the node (``local_retention_ms`` one hour: local
+disk), then, with ``local_retention_ms`` 0, once they are in the store only
+(through the node's empty cache: cold), and again (warm). Reported: MB/s
+of each and the ratios cold/local and warm/local of each round, and the
+ratios' medians over ``--rounds``.
 
 **upload**: the same processes. The append rate one producer reaches in
 ``--seconds`` (64 KiB batches, 8 in flight) is the peak; then half of it is
@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -102,15 +103,6 @@ async def _fill(pm: PMClient, pool: ConnectionPool, stream_id: int, mb: int) -> 
     return int(sealed.ranges[0].end_offset)
 
 
-async def _all_in_store(pm: PMClient, stream_id: int, timeout: float) -> None:
-    with trio.fail_after(timeout):
-        while True:
-            ranges = await pm.list_stream_ranges(stream_id)
-            if all(r.object_state == 2 for r in ranges if not r.is_open):
-                return
-            await trio.sleep(0.2)
-
-
 async def _read_mb_per_s(pm: PMClient, pool: ConnectionPool, stream_id: int, end: int) -> float:
     started = time.perf_counter()
     async with Consumer(pm, stream_id, 0, pool=pool) as consumer:
@@ -121,20 +113,33 @@ async def _read_mb_per_s(pm: PMClient, pool: ConnectionPool, stream_id: int, end
     return end * VALUE_BYTES / elapsed / 1e6
 
 
+async def _all_at_least(pm: PMClient, stream_id: int, state: int, timeout: float) -> None:
+    """Until every sealed range of the stream is in ``state`` or past it."""
+    with trio.fail_after(timeout):
+        while True:
+            ranges = await pm.list_stream_ranges(stream_id)
+            if all(r.object_state >= state for r in ranges if not r.is_open):
+                return
+            await trio.sleep(0.2)
+
+
 async def read_part(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     plan = _plan(root)
     async with running_plan(plan, root), ConnectionPool() as pool:
         pm = PMClient(plan.pm_addresses, pool=pool, timeout=60)
         rounds = []
         for _ in range(args.rounds):
-            local = await _create(pm)
-            tiered = await _create(pm, local_retention_ms=0)
-            local_end = await _fill(pm, pool, local, args.mb)
-            tiered_end = await _fill(pm, pool, tiered, args.mb)
-            await _all_in_store(pm, tiered, timeout=300)
-            on_disk = await _read_mb_per_s(pm, pool, local, local_end)
-            cold = await _read_mb_per_s(pm, pool, tiered, tiered_end)
-            warm = await _read_mb_per_s(pm, pool, tiered, tiered_end)
+            # the same ranges: copied but kept on the node, then in the store only
+            stream_id = await _create(pm, local_retention_ms=3_600_000)
+            end = await _fill(pm, pool, stream_id, args.mb)
+            await _all_at_least(pm, stream_id, 1, timeout=300)
+            on_disk = await _read_mb_per_s(pm, pool, stream_id, end)
+            stream = await pm.get_stream(stream_id)
+            await pm.update_stream(replace(stream, local_retention_ms=0))
+            await _all_at_least(pm, stream_id, 2, timeout=300)
+            cold = await _read_mb_per_s(pm, pool, stream_id, end)
+            warm = await _read_mb_per_s(pm, pool, stream_id, end)
+            await pm.delete_streams([stream_id])
             rounds.append(
                 {
                     "local_mb_per_s": round(on_disk, 1),

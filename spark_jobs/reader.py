@@ -10,20 +10,26 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import Future
+from typing import Final
 
 import pyarrow as pa
+import trio
 
 from client.compacted_tail import compacted_end
 from client.datanode_client import DataNodeClient
+from client.retry import retry_delay
 from client.sync import SyncClient
 from net.pool import ConnectionPool
 from sbp import messages
 from sbp.batches import batch_spans, decode_batches, peek_header
 from sbp.enums import ErrorCode
-from sbp.errors import ConnectionClosed, ProtocolError, error_for
+from sbp.errors import ConnectionClosed, ObjectStoreUnavailableError, ProtocolError, error_for
 
 from .arrow import records_to_arrow
 from .layout import RangeSlice
+
+#: rounds over a range's replicas before a fetch fails its task
+REPLICA_ROUNDS: Final = 6
 
 
 class MissingRecordsError(RuntimeError):
@@ -55,20 +61,31 @@ async def fetch_once(
 async def fetch_from_replicas(
     pool: ConnectionPool, piece: RangeSlice, offset: int, max_bytes: int, timeout: float
 ) -> bytes | memoryview:
-    """One fetch, from the first replica that answers (primary first)."""
+    """One fetch, from the first replica that answers (primary first). A
+    range whose nodes read it from an object store that did not answer in
+    time (SPEC §14) is asked again after a pause, up to ``REPLICA_ROUNDS``
+    times."""
     failure: Exception | None = None
     # what each replica answered: Spark shows the message, not the cause
     refusals: list[str] = []
-    for address in piece.replicas:
-        try:
-            return await fetch_once(pool, address, piece.stream_id, offset, max_bytes, timeout)
-        except ProtocolError as error:
-            if not error.retriable:
-                raise
-            failure = error
-        except (ConnectionClosed, OSError) as error:
-            failure = error
-        refusals.append(f"{address}: {type(failure).__name__}: {failure}")
+    store_slow = False
+    for round_index in range(REPLICA_ROUNDS):
+        if round_index:
+            if not store_slow:
+                break
+            await trio.sleep(retry_delay(round_index, initial=1.0, cap=5.0))
+        refusals, store_slow = [], False
+        for address in piece.replicas:
+            try:
+                return await fetch_once(pool, address, piece.stream_id, offset, max_bytes, timeout)
+            except ProtocolError as error:
+                if not error.retriable:
+                    raise
+                failure = error
+                store_slow = store_slow or isinstance(error, ObjectStoreUnavailableError)
+            except (ConnectionClosed, OSError) as error:
+                failure = error
+            refusals.append(f"{address}: {type(failure).__name__}: {failure}")
     raise RuntimeError(
         f"no replica of range {piece.range_index} of stream {piece.stream_id} "
         f"served offset {offset} ({'; '.join(refusals) or 'no replica listed'})"

@@ -17,11 +17,13 @@ from .streams import StreamOps
 
 @pytest.fixture(scope="session")
 def pm_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A local cluster (``sbp-cluster``, 2 data nodes, free ports); the
-    tables' tests write their tables themselves."""
+    """A local cluster (``sbp-cluster``, 2 data nodes, an object store, free
+    ports); the tables' tests write their tables themselves."""
     root = tmp_path_factory.mktemp("sbp-cluster")
     cluster = start_local_cluster(
-        root / "data", ["--nodes", "2", "--no-tables"], log_path=root / "cluster.log"
+        root / "data",
+        ["--nodes", "2", "--no-tables", "--object-store"],
+        log_path=root / "cluster.log",
     )
     try:
         yield cluster.pm_address

@@ -56,6 +56,10 @@ class StreamOps:
     def ranges(self, stream_id: int) -> tuple[messages.Range, ...]:
         return self._client.list_ranges(stream_id)
 
+    def tier(self, stream_id: int, local_retention_ms: int = 0) -> None:
+        """Make the stream tiered (SPEC §14)."""
+        self._client.update_stream(stream_id, local_retention_ms=local_retention_ms)
+
     def seal(self, stream_id: int) -> messages.Range:
         """Seal the open range (the PM opens the next one); the new open range."""
         return self._client.seal(stream_id)[-1]

@@ -16,6 +16,7 @@ from client import DataNodeClient, PMClient, Producer
 from sbp import messages
 from sbp.key_hash import KeyMap
 
+from ..eventually import eventually_blocking
 from .streams import StreamOps, make_values
 
 
@@ -302,3 +303,21 @@ def test_a_compacted_stream_reads_each_kept_record_once(
         (4, b"b", b"b2"),
         (5, b"c", b"c2"),
     ]
+
+
+def test_a_tiered_stream_reads_from_the_object_store(spark: SparkSession, ops: StreamOps) -> None:
+    """Ranges in the object store only (SPEC §14) read as any range."""
+    stream = ops.create_stream()
+    ops.tier(stream)
+    values = make_values("tiered", 200)
+    ops.append(stream, values[:120])
+    ops.seal(stream)
+    ops.append(stream, values[120:])
+
+    def first_in_store() -> bool:
+        return ops.ranges(stream)[0].object_state == 2
+
+    eventually_blocking(first_in_store, timeout=30)
+    rows = read(spark, ops.pm_address, streams=str(stream)).orderBy("offset").collect()
+    assert [row.value for row in rows] == values
+    assert [row.offset for row in rows] == list(range(200))
