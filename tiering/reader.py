@@ -68,18 +68,41 @@ class TieredReads:
         most ``max_bytes`` of them but at least one, and the offsets they
         cover."""
         key = layout.object_key(stream_id, range_index, epoch)
-        index = await self._index(key)
+        index = self._indexes.get(key) or await self._index(key)
         position, end, records = index.span(offset, max_bytes)
         first, last = position // CHUNK_BYTES, (end - 1) // CHUNK_BYTES
+        # the part of each chunk the read needs
+        wanted = {
+            chunk: (
+                max(position - chunk * CHUNK_BYTES, 0),
+                min(end - chunk * CHUNK_BYTES, CHUNK_BYTES),
+            )
+            for chunk in range(first, last + 1)
+        }
         pieces: dict[int, Buffer] = {}
-        async with trio.open_nursery() as nursery:
-            for chunk in range(first, last + 1):
-                # the part of each chunk the read needs
-                start = max(position - chunk * CHUNK_BYTES, 0)
-                stop = min(end - chunk * CHUNK_BYTES, CHUNK_BYTES)
-                nursery.start_soon(self._load, key, index, chunk, start, stop, pieces)
+        for chunk, (start, stop) in wanted.items():  # what is at hand, without a task
+            held = self._held(key, chunk, start, stop)
+            if held is not None:
+                pieces[chunk] = held
+        if len(pieces) < len(wanted):
+            async with trio.open_nursery() as nursery:
+                for chunk, (start, stop) in wanted.items():
+                    if chunk not in pieces:
+                        nursery.start_soon(self._load, key, index, chunk, start, stop, pieces)
         self._read_ahead(key, index, last)
+        if len(pieces) == 1:
+            return bytes(pieces[first]), records
         return b"".join(pieces[c] for c in range(first, last + 1)), records
+
+    def _held(self, key: str, chunk: int, start: int, stop: int) -> Buffer | None:
+        """``[start, stop)`` of a chunk in memory or in the disk cache."""
+        recent = self._recent.get((key, chunk))
+        if recent is not None:
+            self.cache.hits += 1
+            return recent[start:stop]
+        if (key, chunk) in self.cache:
+            return self.cache.get(key, chunk, start, stop - start)
+        return None
 
     def near_end(self, stream_id: int, range_index: int, epoch: int, offset: int) -> bool:
         """Whether a read at ``offset`` is within the read-ahead of the end of
@@ -145,19 +168,15 @@ class TieredReads:
     ) -> None:
         """``[start, stop)`` of the chunk into ``into[chunk]``."""
         while True:
-            recent = self._recent.get((key, chunk))
-            if recent is not None:
-                self.cache.hits += 1
-                into[chunk] = recent[start:stop]
-                return
-            cached = self.cache.get(key, chunk, start, stop - start)
-            if cached is not None:
-                into[chunk] = cached
+            held = self._held(key, chunk, start, stop)
+            if held is not None:
+                into[chunk] = held
                 return
             reading = self._reading.get((key, chunk))
             if reading is None:
                 break
             await reading.wait()  # read by another reader: cached now, unless it failed
+        self.cache.misses += 1
         data = await self._fetch(key, index, chunk)
         into[chunk] = data[start:stop]
 

@@ -174,6 +174,9 @@ class FetchHandler:
             except ProtocolError as error:
                 found[id(info)] = error
 
+        if len(wanted) == 1:
+            await read(*wanted[0])
+            return found
         async with trio.open_nursery() as nursery:
             for info, rng in wanted:
                 nursery.start_soon(read, info, rng)
