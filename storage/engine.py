@@ -914,7 +914,7 @@ class BorrowedBatches:
         #: (chunk, start, end, base offset) of each batch, in order
         self._batches = batches
         #: the batches copied out of the map (``detach``)
-        self._owned: bytes | bytearray | None = None
+        self._owned: Buffer | None = None
         #: bytes of the whole batches
         self.size = size
         #: offsets they cover
@@ -924,7 +924,7 @@ class BorrowedBatches:
         self.covered = covered
 
     @classmethod
-    def owned(cls, data: bytes | bytearray, record_count: int) -> BorrowedBatches:
+    def owned(cls, data: Buffer, record_count: int) -> BorrowedBatches:
         """Batches read from elsewhere (the object store), already in one
         buffer with their base offsets."""
         found = cls([], len(data), record_count)

@@ -9,12 +9,17 @@ is only ever a copy of an object that does not change.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import shutil
 from collections import OrderedDict
 from pathlib import Path
+from typing import Final
 
 from sbp.batches import Buffer
+
+#: cached chunks kept mapped into memory (address space, not memory)
+MAPPED_FILES: Final = 64
 
 
 class ChunkCache:
@@ -27,6 +32,8 @@ class ChunkCache:
         directory.mkdir(parents=True, exist_ok=True)
         #: (key, chunk) -> bytes, least recently used first
         self._sizes: OrderedDict[tuple[str, int], int] = OrderedDict()
+        #: the chunks mapped into memory, most recently read last
+        self._maps: OrderedDict[tuple[str, int], mmap.mmap] = OrderedDict()
         self.bytes = 0
         self.hits = 0
         self.misses = 0
@@ -35,24 +42,34 @@ class ChunkCache:
         name = hashlib.blake2b(key.encode(), digest_size=12).hexdigest()
         return self.directory / f"{name}-{chunk}"
 
-    def get(self, key: str, chunk: int, start: int = 0, length: int | None = None) -> bytes | None:
+    def get(
+        self, key: str, chunk: int, start: int = 0, length: int | None = None
+    ) -> memoryview | None:
         """``length`` bytes of the chunk from ``start`` (all of it by
-        default); None when it is not here."""
+        default), a view of the file mapped into memory (no copy; it stays
+        valid after the chunk leaves the cache); None when it is not here."""
         size = self._sizes.get((key, chunk))
         if size is None:
             self.misses += 1
             return None
         wanted = size - start if length is None else min(length, size - start)
-        try:
-            with self._file(key, chunk).open("rb") as file:
-                data = os.pread(file.fileno(), wanted, start)
-        except OSError:
-            self._forget(key, chunk)
-            self.misses += 1
-            return None
+        mapped = self._maps.get((key, chunk))
+        if mapped is None:
+            try:
+                with self._file(key, chunk).open("rb") as file:
+                    mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):
+                self._forget(key, chunk)
+                self.misses += 1
+                return None
+            self._maps[(key, chunk)] = mapped
+            while len(self._maps) > MAPPED_FILES:
+                self._maps.popitem(last=False)  # unmapped once no view of it is left
+        else:
+            self._maps.move_to_end((key, chunk))
         self._sizes.move_to_end((key, chunk))
         self.hits += 1
-        return data
+        return memoryview(mapped)[start : start + wanted]
 
     def put(self, key: str, chunk: int, data: Buffer) -> None:
         """Keep a chunk (``write`` then ``admit``, in one go)."""
@@ -88,6 +105,7 @@ class ChunkCache:
 
     def _forget(self, key: str, chunk: int) -> None:
         self.bytes -= self._sizes.pop((key, chunk), 0)
+        self._maps.pop((key, chunk), None)
         self._file(key, chunk).unlink(missing_ok=True)
 
     def __contains__(self, item: object) -> bool:

@@ -63,7 +63,7 @@ class TieredReads:
 
     async def read(
         self, stream_id: int, range_index: int, epoch: int, offset: int, max_bytes: int
-    ) -> tuple[bytes, int]:
+    ) -> tuple[Buffer, int]:
         """Whole batches of the range from the one holding ``offset``: at
         most ``max_bytes`` of them but at least one, and the offsets they
         cover."""
@@ -91,7 +91,7 @@ class TieredReads:
                         nursery.start_soon(self._load, key, index, chunk, start, stop, pieces)
         self._read_ahead(key, index, last)
         if len(pieces) == 1:
-            return bytes(pieces[first]), records
+            return pieces[first], records  # a view: FETCH writes it out as it is
         return b"".join(pieces[c] for c in range(first, last + 1)), records
 
     def _held(self, key: str, chunk: int, start: int, stop: int) -> Buffer | None:
