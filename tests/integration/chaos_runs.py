@@ -12,9 +12,10 @@ from bench.chaos.checker import KINDS as CHECKS
 
 #: a seed whose first minute has a fault of every kind
 SEED = 20291641
-#: a seed whose first minute with --tables --tiered has a fault of every
+#: a seed whose first 50 s with --tables --tiered have a fault of every
 #: kind, and a kill of the object store among them
-TIERED_SEED = 327
+TIERED_SEED = 28497
+TIERED_DURATION_S = 50
 #: a kill-only seed whose kills land on primaries of replicated ranges
 KILL_SEED = 18148120
 

@@ -1,4 +1,4 @@
-"""The fault-injection harness as a user runs it, at smoke size: a 60-second
+"""The fault-injection harness as a user runs it, at smoke size: a 50-second
 run of every fault kind against a PM, three data nodes and an object store,
 on tiered streams of one replica kept as Iceberg tables by sbp-tables, must
 find no violation in the streams or their tables (replicated streams:
@@ -15,20 +15,21 @@ import pytest
 from bench.chaos.checker import KINDS as CHECKS
 from bench.chaos.faults import KINDS as FAULTS
 
-from .chaos_runs import TIERED_SEED, run_chaos
+from .chaos_runs import TIERED_DURATION_S, TIERED_SEED, run_chaos
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_a_minute_of_faults_loses_nothing_acknowledged(tmp_path: Path) -> None:
+def test_fifty_seconds_of_faults_lose_nothing_acknowledged(tmp_path: Path) -> None:
     run = run_chaos(
-        "--duration", "60", "--seed", str(TIERED_SEED), "--tables", "--tiered",
+        "--duration", str(TIERED_DURATION_S), "--seed", str(TIERED_SEED), "--tables", "--tiered",
         "--out", str(tmp_path), timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     # the schedule is printed before the run, so that it can be replayed
     replay = (
-        f"replay with: python -m bench chaos --seed {TIERED_SEED} --duration 60 --tables --tiered"
+        f"replay with: python -m bench chaos --seed {TIERED_SEED} --duration {TIERED_DURATION_S} "
+        "--tables --tiered"
     )
     assert replay in run.stdout
     report = json.loads((tmp_path / "chaos.json").read_text())
