@@ -331,7 +331,8 @@ class Tiering:
         record state 1; whether this recorded it. ``ProtocolError`` when
         the copy or the check failed."""
         rng = self._store.range(stream_id, range_index)
-        if rng is None or rng.object_state != ON_NODES or rng.is_open:
+        stream = self._store.stream(stream_id)
+        if rng is None or rng.object_state != ON_NODES or rng.is_open or not tiered(stream):
             self._to_copy.discard((stream_id, range_index))
             self._waiting_since.pop((stream_id, range_index), None)
             return False
@@ -401,7 +402,7 @@ class Tiering:
         every range below it (they are older still), as a TRIM_STREAMS to
         its end would take them."""
         now_ms = self._wall_ms()
-        trims: dict[int, int] = {}
+        trims: dict[int, tuple[int, int]] = {}  # stream -> (end offset, range index)
         while self._to_expire and self._to_expire[0][0] <= now_ms:
             _, stream_id, range_index = heapq.heappop(self._to_expire)
             rng = self._store.range(stream_id, range_index)
@@ -414,12 +415,16 @@ class Tiering:
                     (rng.last_append_ms + stream.retention_period_ms, stream_id, range_index),
                 )
                 continue
-            trims[stream_id] = max(trims.get(stream_id, 0), rng.end_offset)
+            trims[stream_id] = max(trims.get(stream_id, (0, 0)), (rng.end_offset, range_index))
         if not trims:
             return
-        outcomes = await self._trim_streams(sorted(trims.items()), 10.0)
-        for (stream_id, offset), outcome in zip(sorted(trims.items()), outcomes, strict=True):
+        asked = sorted((stream_id, end) for stream_id, (end, _) in trims.items())
+        outcomes = await self._trim_streams(asked, 10.0)
+        for (stream_id, offset), outcome in zip(asked, outcomes, strict=True):
             if outcome.error is not None:
+                # asked again a pass later
+                retry_at = now_ms + int(self.interval * 1000)
+                heapq.heappush(self._to_expire, (retry_at, stream_id, trims[stream_id][1]))
                 _failures.warning(
                     "expire", "stream %d: trim to %d failed: %s", stream_id, offset, outcome.error
                 )

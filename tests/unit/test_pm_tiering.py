@@ -285,3 +285,13 @@ def test_a_copied_range_round_trips_through_the_metadata_encoding() -> None:
     assert range_from_value(STREAM, 3, encode_range(rng)) == rng
     plain = RangeRecord(STREAM, 3, 0, (1, 2), 100, 2, 3)
     assert range_from_value(STREAM, 3, encode_range(plain)) == plain
+
+
+async def test_a_stream_no_longer_tiered_is_not_copied(harness: Harness) -> None:
+    await harness.stream(2, local_retention_ms=0)
+    stream = harness.store.stream(STREAM)
+    assert stream is not None
+    await harness.log.commit([PutStream(replace(stream, local_retention_ms=-1))])
+    assert not await harness.tiering.copy(STREAM, 0)
+    assert harness.nodes.uploads == [] and harness.tiering.pending_copies() == 1
+    assert states(harness.store)[0] == (ON_NODES, (1, 2))
