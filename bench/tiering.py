@@ -58,6 +58,7 @@ from pm.records import Holding, NodeRecord, RangeRecord, StreamRecord
 from pm.tiering import Tiering
 from sbp import messages
 from sbp.batches import build_batch, build_batch_from_arrays, stamp_base_offset
+from sbp.enums import ObjectState
 from tiering import layout
 from tiering.memory import MemoryObjectStore
 
@@ -224,7 +225,8 @@ async def upload_part(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 with trio.fail_after(300):
                     while True:
                         ranges = await pm.list_stream_ranges(stream_id)
-                        if all(r.object_state >= 1 for r in ranges if not r.is_open):
+                        copied = ObjectState.IN_STORE_TOO
+                        if all(r.object_state >= copied for r in ranges if not r.is_open):
                             break
                         await trio.sleep(0.1)
                 run["sealed_ranges"] = len(sealed)

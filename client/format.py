@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sbp import messages
+from sbp.enums import ObjectState
 from sbp.replication import effective_acks
 
 
@@ -145,7 +146,11 @@ def tiering_text(stream: messages.Stream) -> str:
 
 
 #: where a range is, by its object_state (SPEC §14)
-_WHERE = {0: "nodes", 1: "nodes+store", 2: "store"}
+_WHERE: dict[int, str] = {
+    ObjectState.ON_NODES: "nodes",
+    ObjectState.IN_STORE_TOO: "nodes+store",
+    ObjectState.IN_STORE_ONLY: "store",
+}
 
 
 def where_text(rng: messages.Range) -> str:

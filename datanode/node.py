@@ -22,6 +22,7 @@ import trio
 from net.authz import AccessCollector, AccessControl
 from net.pool import ConnectionPool
 from sbp import messages
+from sbp.enums import ObjectState
 from sbp.errors import (
     DataNodeNotFoundError,
     EpochFencedError,
@@ -55,7 +56,7 @@ from .replication.metrics import ReplicationCollector
 from .replication.primary import Replicator
 from .report import LoadReporter
 from .retention import DEFAULT_INTERVAL_S, RetentionKeeper
-from .tiered import IN_STORE_ONLY, NodeTiering, TieringCollector
+from .tiered import NodeTiering, TieringCollector
 from .timeouts import TimeoutQueue
 from .waiters import StreamWaiters
 
@@ -619,7 +620,7 @@ class DataNode:
         if self.tiering is None:
             return None
         info = self.engine.range_at(stream_id, offset)
-        if info is not None and info.object_state == IN_STORE_ONLY:
+        if info is not None and info.object_state == ObjectState.IN_STORE_ONLY:
             return info
         return self.tiering.listed_range(stream_id, offset)
 

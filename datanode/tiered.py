@@ -13,6 +13,7 @@ from typing import Final
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sbp.enums import ObjectState
 from sbp.errors import InvalidRequestError, ProtocolError
 from storage.engine import BorrowedBatches, StorageEngine
 from storage.model import RangeInfo
@@ -24,8 +25,6 @@ from tiering.upload import RangeUploads
 
 #: the cache's directory under the node's data directory
 CACHE_DIR: Final = "object-cache"
-#: a range read from the object store only (SPEC §14)
-IN_STORE_ONLY: Final = 2
 #: streams whose ranges in the store only a node keeps as the PM listed them
 MAX_LISTED_STREAMS: Final = 10_000
 #: a read of a range this node does not know asks the PM at most this often
@@ -94,7 +93,9 @@ class NodeTiering:
     def note_listed(self, stream_id: int, ranges: Sequence[RangeInfo]) -> None:
         """The PM listed the stream's ranges (LIST_RANGES): keep those in
         the store only."""
-        offloaded = {r.range_index: r for r in ranges if r.object_state == IN_STORE_ONLY}
+        offloaded = {
+            r.range_index: r for r in ranges if r.object_state == ObjectState.IN_STORE_ONLY
+        }
         if offloaded:
             self._listed[stream_id] = offloaded
             while len(self._listed) > MAX_LISTED_STREAMS:
@@ -143,5 +144,5 @@ class NodeTiering:
             following = self._engine.describe_range(info.stream_id, info.range_index + 1)
         except ProtocolError:
             return
-        if following.object_state == IN_STORE_ONLY:
+        if following.object_state == ObjectState.IN_STORE_ONLY:
             self.reads.read_ahead(following.stream_id, following.range_index, following.epoch)

@@ -25,7 +25,7 @@ from net.request import Request, Responder, request_timeout
 from net.server import Dispatcher
 from sbp import messages
 from sbp.answer_frames import fetch_offsets_frames, list_groups_frames, list_ranges_frames
-from sbp.enums import ClientRole, DataNodeState, ErrorCode, Opcode
+from sbp.enums import ClientRole, DataNodeState, ErrorCode, ObjectState, Opcode
 from sbp.errors import (
     AuthorizationFailedError,
     GroupNotFoundError,
@@ -39,7 +39,7 @@ from .liveness import NodeState
 from .manager import PlacementManager
 from .members import Heartbeat
 from .records import Outcome, RangeRecord
-from .tiering import IN_STORE_ONLY, serving_nodes
+from .tiering import serving_nodes
 from .wire import (
     DataNodeCache,
     node_record,
@@ -123,14 +123,14 @@ class PMHandlers:
     def _ranges(self, ranges: Sequence[RangeRecord]) -> tuple[messages.Range, ...]:
         """The ranges for a reader: one in the object store only lists the
         live nodes that serve it from there (SPEC §14)."""
-        if not any(rng.object_state == IN_STORE_ONLY for rng in ranges):
+        if not any(rng.object_state == ObjectState.IN_STORE_ONLY for rng in ranges):
             return tuple(range_message(rng, self._data_node) for rng in ranges)
         live = self._manager.serving_candidates()
         return tuple(
             range_message(
                 rng,
                 self._data_node,
-                serving_nodes(rng, live) if rng.object_state == IN_STORE_ONLY else (),
+                serving_nodes(rng, live) if rng.object_state == ObjectState.IN_STORE_ONLY else (),
             )
             for rng in ranges
         )

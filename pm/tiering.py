@@ -38,6 +38,7 @@ from typing import Final, Protocol
 import trio
 
 from net.ratelog import RateLimitedLog
+from sbp.enums import ObjectState
 from sbp.errors import (
     ConnectionClosed,
     NoAvailableDataNodeError,
@@ -58,9 +59,6 @@ from .rolling import HoldingsLink, roll_full
 log = logging.getLogger(__name__)
 _failures = RateLimitedLog(log, interval=30.0)
 
-ON_NODES: Final = 0
-IN_STORE_TOO: Final = 1
-IN_STORE_ONLY: Final = 2
 
 DEFAULT_INTERVAL_S: Final = 1.0
 #: a tiered stream's open range is sealed once it holds this much, so that
@@ -222,11 +220,11 @@ class Tiering:
 
     def _note(self, rng: RangeRecord, stream: StreamRecord | None) -> None:
         key = rng.key
-        if rng.object_state != ON_NODES:
+        if rng.object_state != ObjectState.ON_NODES:
             self._objects.setdefault(rng.stream_id, {})[rng.range_index] = rng.epoch
             self._to_copy.discard(key)
             self._waiting_since.pop(key, None)
-            if rng.object_state == IN_STORE_TOO and stream is not None:
+            if rng.object_state == ObjectState.IN_STORE_TOO and stream is not None:
                 due = rng.last_append_ms + max(stream.local_retention_ms, 0)
                 heapq.heappush(self._to_offload, (due, *key))
             if stream is not None and stream.retention_period_ms > 0:
@@ -332,7 +330,12 @@ class Tiering:
         the copy or the check failed."""
         rng = self._store.range(stream_id, range_index)
         stream = self._store.stream(stream_id)
-        if rng is None or rng.object_state != ON_NODES or rng.is_open or not tiered(stream):
+        if (
+            rng is None
+            or rng.object_state != ObjectState.ON_NODES
+            or rng.is_open
+            or not tiered(stream)
+        ):
             self._to_copy.discard((stream_id, range_index))
             self._waiting_since.pop((stream_id, range_index), None)
             return False
@@ -357,7 +360,7 @@ class Tiering:
                     PutRange(
                         dataclasses.replace(
                             rng,
-                            object_state=IN_STORE_TOO,
+                            object_state=ObjectState.IN_STORE_TOO,
                             last_append_ms=trailer.last_append_ms,
                             object_bytes=trailer.data_bytes,
                         )
@@ -380,7 +383,7 @@ class Tiering:
         async with self._hold(stream_id):
             rng = self._store.range(stream_id, range_index)
             stream = self._store.stream(stream_id)
-            if rng is None or stream is None or rng.object_state != IN_STORE_TOO:
+            if rng is None or stream is None or rng.object_state != ObjectState.IN_STORE_TOO:
                 return False
             due = rng.last_append_ms + max(stream.local_retention_ms, 0)
             if not tiered(stream) or due > self._wall_ms():
@@ -388,7 +391,7 @@ class Tiering:
                     heapq.heappush(self._to_offload, (due, stream_id, range_index))
                 return False
             offloaded = dataclasses.replace(
-                rng, nodes=(), replicas_wanted=0, object_state=IN_STORE_ONLY
+                rng, nodes=(), replicas_wanted=0, object_state=ObjectState.IN_STORE_ONLY
             )
             await self._commit([PutRange(offloaded)])
         self.offloaded += 1
@@ -498,6 +501,6 @@ class Tiering:
             ranges = self._store.ranges(stream_id)
             on_nodes = [r for r in ranges if r.nodes]
             held = await self._sizes.sizes(on_nodes) if on_nodes else {}
-            in_store = sum(r.object_bytes for r in ranges if r.object_state != ON_NODES)
+            in_store = sum(r.object_bytes for r in ranges if r.object_state != ObjectState.ON_NODES)
             sizes[stream_id] = (sum(held.values()), in_store)
         self.stream_bytes = sizes

@@ -81,6 +81,17 @@ class DataNodeState(IntEnum):
     DRAINED = 2
 
 
+class ObjectState(IntEnum):
+    """Where a range's records are: ``Range.object_state`` (SPEC §14)."""
+
+    #: on the data nodes only
+    ON_NODES = 0
+    #: also in the object store (copied and checked)
+    IN_STORE_TOO = 1
+    #: in the object store only; live data nodes read it from there
+    IN_STORE_ONLY = 2
+
+
 class ErrorCode(IntEnum):
     NONE = 0
     UNKNOWN = 1

@@ -15,7 +15,7 @@ from client.datanode_client import DataNodeClient
 from client.pm_client import PMClient
 from sbp import messages
 from sbp.batches import decode_batches
-from sbp.enums import ErrorCode, Opcode
+from sbp.enums import ErrorCode, ObjectState, Opcode
 
 from . import checker, tables_check
 from .cluster import ChaosCluster
@@ -210,7 +210,7 @@ async def _read_back(pm_address: str, streams: list[int]) -> list[checker.Stored
                 async with PMClient(pm_address) as pm:
                     wire = await pm.list_stream_ranges(stream_id, timeout=10)
                     ranges = [(r.start_offset, -1 if r.is_open else r.end_offset) for r in wire]
-                    offloaded = sum(1 for r in wire if r.object_state == 2)
+                    offloaded = sum(1 for r in wire if r.object_state == ObjectState.IN_STORE_ONLY)
                 async with Consumer(pm_address, stream_id, retry_timeout=60) as consumer:
                     async for record in consumer.records():
                         records.append((record.offset, record.value))

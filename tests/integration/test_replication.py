@@ -16,7 +16,7 @@ from net.pool import ConnectionPool
 from sbp import messages
 from sbp.batches import build_batch, decode_batches
 from sbp.enums import ErrorCode
-from sbp.errors import ProtocolError
+from sbp.errors import ProtocolError, RangeSealedError
 from spark_jobs.layout import RangeSlice, replica_addresses
 from spark_jobs.reader import fetch_from_replicas
 
@@ -410,7 +410,14 @@ async def test_a_seal_that_ran_out_of_answers_is_finished_by_the_primary(
         sealed = await wait_sealed(cluster, rng.stream_id, 0)
         assert sealed.end_offset == 1
         following = (await pm.list_stream_ranges(rng.stream_id))[1]
-        assert await append_values(cluster, following, [b"b"]) == 1
+
+        async def append_b() -> int | None:
+            try:
+                return await append_values(cluster, following, [b"b"])
+            except RangeSealedError:
+                return None  # the next range's primary has not heard of it yet (SYNC_RANGES)
+
+        assert await eventually(append_b, until=lambda base: base is not None, timeout=10) == 1
 
 
 @pytest.mark.deadline(150)

@@ -25,8 +25,9 @@ from pm.range_log import RangeLog
 from pm.range_sizes import RangeSizes
 from pm.records import Holding, NodeRecord, Outcome, RangeRecord, StreamRecord
 from pm.rolling import roll_if_full
-from pm.tiering import IN_STORE_ONLY, IN_STORE_TOO, ON_NODES, Tiering, serving_nodes
+from pm.tiering import Tiering, serving_nodes
 from sbp.batches import build_batch, stamp_base_offset
+from sbp.enums import ObjectState
 from tiering import layout
 from tiering.layout import RangeTrailer
 from tiering.memory import MemoryObjectStore
@@ -158,14 +159,14 @@ async def test_a_sealed_range_is_copied_checked_and_recorded_once(harness: Harne
     await harness.stream(2, local_retention_ms=60_000)
     assert await harness.tiering.copy(STREAM, 0)
     rng = harness.store.range(STREAM, 0)
-    assert rng is not None and rng.object_state == IN_STORE_TOO
+    assert rng is not None and rng.object_state == ObjectState.IN_STORE_TOO
     assert rng.last_append_ms == harness.clock.now_ms - 1000
     whole = range_object(rng, 0)
     assert rng.object_bytes == RangeTrailer.decode(whole).data_bytes  # its batches' bytes
     assert harness.nodes.uploads == [(1, (STREAM, 0))]  # the first live replica
     # asked again (a PM that restarted mid-way): not recorded twice
     assert not await harness.tiering.copy(STREAM, 0)
-    assert states(harness.store)[0] == (IN_STORE_TOO, (1, 2))
+    assert states(harness.store)[0] == (ObjectState.IN_STORE_TOO, (1, 2))
     assert harness.tiering.pending_copies() == 1  # range 1; the open range never
 
 
@@ -175,7 +176,7 @@ async def test_a_copy_that_is_not_whole_is_not_recorded(harness: Harness) -> Non
     harness.objects.objects[key] = b"half an object"
     with pytest.raises(Exception, match="not a whole copy"):
         await harness.tiering.copy(STREAM, 0)
-    assert states(harness.store)[0][0] == ON_NODES
+    assert states(harness.store)[0][0] == ObjectState.ON_NODES
 
 
 async def test_a_copied_range_leaves_the_nodes_once_older_than_local_retention(
@@ -186,7 +187,7 @@ async def test_a_copied_range_leaves_the_nodes_once_older_than_local_retention(
     assert not await harness.tiering.offload(STREAM, 0)  # appended 1 s ago: stays
     harness.clock.now_ms += 4000
     assert await harness.tiering.offload(STREAM, 0)
-    assert states(harness.store)[0] == (IN_STORE_ONLY, ())
+    assert states(harness.store)[0] == (ObjectState.IN_STORE_ONLY, ())
     # the old replicas are told, and drop their copies
     assert harness.synced == [([STREAM], [1, 2])]
 
@@ -195,7 +196,7 @@ async def test_nothing_leaves_the_nodes_before_it_is_in_the_store(harness: Harne
     await harness.stream(1, local_retention_ms=0)
     harness.clock.now_ms += 10**9
     assert not await harness.tiering.offload(STREAM, 0)
-    assert states(harness.store)[0] == (ON_NODES, (1, 2))
+    assert states(harness.store)[0] == (ObjectState.ON_NODES, (1, 2))
 
 
 async def test_objects_go_with_their_stream_after_the_commit(harness: Harness) -> None:
@@ -269,7 +270,7 @@ async def test_a_tiered_stream_s_open_range_rolls_at_the_roll_size(harness: Harn
 
 
 def test_a_range_in_the_store_is_served_by_the_same_live_nodes() -> None:
-    rng = RangeRecord(STREAM, 4, 0, (), 100, object_state=IN_STORE_ONLY)
+    rng = RangeRecord(STREAM, 4, 0, (), 100, object_state=ObjectState.IN_STORE_ONLY)
     live = [1, 2, 3, 4]
     chosen = serving_nodes(rng, live)
     assert len(chosen) == 2 and set(chosen) <= set(live)
@@ -281,7 +282,7 @@ def test_a_range_in_the_store_is_served_by_the_same_live_nodes() -> None:
 
 
 def test_a_copied_range_round_trips_through_the_metadata_encoding() -> None:
-    rng = RangeRecord(STREAM, 3, 0, (), 100, 2, 0, IN_STORE_ONLY, 123, 4567)
+    rng = RangeRecord(STREAM, 3, 0, (), 100, 2, 0, ObjectState.IN_STORE_ONLY, 123, 4567)
     assert range_from_value(STREAM, 3, encode_range(rng)) == rng
     plain = RangeRecord(STREAM, 3, 0, (1, 2), 100, 2, 3)
     assert range_from_value(STREAM, 3, encode_range(plain)) == plain
@@ -294,4 +295,4 @@ async def test_a_stream_no_longer_tiered_is_not_copied(harness: Harness) -> None
     await harness.log.commit([PutStream(replace(stream, local_retention_ms=-1))])
     assert not await harness.tiering.copy(STREAM, 0)
     assert harness.nodes.uploads == [] and harness.tiering.pending_copies() == 1
-    assert states(harness.store)[0] == (ON_NODES, (1, 2))
+    assert states(harness.store)[0] == (ObjectState.ON_NODES, (1, 2))
