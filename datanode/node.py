@@ -614,23 +614,21 @@ class DataNode:
         except ProtocolError as error:
             return error
 
-    def in_object_store(self, stream_id: int, offset: int) -> RangeInfo | None:
-        """The range holding ``offset`` when it is in the object store only
-        (SPEC §14) and this node reads from there; None otherwise."""
-        if self.tiering is None:
-            return None
-        info = self.engine.range_at(stream_id, offset)
-        if info is not None and info.object_state == ObjectState.IN_STORE_ONLY:
-            return info
-        return self.tiering.listed_range(stream_id, offset)
-
-    def may_be_in_store(self, stream_id: int, offset: int) -> bool:
-        """Whether the PM may know ``offset`` to be in a range in the store
-        only that this node's view does not show: the node has an object
-        store, and does not host the range of ``offset`` as it sees it."""
+    def in_object_store(self, stream_id: int, offset: int) -> RangeInfo | bool:
+        """Where a read at ``offset`` stands with the object store (SPEC §14):
+        the range holding it when that is in the store only; False when this
+        node reads it from its own disk (or has no object store); True when
+        this node does not host it as it sees it, so the PM may list it in
+        the store only (this node's view of the stream may be old)."""
         if self.tiering is None:
             return False
         info = self.engine.range_at(stream_id, offset)
+        if info is not None and info.object_state == ObjectState.IN_STORE_ONLY:
+            return info
+        # the PM's list first: this node's own view may show it on its disk still
+        listed = self.tiering.listed_range(stream_id, offset)
+        if listed is not None:
+            return listed
         return info is None or not hosts(info, self.node_id)
 
     async def learn_stream(self, stream_id: int) -> bool:

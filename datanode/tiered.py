@@ -5,6 +5,7 @@ disk cache under ``--data-dir``)."""
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -83,7 +84,7 @@ class NodeTiering:
         #: ranges in the store only as the PM last listed them, by stream and
         #: index: a node serves them whether or not it holds the stream
         #: (its own view of a stream it does not host may be old)
-        self._listed: dict[int, dict[int, RangeInfo]] = {}
+        self._listed: dict[int, list[RangeInfo]] = {}
         #: when each stream was last looked up for a read (``may_look_up``)
         self._looked_up: dict[int, float] = {}
 
@@ -92,10 +93,11 @@ class NodeTiering:
 
     def note_listed(self, stream_id: int, ranges: Sequence[RangeInfo]) -> None:
         """The PM listed the stream's ranges (LIST_RANGES): keep those in
-        the store only."""
-        offloaded = {
-            r.range_index: r for r in ranges if r.object_state == ObjectState.IN_STORE_ONLY
-        }
+        the store only, by start offset."""
+        offloaded = sorted(
+            (r for r in ranges if r.object_state == ObjectState.IN_STORE_ONLY),
+            key=lambda r: r.start_offset,
+        )
         if offloaded:
             self._listed[stream_id] = offloaded
             while len(self._listed) > MAX_LISTED_STREAMS:
@@ -105,9 +107,12 @@ class NodeTiering:
 
     def listed_range(self, stream_id: int, offset: int) -> RangeInfo | None:
         """The range in the store only that holds ``offset``, as the PM listed it."""
-        for info in self._listed.get(stream_id, {}).values():
-            if info.start_offset <= offset < info.end_offset:
-                return info
+        listed = self._listed.get(stream_id)
+        if not listed:
+            return None
+        at = bisect.bisect_right(listed, offset, key=lambda r: r.start_offset) - 1
+        if at >= 0 and offset < listed[at].end_offset:
+            return listed[at]
         return None
 
     def may_look_up(self, stream_id: int) -> bool:

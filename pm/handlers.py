@@ -125,7 +125,7 @@ class PMHandlers:
         live nodes that serve it from there (SPEC §14)."""
         if not any(rng.object_state == ObjectState.IN_STORE_ONLY for rng in ranges):
             return tuple(range_message(rng, self._data_node) for rng in ranges)
-        live = self._manager.serving_candidates()
+        live = self._manager.registry.live_ids()
         return tuple(
             range_message(
                 rng,

@@ -198,6 +198,10 @@ class NodeRegistry:
     def seconds_since_seen(self, state: NodeState) -> float:
         return max(self._clock() - state.last_seen, 0.0)
 
+    def live_ids(self) -> list[int]:
+        """The live nodes' ids, in order."""
+        return [state.node_id for state in self.states() if state.alive]
+
     def loads(self) -> list[NodeLoad]:
         """The loads of the live active nodes: the candidates for placement."""
         return [s.load() for s in self.states() if s.alive and s.node_id not in self.draining]

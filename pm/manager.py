@@ -337,11 +337,6 @@ class PlacementManager:
         """The locks of several streams, for a change of all of them at once."""
         return self._locks.hold_all(stream_ids)
 
-    def serving_candidates(self) -> list[int]:
-        """The live data nodes, by id: those that may serve ranges in the
-        object store only (``pm.tiering.serving_nodes``)."""
-        return [state.node_id for state in self.registry.states() if state.alive]
-
     def stop_outgoing(self) -> None:
         """Shutdown: end every call to data nodes still running after its
         request's commit, and any that would start, whatever its deadline

@@ -136,6 +136,25 @@ class IndexBuilder:
         pairs[-1] = (end_offset, self.size)
         return pairs.tobytes()
 
+    def finish(
+        self, stream_id: int, range_index: int, epoch: int, end_offset: int, last_append_ms: int
+    ) -> tuple[bytes, RangeTrailer]:
+        """What follows the batches added: the index and the trailer (in
+        one buffer), and the trailer."""
+        encoded = self.encode(end_offset)
+        trailer = RangeTrailer(
+            stream_id,
+            range_index,
+            epoch,
+            self._offsets[0] if self._offsets else end_offset,
+            end_offset,
+            self.size,
+            last_append_ms,
+            self.batch_count,
+            crc32c(encoded),
+        )
+        return encoded + trailer.encode(), trailer
+
 
 class RangeIndex:
     """Where each batch of a range object starts."""
@@ -179,17 +198,5 @@ def whole_object(
     a time)."""
     index = IndexBuilder()
     index.add(batches)
-    encoded = index.encode(end_offset)
-    start = BASE_OFFSET.unpack_from(batches, 0)[0] if len(batches) else end_offset
-    trailer = RangeTrailer(
-        stream_id,
-        range_index,
-        epoch,
-        start,
-        end_offset,
-        len(batches),
-        last_append_ms,
-        index.batch_count,
-        crc32c(encoded),
-    )
-    return bytes(batches) + encoded + trailer.encode()
+    tail, _ = index.finish(stream_id, range_index, epoch, end_offset, last_append_ms)
+    return bytes(batches) + tail

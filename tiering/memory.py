@@ -34,13 +34,9 @@ class MemoryObjectStore(ObjectStore):
     def put(self, key: str, data: bytes) -> None:
         self.objects[key] = data
 
-    def size(self, key: str) -> int | None:
-        found = self.objects.get(key)
-        return None if found is None else len(found)
-
-    def read_tail(self, key: str, length: int) -> tuple[int, bytes]:
-        data = self.objects[key]
-        return len(data), data[-length:]
+    def read_tail(self, key: str, length: int) -> tuple[int, bytes] | None:
+        data = self.objects.get(key)
+        return None if data is None else (len(data), data[-length:])
 
     def list(self, prefix: str) -> list[tuple[str, int]]:
         return [(k, len(v)) for k, v in sorted(self.objects.items()) if k.startswith(prefix)]

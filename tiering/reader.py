@@ -138,12 +138,15 @@ class TieredReads:
             del self._recent[recent]
 
     async def _index(self, key: str) -> RangeIndex:
-        found = self._indexes.get(key)
-        if found is not None:
+        known = self._indexes.get(key)
+        if known is not None:
             self._indexes.move_to_end(key)
-            return found
-        size, tail = await self._call(self.store.read_tail, key, layout.TRAILER.size)
+            return known
+        tail_of = await self._call(self.store.read_tail, key, layout.TRAILER.size)
         try:
+            if tail_of is None:
+                raise ValueError("it is not in the store")
+            size, tail = tail_of
             trailer = RangeTrailer.decode(tail)
             if size != trailer.object_bytes:
                 raise ValueError(f"{size} bytes, the trailer says {trailer.object_bytes}")

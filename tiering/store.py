@@ -124,15 +124,16 @@ class ObjectStore:
         copy of the range ``(stream id, range index, epoch, end offset)``;
         None when there is none or it is not. ``ObjectStoreUnavailableError``
         when the store does not answer."""
-        if await self.run(self.size, key) is None:
+        found = await self.run(self.read_tail, key, TRAILER.size)
+        if found is None:
             return None
-        size, tail = await self.run(self.read_tail, key, TRAILER.size)
+        size, tail = found
         try:
             trailer = RangeTrailer.decode(tail)
         except ValueError:
             return None
-        found = (trailer.stream_id, trailer.range_index, trailer.epoch, trailer.end_offset)
-        if found != expected or size != trailer.object_bytes:
+        names = (trailer.stream_id, trailer.range_index, trailer.epoch, trailer.end_offset)
+        if names != expected or size != trailer.object_bytes:
             return None
         return trailer
 
@@ -142,13 +143,6 @@ class ObjectStore:
         """A stream writing the object ``key`` (multipart past a few MiB): it
         appears, whole, only when the stream closes without an error."""
         return self._fs.open_output_stream(self._path(key))
-
-    def size(self, key: str) -> int | None:
-        """The object's size; None when there is no such object."""
-        info = self._fs.get_file_info(self._path(key))
-        if info.type != self._fs_module.FileType.File:
-            return None
-        return int(info.size)
 
     def read(self, key: str, position: int, length: int) -> memoryview:
         """``length`` bytes of the object from ``position`` (one ranged GET),
@@ -161,9 +155,14 @@ class ObjectStore:
             )
         return memoryview(data)
 
-    def read_tail(self, key: str, length: int) -> tuple[int, bytes]:
-        """The object's size and its last ``length`` bytes."""
-        with self._fs.open_input_file(self._path(key)) as source:
+    def read_tail(self, key: str, length: int) -> tuple[int, bytes] | None:
+        """The object's size and its last ``length`` bytes; None when there
+        is no such object."""
+        try:
+            source = self._fs.open_input_file(self._path(key))
+        except FileNotFoundError:
+            return None
+        with source:
             size = int(source.size())
             data = source.read_at(min(length, size), max(size - length, 0))
         return size, bytes(data)

@@ -19,7 +19,6 @@ import trio
 
 from net.pacer import Pacer
 from sbp.batches import peek_header
-from sbp.crc32c import crc32c
 from sbp.errors import EpochFencedError, InvalidRequestError, RangeNotFoundError
 from storage.engine import StorageEngine
 
@@ -90,7 +89,8 @@ class RangeUploads:
         if held < info.end_offset:
             raise RangeNotFoundError(f"{where} is held to {held} here, not to {info.end_offset}")
         key = layout.object_key(stream_id, range_index, epoch)
-        existing = await self.check(key, stream_id, range_index, epoch, info.end_offset)
+        copied = (stream_id, range_index, epoch, info.end_offset)
+        existing = await self.store.range_trailer(key, copied)
         if existing is not None:
             return existing
         last_append_ms = await trio.to_thread.run_sync(
@@ -98,41 +98,20 @@ class RangeUploads:
         )
         writer = await self.store.run(self.store.open_writer, key)
         index = IndexBuilder()
-        offset, first_offset = start, -1
+        offset = start
         while offset < info.end_offset:
             with engine.borrow(stream_id, offset, _PIECE_BYTES) as found:
                 piece = found.copy()
             if not piece:
                 raise RangeNotFoundError(f"{where}: nothing held at offset {offset}")
-            if first_offset < 0:
-                first_offset = peek_header(piece).base_offset
             offset = peek_header(piece, index.add(piece)).next_offset
             await self.pacer.spend(len(piece))
             await self.store.run(writer.write, piece, timeout=_WRITE_TIMEOUT_S)
             self.counters.uploaded_bytes += len(piece)
-        encoded = index.encode(info.end_offset)
-        trailer = RangeTrailer(
-            stream_id,
-            range_index,
-            epoch,
-            first_offset if first_offset >= 0 else start,
-            info.end_offset,
-            index.size,
-            last_append_ms,
-            index.batch_count,
-            crc32c(encoded),
-        )
-        await self.store.run(writer.write, encoded + trailer.encode(), timeout=_WRITE_TIMEOUT_S)
+        tail, trailer = index.finish(stream_id, range_index, epoch, info.end_offset, last_append_ms)
+        await self.store.run(writer.write, tail, timeout=_WRITE_TIMEOUT_S)
         await self.store.run(writer.close, timeout=_WRITE_TIMEOUT_S)
-        checked = await self.check(key, stream_id, range_index, epoch, info.end_offset)
-        if checked != trailer:
+        if await self.store.range_trailer(key, copied) != trailer:
             raise InvalidRequestError(f"{key}: the store holds another object than was written")
         self.counters.uploaded_ranges += 1
         return trailer
-
-    async def check(
-        self, key: str, stream_id: int, range_index: int, epoch: int, end_offset: int
-    ) -> RangeTrailer | None:
-        """The trailer of the object at ``key`` when it is whole and is this
-        range's copy (its size what its trailer says); None otherwise."""
-        return await self.store.range_trailer(key, (stream_id, range_index, epoch, end_offset))

@@ -145,27 +145,25 @@ class FetchHandler:
         store's error for those it could not read in time."""
         node = self._node
         found: dict[int, BorrowedBatches | ProtocolError] = {}
-        if node.tiering is None:
+        tiering = node.tiering
+        if tiering is None:
             return found
-        for stream_id in {
-            info.stream_id
-            for info in pending
-            if node.in_object_store(info.stream_id, info.fetch_offset) is None
-            and node.may_be_in_store(info.stream_id, info.fetch_offset)
-        }:
+        where = {
+            id(info): node.in_object_store(info.stream_id, info.fetch_offset) for info in pending
+        }
+        unknown = {info.stream_id for info in pending if where[id(info)] is True}
+        for stream_id in unknown:
             # a range this node does not host: the PM may list it in the
             # store only (this node's view of the stream may be old)
-            if node.tiering.may_look_up(stream_id):
+            if tiering.may_look_up(stream_id):
                 await node.learn_stream(stream_id)
-        wanted = [
-            (info, rng)
-            for info in pending
-            if (rng := node.in_object_store(info.stream_id, info.fetch_offset)) is not None
-        ]
+        if unknown:
+            for info in pending:
+                if where[id(info)] is True:
+                    where[id(info)] = node.in_object_store(info.stream_id, info.fetch_offset)
+        wanted = [(info, rng) for info in pending if isinstance(rng := where[id(info)], RangeInfo)]
         if not wanted:
             return found
-        tiering = node.tiering
-        assert tiering is not None
 
         async def read(info: messages.FetchInfo, rng: RangeInfo) -> None:
             max_bytes = min(max(info.batch_max_bytes, 1), self._payload_budget)
