@@ -3,10 +3,11 @@ streams with its other members (SPEC §15).
 
 The member joins with GROUP_HEARTBEAT and sends one every
 ``heartbeat_interval_ms`` the PM asks for, from a task of its own, listing
-the streams it still reads (``owned``); each answer lists the streams it
-may read now. A stream is read by a ``Consumer`` of its own, from the
-group's position, and its batches come out of ``next_batch`` tagged with
-their stream.
+the streams it reads or may still start reading (``owned``); each answer
+lists the streams it may read now. A member's session counts from when
+the heartbeat that was answered left, not from when the answer was read.
+A stream is read by a ``Consumer`` of its own, from the group's position,
+and its batches come out of ``next_batch`` tagged with their stream.
 
 Changes to what it reads are made in the caller's task, between batches
 (when it asks for the next one, it is done with the last): a stream taken
@@ -157,6 +158,8 @@ class GroupConsumer:
         self._assigned: set[int] = set()
         #: the streams it reads now (what heartbeats list as owned)
         self._reading: dict[int, _Reading] = {}
+        #: streams given whose reading is being started
+        self._starting: set[int] = set()
         #: streams dropped at once (fenced): to tell ``on_revoked`` between batches
         self._lost: list[int] = []
         self._send, self._receive = trio.open_memory_channel[
@@ -360,16 +363,23 @@ class GroupConsumer:
     async def _heartbeat(self) -> None:
         if self.epoch == 0 and not self._subscribed:
             return  # "all" of no stream yet: nothing to join until one is there
+        # owned: every stream this member may read before the answer comes,
+        # not only those it reads now; the PM gives a stream to another
+        # member as soon as a heartbeat leaves it out
+        owned = sorted(set(self._reading) | self._starting | self._assigned)
+        # the answer speaks for the PM as of some time after the request left:
+        # the session counts from then (an answer read after a pause is old)
+        sent_at = trio.current_time()
         answer = await self._pm.group_heartbeat(
             self.group,
             self.member_id,
             self.epoch,
             streams=self._subscribed,
-            owned=sorted(self._reading),
+            owned=owned,
             session_timeout_ms=int(self.session_timeout * 1000),
         )
         self.epoch = answer.member_epoch
-        self._heard_at = trio.current_time()
+        self._heard_at = sent_at
         self.heartbeat_interval = max(answer.heartbeat_interval_ms, 1) / 1000
         assigned = set(answer.assigned)
         if assigned != self._assigned or assigned != set(self._reading):
@@ -410,10 +420,19 @@ class GroupConsumer:
                 self._reading.pop(stream_id).scope.cancel()
         given = sorted(self._assigned - set(self._reading))
         if given:
-            await self._start_reading(given)
-            await _call(self.on_assigned, given)
+            self._starting.update(given)
+            try:
+                started = await self._start_reading(given)
+            finally:
+                self._starting.difference_update(given)
+            if started:
+                await _call(self.on_assigned, started)
+        if set(self._reading) != self._assigned:
+            self._changed()  # an answer came while streams were being started
 
-    async def _start_reading(self, stream_ids: list[int]) -> None:
+    async def _start_reading(self, stream_ids: list[int]) -> list[int]:
+        """Reads the streams given that an answer has not taken away (or a
+        fence dropped) while their positions were looked up; those."""
         positions: dict[int, int] = {}
         if self.start_at is not None:
             for stream_id in stream_ids:
@@ -427,14 +446,19 @@ class GroupConsumer:
                         positions[result.stream_id] = result.offset
             except GroupNotFoundError:
                 pass
-        assert self._nursery is not None
+        starts: dict[int, int | None] = {}
         for stream_id in stream_ids:
-            start = positions.get(stream_id)
-            if start is None and self.start == "latest":
-                start = await self._end_of(stream_id)
+            starts[stream_id] = positions.get(stream_id)
+            if starts[stream_id] is None and self.start == "latest":
+                starts[stream_id] = await self._end_of(stream_id)
+        assert self._nursery is not None
+        started = [s for s in stream_ids if s in self._assigned and s not in self._reading]
+        for stream_id in started:
+            start = starts[stream_id]
             reading = _Reading(trio.CancelScope(), start or 0, start or 0, positions.get(stream_id))
             self._reading[stream_id] = reading
             self._nursery.start_soon(self._read, stream_id, start, reading)
+        return started
 
     async def _end_of(self, stream_id: int) -> int:
         async with Consumer(self._pm, stream_id, pool=self._context.pool) as consumer:
