@@ -50,8 +50,9 @@ from client.launcher import Plan, add_object_store, plan_children, running_plan
 from client.pm_client import PMClient
 from client.producer import Producer
 from net.pool import ConnectionPool
+from pm.changes import PutRange, PutStream
 from pm.liveness import NodeRegistry
-from pm.metadata import MetadataStore, PutRange, PutStream
+from pm.metadata import MetadataStore
 from pm.range_log import RangeLog
 from pm.range_sizes import RangeSizes
 from pm.records import Holding, NodeRecord, RangeRecord, StreamRecord

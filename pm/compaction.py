@@ -45,8 +45,8 @@ from sbp.enums import ErrorCode
 from sbp.errors import ProtocolError, SBPError
 from sbp.key_hash import KeyMap
 
+from .changes import Metadata
 from .liveness import NodeRegistry
-from .metadata import Metadata
 from .records import Holding, RangeRecord, StreamRecord
 from .rolling import roll_if_full
 from .stream_settings import compacted

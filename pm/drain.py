@@ -38,7 +38,7 @@ from net.ratelog import RateLimitedLog
 from sbp.enums import DataNodeState
 from sbp.errors import NoAvailableDataNodeError, ProtocolError
 
-from .metadata import PutRange
+from .changes import PutRange
 from .move_budget import MoveBudget
 from .placement import place_copies
 from .range_sizes import HoldingsLink

@@ -41,11 +41,7 @@ import trio
 
 from sbp.errors import NotLeaderError, RequestTimeoutError
 
-from .etcd import Etcd, EtcdUnavailable, TxnResult, delete_op, delete_prefix_op, put_op
-from .metadata import (
-    FIRST_PRODUCER_ID,
-    FIRST_STREAM_ID,
-    U64,
+from .changes import (
     Change,
     DeleteGroup,
     DeleteMember,
@@ -65,6 +61,19 @@ from .metadata import (
     RaiseNextProducerId,
     RaiseNextStreamId,
     SetDraining,
+)
+from .etcd import Etcd, EtcdUnavailable, TxnResult, delete_op, delete_prefix_op, put_op
+from .metadata import FIRST_PRODUCER_ID, FIRST_STREAM_ID, U64
+from .records import (
+    GroupOffsetRecord,
+    MemberRecord,
+    MoveRecord,
+    NodeRecord,
+    ProducerRecord,
+    RangeRecord,
+    StreamRecord,
+)
+from .stored_values import (
     decode_move,
     encode_group_offset,
     encode_member,
@@ -77,15 +86,6 @@ from .metadata import (
     producer_from_value,
     range_from_value,
     stream_from_value,
-)
-from .records import (
-    GroupOffsetRecord,
-    MemberRecord,
-    MoveRecord,
-    NodeRecord,
-    ProducerRecord,
-    RangeRecord,
-    StreamRecord,
 )
 
 #: operations per transaction, below etcd's default limit of 128

@@ -39,8 +39,8 @@ from sbp.errors import (
     StreamNotFoundError,
 )
 
+from .changes import Change, DeleteGroup, Metadata, PutGroupOffsets
 from .members import GroupMembers
-from .metadata import Change, DeleteGroup, Metadata, PutGroupOffsets
 from .records import GroupOffsetRecord, Outcome, RangeRecord
 
 log = logging.getLogger(__name__)

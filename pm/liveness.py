@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from .metadata import PutRange
+from .changes import PutRange
 from .placement import NodeLoad, has_room
 from .range_log import Committed
 from .records import NodeRecord

@@ -57,13 +57,7 @@ from sbp.replication import effective_acks, seal_end
 from tiering.store import ObjectStore
 
 from . import reconcile, stream_settings
-from .compaction import DEFAULT_COMPACTION, CompactionSettings, Compactor
-from .drain import NodeDrains
-from .groups import ConsumerGroups, RecordTimes, StreamEnds
-from .liveness import NodeRegistry, NodeState
-from .locks import StreamLocks
-from .members import GroupMembers
-from .metadata import (
+from .changes import (
     Change,
     DeleteNode,
     DeleteRange,
@@ -76,6 +70,12 @@ from .metadata import (
     RaiseNextStreamId,
     SetDraining,
 )
+from .compaction import DEFAULT_COMPACTION, CompactionSettings, Compactor
+from .drain import NodeDrains
+from .groups import ConsumerGroups, RecordTimes, StreamEnds
+from .liveness import NodeRegistry, NodeState
+from .locks import StreamLocks
+from .members import GroupMembers
 from .move_budget import MoveBudget
 from .node_syncs import NodeSyncs
 from .placement import place

@@ -32,7 +32,7 @@ from sbp.errors import (
 )
 
 from .assignor import answerable, target_assignment
-from .metadata import Change, DeleteMember, Metadata, PutMember
+from .changes import Change, DeleteMember, Metadata, PutMember
 from .records import MemberRecord
 
 log = logging.getLogger(__name__)

@@ -33,6 +33,8 @@ stream``                                        deleted stream's positions
                                                 next producer id
 =============  ===============================  ==================================
 
+Values are encoded by ``pm.stored_values``, the same bytes etcd keeps.
+
 Durability: every ``apply`` is one write transaction committed with a sync
 (LMDB's ``sync`` and ``metasync`` stay on), so a change that was applied
 survives SIGKILL and power loss. ``commit`` runs ``apply`` on a worker thread:
@@ -43,16 +45,35 @@ Reads are short and run inline on the caller's thread.
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import lmdb
 import trio
 
+from .changes import (
+    Change,
+    DeleteGroup,
+    DeleteMember,
+    DeleteMove,
+    DeleteNode,
+    DeleteRange,
+    DeleteStream,
+    MarkForeignStream,
+    MetadataCounts,
+    PutGroupOffsets,
+    PutMember,
+    PutMove,
+    PutNode,
+    PutProducer,
+    PutRange,
+    PutStream,
+    RaiseNextProducerId,
+    RaiseNextStreamId,
+    SetDraining,
+)
 from .records import (
     GroupOffsetRecord,
     MemberRecord,
@@ -61,6 +82,20 @@ from .records import (
     ProducerRecord,
     RangeRecord,
     StreamRecord,
+)
+from .stored_values import (
+    decode_move,
+    encode_group_offset,
+    encode_member,
+    encode_move,
+    encode_producer,
+    encode_range,
+    encode_stream,
+    group_offset_from_value,
+    member_from_value,
+    producer_from_value,
+    range_from_value,
+    stream_from_value,
 )
 
 SCHEMA_VERSION: Final = 1
@@ -71,22 +106,7 @@ DEFAULT_MAP_SIZE: Final = 4 << 30
 _MAX_DBS: Final = 13
 
 _STREAM_KEY: Final = struct.Struct(">q")
-_STREAM_VALUE: Final = struct.Struct(">bqq")
-#: a stream with ack_nums (SPEC §7): the value above and one more byte; values
-#: written before it existed decode with ack_nums 0 (a majority)
-_STREAM_VALUE_ACKS: Final = struct.Struct(">bqqb")
-#: a stream with a size limit (SPEC §12): eight more bytes; values written
-#: before it existed decode with no limit
-_STREAM_VALUE_BYTES: Final = struct.Struct(">bqqbq")
-#: a stream with the settings of compaction, tiering and tables (SPEC §13,
-#: §14, §16): values written before decode with their defaults
-_STREAM_VALUE_SETTINGS: Final = struct.Struct(">bqqbqbqqqq")
 _RANGE_KEY: Final = struct.Struct(">qi")
-_MOVE_VALUE: Final = struct.Struct(">ii")
-_RANGE_HEAD: Final = struct.Struct(">qqqB")
-_WANTED: Final = struct.Struct(">B")
-#: a copied range's object state, last append time and object size (SPEC §14)
-_OBJECT: Final = struct.Struct(">Bqq")
 _NODE_KEY: Final = struct.Struct(">i")
 U64: Final = struct.Struct(">Q")
 
@@ -95,8 +115,6 @@ _META_NEXT_STREAM_ID: Final = b"next_stream_id"
 _META_NEXT_PRODUCER_ID: Final = b"next_producer_id"
 #: followed by a stream id (U64): a stream another PM placed (MarkForeignStream)
 _META_FOREIGN_STREAM: Final = b"foreign_stream/"
-_PRODUCER_VALUE: Final = struct.Struct(">qi")
-_GROUP_VALUE_HEAD: Final = struct.Struct(">qq")
 #: stream ids start at 1; 0 means "not yet assigned" on the wire
 FIRST_STREAM_ID: Final = 1
 #: producer ids start at 1; 0 on an APPEND item means "not idempotent"
@@ -107,265 +125,9 @@ class MetadataError(Exception):
     """The metadata directory cannot be opened or holds an unknown layout."""
 
 
-# -- changes ------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PutStream:
-    stream: StreamRecord
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteStream:
-    """Remove a stream with all of its ranges."""
-
-    stream_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class PutRange:
-    range: RangeRecord
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteRange:
-    stream_id: int
-    range_index: int
-
-
-@dataclass(frozen=True, slots=True)
-class PutNode:
-    node: NodeRecord
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteNode:
-    """Forget a data node (``sbp nodes remove``), its draining mark included."""
-
-    node_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class SetDraining:
-    """Mark a data node draining (SPEC §12), or active again."""
-
-    node_id: int
-    draining: bool
-
-
-@dataclass(frozen=True, slots=True)
-class PutMove:
-    move: MoveRecord
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteMove:
-    stream_id: int
-    range_index: int
-
-
-@dataclass(frozen=True, slots=True)
-class RaiseNextStreamId:
-    """Record that ids below ``value`` are taken; never lowers the stored value."""
-
-    value: int
-
-
-@dataclass(frozen=True, slots=True)
-class MarkForeignStream:
-    """Record that a data node holds stream ``stream_id``, which this PM
-    never created (``pm.reconcile``): a reconcile never deletes it, though
-    the next stream id has since moved past it."""
-
-    stream_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class PutProducer:
-    producer: ProducerRecord
-
-
-@dataclass(frozen=True, slots=True)
-class RaiseNextProducerId:
-    """Record that producer ids below ``value`` are taken; never lowers it."""
-
-    value: int
-
-
-@dataclass(frozen=True, slots=True)
-class PutGroupOffsets:
-    """Store positions of one group, all at once (one COMMIT_OFFSETS)."""
-
-    offsets: tuple[GroupOffsetRecord, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteGroup:
-    """Forget every position of a group."""
-
-    group: str
-
-
-@dataclass(frozen=True, slots=True)
-class PutMember:
-    """Store a consumer group member (SPEC §15)."""
-
-    member: MemberRecord
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteMember:
-    """Forget a consumer group member: it left, or its session expired."""
-
-    group: str
-    member_id: str
-
-
-Change = (
-    PutStream
-    | DeleteStream
-    | PutRange
-    | DeleteRange
-    | PutNode
-    | DeleteNode
-    | SetDraining
-    | PutMove
-    | DeleteMove
-    | RaiseNextStreamId
-    | MarkForeignStream
-    | PutProducer
-    | RaiseNextProducerId
-    | PutGroupOffsets
-    | DeleteGroup
-    | PutMember
-    | DeleteMember
-)
-
-
-@dataclass(frozen=True, slots=True)
-class MetadataCounts:
-    streams: int
-    ranges: int
-    nodes: int
-
-
-class Metadata(Protocol):
-    """What the placement manager reads and writes, whichever store holds it:
-    ``MetadataStore`` (LMDB, one PM) or ``pm.etcd_metadata.EtcdMetadataStore``
-    (etcd, SPEC §8)."""
-
-    def stream(self, stream_id: int) -> StreamRecord | None: ...
-    def streams(self, *, start_after: int = 0, limit: int) -> list[StreamRecord]: ...
-    def ranges(self, stream_id: int) -> list[RangeRecord]: ...
-    def range(self, stream_id: int, range_index: int) -> RangeRecord | None: ...
-    def last_range(self, stream_id: int) -> RangeRecord | None: ...
-    def ranges_on_node(self, node_id: int) -> list[RangeRecord]: ...
-    def nodes(self) -> list[NodeRecord]: ...
-    def draining_nodes(self) -> set[int]: ...
-    def moves(self) -> list[MoveRecord]: ...
-    def next_stream_id(self) -> int: ...
-    def foreign_streams(self) -> frozenset[int]: ...
-    def producer(self, name: str) -> ProducerRecord | None: ...
-    def producers(self) -> list[ProducerRecord]: ...
-    def next_producer_id(self) -> int: ...
-    def group_offsets(self, group: str) -> list[GroupOffsetRecord]: ...
-    def all_group_offsets(self) -> list[GroupOffsetRecord]: ...
-    def all_members(self) -> list[MemberRecord]: ...
-    def counts(self) -> MetadataCounts: ...
-    def range_counts_by_node(self) -> dict[int, int]: ...
-    async def commit(self, changes: Sequence[Change]) -> None: ...
-
-
-# -- encoding -----------------------------------------------------------------
-
-
-def encode_stream(stream: StreamRecord) -> bytes:
-    return _STREAM_VALUE_SETTINGS.pack(
-        stream.replica_nums,
-        stream.retention_period_ms,
-        stream.epoch,
-        stream.ack_nums,
-        stream.retention_bytes,
-        stream.cleanup_policy,
-        stream.min_compaction_lag_ms,
-        stream.delete_retention_ms,
-        stream.local_retention_ms,
-        stream.table_interval_ms,
-    )
-
-
 def _decode_stream(key: bytes, value: bytes) -> StreamRecord:
     (stream_id,) = _STREAM_KEY.unpack(key)
     return stream_from_value(stream_id, value)
-
-
-def stream_from_value(stream_id: int, value: bytes) -> StreamRecord:
-    """A stream from its stored value (both stores keep the same one)."""
-    if len(value) == _STREAM_VALUE.size:
-        replica_nums, retention, epoch = _STREAM_VALUE.unpack(value)
-        return StreamRecord(stream_id, replica_nums, retention, epoch)
-    if len(value) == _STREAM_VALUE_ACKS.size:
-        replica_nums, retention, epoch, acks = _STREAM_VALUE_ACKS.unpack(value)
-        return StreamRecord(stream_id, replica_nums, retention, epoch, acks)
-    if len(value) == _STREAM_VALUE_BYTES.size:
-        return StreamRecord(stream_id, *_STREAM_VALUE_BYTES.unpack(value))
-    return StreamRecord(stream_id, *_STREAM_VALUE_SETTINGS.unpack(value))
-
-
-def encode_move(move: MoveRecord) -> bytes:
-    return _MOVE_VALUE.pack(move.from_node, move.to_node)
-
-
-def decode_move(stream_id: int, range_index: int, value: bytes) -> MoveRecord:
-    """A move from its stored value (both stores keep the same one)."""
-    return MoveRecord(stream_id, range_index, *_MOVE_VALUE.unpack(value))
-
-
-def encode_producer(producer: ProducerRecord) -> bytes:
-    return _PRODUCER_VALUE.pack(producer.producer_id, producer.epoch)
-
-
-def producer_from_value(name: str, value: bytes) -> ProducerRecord:
-    producer_id, epoch = _PRODUCER_VALUE.unpack(value)
-    return ProducerRecord(name, producer_id, epoch)
-
-
-def encode_group_offset(record: GroupOffsetRecord) -> bytes:
-    head = _GROUP_VALUE_HEAD.pack(record.offset, record.commit_time_ms)
-    return head + record.metadata.encode()
-
-
-def group_offset_from_value(group: str, stream_id: int, value: bytes) -> GroupOffsetRecord:
-    offset, commit_time_ms = _GROUP_VALUE_HEAD.unpack_from(value)
-    metadata = bytes(value[_GROUP_VALUE_HEAD.size :]).decode()
-    return GroupOffsetRecord(group, stream_id, offset, commit_time_ms, metadata)
-
-
-def encode_member(member: MemberRecord) -> bytes:
-    return json.dumps(
-        {
-            "epoch": member.epoch,
-            "session_timeout_ms": member.session_timeout_ms,
-            "subscribed": list(member.subscribed),
-            "held": list(member.held),
-            "assigned": list(member.assigned),
-        },
-        separators=(",", ":"),
-    ).encode()
-
-
-def member_from_value(group: str, member_id: str, value: bytes) -> MemberRecord:
-    """A member from its stored value (both stores keep the same one)."""
-    fields = json.loads(value)
-    return MemberRecord(
-        group,
-        member_id,
-        int(fields["epoch"]),
-        int(fields["session_timeout_ms"]),
-        tuple(int(s) for s in fields["subscribed"]),
-        tuple(int(s) for s in fields["held"]),
-        tuple(int(s) for s in fields.get("assigned", ())),
-    )
 
 
 def _group_prefix(group: str) -> bytes:
@@ -378,48 +140,9 @@ def _decode_group_key(key: bytes) -> tuple[str, int]:
     return key[1 : 1 + length].decode(), _STREAM_KEY.unpack_from(key, 1 + length)[0]
 
 
-def encode_range(rng: RangeRecord) -> bytes:
-    head = _RANGE_HEAD.pack(rng.start_offset, rng.end_offset, rng.epoch, len(rng.nodes))
-    value = head + struct.pack(f">{len(rng.nodes)}i", *rng.nodes)
-    # Only a short-handed range carries the count it wants, and only a
-    # copied one its object, so every value written before either existed
-    # decodes unchanged, as a whole range on the nodes only.
-    if rng.object_state:
-        return (
-            value
-            + _WANTED.pack(rng.replicas_wanted if rng.short_handed else 0)
-            + _OBJECT.pack(rng.object_state, rng.last_append_ms, rng.object_bytes)
-        )
-    return value + _WANTED.pack(rng.replicas_wanted) if rng.short_handed else value
-
-
 def _decode_range(key: bytes, value: bytes) -> RangeRecord:
     stream_id, range_index = _RANGE_KEY.unpack(key)
     return range_from_value(stream_id, range_index, value)
-
-
-def range_from_value(stream_id: int, range_index: int, value: bytes) -> RangeRecord:
-    """A range from its stored value (both stores keep the same one)."""
-    start, end, epoch, count = _RANGE_HEAD.unpack_from(value)
-    nodes = struct.unpack_from(f">{count}i", value, _RANGE_HEAD.size)
-    wanted_at = _RANGE_HEAD.size + 4 * count
-    wanted = _WANTED.unpack_from(value, wanted_at)[0] if len(value) > wanted_at else 0
-    object_at = wanted_at + _WANTED.size
-    state, last_append_ms, object_bytes = (
-        _OBJECT.unpack_from(value, object_at) if len(value) > object_at else (0, 0, 0)
-    )
-    return RangeRecord(
-        stream_id,
-        range_index,
-        start,
-        tuple(nodes),
-        end,
-        epoch,
-        wanted,
-        state,
-        last_append_ms,
-        object_bytes,
-    )
 
 
 # -- the store ----------------------------------------------------------------

@@ -25,14 +25,9 @@ from net.service import UsageError, run_main
 from sbp.constants import MAX_GROUP_COMMIT_ITEMS
 from sbp.errors import NotLeaderError, RequestTimeoutError
 
-from .config import EtcdTLS, parse_etcd_endpoints
-from .etcd import Etcd, EtcdError, version_is
-from .etcd_metadata import EtcdMetadataStore
-from .metadata import (
+from .changes import (
     Change,
     MarkForeignStream,
-    MetadataError,
-    MetadataStore,
     PutGroupOffsets,
     PutMember,
     PutMove,
@@ -44,6 +39,10 @@ from .metadata import (
     RaiseNextStreamId,
     SetDraining,
 )
+from .config import EtcdTLS, parse_etcd_endpoints
+from .etcd import Etcd, EtcdError, version_is
+from .etcd_metadata import EtcdMetadataStore
+from .metadata import MetadataError, MetadataStore
 from .server import LOCK_FILE
 
 PROG = "sbp-pm migrate"

@@ -21,7 +21,7 @@ import trio
 
 from sbp.errors import InvalidRequestError, ProducerFencedError
 
-from .metadata import Change, Metadata, PutProducer, RaiseNextProducerId
+from .changes import Change, Metadata, PutProducer, RaiseNextProducerId
 from .records import ProducerRecord
 
 #: producer names are at most this many bytes of UTF-8

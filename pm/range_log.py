@@ -13,7 +13,7 @@ from typing import Protocol
 
 import trio
 
-from .metadata import Change, DeleteRange, DeleteStream, Metadata, PutRange
+from .changes import Change, DeleteRange, DeleteStream, Metadata, PutRange
 
 
 @dataclass(frozen=True, slots=True)

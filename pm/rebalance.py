@@ -39,7 +39,7 @@ from client.format import size_text
 from net.ratelog import RateLimitedLog
 from sbp.errors import ProtocolError
 
-from .metadata import DeleteMove, PutMove, PutRange
+from .changes import DeleteMove, PutMove, PutRange
 from .move_budget import MoveBudget
 from .placement import has_room
 from .range_sizes import HoldingsLink, RangeSizes

@@ -16,9 +16,9 @@ import trio
 from sbp.errors import SBPError
 
 from . import reconcile
+from .changes import Change, MarkForeignStream, Metadata, RaiseNextStreamId
 from .liveness import NodeRegistry
 from .locks import StreamLocks
-from .metadata import Change, MarkForeignStream, Metadata, RaiseNextStreamId
 from .node_syncs import NodeSyncs
 from .reconcile import ReconcilePlan
 from .records import RangeRecord

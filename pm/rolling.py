@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Protocol
 
-from .metadata import Metadata
+from .changes import Metadata
 from .records import Holding
 
 

@@ -23,8 +23,8 @@ import trio
 from net.ratelog import RateLimitedLog
 from sbp.errors import ProtocolError
 
+from .changes import DeleteStream, Metadata, PutStream
 from .liveness import NodeRegistry
-from .metadata import DeleteStream, Metadata, PutStream
 from .range_log import Committed
 from .range_sizes import RangeSizes
 from .records import Outcome, RangeRecord, StreamRecord

@@ -49,8 +49,8 @@ from sbp.errors import (
 from tiering import layout
 from tiering.store import ObjectStore
 
+from .changes import Change, DeleteRange, DeleteStream, Metadata, PutRange, PutStream
 from .liveness import NodeRegistry
-from .metadata import Change, DeleteRange, DeleteStream, Metadata, PutRange, PutStream
 from .range_log import Committed
 from .range_sizes import RangeSizes
 from .records import Outcome, RangeRecord, StreamRecord

@@ -30,8 +30,8 @@ import trio
 from net.ratelog import RateLimitedLog
 from sbp.errors import NoAvailableDataNodeError, ProtocolError
 
+from .changes import Change, Metadata, PutRange
 from .liveness import NodeRegistry, NodeState
-from .metadata import Change, Metadata, PutRange
 from .placement import place, place_copies
 from .range_log import Committed
 from .records import RangeRecord

@@ -10,10 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from pm.etcd import Etcd
-from pm.etcd_metadata import MAX_TXN_OPS, EtcdMetadataStore
-from pm.leadership import Leadership
-from pm.metadata import (
+from pm.changes import (
     Change,
     DeleteStream,
     MarkForeignStream,
@@ -22,6 +19,9 @@ from pm.metadata import (
     PutStream,
     RaiseNextStreamId,
 )
+from pm.etcd import Etcd
+from pm.etcd_metadata import MAX_TXN_OPS, EtcdMetadataStore
+from pm.leadership import Leadership
 from pm.producers import ProducerIds
 from pm.records import NodeRecord, ProducerRecord, RangeRecord, StreamRecord
 from sbp.errors import NotLeaderError, ProducerFencedError

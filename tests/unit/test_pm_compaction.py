@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pm.changes import PutRange, PutStream
 from pm.compaction import CompactionSettings, Compactor
 from pm.liveness import NodeRegistry
-from pm.metadata import MetadataStore, PutRange, PutStream
+from pm.metadata import MetadataStore
 from pm.records import Holding, NodeRecord, RangeRecord, StreamRecord
 from sbp import messages
 from sbp.errors import ProtocolError

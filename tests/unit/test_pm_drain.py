@@ -12,8 +12,9 @@ import trio
 import trio.testing
 
 import pm.drain
+from pm.changes import PutRange, PutStream
 from pm.manager import PlacementManager
-from pm.metadata import MetadataStore, PutRange, PutStream
+from pm.metadata import MetadataStore
 from pm.records import Holding, NodeRecord, RangeRecord, StreamRecord
 from sbp.constants import OPEN_END_OFFSET
 from sbp.enums import DataNodeState

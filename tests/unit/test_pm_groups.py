@@ -9,17 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from pm.changes import DeleteGroup, DeleteStream, Metadata, PutGroupOffsets, PutRange, PutStream
 from pm.groups import ConsumerGroups, OffsetItem, RecordTimes, StreamEnds
 from pm.members import GroupMembers
-from pm.metadata import (
-    DeleteGroup,
-    DeleteStream,
-    Metadata,
-    MetadataStore,
-    PutGroupOffsets,
-    PutRange,
-    PutStream,
-)
+from pm.metadata import MetadataStore
 from pm.records import GroupOffsetRecord, Outcome, RangeRecord, StreamRecord
 from sbp.constants import MAX_GROUP_COMMIT_ITEMS
 from sbp.enums import ErrorCode

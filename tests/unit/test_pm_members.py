@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pm.assignor import answerable, target_assignment
+from pm.changes import Metadata, PutStream
 from pm.members import GroupMembers, Heartbeat, heartbeat_interval_ms
-from pm.metadata import Metadata, MetadataStore, PutStream
+from pm.metadata import MetadataStore
 from pm.records import MemberRecord, StreamRecord
 from sbp.errors import (
     FencedMemberEpochError,
@@ -179,7 +180,7 @@ async def test_members_survive_a_new_leader_with_their_epochs(store: MetadataSto
 async def check_member_store(store: Metadata) -> None:
     """What every metadata store does with members (run on LMDB here and on
     etcd in tests/integration/test_pm_etcd.py)."""
-    from pm.metadata import DeleteMember, PutMember
+    from pm.changes import DeleteMember, PutMember
 
     member = MemberRecord("etl/daily", "m-1", 7, 45_000, (1, 2, 3), (2,))
     other = MemberRecord("etl/daily", "m/2", 1, 3000, (1,), ())

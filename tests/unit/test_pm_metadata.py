@@ -9,16 +9,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from pm.metadata import (
-    FIRST_STREAM_ID,
+from pm.changes import (
     DeleteMove,
     DeleteNode,
     DeleteRange,
     DeleteStream,
     MarkForeignStream,
     Metadata,
-    MetadataError,
-    MetadataStore,
     PutMove,
     PutNode,
     PutRange,
@@ -26,6 +23,7 @@ from pm.metadata import (
     RaiseNextStreamId,
     SetDraining,
 )
+from pm.metadata import FIRST_STREAM_ID, MetadataError, MetadataStore
 from pm.migrate import _everything
 from pm.records import MoveRecord, NodeRecord, RangeRecord, StreamRecord
 

@@ -18,7 +18,8 @@ from .test_storage_crash import MAP_SIZE, lines_until_killed
 # one commit, and prints "stream_id lane" once the commit has returned.
 CHILD = r"""
 import itertools, os, sys, trio
-from pm.metadata import MetadataStore, PutRange, PutStream
+from pm.metadata import MetadataStore
+from pm.changes import PutRange, PutStream
 from pm.records import RangeRecord, StreamRecord
 
 store = MetadataStore(sys.argv[1], map_size=int(sys.argv[2]))

@@ -8,7 +8,8 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from pm.metadata import DeleteStream, MetadataStore, PutRange, PutStream
+from pm.changes import DeleteStream, PutRange, PutStream
+from pm.metadata import MetadataStore
 from pm.range_log import Committed, RangeLog
 from pm.records import RangeRecord, StreamRecord
 

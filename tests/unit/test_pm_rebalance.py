@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from pm.changes import PutRange, PutStream
 from pm.liveness import NodeRegistry
 from pm.manager import PlacementManager
-from pm.metadata import MetadataStore, PutRange, PutStream
+from pm.metadata import MetadataStore
 from pm.records import Holding, NodeRecord, RangeRecord, StreamRecord
 
 from .test_pm_manager import FakeDataNodes

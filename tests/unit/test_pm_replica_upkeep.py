@@ -8,8 +8,9 @@ from pathlib import Path
 
 from pm.liveness import NodeRegistry
 from pm.manager import PlacementManager
-from pm.metadata import MetadataStore, encode_range, range_from_value
+from pm.metadata import MetadataStore
 from pm.records import NodeRecord, RangeRecord, StreamRecord
+from pm.stored_values import encode_range, range_from_value
 
 from .test_pm_manager import FakeDataNodes, store  # noqa: F401 (a fixture)
 

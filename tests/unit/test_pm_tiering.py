@@ -11,20 +11,14 @@ from typing import Any
 
 import pytest
 
+from pm.changes import DeleteRange, DeleteStream, PutRange, PutStream
 from pm.liveness import NodeRegistry
-from pm.metadata import (
-    DeleteRange,
-    DeleteStream,
-    MetadataStore,
-    PutRange,
-    PutStream,
-    encode_range,
-    range_from_value,
-)
+from pm.metadata import MetadataStore
 from pm.range_log import RangeLog
 from pm.range_sizes import RangeSizes
 from pm.records import Holding, NodeRecord, Outcome, RangeRecord, StreamRecord
 from pm.rolling import roll_if_full
+from pm.stored_values import encode_range, range_from_value
 from pm.tiering import Tiering, serving_nodes
 from sbp.batches import build_batch, stamp_base_offset
 from sbp.enums import ObjectState
