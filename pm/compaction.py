@@ -42,7 +42,7 @@ import trio
 
 from sbp import messages
 from sbp.enums import ErrorCode
-from sbp.errors import ProtocolError, SBPError
+from sbp.errors import InvalidRequestError, ProtocolError, RequestTimeoutError, SBPError
 from sbp.key_hash import KeyMap
 
 from .changes import Metadata
@@ -341,3 +341,36 @@ def _merged(maps: Sequence[KeyMap]) -> KeyMap:
     return KeyMap.latest(
         np.concatenate([m.hashes for m in maps]), np.concatenate([m.offsets for m in maps])
     )
+
+
+async def check_all_keyed(
+    store: Metadata, link: CompactionCalls, stream_id: int, deadline: float
+) -> None:
+    """Refuse to compact a stream that holds records without keys (SPEC
+    §13): every replica of its ranges is asked what it holds; one that
+    cannot answer leaves it refused too (compaction keeps one record per
+    key, and a record without a key has none to keep it by)."""
+    ranges = store.ranges(stream_id)
+    first = ranges[0].start_offset if ranges else 0
+    by_node: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for rng in ranges:
+        for node_id in rng.nodes:
+            by_node[node_id].append(rng.key)
+    with trio.move_on_at(deadline) as scope:
+        for node_id, keys in by_node.items():
+            try:
+                holdings = await link.range_holdings(node_id, keys)
+            except (SBPError, OSError) as error:
+                raise InvalidRequestError(
+                    f"stream {stream_id} cannot be compacted now: data node {node_id} "
+                    f"does not say whether it holds records without keys ({error})"
+                ) from None
+            keyless = max((h.keyless_below for h in holdings.values()), default=0)
+            if keyless > first:
+                raise InvalidRequestError(
+                    f"stream {stream_id} holds records without keys (below offset "
+                    f"{keyless}): a compacted stream keeps each key's latest record, so "
+                    "every record needs a key; trim them first"
+                )
+    if scope.cancelled_caught:
+        raise RequestTimeoutError(f"stream {stream_id}: the data nodes did not answer in time")

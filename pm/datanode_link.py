@@ -15,7 +15,7 @@ import logging
 import math
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Final, TypeVar
+from typing import Final, Protocol, TypeVar
 
 import trio
 
@@ -57,8 +57,68 @@ RETRY_MAX_S: Final = 1.0
 _NOTHING_THERE: Final = frozenset({ErrorCode.STREAM_NOT_FOUND, ErrorCode.STREAM_DELETED})
 
 
+class DataNodeCalls(Protocol):
+    """What the PM asks of data nodes (``pm.datanode_link`` over the network).
+
+    Each call retries brief unreachability until the caller's cancel scope
+    (the request's deadline) ends it, and raises ``ProtocolError`` for an
+    answer that retrying cannot change.
+    """
+
+    async def sync_ranges(
+        self, node_id: int, streams: Sequence[tuple[int, Sequence[RangeRecord]]]
+    ) -> None:
+        """SYNC_RANGES: each stream with its whole current list of ranges."""
+
+    async def seal_replica(self, rng: RangeRecord, node_id: int) -> int:
+        """SEAL_RANGES on one replica of the range; returns its durable next
+        offset (where the replica sealed it)."""
+
+    async def next_offset(self, rng: RangeRecord) -> int:
+        """DESCRIBE_RANGES on the range's primary; returns its next offset."""
+
+    async def ends_of_open_ranges(
+        self, node_id: int, ranges: Sequence[RangeRecord]
+    ) -> dict[int, int]:
+        """DESCRIBE_RANGES of open ranges on their primary, in batches: the
+        next offset of each it could describe, by stream id."""
+
+    async def record_timestamp(self, node_id: int, stream_id: int, offset: int) -> int | None:
+        """FETCH of the batch holding ``offset``: its record's timestamp."""
+
+    async def range_holdings(
+        self, node_id: int, keys: Sequence[tuple[int, int]], skips: Sequence[int] = ()
+    ) -> dict[tuple[int, int], Holding]:
+        """RANGE_HOLDINGS: what the node holds of each range, by (stream_id,
+        range_index), and where to cut each to drop its first ``skips[i]``
+        bytes; those it does not hold left out."""
+
+    async def compaction_keys(
+        self, node_id: int, stream_id: int, range_index: int
+    ) -> tuple[KeyMap, int, int]:
+        """COMPACTION_KEYS: a sealed range's latest offset of each key, its
+        bytes and when it was last appended to."""
+
+    async def compact_ranges(
+        self, node_id: int, stream_id: int, ranges: Sequence[tuple[int, bool]], keys: KeyMap
+    ) -> list[messages.CompactRangeResult]:
+        """COMPACT_RANGES: rewrite the node's replicas of sealed ranges by ``keys``."""
+
+    async def delete_streams(self, node_id: int, stream_ids: Sequence[int]) -> None:
+        """DELETE_STREAMS."""
+
+    async def upload_range(self, node_id: int, rng: RangeRecord) -> None:
+        """UPLOAD_RANGE: the node copies the sealed range to the object store."""
+
+    async def hosted_ranges(self, node_id: int) -> list[RangeRecord]:
+        """LIST_RANGES by data node, asked of the node: the ranges it holds."""
+
+    async def reachable(self, address: str) -> bool:
+        """Whether ``address`` answers PING (briefly; never raises)."""
+
+
 class DataNodeLink:
-    """Calls to data nodes by node id; implements ``pm.manager.DataNodeCalls``
+    """Calls to data nodes by node id; implements ``DataNodeCalls``
     over the client library's ``DataNodeClient`` and retry policy."""
 
     def __init__(

@@ -40,7 +40,9 @@ _PAGE: Final = 1000
 class SizeHost(Protocol):
     store: Metadata
     registry: NodeRegistry
-    stopping: bool
+
+    @property
+    def stopping(self) -> bool: ...
 
     async def trim_streams(
         self, trims: Sequence[tuple[int, int]], timeout: float

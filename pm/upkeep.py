@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
@@ -66,8 +65,9 @@ class UpkeepHost(Protocol):
 
     store: Metadata
     registry: NodeRegistry
-    seals: Counter[str]
-    stopping: bool
+
+    @property
+    def stopping(self) -> bool: ...
 
     async def seal_ranges(
         self, keys: Sequence[tuple[int, int]], timeout: float, *, cause: str = ...
