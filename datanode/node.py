@@ -1,11 +1,13 @@
 """The data node's core: the counterpart of the PM's ``PlacementManager``.
 
-``DataNode`` decides every request the node serves (who may do it, what
-storage does, what a replica may answer) over one ``StorageEngine`` and the
-replica rules of ``replica_state``. It is wired whole in its constructor and
-runs its background work (replication, catch-up, retention, the PM link) in
-``run``. The handlers in ``datanode.handlers`` translate the wire to calls
-on it and its answers back to the wire, and decide nothing.
+``DataNode`` decides every request the node serves (what storage does,
+what a replica may answer) over one ``StorageEngine`` and the replica rules
+of ``replica_state``. It is wired whole in its constructor and runs its
+background work (replication, catch-up, retention, the PM link) in ``run``.
+The handlers in ``datanode.handlers`` translate the wire to calls on it and
+its answers back to the wire; they also authorize each item (SPEC §9)
+before the core sees it, as the PM's handlers do. The ACL itself
+(``access``) lives here, reloaded on SIGHUP.
 """
 
 from __future__ import annotations
@@ -224,7 +226,7 @@ class DataNode:
     def append(
         self,
         items: list[AppendItem],
-        principal: str,
+        denials: Sequence[ProtocolError | None],
         connection: object,
         deadline: float,
         received_at: float,
@@ -232,28 +234,17 @@ class DataNode:
     ) -> Awaitable[None] | None:
         """Store the items (SPEC §5), answering ``on_answer`` once: when
         durable here and, for replicated ranges, once the commit offset
-        passes them; TIMEOUT at ``deadline``. Items the principal may not
-        APPEND are refused alone (SPEC §9). Returns an awaitable when the
+        passes them; TIMEOUT at ``deadline``. Items with a denial (SPEC §9,
+        by the handler; empty: none) are refused alone. Returns an awaitable when the
         request must first wait for streams this node learns from the PM
         (``appends.Appends.start``)."""
         counters = self.metrics.counters
         counters.append_requests += 1
         counters.append_items += len(items)
-        denials: Sequence[ProtocolError | None] = ()
-        if items and self.access.enabled:
-            denials = self.access.check_each(
-                principal, "APPEND", [item.stream_id for item in items]
-            )
         ticket = AppendTicket(items, denials, deadline, received_at, counters, on_answer)
         return self._appends.start(ticket, connection)
 
     # -- FETCH ------------------------------------------------------------------------
-
-    def may_fetch(self, principal: str, stream_ids: Sequence[int]) -> list[ProtocolError | None]:
-        """Per stream, the refusal of a FETCH by ``principal`` (SPEC §9), or None."""
-        if not self.access.enabled:
-            return [None] * len(stream_ids)
-        return list(self.access.check_each(principal, "FETCH", list(stream_ids)))
 
     def read(self, stream_id: int, offset: int, max_bytes: int, reads: Reads) -> BorrowedBatches:
         """The stream's whole batches from ``offset``, borrowed until
@@ -271,15 +262,10 @@ class DataNode:
 
     # -- REPLICATE --------------------------------------------------------------------
 
-    def producer_snapshot(
-        self, principal: str, stream_id: int, as_of: int
-    ) -> messages.ProducerStateResponse:
+    def producer_snapshot(self, stream_id: int, as_of: int) -> messages.ProducerStateResponse:
         """PRODUCER_STATE: the stream's producer state as of ``as_of``, for a
-        replica of the range that starts there (data nodes only, SPEC §9)."""
+        replica of the range that starts there."""
         try:
-            denied = self.access.check_internal(principal, "PRODUCER_STATE")
-            if denied is not None:
-                raise denied
             check_stream_id(stream_id)
             table = self.engine.producer_snapshot(stream_id, as_of)
         except ProtocolError as error:
@@ -287,17 +273,13 @@ class DataNode:
         return messages.ProducerStateResponse(producers=table_to_snapshots(table))
 
     async def range_holdings(
-        self, principal: str, ranges: Sequence[tuple[int, int]], skips: Sequence[int]
+        self, ranges: Sequence[tuple[int, int]], skips: Sequence[int]
     ) -> list[tuple[int, int, int, int] | ProtocolError]:
-        """RANGE_HOLDINGS (the PM's, SPEC §9: the cluster's principals only):
-        per range, how far this node holds it without a gap, the bytes of
-        that, where to cut it to drop its first ``skips[i]`` bytes (0: not
-        asked), and the offset after the last batch it holds of the stream
-        with a record without a key; or the error. The index is read off the
-        event loop."""
-        denied = self.access.check_internal(principal, "RANGE_HOLDINGS")
-        if denied is not None:
-            return [denied] * len(ranges)
+        """RANGE_HOLDINGS (the PM's): per range, how far this node holds it
+        without a gap, the bytes of that, where to cut it to drop its first
+        ``skips[i]`` bytes (0: not asked), and the offset after the last
+        batch it holds of the stream with a record without a key; or the
+        error. The index is read off the event loop."""
 
         def look() -> list[tuple[int, int, int, int] | ProtocolError]:
             engine = self.engine
@@ -316,27 +298,18 @@ class DataNode:
 
         return await trio.to_thread.run_sync(look)
 
-    async def compaction_keys(
-        self, principal: str, stream_id: int, range_index: int
-    ) -> tuple[RangeKeys, int]:
-        """COMPACTION_KEYS (the PM's, SPEC §9: the cluster's principals
-        only): what a sealed range held here holds of each key, and when its
-        last batch was appended."""
-        denied = self.access.check_internal(principal, "COMPACTION_KEYS")
-        if denied is not None:
-            raise denied
+    async def compaction_keys(self, stream_id: int, range_index: int) -> tuple[RangeKeys, int]:
+        """COMPACTION_KEYS (the PM's): what a sealed range held here holds
+        of each key, and when its last batch was appended."""
         check_stream_id(stream_id)
         return await self.compaction.keys(stream_id, range_index)
 
     async def compact_ranges(
-        self, principal: str, stream_id: int, ranges: Sequence[tuple[int, bool]], keys: KeyMap
+        self, stream_id: int, ranges: Sequence[tuple[int, bool]], keys: KeyMap
     ) -> list[RangeCompacted | ProtocolError]:
         """COMPACT_RANGES (the PM's): rewrite sealed ranges held here by
         ``keys``, per range with its tombstones dropped or not; per range,
         what it did or why not."""
-        denied = self.access.check_internal(principal, "COMPACT_RANGES")
-        if denied is not None:
-            return [denied] * len(ranges)
         done: list[RangeCompacted | ProtocolError] = []
         for range_index, drop_tombstones in ranges:
             try:
@@ -348,10 +321,6 @@ class DataNode:
                 done.append(error)
         self.waiters.notify(stream_id)
         return done
-
-    def may_replicate(self, principal: str) -> ProtocolError | None:
-        """Only a range's primary, a data node, may send REPLICATE (SPEC §9)."""
-        return self.access.check_internal(principal, "REPLICATE")
 
     async def replicate(
         self, items: Sequence[tuple[ReplicaBatch | ProtocolError, int]], deadline: float
@@ -407,14 +376,8 @@ class DataNode:
 
     # -- ranges -----------------------------------------------------------------------
 
-    def list_ranges(self, principal: str, owner: messages.RangeOwner) -> list[RangeInfo]:
-        """The ranges of one stream (DESCRIBE of it), or of this whole node (CLUSTER)."""
-        if owner.data_node is not None:
-            denied = self.access.check(principal, "CLUSTER")
-        else:
-            denied = self.access.check(principal, "DESCRIBE", owner.stream_id)
-        if denied is not None:
-            raise denied
+    def list_ranges(self, owner: messages.RangeOwner) -> list[RangeInfo]:
+        """The ranges of one stream, or of this whole node."""
         if owner.data_node is None:
             return self.engine.list_ranges(owner.stream_id)
         if owner.data_node.node_id != self.node_id:
@@ -423,14 +386,11 @@ class DataNode:
             )
         return self.engine.list_ranges()
 
-    async def describe(self, principal: str, stream_id: int, range_index: int) -> RangeInfo:
+    async def describe(self, stream_id: int, range_index: int) -> RangeInfo:
         """One range as held here. A range (or stream) placed here that this
         node has not been told of yet, its SYNC_RANGES still on the way, is
         asked of the PM, as FETCH does, rather than have the reader give up
         on this replica."""
-        denied = self.access.check(principal, "DESCRIBE", stream_id)
-        if denied is not None:
-            raise denied
         try:
             return self.engine.describe_range(stream_id, range_index)
         except RangeNotFoundError:
@@ -439,14 +399,11 @@ class DataNode:
             return self.engine.describe_range(stream_id, range_index)
 
     async def find_offset(
-        self, principal: str, stream_id: int, range_index: int, timestamp_ms: int
+        self, stream_id: int, range_index: int, timestamp_ms: int
     ) -> tuple[int, int]:
         """FIND_OFFSETS (SPEC §11): the first offset of the range appended at
         or after ``timestamp_ms``, and its append time (-1: none, the offset
-        is the range's end). Needs FETCH of the stream (SPEC §9)."""
-        denied = self.access.check(principal, "FETCH", stream_id)
-        if denied is not None:
-            raise denied
+        is the range's end)."""
         check_stream_id(stream_id)
         try:
             return self.engine.find_offset(stream_id, range_index, timestamp_ms)
@@ -456,13 +413,13 @@ class DataNode:
             return self.engine.find_offset(stream_id, range_index, timestamp_ms)
 
     async def seal(
-        self, principal: str, pm_term: int, ranges: Sequence[tuple[int, int]], deadline: float
+        self, pm_term: int, ranges: Sequence[tuple[int, int]], deadline: float
     ) -> list[RangeInfo | ProtocolError]:
         """SEAL_RANGES from the PM: each range ends at what this replica
         holds (SEALED_HERE). Submitted together, the seals commit in one
         transaction. A FETCH waiting at the end of a sealed range then gets
         RANGE_SEALED, and its replication stops."""
-        refused = await self._refuse_pm(principal, "SEAL_RANGES", pm_term)
+        refused = await self._refuse_older_term(pm_term)
         if refused is not None:
             return [refused] * len(ranges)
         sealed = await outcomes(
@@ -475,7 +432,6 @@ class DataNode:
 
     async def sync(
         self,
-        principal: str,
         pm_term: int,
         views: Sequence[tuple[int, Sequence[messages.Range]]],
         deadline: float,
@@ -484,7 +440,7 @@ class DataNode:
         """SYNC_RANGES from the PM: each stream's ranges become the PM's view
         of them. The streams whose view was applied are looked at again by
         retention (their settings may have changed on the PM)."""
-        refused = await self._refuse_pm(principal, "SYNC_RANGES", pm_term)
+        refused = await self._refuse_older_term(pm_term)
         if refused is not None:
             return [refused] * len(views)
         infos: list[list[RangeInfo] | ProtocolError] = []
@@ -521,15 +477,19 @@ class DataNode:
         return synced
 
     async def delete(
-        self, principal: str, stream_ids: Sequence[int], deadline: float
+        self,
+        stream_ids: Sequence[int],
+        denials: Sequence[ProtocolError | None],
+        deadline: float,
     ) -> list[ProtocolError | None]:
         """DELETE_STREAMS: mark deleted, refuse writes, free the data. FETCHes
-        waiting on a deleted stream then get STREAM_DELETED."""
+        waiting on a deleted stream then get STREAM_DELETED. A stream with a
+        denial (SPEC §9, by the handler) is refused alone."""
         refusals: list[ProtocolError | None] = []
-        for stream_id in stream_ids:
+        for stream_id, denied in zip(stream_ids, denials, strict=True):
             try:
                 check_stream_id(stream_id)
-                refusals.append(self.access.check(principal, "DELETE", stream_id))
+                refusals.append(denied)
             except ProtocolError as refused:
                 refusals.append(refused)
         # every chunk of a deleted stream is freed: read them off the writer's path
@@ -554,14 +514,10 @@ class DataNode:
 
     # -- what the PM says -----------------------------------------------------------
 
-    async def _refuse_pm(self, principal: str, what: str, term: int) -> ProtocolError | None:
-        """Why a PM's request must be refused whole: not from the cluster
-        (SPEC §9), or from an older PM term (SPEC §8); None to serve it. A
-        newer term is recorded durably before the request does anything, so
-        a restart does not forget it."""
-        denied = self.access.check_internal(principal, what)
-        if denied is not None:
-            return denied
+    async def _refuse_older_term(self, term: int) -> ProtocolError | None:
+        """Why a PM's request must be refused whole: from an older PM term
+        (SPEC §8); None to serve it. A newer term is recorded durably before
+        the request does anything, so a restart does not forget it."""
         if term < self.pm_term:
             self._explain_fenced_pm(term)
             return EpochFencedError(
@@ -597,13 +553,10 @@ class DataNode:
         return self.engine.next_offset(stream_id) is not None
 
     async def upload_range(
-        self, principal: str, stream_id: int, range_index: int, epoch: int
+        self, stream_id: int, range_index: int, epoch: int
     ) -> RangeTrailer | ProtocolError:
         """UPLOAD_RANGE (the PM's, SPEC §14): copy a sealed range held whole
         here to the object store; its object's trailer, or the error."""
-        denied = self.access.check_internal(principal, "UPLOAD_RANGE")
-        if denied is not None:
-            return denied
         if self.tiering is None:
             return InvalidRequestError(
                 f"data node {self.node_id} has no object store (--object-store)"

@@ -1,5 +1,6 @@
 """The PM's request handlers: wire messages in, ``PlacementManager`` calls,
-wire messages out. One handler per opcode; nothing here decides anything.
+wire messages out. One handler per opcode; nothing here decides anything
+but who may ask (both servers authorize in their handlers, docs/architecture.md).
 
 APPEND and FETCH are not registered: the dispatcher answers them (and any
 other opcode the PM does not serve) with UNSUPPORTED_OPERATION.
@@ -9,35 +10,32 @@ it: a denied item is answered AUTHORIZATION_FAILED and the others go on. A
 data node's HEARTBEAT and REPORT_METRICS are taken only from the cluster's
 own principals, DESCRIBE_CLUSTER needs CLUSTER, and DRAIN_DATA_NODES
 CLUSTER on ``cluster``, as do REMOVE_DATA_NODES and REBALANCE
-(implementation-private). A consumer group's
-position on a stream needs FETCH of it; LIST_GROUPS shows the streams the
-principal may describe; DELETE_GROUPS needs DELETE on ``cluster``.
+(implementation-private). Consumer groups' opcodes are served by
+``pm.group_handlers``.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Final, TypeVar
+from collections.abc import Sequence
+from typing import Final
 
 from net.authz import AccessControl
 from net.request import Request, Responder, request_timeout
 from net.server import Dispatcher
 from sbp import messages
-from sbp.answer_frames import fetch_offsets_frames, list_groups_frames, list_ranges_frames
-from sbp.enums import ClientRole, DataNodeState, ErrorCode, ObjectState, Opcode
+from sbp.answer_frames import list_ranges_frames
+from sbp.enums import ClientRole, DataNodeState, ObjectState, Opcode
 from sbp.errors import (
     AuthorizationFailedError,
-    GroupNotFoundError,
     InvalidRequestError,
     ProducerFencedError,
     ProtocolError,
 )
 
-from .groups import OffsetItem, check_group_name, wall_clock_ms
+from .answers import allowed_only, error_code, error_message, ready
+from .group_handlers import GroupHandlers
 from .liveness import NodeState
 from .manager import PlacementManager
-from .members import Heartbeat
 from .records import Outcome, RangeRecord
 from .tiering import serving_nodes
 from .wire import (
@@ -53,34 +51,6 @@ from .wire import (
 PM_CLIENT_ID: Final = "pm"
 
 
-def _code(error: ProtocolError | None) -> ErrorCode | int:
-    return ErrorCode.NONE if error is None else error.code
-
-
-def _message(error: ProtocolError | None) -> str:
-    return "" if error is None else error.message
-
-
-T = TypeVar("T")
-K = TypeVar("K")
-
-
-async def _allowed_only(
-    denials: Sequence[ProtocolError | None],
-    items: Sequence[K],
-    call: Callable[[list[K]], Awaitable[list[Outcome[T]]]],
-) -> list[Outcome[T]]:
-    """The manager's outcomes for the items not denied, the denials in place
-    of the others (the manager is not called when every item is denied)."""
-    allowed = [item for item, denied in zip(items, denials, strict=True) if denied is None]
-    outcomes = iter(await call(allowed) if allowed else [])
-    return [Outcome(error=denied) if denied else next(outcomes) for denied in denials]
-
-
-async def _ready(outcomes: list[Outcome[T]]) -> list[Outcome[T]]:
-    return outcomes
-
-
 class PMHandlers:
     """Serves the PM's opcodes from one ``PlacementManager``."""
 
@@ -88,6 +58,7 @@ class PMHandlers:
         self._manager = manager
         self._data_node = DataNodeCache(manager.registry.address)
         self._access = access if access is not None else AccessControl()
+        self._groups = GroupHandlers(manager, self._access)
 
     def dispatcher(self) -> Dispatcher:
         dispatcher = Dispatcher("placement manager")
@@ -104,15 +75,15 @@ class PMHandlers:
             (Opcode.SEAL_RANGES, self.seal_ranges),
             (Opcode.DESCRIBE_RANGES, self.describe_ranges),
             (Opcode.INIT_PRODUCER, self.init_producer),
-            (Opcode.COMMIT_OFFSETS, self.commit_offsets),
-            (Opcode.FETCH_OFFSETS, self.fetch_offsets),
-            (Opcode.LIST_GROUPS, self.list_groups),
-            (Opcode.DELETE_GROUPS, self.delete_groups),
+            (Opcode.COMMIT_OFFSETS, self._groups.commit_offsets),
+            (Opcode.FETCH_OFFSETS, self._groups.fetch_offsets),
+            (Opcode.LIST_GROUPS, self._groups.list_groups),
+            (Opcode.DELETE_GROUPS, self._groups.delete_groups),
             (Opcode.DRAIN_DATA_NODES, self.drain_data_nodes),
             (Opcode.REMOVE_DATA_NODES, self.remove_data_nodes),
             (Opcode.REBALANCE, self.rebalance),
-            (Opcode.GROUP_HEARTBEAT, self.group_heartbeat),
-            (Opcode.DESCRIBE_MEMBERS, self.describe_members),
+            (Opcode.GROUP_HEARTBEAT, self._groups.group_heartbeat),
+            (Opcode.DESCRIBE_MEMBERS, self._groups.describe_members),
         ):
             dispatcher.register(opcode, handler)
         return dispatcher
@@ -172,8 +143,8 @@ class PMHandlers:
         results = tuple(
             messages.DrainResult(
                 node_id=node_id,
-                error_code=_code(outcome.error),
-                error_message=_message(outcome.error),
+                error_code=error_code(outcome.error),
+                error_message=error_message(outcome.error),
                 state=DataNodeState.ACTIVE if outcome.value is None else outcome.value,
             )
             for node_id, outcome in zip(header.node_ids, outcomes, strict=True)
@@ -204,102 +175,6 @@ class PMHandlers:
             )
         )
 
-    # -- consumer groups (SPEC §11) ---------------------------------------------
-
-    async def commit_offsets(self, request: Request, responder: Responder) -> None:
-        header = request.header_as(messages.CommitOffsetsRequest)
-        items = header.offsets
-        outcomes = await _allowed_only(
-            self._access.check_each(request.principal, "FETCH", [i.stream_id for i in items]),
-            [OffsetItem(i.stream_id, i.offset, i.metadata) for i in items],
-            lambda allowed: self._manager.groups.commit(
-                header.group, allowed, header.member_id, header.member_epoch
-            ),
-        )
-        results = tuple(
-            messages.GroupOffsetResult(
-                stream_id=item.stream_id,
-                error_code=_code(outcome.error),
-                error_message=_message(outcome.error),
-            )
-            if outcome.value is None
-            else messages.GroupOffsetResult(
-                stream_id=item.stream_id,
-                offset=outcome.value.offset,
-                metadata=outcome.value.metadata,
-                commit_time_ms=outcome.value.commit_time_ms,
-            )
-            for item, outcome in zip(items, outcomes, strict=True)
-        )
-        await responder.send(messages.CommitOffsetsResponse(commit_responses=results))
-
-    async def fetch_offsets(self, request: Request, responder: Responder) -> None:
-        header = request.header_as(messages.FetchOffsetsRequest)
-        try:
-            positions = self._manager.groups.fetch(header.group, header.stream_ids)
-        except (GroupNotFoundError, InvalidRequestError) as error:
-            await responder.send(
-                messages.FetchOffsetsResponse(error_code=error.code, error_message=error.message)
-            )
-            return
-        results = []
-        for position in positions:
-            record = position.record
-            denied = self._access.check(request.principal, "FETCH", record.stream_id)
-            if denied is not None:
-                if header.stream_ids:  # asked by name: say why not
-                    results.append(
-                        messages.GroupOffsetResult(
-                            stream_id=record.stream_id,
-                            error_code=denied.code,
-                            error_message=denied.message,
-                        )
-                    )
-                continue  # a listing shows what the principal may read
-            results.append(
-                messages.GroupOffsetResult(
-                    stream_id=record.stream_id,
-                    offset=record.offset,
-                    metadata=record.metadata,
-                    commit_time_ms=record.commit_time_ms,
-                    end_offset=position.end_offset,
-                    lag_records=position.lag_records,
-                )
-            )
-        await responder.send_sequence(list(fetch_offsets_frames(results)))
-
-    async def list_groups(self, request: Request, responder: Responder) -> None:
-        request.header_as(messages.ListGroupsRequest)
-        streams: dict[str, list[int]] = {}
-        last_commit: dict[str, int] = {}
-        for record in self._manager.groups.records():
-            if not self._access.allows(request.principal, "DESCRIBE", record.stream_id):
-                continue
-            streams.setdefault(record.group, []).append(record.stream_id)
-            last_commit[record.group] = max(last_commit.get(record.group, 0), record.commit_time_ms)
-        listings = tuple(
-            messages.GroupListing(
-                group=group, stream_ids=tuple(ids), last_commit_ms=last_commit[group]
-            )
-            for group, ids in streams.items()
-        )
-        await responder.send_sequence(list(list_groups_frames(listings)))
-
-    async def delete_groups(self, request: Request, responder: Responder) -> None:
-        header = request.header_as(messages.DeleteGroupsRequest)
-        denied = self._access.check_on_cluster(request.principal, "DELETE")
-        if denied is not None:
-            outcomes: list[ProtocolError | None] = [denied for _ in header.groups]
-        else:
-            outcomes = await self._manager.groups.delete(header.groups)
-        results = tuple(
-            messages.DeleteGroupResult(
-                group=group, error_code=_code(outcome), error_message=_message(outcome)
-            )
-            for group, outcome in zip(header.groups, outcomes, strict=True)
-        )
-        await responder.send(messages.DeleteGroupsResponse(delete_responses=results))
-
     async def remove_data_nodes(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.RemoveDataNodesRequest)
         denied = self._access.check_on_cluster(request.principal, "CLUSTER")
@@ -309,7 +184,9 @@ class PMHandlers:
             outcomes = await self._manager.remove_nodes(header.node_ids)
         results = tuple(
             messages.RemoveResult(
-                node_id=node_id, error_code=_code(outcome), error_message=_message(outcome)
+                node_id=node_id,
+                error_code=error_code(outcome),
+                error_message=error_message(outcome),
             )
             for node_id, outcome in zip(header.node_ids, outcomes, strict=True)
         )
@@ -336,59 +213,6 @@ class PMHandlers:
         )
         await responder.send(messages.RebalanceResponse(moves=moves, pending=pending))
 
-    async def group_heartbeat(self, request: Request, responder: Responder) -> None:
-        header = request.header_as(messages.GroupHeartbeatRequest)
-        beat = Heartbeat(
-            header.group,
-            header.member_id,
-            header.member_epoch,
-            tuple(header.streams),
-            tuple(header.owned),
-            header.session_timeout_ms,
-        )
-        try:
-            for stream_id in beat.streams:  # a member reads what it subscribes to
-                denied = self._access.check(request.principal, "FETCH", stream_id)
-                if denied is not None:
-                    raise denied
-            check_group_name(beat.group)
-            answer = await self._manager.members.heartbeat(beat)
-        except ProtocolError as error:
-            await responder.send(
-                messages.GroupHeartbeatResponse(error_code=error.code, error_message=error.message)
-            )
-            return
-        await responder.send(
-            messages.GroupHeartbeatResponse(
-                member_epoch=answer.epoch,
-                heartbeat_interval_ms=answer.interval_ms,
-                assigned=answer.assigned,
-            )
-        )
-
-    async def describe_members(self, request: Request, responder: Responder) -> None:
-        header = request.header_as(messages.DescribeMembersRequest)
-        try:
-            check_group_name(header.group)
-        except ProtocolError as error:
-            await responder.send(
-                messages.DescribeMembersResponse(error_code=error.code, error_message=error.message)
-            )
-            return
-        now, wall = time.monotonic(), wall_clock_ms()
-        members = tuple(
-            messages.MemberDescription(
-                member_id=member.record.member_id,
-                member_epoch=member.record.epoch,
-                streams=member.record.held,
-                subscribed=member.record.subscribed,
-                last_heartbeat_ms=wall - int((now - member.last_heard) * 1000),
-                session_timeout_ms=member.record.session_timeout_ms,
-            )
-            for member in self._manager.members.members(header.group)
-        )
-        await responder.send(messages.DescribeMembersResponse(members=members))
-
     def _require_cluster(self, request: Request, what: str) -> None:
         """Requests without items: refused whole (a SYSTEM_ERROR)."""
         denied = self._access.check_internal(request.principal, what)
@@ -412,7 +236,7 @@ class PMHandlers:
     async def create_streams(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.CreateStreamsRequest)
         timeout = request_timeout(header.timeout_ms)
-        outcomes = await _allowed_only(
+        outcomes = await allowed_only(
             self._access.check_each(request.principal, "CREATE", [None] * len(header.streams)),
             [stream_record(s) for s in header.streams],
             lambda records: self._manager.create_streams(records, timeout),
@@ -423,8 +247,8 @@ class PMHandlers:
                 results.append(
                     messages.CreateStreamResult(
                         stream=asked,
-                        error_code=_code(outcome.error),
-                        error_message=_message(outcome.error),
+                        error_code=error_code(outcome.error),
+                        error_message=error_message(outcome.error),
                     )
                 )
                 continue
@@ -438,7 +262,7 @@ class PMHandlers:
         header = request.header_as(messages.DeleteStreamsRequest)
         timeout = request_timeout(header.timeout_ms)
         ids = [s.stream_id for s in header.streams]
-        outcomes = await _allowed_only(
+        outcomes = await allowed_only(
             self._access.check_each(request.principal, "DELETE", ids),
             ids,
             lambda allowed: self._manager.delete_streams(allowed, timeout),
@@ -446,8 +270,8 @@ class PMHandlers:
         results = tuple(
             messages.DeleteStreamResult(
                 deleted_stream=asked if outcome.value is None else stream_message(outcome.value),
-                error_code=_code(outcome.error),
-                error_message=_message(outcome.error),
+                error_code=error_code(outcome.error),
+                error_message=error_message(outcome.error),
             )
             for asked, outcome in zip(header.streams, outcomes, strict=True)
         )
@@ -456,7 +280,7 @@ class PMHandlers:
     async def update_streams(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.UpdateStreamsRequest)
         timeout = request_timeout(header.timeout_ms)
-        outcomes = await _allowed_only(
+        outcomes = await allowed_only(
             self._access.check_each(
                 request.principal, "ALTER", [s.stream_id for s in header.streams]
             ),
@@ -466,8 +290,8 @@ class PMHandlers:
         results = tuple(
             messages.UpdateStreamResult(
                 stream=asked if outcome.value is None else stream_message(outcome.value),
-                error_code=_code(outcome.error),
-                error_message=_message(outcome.error),
+                error_code=error_code(outcome.error),
+                error_message=error_message(outcome.error),
             )
             for asked, outcome in zip(header.streams, outcomes, strict=True)
         )
@@ -476,18 +300,18 @@ class PMHandlers:
     async def get_streams(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.GetStreamsRequest)
         if header.stream_ids:
-            outcomes = await _allowed_only(
+            outcomes = await allowed_only(
                 self._access.check_each(request.principal, "DESCRIBE", header.stream_ids),
                 header.stream_ids,
-                lambda allowed: _ready(self._manager.get_streams(allowed)),
+                lambda allowed: ready(self._manager.get_streams(allowed)),
             )
             results = tuple(
                 messages.GetStreamResult(
                     stream=messages.Stream(stream_id=stream_id)
                     if outcome.value is None
                     else stream_message(outcome.value),
-                    error_code=_code(outcome.error),
-                    error_message=_message(outcome.error),
+                    error_code=error_code(outcome.error),
+                    error_message=error_message(outcome.error),
                 )
                 for stream_id, outcome in zip(header.stream_ids, outcomes, strict=True)
             )
@@ -504,7 +328,7 @@ class PMHandlers:
     async def trim_streams(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.TrimStreamsRequest)
         timeout = request_timeout(header.timeout_ms)
-        outcomes = await _allowed_only(
+        outcomes = await allowed_only(
             self._access.check_each(
                 request.principal, "ALTER", [t.stream_id for t in header.trimmed_streams]
             ),
@@ -517,8 +341,8 @@ class PMHandlers:
                 results.append(
                     messages.TrimStreamResult(
                         trimmed_stream=messages.Stream(stream_id=asked.stream_id),
-                        error_code=_code(outcome.error),
-                        error_message=_message(outcome.error),
+                        error_code=error_code(outcome.error),
+                        error_message=error_message(outcome.error),
                     )
                 )
                 continue
@@ -560,7 +384,7 @@ class PMHandlers:
                 raise InvalidRequestError("a range owner sets exactly one of data_node, stream_id")
         except ProtocolError as exc:
             return messages.ListRangesResult(
-                range_owner=owner, error_code=_code(exc), error_message=_message(exc)
+                range_owner=owner, error_code=error_code(exc), error_message=error_message(exc)
             )
         return messages.ListRangesResult(range_owner=owner, ranges=self._ranges(ranges))
 
@@ -568,7 +392,7 @@ class PMHandlers:
         header = request.header_as(messages.SealRangesRequest)
         timeout = request_timeout(header.timeout_ms)
         # A writer seals the range it cannot finish (SPEC §7): APPEND will do.
-        outcomes = await _allowed_only(
+        outcomes = await allowed_only(
             [
                 self._access.check_any(request.principal, ("ALTER", "APPEND"), r.stream_id)
                 for r in header.ranges
@@ -580,8 +404,8 @@ class PMHandlers:
             messages.SealRangesResult(
                 stream_id=asked.stream_id,
                 ranges=self._ranges(outcome.value or ()),
-                error_code=_code(outcome.error),
-                error_message=_message(outcome.error),
+                error_code=error_code(outcome.error),
+                error_message=error_message(outcome.error),
             )
             for asked, outcome in zip(header.ranges, outcomes, strict=True)
         )
@@ -589,19 +413,19 @@ class PMHandlers:
 
     async def describe_ranges(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.DescribeRangesRequest)
-        outcomes: list[Outcome[RangeRecord]] = await _allowed_only(
+        outcomes: list[Outcome[RangeRecord]] = await allowed_only(
             self._access.check_each(
                 request.principal, "DESCRIBE", [r.stream_id for r in header.ranges]
             ),
             [(r.stream_id, r.range_index) for r in header.ranges],
-            lambda keys: _ready(self._manager.describe_ranges(keys)),
+            lambda keys: ready(self._manager.describe_ranges(keys)),
         )
         results = tuple(
             messages.DescribeRangeResult(
                 stream_id=asked.stream_id,
                 range=None if outcome.value is None else self._range(outcome.value),
-                error_code=_code(outcome.error),
-                error_message=_message(outcome.error),
+                error_code=error_code(outcome.error),
+                error_message=error_message(outcome.error),
             )
             for asked, outcome in zip(header.ranges, outcomes, strict=True)
         )

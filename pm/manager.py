@@ -2,7 +2,8 @@
 
 ``PlacementManager`` owns the metadata store, the node registry and the link
 to the data nodes, and implements each PM request as a method taking and
-returning records; ``pm.handlers`` only translates to and from the wire.
+returning records; ``pm.handlers`` translates to and from the wire and
+authorizes each item before it gets here.
 
 Rules that hold throughout:
 

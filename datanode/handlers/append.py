@@ -58,9 +58,15 @@ class AppendHandler:
                 messages.AppendResponse(append_responses=results, throttle_time_ms=max(left_ms, 0))
             )
 
+        access = node.access
+        denials = (
+            access.check_each(request.principal, "APPEND", [item.stream_id for item in items])
+            if items and access.enabled
+            else ()
+        )
         return self._node.append(
             items,
-            request.principal,
+            denials,
             request.connection,
             request.deadline(header.timeout_ms),
             request.received_at,

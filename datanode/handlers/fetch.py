@@ -74,7 +74,10 @@ class FetchHandler:
     ) -> Sequence[messages.FetchInfo]:
         """Answer the items the principal may not FETCH (SPEC §9) in a frame
         of their own; the others are served as usual."""
-        denials = self._node.may_fetch(principal, [i.stream_id for i in infos])
+        access = self._node.access
+        if not access.enabled:
+            return infos
+        denials = access.check_each(principal, "FETCH", [i.stream_id for i in infos])
         refused = [_failed(i, d) for i, d in zip(infos, denials, strict=True) if d is not None]
         if not refused:
             return infos

@@ -16,7 +16,9 @@ from sbp.answer_frames import list_ranges_frames
 from sbp.enums import ErrorCode
 from sbp.errors import ProtocolError
 from sbp.key_hash import KeyMap
+from storage.model import RangeInfo
 
+from ..compaction import RangeCompacted
 from ..items import failed
 from ..node import DataNode
 
@@ -24,13 +26,20 @@ from ..node import DataNode
 class RangeHandlers:
     def __init__(self, node: DataNode) -> None:
         self._node = node
+        self._access = node.access
 
     async def list_ranges(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.ListRangesRequest)
         results = []
         for owner in header.range_owners:
             try:
-                infos = self._node.list_ranges(request.principal, owner)
+                if owner.data_node is not None:
+                    denied = self._access.check(request.principal, "CLUSTER")
+                else:
+                    denied = self._access.check(request.principal, "DESCRIBE", owner.stream_id)
+                if denied is not None:
+                    raise denied
+                infos = self._node.list_ranges(owner)
             except ProtocolError as error:
                 results.append(failed(messages.ListRangesResult, error, range_owner=owner))
                 continue
@@ -40,11 +49,15 @@ class RangeHandlers:
 
     async def seal_ranges(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.SealRangesRequest)
-        sealed = await self._node.seal(
-            request.principal,
-            header.pm_term,
-            [(r.stream_id, r.range_index) for r in header.ranges],
-            request.deadline(header.timeout_ms),
+        denied = self._access.check_internal(request.principal, "SEAL_RANGES")
+        sealed: list[RangeInfo | ProtocolError] = (
+            [denied] * len(header.ranges)
+            if denied is not None
+            else await self._node.seal(
+                header.pm_term,
+                [(r.stream_id, r.range_index) for r in header.ranges],
+                request.deadline(header.timeout_ms),
+            )
         )
         results = tuple(
             failed(messages.SealRangesResult, outcome, stream_id=range_id.stream_id)
@@ -58,15 +71,19 @@ class RangeHandlers:
 
     async def sync_ranges(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.SyncRangesRequest)
-        synced = await self._node.sync(
-            request.principal,
-            header.pm_term,
-            [(item.stream_id, item.ranges) for item in header.stream_ranges],
-            request.deadline(header.timeout_ms),
-            [
-                None if item.stream is None else item.stream.cleanup_policy
-                for item in header.stream_ranges
-            ],
+        denied = self._access.check_internal(request.principal, "SYNC_RANGES")
+        synced: list[list[RangeInfo] | ProtocolError] = (
+            [denied] * len(header.stream_ranges)
+            if denied is not None
+            else await self._node.sync(
+                header.pm_term,
+                [(item.stream_id, item.ranges) for item in header.stream_ranges],
+                request.deadline(header.timeout_ms),
+                [
+                    None if item.stream is None else item.stream.cleanup_policy
+                    for item in header.stream_ranges
+                ],
+            )
         )
         results = tuple(
             failed(messages.SyncRangesResult, outcome, stream_id=item.stream_id)
@@ -84,9 +101,10 @@ class RangeHandlers:
         results: list[messages.DescribeRangeResult] = []
         for range_id in header.ranges:
             try:
-                info = await self._node.describe(
-                    request.principal, range_id.stream_id, range_id.range_index
-                )
+                denied = self._access.check(request.principal, "DESCRIBE", range_id.stream_id)
+                if denied is not None:
+                    raise denied
+                info = await self._node.describe(range_id.stream_id, range_id.range_index)
             except ProtocolError as error:
                 results.append(
                     failed(messages.DescribeRangeResult, error, stream_id=range_id.stream_id)
@@ -104,8 +122,11 @@ class RangeHandlers:
         results: list[messages.FindOffsetResult] = []
         for wanted in header.find_requests:
             try:
+                denied = self._access.check(request.principal, "FETCH", wanted.stream_id)
+                if denied is not None:
+                    raise denied
                 offset, found_ms = await self._node.find_offset(
-                    request.principal, wanted.stream_id, wanted.range_index, wanted.timestamp_ms
+                    wanted.stream_id, wanted.range_index, wanted.timestamp_ms
                 )
             except ProtocolError as error:
                 results.append(
@@ -130,7 +151,12 @@ class RangeHandlers:
     async def range_holdings(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.RangeHoldingsRequest)
         keys = [(r.stream_id, r.range_index) for r in header.ranges]
-        outcomes = await self._node.range_holdings(request.principal, keys, header.skip_bytes)
+        denied = self._access.check_internal(request.principal, "RANGE_HOLDINGS")
+        outcomes: list[tuple[int, int, int, int] | ProtocolError] = (
+            [denied] * len(keys)
+            if denied is not None
+            else await self._node.range_holdings(keys, header.skip_bytes)
+        )
         results = tuple(
             failed(messages.RangeHolding, outcome, stream_id=stream_id, range_index=range_index)
             if isinstance(outcome, ProtocolError)
@@ -149,8 +175,11 @@ class RangeHandlers:
     async def compaction_keys(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.CompactionKeysRequest)
         try:
+            denied = self._access.check_internal(request.principal, "COMPACTION_KEYS")
+            if denied is not None:
+                raise denied
             found, last_append_ms = await self._node.compaction_keys(
-                request.principal, header.stream_id, header.range_index
+                header.stream_id, header.range_index
             )
         except ProtocolError as error:
             await responder.send(failed(messages.CompactionKeysResponse, error))
@@ -173,8 +202,11 @@ class RangeHandlers:
             responder.send_error_nowait(ErrorCode.INVALID_REQUEST, str(error))
             return
         wanted = [(r.range_index, r.drop_tombstones) for r in header.ranges]
-        outcomes = await self._node.compact_ranges(
-            request.principal, header.stream_id, wanted, keys
+        denied = self._access.check_internal(request.principal, "COMPACT_RANGES")
+        outcomes: list[RangeCompacted | ProtocolError] = (
+            [denied] * len(wanted)
+            if denied is not None
+            else await self._node.compact_ranges(header.stream_id, wanted, keys)
         )
         results = tuple(
             failed(messages.CompactRangeResult, outcome, range_index=range_index)
@@ -192,8 +224,11 @@ class RangeHandlers:
 
     async def upload_range(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.UploadRangeRequest)
-        outcome = await self._node.upload_range(
-            request.principal, header.stream_id, header.range_index, header.epoch
+        denied = self._access.check_internal(request.principal, "UPLOAD_RANGE")
+        outcome = (
+            denied
+            if denied is not None
+            else await self._node.upload_range(header.stream_id, header.range_index, header.epoch)
         )
         if isinstance(outcome, ProtocolError):
             await responder.send(failed(messages.UploadRangeResponse, outcome))

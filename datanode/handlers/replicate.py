@@ -35,7 +35,8 @@ class ReplicateHandler:
     def start(self, request: Request, responder: Responder) -> Awaitable[None]:
         header = request.header_as(messages.ReplicateRequest)
         infos = header.replicate_requests
-        denied = self._node.may_replicate(request.principal)
+        # only a range's primary, a data node, may send REPLICATE (SPEC §9)
+        denied = self._node.access.check_internal(request.principal, "REPLICATE")
         if denied is not None:
             refused = tuple(_failed(info, denied) for info in infos)
             return responder.send(messages.ReplicateResponse(replicate_responses=refused))

@@ -1,5 +1,6 @@
 """DELETE_STREAMS on the wire: each stream to ``DataNode.delete``, each
-answered alone; PRODUCER_STATE (between data nodes): a stream's producer
+answered alone (DELETE of it, with an ACL file, SPEC §9); PRODUCER_STATE
+(between data nodes, the cluster's principals only): a stream's producer
 state from ``DataNode.producer_snapshot``."""
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ class StreamHandlers:
     async def delete_streams(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.DeleteStreamsRequest)
         stream_ids = [stream.stream_id for stream in header.streams]
-        deleted = await self._node.delete(
-            request.principal, stream_ids, request.deadline(header.timeout_ms)
-        )
+        access = self._node.access
+        denials = [access.check(request.principal, "DELETE", s) for s in stream_ids]
+        deleted = await self._node.delete(stream_ids, denials, request.deadline(header.timeout_ms))
         results = tuple(
             messages.DeleteStreamResult(deleted_stream=messages.Stream(stream_id=stream_id))
             if failure is None
@@ -35,6 +36,8 @@ class StreamHandlers:
 
     async def producer_state(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.ProducerStateRequest)
-        await responder.send(
-            self._node.producer_snapshot(request.principal, header.stream_id, header.as_of_offset)
-        )
+        denied = self._node.access.check_internal(request.principal, "PRODUCER_STATE")
+        if denied is not None:
+            await responder.send(failed(messages.ProducerStateResponse, denied))
+            return
+        await responder.send(self._node.producer_snapshot(header.stream_id, header.as_of_offset))
