@@ -17,7 +17,7 @@ encodings, so that ``sbp-pm migrate`` copies them as they are:
 ``ranges/<stream_id:020>/<index:010>``  start, end, epoch, node ids
 ``nodes/<node_id:010>``                 advertise address
 ``draining/<node_id:010>``              empty: the node is draining (SPEC §12)
-``moves/<stream_id:020>/<index:010>``   from node, to node: a range a rebalance moves
+``moves/<stream_id:020>/<index:010>``   from node, cause, to nodes: a replica being moved
 ``producers/<name>``                    producer id, epoch (SPEC §10)
 ``groups/<group, hex>/<stream_id:020>`` offset, commit time, metadata (SPEC §11)
 ``members/<group, hex>/<member, hex>``  epoch, session timeout, streams (SPEC §15)

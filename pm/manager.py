@@ -58,7 +58,7 @@ from .changes import (
     PutStream,
     RaiseNextStreamId,
 )
-from .compaction import DEFAULT_COMPACTION, CompactionSettings, Compactor, check_all_keyed
+from .compaction import DEFAULT_COMPACTION, CompactionSettings, Compactor
 from .datanode_link import DataNodeCalls
 from .drain import NodeDrains
 from .groups import ConsumerGroups, RecordTimes, StreamEnds
@@ -66,6 +66,7 @@ from .liveness import NodeRegistry, NodeState
 from .locks import StreamLocks
 from .members import GroupMembers
 from .move_budget import MoveBudget
+from .moves import ReplicaMoves
 from .node_admin import DataNodeAdmin
 from .node_telling import NodeTelling
 from .placement import place
@@ -81,6 +82,7 @@ from .sealing import RangeSealer
 from .size_retention import DEFAULT_INTERVAL_S as SIZE_RETENTION_INTERVAL_S
 from .size_retention import SizeRetention
 from .stream_ids import StreamIds
+from .stream_updates import StreamUpdates
 from .tiering import DEFAULT_INTERVAL_S as TIERING_INTERVAL_S
 from .tiering import DEFAULT_ROLL_BYTES as TIERING_ROLL_BYTES
 from .tiering import DEFAULT_SWEEP_INTERVAL_S as TIERING_SWEEP_INTERVAL_S
@@ -154,27 +156,53 @@ class PlacementManager:
             self.sync_streams,
             min_free_space,
         )
-        #: the replicas' upkeep: dead primaries, repairs, full nodes, short-handed ranges
-        self.upkeep = ReplicaUpkeep(self, min_free_space=min_free_space, repair_after=repair_after)
-        #: streams' size limits (SPEC §12)
         #: the bytes of ranges, as replicas hold them
         self.range_sizes = RangeSizes(registry, link)
+        #: every move of a sealed range's replicas, whatever its cause; how
+        #: fast copies start for drains and rebalancing (``--max-move-bytes-per-s``)
+        self.moves = ReplicaMoves(
+            store,
+            registry,
+            link,
+            self.range_sizes,
+            MoveBudget(max_move_bytes_per_s),
+            self.hold_all,
+            self.commit,
+            self.sync_streams,
+            min_free_space=min_free_space,
+        )
+        #: the replicas' upkeep: dead primaries, repairs, full nodes, short-handed ranges
+        self.upkeep = ReplicaUpkeep(
+            self, self.moves, min_free_space=min_free_space, repair_after=repair_after
+        )
+        #: streams' size limits (SPEC §12)
         self.size_retention = SizeRetention(self, self.range_sizes, size_retention_interval)
         #: every change of ranges and streams, and what follows each
         self.range_log = RangeLog(store)
         self.range_log.observe(registry, self.upkeep, self.size_retention)
         #: nodes being drained (SPEC §12)
-        #: how fast copies of ranges start (drains and rebalancing)
-        self.move_budget = MoveBudget(max_move_bytes_per_s)
-        self.drains = NodeDrains(self, link, self.move_budget, min_free_space=min_free_space)
+        self.drains = NodeDrains(
+            store, registry, link, self.moves, self.seal_ranges, lambda: self.stopping
+        )
         #: sealed ranges moved to even out the nodes (SPEC §12)
         self.rebalancer = Rebalancer(
-            self,
+            store,
+            registry,
             self.range_sizes,
-            link,
-            self.move_budget,
+            self.moves,
             threshold=rebalance_threshold,
             interval=rebalance_interval,
+            min_free_space=min_free_space,
+        )
+        #: streams' settings changed
+        self.stream_updates = StreamUpdates(
+            store,
+            registry,
+            link,
+            self.hold_all,
+            self.commit,
+            self.sync_streams,
+            object_store=self.object_store,
             min_free_space=min_free_space,
         )
         #: the data nodes' heartbeats, drains and removals
@@ -268,15 +296,22 @@ class PlacementManager:
         return self.registry.states()
 
     async def move_ranges(self, timeout: float) -> None:
-        """One step of every drain and every rebalancing move (the upkeep's pass)."""
-        await self.drains.run_pass(timeout)
+        """One step of every move under way, then the drains' and the
+        rebalancer's plans (the upkeep's pass)."""
+        with trio.move_on_after(timeout):
+            try:
+                await self.moves.advance(trio.current_time() + timeout)
+            except (ProtocolError, OSError) as error:
+                log.warning("moving replicas: %s", error)
+        if not self.stopping:
+            await self.drains.run_pass(timeout)
         if not self.stopping:
             await self.rebalancer.run_pass(timeout)
 
     async def rebalance(self, *, dry_run: bool) -> tuple[list[PlannedMove], int]:
         """A plan that evens out the nodes, started unless ``dry_run``, and
         the moves already under way (a new plan waits for them: none is made)."""
-        pending = len(self.store.moves())
+        pending = self.rebalancer.pending()
         if pending:
             return [], pending
         plan = await self.rebalancer.plan()
@@ -351,51 +386,8 @@ class PlacementManager:
     async def update_streams(
         self, specs: Sequence[StreamRecord], timeout: float
     ) -> list[Outcome[StreamRecord]]:
-        """Change streams' replica_nums (0 keeps it), ack_nums (0 keeps it),
-        retention (negative keeps it), retention_bytes (0 keeps it, -1
-        removes it) and epoch (which may not go back:
-        EPOCH_FENCED). New ranges use the new replica_nums and epoch;
-        existing ranges stay where they are."""
-        deadline = trio.current_time() + timeout
-        results: list[Outcome[StreamRecord]] = [
-            Outcome(error=RequestTimeoutError("the request's deadline passed"))
-        ] * len(specs)
-        with trio.move_on_at(deadline):
-            async with self._locks.hold_all(spec.stream_id for spec in specs):
-                # Later items of the batch see the earlier ones' changes.
-                updated: dict[int, StreamRecord] = {}
-                retention_changed: set[int] = set()
-                for index, spec in enumerate(specs):
-                    try:
-                        current = updated.get(spec.stream_id) or self._require_stream(
-                            spec.stream_id
-                        )
-                        new = stream_settings.updated(current, spec, object_store=self.object_store)
-                        if stream_settings.compacted(new) and not stream_settings.compacted(
-                            current
-                        ):
-                            await check_all_keyed(self.store, self._link, spec.stream_id, deadline)
-                        if new.replica_nums != current.replica_nums:
-                            # As CREATE_STREAMS would: a count no live nodes can
-                            # hold would make every later seal fail.
-                            place(
-                                self.registry.loads(),
-                                new.replica_nums,
-                                min_free_space=self.min_free_space,
-                            )
-                    except ProtocolError as exc:
-                        results[index] = Outcome(error=exc)
-                        continue
-                    if new.retention_period_ms != current.retention_period_ms:
-                        retention_changed.add(spec.stream_id)
-                    updated[spec.stream_id] = new
-                    results[index] = Outcome(new)
-                await self.commit([PutStream(stream) for stream in updated.values()])
-                # The hosting data nodes apply retention; a SYNC_RANGES makes
-                # them read the stream's new period now rather than on their
-                # next pass.
-                await self.sync_streams(retention_changed, deadline)
-        return results
+        """UPDATE_STREAMS (``pm.stream_updates``)."""
+        return await self.stream_updates.update(specs, timeout)
 
     def get_streams(self, stream_ids: Sequence[int]) -> list[Outcome[StreamRecord]]:
         results: list[Outcome[StreamRecord]] = []

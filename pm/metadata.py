@@ -20,8 +20,10 @@ database       key                              value
                range_index (i)                  by data node
 ``nodes``      node_id (i)                      advertise address, UTF-8
 ``draining``   node_id (i)                      empty: the node is draining (SPEC §12)
-``moves``      stream_id (q), range_index (i)   from node (i), to node (i): a range
-                                                being moved by a rebalance (SPEC §12)
+``moves``      stream_id (q), range_index (i)   from node (i), cause (B), n (B), n
+                                                node ids (i): a replica being moved
+                                                (``pm.moves``; a rebalance's first
+                                                values: from node, to node)
 ``producers``  producer name, UTF-8             producer_id (q), epoch (i)
 ``groups``     name length (B), group name,     offset (q), commit time ms (q),
                stream_id (q)                    metadata, UTF-8

@@ -145,7 +145,7 @@ class ClusterCollector(Collector):
         yield GaugeMetricFamily(
             f"{NAMESPACE}_rebalance_pending_moves",
             "range moves of a rebalance not done yet",
-            value=len(manager.store.moves()),
+            value=manager.rebalancer.pending(),
         )
         yield CounterMetricFamily(
             f"{NAMESPACE}_drain_moved_ranges",

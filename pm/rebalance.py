@@ -12,14 +12,13 @@ even each pair out): the sum over the nodes of the squared
 distances of their bytes and (weighing less) counts from the means, as
 shares of the means. It stops when no move lowers it, or at ``MAX_PLANNED_MOVES``.
 
-**Moves.** Each planned move is metadata (``PutMove``), so a PM that
-restarts or takes over goes on with it. Every pass of the upkeep, a move
-whose new node is not a replica yet gets it (no faster than the
-``MoveBudget``); the new replica copies the range (§7 catch-up); once it
-holds all of it, the old node leaves the range's replicas, in the same
-commit that ends the move. The old node then deletes the range's chunks
-(storage ``drop_span``). A move whose range changed meanwhile (sealed
-elsewhere, repaired, drained) is dropped.
+**Moves.** A plan is recorded whole (moves of cause REBALANCE), so a PM
+that restarts or takes over goes on with it; ``pm.moves.ReplicaMoves``
+carries each out as it does every move: the new node joins the range's
+replicas (no faster than the ``MoveBudget``) and copies it (§7 catch-up);
+once it holds all of it, the old node leaves, in the commit that ends the
+move, and deletes the range's chunks (storage ``drop_span``). A move whose
+range changed meanwhile (sealed elsewhere, repaired, drained) is dropped.
 
 The PM plans on its own every ``interval`` when no move is left, or when
 asked (``sbp cluster rebalance``, which can print the plan only).
@@ -30,7 +29,7 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Final
 
 import trio
@@ -39,12 +38,12 @@ from client.format import size_text
 from net.ratelog import RateLimitedLog
 from sbp.errors import ProtocolError
 
-from .changes import DeleteMove, PutMove, PutRange
-from .move_budget import MoveBudget
+from .changes import Metadata
+from .liveness import NodeRegistry
+from .moves import ReplicaMoves
 from .placement import has_room
-from .range_sizes import HoldingsLink, RangeSizes
-from .records import MoveRecord, RangeRecord
-from .upkeep import UpkeepHost
+from .range_sizes import RangeSizes
+from .records import MoveCause, MoveRecord, RangeRecord
 
 log = logging.getLogger(__name__)
 _failures = RateLimitedLog(log, interval=60.0)
@@ -91,35 +90,42 @@ class Rebalancer:
 
     def __init__(
         self,
-        pm: UpkeepHost,
+        store: Metadata,
+        registry: NodeRegistry,
         sizes: RangeSizes,
-        link: HoldingsLink,
-        budget: MoveBudget,
+        moves: ReplicaMoves,
         *,
         threshold: float = DEFAULT_THRESHOLD,
         interval: float = DEFAULT_INTERVAL_S,
         min_free_space: int = 0,
     ) -> None:
-        self._pm = pm
+        self._store = store
+        self._registry = registry
         self._sizes = sizes
-        self._link = link
-        self._budget = budget
+        self._moves = moves
         self.threshold = threshold
         self._interval = interval
         self._min_free_space = min_free_space
         self._next_plan = trio.current_time() + interval
-        #: moves finished since start-up (metrics)
-        self.moved = 0
+
+    @property
+    def moved(self) -> int:
+        """Moves finished since start-up (metrics)."""
+        return self._moves.finished[MoveCause.REBALANCE]
+
+    def pending(self) -> int:
+        """The moves of the last plan not done yet."""
+        return len(self._moves.in_flight(MoveCause.REBALANCE))
 
     async def run_pass(self, timeout: float) -> None:
-        """Advance the moves; plan new ones when none is left and it is time."""
+        """Plan new moves when none is left and it is time (the moves
+        themselves advance with every other, ``ReplicaMoves.advance``)."""
         deadline = trio.current_time() + timeout
         with trio.move_on_at(deadline):
             try:
-                await self._advance(deadline)
                 if self._interval > 0 and trio.current_time() >= self._next_plan:
                     self._next_plan = trio.current_time() + self._interval
-                    if not self._pm.store.moves():
+                    if not self.pending():
                         await self.start(await self.plan())
             except (ProtocolError, OSError) as error:
                 _failures.warning("rebalance", "rebalancing: %s", error)
@@ -130,13 +136,13 @@ class Rebalancer:
         """The moves that bring the live active nodes within the threshold."""
         nodes = [
             _Node(load.node_id, {}, 0, has_room(load.disk_free_space, self._min_free_space))
-            for load in self._pm.registry.loads()
+            for load in self._registry.loads()
         ]
         if len(nodes) < 2:
             return []
         everything: dict[tuple[int, int], RangeRecord] = {}
         for node in nodes:
-            for rng in self._pm.store.ranges_on_node(node.node_id):
+            for rng in self._store.ranges_on_node(node.node_id):
                 node.ranges[rng.key] = rng
                 everything[rng.key] = rng
         sizes = await self._sizes.sizes(list(everything.values()))
@@ -152,7 +158,8 @@ class Rebalancer:
                 break
             source, target, rng, size = step
             source.give(rng, size, target)
-            planned.append(PlannedMove(MoveRecord(*rng.key, source.node_id, target.node_id), size))
+            move = MoveRecord(*rng.key, source.node_id, (target.node_id,), MoveCause.REBALANCE)
+            planned.append(PlannedMove(move, size))
             await trio.sleep(0)  # a large plan does not hold the event loop
         return planned
 
@@ -211,7 +218,7 @@ class Rebalancer:
         """Record the planned moves (one commit); the passes carry them out."""
         if not plan:
             return
-        await self._pm.commit([PutMove(planned.move) for planned in plan])
+        await self._moves.record([planned.move for planned in plan])
         log.warning(
             "rebalancing: %d range(s), %s, to move (%s)",
             len(plan),
@@ -221,66 +228,4 @@ class Rebalancer:
                 for p in plan[:10]
             )
             + (" …" if len(plan) > 10 else ""),
-        )
-
-    # -- moving ---------------------------------------------------------------------
-
-    async def _advance(self, deadline: float) -> None:
-        waiting: dict[int, list[tuple[MoveRecord, RangeRecord]]] = {}
-        for move in self._pm.store.moves():
-            rng = self._pm.store.range(*move.key)
-            registry = self._pm.registry
-            if (
-                rng is None
-                or rng.is_open
-                or move.from_node not in rng.nodes
-                or move.to_node in registry.draining
-                or (move.to_node not in rng.nodes and not registry.is_alive(move.to_node))
-            ):
-                await self._pm.commit([DeleteMove(*move.key)])  # overtaken
-                continue
-            if move.to_node not in rng.nodes:
-                await self._add(move, rng, deadline)
-            else:
-                waiting.setdefault(move.to_node, []).append((move, rng))
-        for to_node, moves in waiting.items():
-            if not self._pm.registry.is_alive(to_node):
-                continue
-            holdings = await self._link.range_holdings(to_node, [m.key for m, _ in moves])
-            for move, rng in moves:
-                holding = holdings.get(move.key)
-                if holding is not None and holding.covers(rng):
-                    await self._finish(move, rng, deadline)
-
-    async def _add(self, move: MoveRecord, rng: RangeRecord, deadline: float) -> None:
-        size = (await self._sizes.sizes([rng])).get(rng.key, 0)
-        if not self._budget.may_start(size):
-            return
-        async with self._pm.hold(rng.stream_id):
-            current = self._pm.store.range(*move.key)
-            if current != rng:
-                return  # changed meanwhile: the next pass looks again
-            await self._pm.commit([PutRange(replace(rng, nodes=(*rng.nodes, move.to_node)))])
-            await self._pm.sync_stream(rng.stream_id, deadline)
-        log.info(
-            "stream %d range %d: node %d added, which copies it (moving off node %d)",
-            *move.key,
-            move.to_node,
-            move.from_node,
-        )
-
-    async def _finish(self, move: MoveRecord, rng: RangeRecord, deadline: float) -> None:
-        async with self._pm.hold(rng.stream_id):
-            current = self._pm.store.range(*move.key)
-            if current != rng:
-                return
-            nodes = tuple(n for n in rng.nodes if n != move.from_node)
-            await self._pm.commit([PutRange(replace(rng, nodes=nodes)), DeleteMove(*move.key)])
-            self.moved += 1  # with the commit, as the drain counts its moves
-            await self._pm.sync_stream(rng.stream_id, deadline, also={move.from_node})
-        log.info(
-            "stream %d range %d moved from node %d to node %d",
-            *move.key,
-            move.from_node,
-            move.to_node,
         )

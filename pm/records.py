@@ -8,6 +8,7 @@ placement and the request logic be tested without any wire code.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Generic, NamedTuple, TypeVar
 
@@ -127,20 +128,36 @@ class RangeRecord(RangeSpan):
         return (self.stream_id, self.range_index)
 
 
+class MoveCause(enum.IntEnum):
+    """Why a replica moves (``pm.moves``); stored with the move."""
+
+    REBALANCE = 0
+    DRAIN = 1
+    REPAIR = 2
+    TOP_UP = 3
+
+
 @dataclass(frozen=True, slots=True)
 class MoveRecord:
-    """A sealed range being moved from one node to another (a rebalance,
-    SPEC §12): ``to_node`` joins its replicas, copies it, then ``from_node``
-    leaves them."""
+    """A sealed range's replica being moved (``pm.moves``): ``to_nodes``
+    join its replicas and copy it, then ``from_node`` leaves them. Kept in
+    the metadata from the commit that adds ``to_nodes`` (or, for a
+    rebalance, from its plan) to the commit that drops ``from_node``."""
 
     stream_id: int
     range_index: int
     from_node: int
-    to_node: int
+    to_nodes: tuple[int, ...]
+    cause: MoveCause = MoveCause.REBALANCE
 
     @property
     def key(self) -> tuple[int, int]:
         return (self.stream_id, self.range_index)
+
+    @property
+    def to_node(self) -> int:
+        """The first node it moves to (a rebalance moves to one)."""
+        return self.to_nodes[0]
 
 
 class Holding(NamedTuple):

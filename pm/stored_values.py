@@ -13,6 +13,7 @@ from typing import Final
 from .records import (
     GroupOffsetRecord,
     MemberRecord,
+    MoveCause,
     MoveRecord,
     ProducerRecord,
     RangeRecord,
@@ -29,7 +30,10 @@ _STREAM_VALUE_BYTES: Final = struct.Struct(">bqqbq")
 #: a stream with the settings of compaction, tiering and tables (SPEC §13,
 #: §14, §16): values written before decode with their defaults
 _STREAM_VALUE_SETTINGS: Final = struct.Struct(">bqqbqbqqqq")
+#: a rebalance's move as first stored: from node, to node
 _MOVE_VALUE: Final = struct.Struct(">ii")
+#: any move: from node, cause, the count of nodes it moves to, then their ids
+_MOVE_HEAD: Final = struct.Struct(">iBB")
 _RANGE_HEAD: Final = struct.Struct(">qqqB")
 _WANTED: Final = struct.Struct(">B")
 #: a copied range's object state, last append time and object size (SPEC §14)
@@ -67,12 +71,18 @@ def stream_from_value(stream_id: int, value: bytes) -> StreamRecord:
 
 
 def encode_move(move: MoveRecord) -> bytes:
-    return _MOVE_VALUE.pack(move.from_node, move.to_node)
+    head = _MOVE_HEAD.pack(move.from_node, move.cause, len(move.to_nodes))
+    return head + struct.pack(f">{len(move.to_nodes)}i", *move.to_nodes)
 
 
 def decode_move(stream_id: int, range_index: int, value: bytes) -> MoveRecord:
     """A move from its stored value (both stores keep the same one)."""
-    return MoveRecord(stream_id, range_index, *_MOVE_VALUE.unpack(value))
+    if len(value) == _MOVE_VALUE.size:
+        from_node, to_node = _MOVE_VALUE.unpack(value)
+        return MoveRecord(stream_id, range_index, from_node, (to_node,))
+    from_node, cause, count = _MOVE_HEAD.unpack_from(value)
+    to_nodes = struct.unpack_from(f">{count}i", value, _MOVE_HEAD.size)
+    return MoveRecord(stream_id, range_index, from_node, tuple(to_nodes), MoveCause(cause))
 
 
 def encode_producer(producer: ProducerRecord) -> bytes:

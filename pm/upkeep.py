@@ -11,17 +11,15 @@
   the replicas it lacks;
 - the ranges of draining nodes move a step further (``pm.drain``).
 
-It acts through the ``PlacementManager`` (``UpkeepHost``): the same seals,
-locks and commits as a client's request.
+It seals through the ``PlacementManager`` (``UpkeepHost``), as a client's
+request does, and moves replicas through ``pm.moves.ReplicaMoves``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Sequence
-from contextlib import AbstractAsyncContextManager
-from dataclasses import replace
+from collections.abc import Sequence
 from typing import Final, Protocol
 
 import trio
@@ -29,11 +27,12 @@ import trio
 from net.ratelog import RateLimitedLog
 from sbp.errors import NoAvailableDataNodeError, ProtocolError
 
-from .changes import Change, Metadata, PutRange
+from .changes import Metadata, PutRange
 from .liveness import NodeRegistry, NodeState
-from .placement import place, place_copies
+from .moves import Move, ReplicaMoves
+from .placement import place
 from .range_log import Committed
-from .records import RangeRecord
+from .records import MoveCause, RangeRecord
 
 log = logging.getLogger(__name__)
 _seal_failures = RateLimitedLog(log, interval=60.0)
@@ -59,9 +58,15 @@ class _Outcome(Protocol):
     def error(self) -> BaseException | None: ...
 
 
+class SealRanges(Protocol):
+    async def __call__(
+        self, keys: Sequence[tuple[int, int]], timeout: float, *, cause: str = ...
+    ) -> Sequence[_Outcome]: ...
+
+
 class UpkeepHost(Protocol):
-    """What the upkeep needs of the PM: its metadata and nodes, and the
-    same seals, locks and commits as a request."""
+    """What the upkeep needs of the PM: its metadata and nodes, the same
+    seals as a request, and a pass of the moves of ranges."""
 
     store: Metadata
     registry: NodeRegistry
@@ -73,27 +78,11 @@ class UpkeepHost(Protocol):
         self, keys: Sequence[tuple[int, int]], timeout: float, *, cause: str = ...
     ) -> Sequence[_Outcome]: ...
 
-    async def seal_one(self, stream_id: int, range_index: int, deadline: float) -> object: ...
-
-    def hold(self, stream_id: int) -> AbstractAsyncContextManager[None]: ...
-
-    def hold_all(self, stream_ids: Iterable[int]) -> AbstractAsyncContextManager[None]: ...
-
-    async def commit(self, changes: Sequence[Change]) -> None: ...
-
-    async def sync_stream(
-        self, stream_id: int, deadline: float, also: Iterable[int] = ()
-    ) -> None: ...
-
-    async def sync_streams(
-        self, stream_ids: Iterable[int], deadline: float, also: Iterable[int] = ()
-    ) -> None: ...
-
     async def move_ranges(self, timeout: float) -> None: ...
 
 
 async def seal_in_turn(
-    pm: UpkeepHost, keys: Sequence[tuple[int, int]], deadline: float, *, cause: str
+    seal_ranges: SealRanges, keys: Sequence[tuple[int, int]], deadline: float, *, cause: str
 ) -> list[_Outcome]:
     """Seal the open ranges ``keys``, ``SEALS_AT_ONCE`` at a time, starting
     none that the last one's time says would not end by the deadline: the
@@ -105,7 +94,7 @@ async def seal_in_turn(
         if deadline - began < 2 * took:
             break
         chunk = keys[start : start + SEALS_AT_ONCE]
-        outcomes += await pm.seal_ranges(chunk, deadline - began, cause=cause)
+        outcomes += await seal_ranges(chunk, deadline - began, cause=cause)
         took = trio.current_time() - began
     return outcomes
 
@@ -114,16 +103,26 @@ class ReplicaUpkeep:
     """See the module docstring."""
 
     def __init__(
-        self, pm: UpkeepHost, *, min_free_space: int = 0, repair_after: float = math.inf
+        self,
+        pm: UpkeepHost,
+        moves: ReplicaMoves,
+        *,
+        min_free_space: int = 0,
+        repair_after: float = math.inf,
     ) -> None:
         self._pm = pm
+        self._moves = moves
         self._min_free_space = min_free_space
         self._repair_after = repair_after
-        #: ranges whose dead replica was replaced, or that got replicas they lacked
-        self.repairs = 0
         #: ranges on fewer nodes than they want; None until the first pass of
         #: ``watch_nodes`` found those of the metadata
         self._short_handed: set[tuple[int, int]] | None = None
+
+    @property
+    def repairs(self) -> int:
+        """Ranges whose dead replica was replaced, or that got replicas they
+        lacked, since start-up (metrics)."""
+        return self._moves.finished[MoveCause.REPAIR] + self._moves.finished[MoveCause.TOP_UP]
 
     def under_replicated(self) -> int:
         """Replicated ranges with a replica on a dead data node, and ranges on
@@ -295,7 +294,7 @@ class ReplicaUpkeep:
         held = replicated()
         open_here = [rng.key for rng in held if rng.is_open]
         if open_here:
-            outcomes = await seal_in_turn(self._pm, open_here, deadline, cause="repair")
+            outcomes = await seal_in_turn(self._pm.seal_ranges, open_here, deadline, cause="repair")
             for key, outcome in zip(open_here, outcomes, strict=False):
                 if outcome.error is not None:
                     _seal_failures.warning(
@@ -331,49 +330,14 @@ class ReplicaUpkeep:
         incoming: dict[int, int],
         deadline: float,
     ) -> int:
-        """Replace ``dead`` in the sealed ``ranges``, in one commit."""
-        async with self._pm.hold_all(rng.stream_id for rng in ranges):
-            changes: list[PutRange] = []
-            for rng in ranges:
-                current = self._pm.store.range(rng.stream_id, rng.range_index)
-                if current is None or current.is_open or dead not in current.nodes:
-                    continue
-                loads = [
-                    load for load in self._pm.registry.loads() if load.node_id not in current.nodes
-                ]
-                try:
-                    [replacement] = place_copies(
-                        loads, 1, 0, incoming, min_free_space=self._min_free_space
-                    )
-                except NoAvailableDataNodeError as error:
-                    _seal_failures.warning(
-                        f"repair {rng.key}",
-                        "stream %d range %d: replacing dead node %d failed: %s",
-                        rng.stream_id,
-                        rng.range_index,
-                        dead,
-                        error,
-                    )
-                    continue
-                incoming[replacement] = incoming.get(replacement, 0) + 1
-                # The survivors first: the first one serves reads while the new
-                # replica copies the range.
-                nodes = (*(n for n in current.nodes if n != dead), replacement)
-                changes.append(PutRange(replace(current, nodes=nodes)))
-            await self._pm.commit(changes)
-            await self._pm.sync_streams(
-                (change.range.stream_id for change in changes), deadline, also={dead}
-            )
-            for change in changes:
-                log.warning(
-                    "stream %d range %d: dead node %d replaced by node %d, which copies it",
-                    change.range.stream_id,
-                    change.range.range_index,
-                    dead,
-                    change.range.nodes[-1],
-                )
-            self.repairs += len(changes)
-            return len(changes)
+        """Replace ``dead`` in the sealed ``ranges``, in one commit (a move
+        off a dead node takes both its steps at once, ``pm.moves``)."""
+        moves = [
+            Move(rng, MoveCause.REPAIR, leaving=dead, count=1, weight=1)
+            for rng in ranges
+            if dead in rng.nodes
+        ]
+        return await self._moves.start(moves, deadline, incoming)
 
     async def restore_replication(self, timeout: float) -> int:
         """Give each short-handed range the replicas it lacks, on live nodes
@@ -396,7 +360,9 @@ class ReplicaUpkeep:
             elif self._next_range_fits(stream.replica_nums):
                 to_seal.append(key)
         if to_seal:
-            outcomes = await seal_in_turn(self._pm, to_seal, deadline, cause="under_replicated")
+            outcomes = await seal_in_turn(
+                self._pm.seal_ranges, to_seal, deadline, cause="under_replicated"
+            )
             for key, outcome in zip(to_seal, outcomes, strict=False):
                 if outcome.error is None:
                     log.warning(
@@ -436,39 +402,12 @@ class ReplicaUpkeep:
 
     async def _top_up(self, keys: Sequence[tuple[int, int]], deadline: float) -> int:
         """Give the sealed short-handed ranges ``keys`` the replicas they
-        lack, in one commit; returns how many got some."""
-        async with self._pm.hold_all(stream_id for stream_id, _ in keys):
-            grown: list[tuple[RangeRecord, tuple[int, ...]]] = []
-            for key in keys:
-                current = self._pm.store.range(*key)
-                if current is None or current.is_open or not current.short_handed:
-                    continue
-                candidates = [
-                    n for n in self._pm.registry.loads() if n.node_id not in current.nodes
-                ]
-                try:
-                    added = place(
-                        candidates,
-                        current.replicas_wanted - len(current.nodes),
-                        min_free_space=self._min_free_space,
-                        at_least=1,
-                    )
-                except NoAvailableDataNodeError:
-                    continue
-                bigger = replace(current, nodes=(*current.nodes, *added))
-                if not bigger.short_handed:
-                    bigger = replace(bigger, replicas_wanted=0)
-                grown.append((bigger, added))
-            await self._pm.commit([PutRange(rng) for rng, _ in grown])
-            await self._pm.sync_streams((rng.stream_id for rng, _ in grown), deadline)
-            for rng, added in grown:
-                log.warning(
-                    "stream %d range %d: node(s) %s added, which copy it (%d of %d replicas)",
-                    rng.stream_id,
-                    rng.range_index,
-                    ", ".join(map(str, added)),
-                    len(rng.nodes),
-                    max(rng.replicas_wanted, len(rng.nodes)),
-                )
-            self.repairs += len(grown)
-            return len(grown)
+        lack (at least one each), in one commit; returns how many got some."""
+        moves = []
+        for key in keys:
+            current = self._pm.store.range(*key)
+            if current is None or current.is_open or not current.short_handed:
+                continue
+            lacking = current.replicas_wanted - len(current.nodes)
+            moves.append(Move(current, MoveCause.TOP_UP, count=lacking, at_least=1, weight=1))
+        return await self._moves.start(moves, deadline)

@@ -146,15 +146,15 @@ async def check_draining_store(store: Metadata) -> None:
     # a rebalance's moves: kept until done, and gone with their range or stream
     await store.commit([PutStream(StreamRecord(7, 1)), PutRange(RangeRecord(7, 0, 0, (2,), 10))])
     await store.commit([PutRange(RangeRecord(7, 1, 10, (2,), 20))])
-    await store.commit([PutMove(MoveRecord(7, 0, 2, 3)), PutMove(MoveRecord(7, 1, 2, 4))])
-    assert store.moves() == [MoveRecord(7, 0, 2, 3), MoveRecord(7, 1, 2, 4)]
+    await store.commit([PutMove(MoveRecord(7, 0, 2, (3,))), PutMove(MoveRecord(7, 1, 2, (4,)))])
+    assert store.moves() == [MoveRecord(7, 0, 2, (3,)), MoveRecord(7, 1, 2, (4,))]
     await store.commit([DeleteMove(7, 0)])
-    assert store.moves() == [MoveRecord(7, 1, 2, 4)]
-    await store.commit([DeleteRange(7, 1), PutMove(MoveRecord(7, 0, 2, 3))])
-    assert store.moves() == [MoveRecord(7, 0, 2, 3)]
+    assert store.moves() == [MoveRecord(7, 1, 2, (4,))]
+    await store.commit([DeleteRange(7, 1), PutMove(MoveRecord(7, 0, 2, (3,)))])
+    assert store.moves() == [MoveRecord(7, 0, 2, (3,))]
     await store.commit([DeleteStream(7)])
     assert store.moves() == []
-    await store.commit([PutMove(MoveRecord(8, 0, 1, 2))])
+    await store.commit([PutMove(MoveRecord(8, 0, 1, (2,)))])
 
 
 async def test_draining_marks(tmp_path: Path) -> None:
@@ -164,7 +164,7 @@ async def test_draining_marks(tmp_path: Path) -> None:
     first.close()
     again = MetadataStore(path, map_size=64 << 20)
     assert again.draining_nodes() == {2}
-    assert again.moves() == [MoveRecord(8, 0, 1, 2)]
+    assert again.moves() == [MoveRecord(8, 0, 1, (2,))]
     again.close()
 
 
