@@ -80,6 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
         "as the servers are; reads of its ranges must lose nothing",
     )
     parser.add_argument(
+        "--repair-after-ms",
+        type=int,
+        metavar="MS",
+        help="the PM replaces a node dead this long in its ranges (a repair; default: the "
+        "PM's own, 10 minutes): with a few seconds, long pauses and isolations end in "
+        "repairs, and the node's return in its copies being dropped",
+    )
+    parser.add_argument(
         "--at-least-once",
         action="store_true",
         help="producers without idempotence: a value sent again may be stored twice "
@@ -169,6 +177,7 @@ def _faults(args: argparse.Namespace, seed: int, root: Path) -> int:
             tables=args.tables,
             tiered=args.tiered,
         ),
+        repair_after_ms=args.repair_after_ms,
     )
     schedule = plan(settings)
     print(f"chaos: seed {seed}, {args.duration:.0f} s, {len(schedule)} faults scheduled:")

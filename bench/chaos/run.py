@@ -48,6 +48,8 @@ class RunSettings:
     kinds: tuple[str, ...] = KINDS
     small_map_node: str | None = None
     workload: WorkloadSettings = field(default_factory=WorkloadSettings)
+    #: the PM's --repair-after-ms (None: its default, longer than most runs)
+    repair_after_ms: int | None = None
 
 
 @dataclass
@@ -75,6 +77,8 @@ def replay_command(settings: RunSettings) -> str:
         parts.append(f"--nodes {settings.nodes}")
     if settings.kinds != KINDS:
         parts.append(f"--faults {','.join(settings.kinds)}")
+    if settings.repair_after_ms is not None:
+        parts.append(f"--repair-after-ms {settings.repair_after_ms}")
     if settings.small_map_node != "node-3":
         parts.append(f"--small-map-node '{settings.small_map_node or ''}'")
     defaults = WorkloadSettings()
@@ -115,6 +119,11 @@ async def run(settings: RunSettings, root: Path) -> RunResult:
         pm_args=(
             *(COMPACTING_PM_ARGS if settings.workload.compacted_keys else ()),
             *(TIERING_PM_ARGS if settings.workload.tiered else ()),
+            *(
+                ("--repair-after-ms", str(settings.repair_after_ms))
+                if settings.repair_after_ms is not None
+                else ()
+            ),
         ),
         tables=settings.workload.tables,
         object_store=settings.workload.tiered,
