@@ -468,11 +468,12 @@ ROWS: Final[tuple[tuple[str, tuple[Panel, ...]], ...]] = (
                 ),
             ),
             Panel(
-                "Rebalance moves pending",
-                "Range moves of a rebalance not done yet (SPEC §12): each copies a sealed "
-                "range to a less loaded node, then drops it from the old one.",
+                "Range moves under way",
+                "Moves of sealed ranges' replicas recorded in the metadata, by cause (a drain, "
+                "a rebalance, SPEC §12): each copies the range to its new node, then drops it "
+                "from the old one. A repair or a top-up ends in the commit that starts it.",
                 "none",
-                ((f"sbp_pm_rebalance_pending_moves{{{PM}}}", "pending"),),
+                ((f"sbp_pm_range_moves{{{PM}}}", "{{cause}}"),),
             ),
             Panel(
                 "Size retention trims/s",

@@ -15,6 +15,7 @@ To add a metric: a cluster gauge is one more ``yield`` in
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Final
 
@@ -25,6 +26,7 @@ from net.metrics import ServerMetrics, new_registry
 from sbp.enums import DataNodeState
 
 from .manager import PlacementManager
+from .records import MoveCause
 
 NAMESPACE: Final = "sbp_pm"
 
@@ -147,6 +149,15 @@ class ClusterCollector(Collector):
             "range moves of a rebalance not done yet",
             value=manager.rebalancer.pending(),
         )
+        in_flight = GaugeMetricFamily(
+            f"{NAMESPACE}_range_moves",
+            "moves of sealed ranges' replicas under way (recorded in the metadata), by cause",
+            labels=["cause"],
+        )
+        waiting = Counter(move.cause for move in manager.moves.in_flight())
+        for move_cause in MoveCause:
+            in_flight.add_metric([move_cause.name.lower()], waiting[move_cause])
+        yield in_flight
         yield CounterMetricFamily(
             f"{NAMESPACE}_drain_moved_ranges",
             "ranges whose replica on a draining data node left once others held all of it",

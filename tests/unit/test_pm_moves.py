@@ -12,6 +12,7 @@ from pm.changes import PutRange, PutStream
 from pm.liveness import NodeRegistry
 from pm.manager import PlacementManager
 from pm.metadata import MetadataStore
+from pm.metrics import ClusterCollector
 from pm.records import Holding, MoveCause, MoveRecord, NodeRecord, RangeRecord, StreamRecord
 from pm.stored_values import decode_move, encode_move
 
@@ -51,6 +52,14 @@ async def _one_range_on_node_1(manager: PlacementManager, nodes: SizedNodes) -> 
     return rng
 
 
+def _moves_gauge(manager: PlacementManager) -> dict[str, float]:
+    """``sbp_pm_range_moves`` by cause, as /metrics shows it."""
+    [family] = [
+        m for m in ClusterCollector(lambda: manager).collect() if m.name == "sbp_pm_range_moves"
+    ]
+    return {sample.labels["cause"]: sample.value for sample in family.samples}
+
+
 def test_a_move_keeps_its_cause_and_a_rebalances_first_value_still_reads() -> None:
     move = MoveRecord(7, 3, 2, (4, 5), MoveCause.DRAIN)
     assert decode_move(7, 3, encode_move(move)) == move
@@ -70,6 +79,7 @@ async def test_the_old_replica_stays_until_the_new_one_holds_the_range(tmp_path:
         await manager.move_ranges(10)
         [move] = store.moves()
         assert (move.from_node, move.cause) == (1, MoveCause.DRAIN)
+        assert _moves_gauge(manager) == {"drain": 1, "rebalance": 0, "repair": 0, "top_up": 0}
         rng = store.range(1, 0)
         assert rng is not None and rng.nodes == (1, move.to_node)
         for _ in range(3):  # the copy is not done: node 1 stays
@@ -81,6 +91,7 @@ async def test_the_old_replica_stays_until_the_new_one_holds_the_range(tmp_path:
         after = store.range(1, 0)
         assert after is not None and after.nodes == (move.to_node,)
         assert manager.drains.moved == 1 and manager.moves.finished[MoveCause.DRAIN] == 1
+        assert _moves_gauge(manager)["drain"] == 0
     finally:
         store.close()
 
