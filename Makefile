@@ -36,14 +36,16 @@ test: $(VENV)/.installed-dev,spark,tables,tiering,bench system-deps
 	$(PY) -m pytest -n 2 --dist loadfile
 
 # The quick check after each change: unit, protocol and property tests (no
-# server processes, no Spark); `make test` (what CI runs) runs everything.
+# server processes, no Spark), on two workers; `make test` (what CI runs)
+# runs everything.
 test-fast: $(VENV)/.installed-dev,spark,tables,tiering,bench
 	$(PY) -m compileall -q $(PACKAGES)
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest tests/unit -q -n 2
 
-lint: $(VENV)/.installed-dev,spark,tables
+lint: $(VENV)/.installed-dev,spark,tables,tiering
 	$(BIN)/ruff check .
-	$(BIN)/mypy sbp storage net client datanode pm spark_jobs tables
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy sbp storage net client datanode pm spark_jobs tables tiering
 
 # Regenerate the FlatBuffers Python code in sbp/_fbs from fbs/*.fbs.
 fbs: $(VENV)/.installed-dev

@@ -41,12 +41,18 @@ answered as if the stream ended there.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from typing import Final
 
 from sbp.errors import NotPrimaryError, ProtocolError
 from storage.engine import StorageEngine
 from storage.model import RangeInfo
 
 from .waiters import StreamWaiters
+
+#: a range sealed here that the PM has not ended after this long is sealed
+#: on the PM by this node (``Replicator``, asking ``ReplicaStates.due_to_settle``)
+SETTLE_AFTER_S: Final = 3.0
 
 
 class ReplicaState(enum.Enum):
@@ -143,6 +149,24 @@ class ReplicaStates:
         except ProtocolError:  # forgotten or deleted meanwhile
             return []
         return [info for info in hosted if info.sealed_here and len(info.replicas) > 1]
+
+    def due_to_settle(
+        self, waiting_since: Mapping[int, float], now: float
+    ) -> tuple[list[RangeInfo], list[int]]:
+        """SEALED_HERE past ``SETTLE_AFTER_S``: of the streams that may hold
+        ranges sealed here (by when each was noted), the ranges whose wait is
+        over, to be sealed on the PM by this node; and the streams whose
+        wait is over with nothing left to settle, to be forgotten."""
+        due: list[RangeInfo] = []
+        settled: list[int] = []
+        for stream_id, since in waiting_since.items():
+            if now - since < SETTLE_AFTER_S:
+                continue
+            unsettled = self.unsettled(stream_id)
+            due += unsettled
+            if not unsettled:
+                settled.append(stream_id)
+        return due, settled
 
     # -- commit offsets and reads -----------------------------------------------------
 

@@ -60,7 +60,7 @@ from sbp.stats import Buckets
 from storage.model import RangeInfo
 
 from ..pm_link import PMLink
-from ..replica_state import ReplicaStates
+from ..replica_state import SETTLE_AFTER_S, ReplicaStates
 
 logger = logging.getLogger(__name__)
 _unreachable = RateLimitedLog(logger, interval=30.0)
@@ -76,9 +76,8 @@ FRAME_BYTES: Final = 1 << 20
 COMMIT_LINGER_S: Final = 0.002
 #: how long a follower has to answer one REPLICATE
 REPLICATE_TIMEOUT_S: Final = 10.0
-#: a range sealed here that the PM has not ended after this long is sealed
-#: on the PM by this node (``Replicator._seal_unsettled``); the longest wait between tries
-SETTLE_AFTER_S: Final = 3.0
+#: the longest wait between tries to have the PM seal a range sealed here
+#: (``Replicator._seal_unsettled``)
 SETTLE_MAX_S: Final = 30.0
 #: how long to wait for the PM before trying again to learn ack_nums
 ACKS_RETRY_S: Final = 1.0
@@ -554,17 +553,9 @@ class Replicator:
             await trio.sleep(
                 SETTLE_AFTER_S if not failures else retry_delay(failures, cap=SETTLE_MAX_S)
             )
-            now = trio.current_time()
-            due = [
-                info
-                for stream_id, since in list(self._unsettled.items())
-                if now - since >= SETTLE_AFTER_S
-                for info in self._replicas.unsettled(stream_id)
-            ]
-            # streams with nothing left to settle are forgotten
-            for stream_id, since in list(self._unsettled.items()):
-                if now - since >= SETTLE_AFTER_S and all(i.stream_id != stream_id for i in due):
-                    del self._unsettled[stream_id]
+            due, settled = self._replicas.due_to_settle(dict(self._unsettled), trio.current_time())
+            for stream_id in settled:
+                del self._unsettled[stream_id]
             pm = self._pm
             if not due or pm is None:
                 failures = 0

@@ -13,10 +13,9 @@ from typing import Any
 import trio
 
 from client.ordered import SendOrder
-from datanode.replica_state import ReplicaStates
+from datanode.replica_state import SETTLE_AFTER_S, ReplicaStates
 from datanode.replication.primary import (
     REPLICATE_SECONDS_BOUNDS,
-    SETTLE_AFTER_S,
     RangePipeline,
     Replicator,
 )
@@ -288,3 +287,21 @@ async def test_a_range_sealed_here_learns_the_pm_end_it_was_never_synced(
         settled = engine.list_ranges(STREAM)[0]
         assert (settled.end_offset, settled.end_is_final) == (2, True)
         assert asked[:2] == ["seal", "ranges"]
+
+
+def test_only_ranges_sealed_here_past_the_settle_wait_are_due(tmp_path: Path) -> None:
+    """``ReplicaStates.due_to_settle``: a stream noted less than
+    ``SETTLE_AFTER_S`` ago waits; one past it with a range sealed here is
+    due; one past it with nothing sealed here any more is forgotten."""
+    replicas = (ReplicaInfo(1, "127.0.0.1:9001", True), ReplicaInfo(2, "127.0.0.1:9002", False))
+    with StorageEngine(tmp_path / "node", node_id=2, map_size=64 << 20) as engine:
+        for stream_id in (1, 2, 3):
+            engine.sync_ranges(stream_id, [RangeInfo(stream_id, 0, 0, replicas=replicas)]).result()
+        for stream_id in (1, 2):
+            assert engine.seal_range(stream_id, 0).result().sealed_here
+        states = ReplicaStates(2, engine, StreamWaiters())
+        now = 100.0
+        waiting = {1: now - SETTLE_AFTER_S / 2, 2: now - SETTLE_AFTER_S, 3: now - SETTLE_AFTER_S}
+        due, settled = states.due_to_settle(waiting, now)
+        assert [(info.stream_id, info.range_index) for info in due] == [(2, 0)]
+        assert settled == [3]
