@@ -231,10 +231,13 @@ class ReplicaMoves:
         await self.finish(await self._held(waiting), deadline)
 
     def _overtaken(self, move: MoveRecord, rng: RangeRecord) -> bool:
+        """A range sealed elsewhere or changed, a new node dead or draining,
+        or a drain cancelled (the range keeps its old and new replicas)."""
         registry = self._registry
         return (
             rng.is_open
             or move.from_node not in rng.nodes
+            or (move.cause == MoveCause.DRAIN and move.from_node not in registry.draining)
             or any(n in registry.draining for n in move.to_nodes)
             or any(n not in rng.nodes and not registry.is_alive(n) for n in move.to_nodes)
         )

@@ -160,3 +160,22 @@ async def test_a_repair_and_a_top_up_take_both_steps_in_one_commit(tmp_path: Pat
         assert manager.upkeep.repairs == 2
     finally:
         store.close()
+
+
+async def test_a_cancelled_drain_keeps_the_old_and_the_new_replica(tmp_path: Path) -> None:
+    nodes = CopyingNodes()
+    manager, store = await _manager(tmp_path / "pm", nodes)
+    try:
+        await _one_range_on_node_1(manager, nodes)
+        await manager.drain_nodes([1])
+        nodes.copying = {2, 3}
+        await manager.move_ranges(10)
+        [move] = store.moves()
+        await manager.drain_nodes([1], cancel=True)
+        nodes.copying = set()
+        await manager.move_ranges(10)
+        rng = store.range(1, 0)
+        assert rng is not None and rng.nodes == (1, move.to_node)
+        assert store.moves() == [] and manager.drains.moved == 0
+    finally:
+        store.close()
