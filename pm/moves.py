@@ -201,7 +201,17 @@ class ReplicaMoves:
                 error,
             )
             return None
-        if len(placed) < (move.count if move.at_least is None else move.at_least):
+        needed = move.count if move.at_least is None else move.at_least
+        if len(placed) < needed:
+            _stuck.warning(
+                f"place {move.cause} {current.key}",
+                "stream %d range %d: its %s needs %d new replica(s), and only %d live "
+                "active node(s) without it have room",
+                *current.key,
+                _WHAT[move.cause],
+                needed,
+                len(placed),
+            )
             return None
         return placed
 
