@@ -14,7 +14,7 @@ from datanode.pm_link import PMLink
 from net.pool import ConnectionPool
 from sbp import messages
 from sbp.batches import build_batch, stamp_base_offset
-from sbp.enums import ErrorCode, Opcode
+from sbp.enums import ErrorCode, ObjectState, Opcode
 from storage import RangeInfo, ReplicaBatch, ReplicaInfo, StorageEngine
 
 from .test_datanode_append import MAP_SIZE, NODE, node_connection
@@ -96,3 +96,33 @@ async def test_a_lookup_answer_overtaken_by_sync_ranges_is_not_applied(tmp_path:
             assert [r.data_node.node_id for r in result.range.replica_nodes] == [3, 2, NODE]
             assert engine.range_holding(STREAM, 0)[0] == 3
             assert [r.range_index for r in engine.list_ranges(STREAM)] == [0, 1]
+
+
+async def test_a_lookup_takes_no_serving_node_of_a_range_in_the_store_for_its_replica(
+    tmp_path: Path,
+) -> None:
+    """LIST_RANGES names, for a range in the object store only, two nodes
+    that serve it from there (SPEC §14), this one among them. Learned by a
+    lookup, the range has no replica here: catch-up must not copy it back
+    onto the disk it left."""
+    in_store = info_to_range(
+        RangeInfo(
+            STREAM,
+            0,
+            0,
+            3,
+            replicas=(
+                ReplicaInfo(NODE, f"127.0.0.1:{9000 + NODE}", False),
+                ReplicaInfo(3, "127.0.0.1:9003", False),
+            ),
+            epoch=EPOCH,
+            object_state=ObjectState.IN_STORE_ONLY,
+        )
+    )
+    with StorageEngine(tmp_path / "node", map_size=MAP_SIZE, node_id=NODE) as engine:
+        async with node_connection(engine) as (node, _, _):
+            await node.install_ranges(STREAM, [in_store, on(1, 3, -1, (2, 3))])
+            range0 = engine.range_at(STREAM, 0)
+            assert range0 is not None and range0.object_state == ObjectState.IN_STORE_ONLY
+            assert range0.replicas == ()
+            assert engine.list_ranges(STREAM) == []  # it holds none of the stream's ranges
