@@ -36,11 +36,11 @@ test: $(VENV)/.installed-dev,spark,tables,tiering,bench system-deps
 	$(PY) -m pytest -n 2 --dist loadfile
 
 # The quick check after each change: unit, protocol and property tests (no
-# server processes, no Spark), on two workers; `make test` (what CI runs)
-# runs everything.
+# server processes, no Spark, not the SIGKILL crash tests, which are marked
+# slow), on two workers; `make test` (what CI runs) runs everything.
 test-fast: $(VENV)/.installed-dev,spark,tables,tiering,bench
 	$(PY) -m compileall -q $(PACKAGES)
-	$(PY) -m pytest tests/unit -q -n 2
+	$(PY) -m pytest tests/unit -q -n 2 -m "not slow"
 
 lint: $(VENV)/.installed-dev,spark,tables,tiering
 	$(BIN)/ruff check .
