@@ -52,6 +52,19 @@ async def _one_range_on_node_1(manager: PlacementManager, nodes: SizedNodes) -> 
     return rng
 
 
+async def _drain_node_1_while_it_copies(
+    manager: PlacementManager, nodes: CopyingNodes
+) -> MoveRecord:
+    """Node 1's one range, drained while nodes 2 and 3 hold none of it yet:
+    the move the first pass records."""
+    await _one_range_on_node_1(manager, nodes)
+    await manager.drain_nodes([1])
+    nodes.copying = {2, 3}
+    await manager.move_ranges(10)
+    [move] = manager.store.moves()
+    return move
+
+
 def _moves_gauge(manager: PlacementManager) -> dict[str, float]:
     """``sbp_pm_range_moves`` by cause, as /metrics shows it."""
     [family] = [
@@ -73,11 +86,7 @@ async def test_the_old_replica_stays_until_the_new_one_holds_the_range(tmp_path:
     nodes = CopyingNodes()
     manager, store = await _manager(tmp_path / "pm", nodes)
     try:
-        await _one_range_on_node_1(manager, nodes)
-        await manager.drain_nodes([1])
-        nodes.copying = {2, 3}
-        await manager.move_ranges(10)
-        [move] = store.moves()
+        move = await _drain_node_1_while_it_copies(manager, nodes)
         assert (move.from_node, move.cause) == (1, MoveCause.DRAIN)
         assert _moves_gauge(manager) == {"drain": 1, "rebalance": 0, "repair": 0, "top_up": 0}
         rng = store.range(1, 0)
@@ -101,11 +110,7 @@ async def test_a_pm_that_restarts_ends_the_moves_it_recorded(tmp_path: Path) -> 
     planned it: the drain mark and the move are in the metadata."""
     nodes = CopyingNodes()
     manager, store = await _manager(tmp_path / "pm", nodes)
-    await _one_range_on_node_1(manager, nodes)
-    await manager.drain_nodes([1])
-    nodes.copying = {2, 3}
-    await manager.move_ranges(10)
-    [move] = store.moves()
+    move = await _drain_node_1_while_it_copies(manager, nodes)
     store.close()
 
     nodes.copying = set()
@@ -166,11 +171,7 @@ async def test_a_cancelled_drain_keeps_the_old_and_the_new_replica(tmp_path: Pat
     nodes = CopyingNodes()
     manager, store = await _manager(tmp_path / "pm", nodes)
     try:
-        await _one_range_on_node_1(manager, nodes)
-        await manager.drain_nodes([1])
-        nodes.copying = {2, 3}
-        await manager.move_ranges(10)
-        [move] = store.moves()
+        move = await _drain_node_1_while_it_copies(manager, nodes)
         await manager.drain_nodes([1], cancel=True)
         nodes.copying = set()
         await manager.move_ranges(10)
