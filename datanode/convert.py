@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sbp import messages
+from sbp.enums import ObjectState
 from sbp.ranges import check_range
 from storage.model import RangeInfo, ReplicaInfo
 from storage.producers import ProducerState, SequenceEntry
@@ -15,8 +16,12 @@ from storage.transaction import ProducerTable
 
 def range_to_info(wire: messages.Range) -> RangeInfo:
     """A range as the PM (or a test) sent it, for the storage engine; a range
-    whose fields are out of range is ``InvalidRequestError``."""
+    whose fields are out of range is ``InvalidRequestError``. A range in the
+    object store only has no replica: the nodes LIST_RANGES names for it
+    serve it from the store (SPEC §14), and a node that took itself for one
+    would copy it back onto its disk (catch-up)."""
     check_range(wire.stream_id, wire.range_index, wire.start_offset, wire.end_offset)
+    in_store_only = wire.object_state == ObjectState.IN_STORE_ONLY
     return RangeInfo(
         stream_id=wire.stream_id,
         range_index=wire.range_index,
@@ -27,7 +32,7 @@ def range_to_info(wire: messages.Range) -> RangeInfo:
             ReplicaInfo(
                 replica.data_node.node_id, replica.data_node.advertise_addr, replica.is_primary
             )
-            for replica in wire.replica_nodes
+            for replica in (() if in_store_only else wire.replica_nodes)
         ),
         object_state=wire.object_state,
     )

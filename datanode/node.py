@@ -12,7 +12,6 @@ before the core sees it, as the PM's handlers do. The ACL itself
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
@@ -597,15 +596,7 @@ class DataNode:
         """Apply ranges looked up on the PM, as SYNC_RANGES would, unless
         the answer may be older than what SYNC_RANGES brought meanwhile
         (``StorageEngine.learn_ranges``)."""
-        # LIST_RANGES names, for a range in the object store only, the nodes
-        # that serve it from there (SPEC §14): none of them holds it, and one
-        # that took the names for replicas would copy it back (catch-up)
-        infos = [
-            dataclasses.replace(info, replicas=())
-            if info.object_state == ObjectState.IN_STORE_ONLY
-            else info
-            for info in map(range_to_info, ranges)
-        ]
+        infos = [range_to_info(r) for r in ranges]
         if self.tiering is not None:
             self.tiering.note_listed(stream_id, infos)
         await self._prefetch_dropped([(stream_id, infos)])

@@ -177,6 +177,13 @@ class AccessControl:
         return AuthorizationFailedError(text)
 
 
+def require(denied: AuthorizationFailedError | None) -> None:
+    """Raise a check's denial: for a request refused whole, or an item
+    answered with its error."""
+    if denied is not None:
+        raise denied
+
+
 class AccessCollector(Collector):
     """The authorization metrics of a server (same names on both servers)."""
 

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from sbp.errors import StreamNotFoundError
+
 from .records import (
     GroupOffsetRecord,
     MemberRecord,
@@ -184,3 +186,16 @@ class Metadata(Protocol):
     def counts(self) -> MetadataCounts: ...
     def range_counts_by_node(self) -> dict[int, int]: ...
     async def commit(self, changes: Sequence[Change]) -> None: ...
+
+
+def no_stream(stream_id: int) -> StreamNotFoundError:
+    """The error of a request naming a stream the metadata does not hold."""
+    return StreamNotFoundError(f"no stream {stream_id}")
+
+
+def require_stream(store: Metadata, stream_id: int) -> StreamRecord:
+    """The stream, or ``no_stream``'s error raised."""
+    stream = store.stream(stream_id)
+    if stream is None:
+        raise no_stream(stream_id)
+    return stream

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from net.authz import AccessControl
+from net.authz import AccessControl, require
 from net.request import Request, Responder
 from sbp import messages
 from sbp.answer_frames import fetch_offsets_frames, list_groups_frames
@@ -133,9 +133,7 @@ class GroupHandlers:
         )
         try:
             for stream_id in beat.streams:  # a member reads what it subscribes to
-                denied = self._access.check(request.principal, "FETCH", stream_id)
-                if denied is not None:
-                    raise denied
+                require(self._access.check(request.principal, "FETCH", stream_id))
             check_group_name(beat.group)
             answer = await self._manager.members.heartbeat(beat)
         except ProtocolError as error:

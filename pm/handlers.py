@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from net.authz import AccessControl
+from net.authz import AccessControl, require
 from net.request import Request, Responder, request_timeout
 from net.server import Dispatcher
 from sbp import messages
@@ -125,9 +125,7 @@ class PMHandlers:
 
     async def describe_cluster(self, request: Request, responder: Responder) -> None:
         request.header_as(messages.DescribeClusterRequest)
-        denied = self._access.check(request.principal, "CLUSTER")
-        if denied is not None:
-            raise denied
+        require(self._access.check(request.principal, "CLUSTER"))
         statuses = tuple(self._status(state) for state in self._manager.cluster())
         await responder.send(messages.DescribeClusterResponse(data_nodes=statuses))
 
@@ -160,9 +158,7 @@ class PMHandlers:
         client follows and retries as for every other request."""
         header = request.header_as(messages.InitProducerRequest)
         try:
-            denied = self._access.check_some_stream(request.principal, "APPEND")
-            if denied is not None:
-                raise denied
+            require(self._access.check_some_stream(request.principal, "APPEND"))
             record = await self._manager.producers.init(header.producer_name, header.producer_epoch)
         except (AuthorizationFailedError, InvalidRequestError, ProducerFencedError) as error:
             await responder.send(
@@ -215,9 +211,7 @@ class PMHandlers:
 
     def _require_cluster(self, request: Request, what: str) -> None:
         """Requests without items: refused whole (a SYSTEM_ERROR)."""
-        denied = self._access.check_internal(request.principal, what)
-        if denied is not None:
-            raise denied
+        require(self._access.check_internal(request.principal, what))
 
     def _status(self, state: NodeState) -> messages.DataNodeStatus:
         node = messages.DataNode(node_id=state.node_id, advertise_addr=state.node.address)

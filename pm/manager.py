@@ -44,7 +44,6 @@ from sbp.errors import (
     ProtocolError,
     RangeNotFoundError,
     RequestTimeoutError,
-    StreamNotFoundError,
 )
 from tiering.store import ObjectStore
 
@@ -57,6 +56,8 @@ from .changes import (
     PutRange,
     PutStream,
     RaiseNextStreamId,
+    no_stream,
+    require_stream,
 )
 from .compaction import DEFAULT_COMPACTION, CompactionSettings, Compactor
 from .datanode_link import DataNodeCalls
@@ -369,7 +370,7 @@ class PlacementManager:
                 for index, stream_id in enumerate(stream_ids):
                     stream = self.store.stream(stream_id)
                     if stream is None:
-                        results[index] = Outcome(error=_no_stream(stream_id))
+                        results[index] = Outcome(error=no_stream(stream_id))
                         continue
                     results[index] = Outcome(stream)
                     doomed[stream_id] = self.store.ranges(stream_id)
@@ -394,7 +395,7 @@ class PlacementManager:
         for stream_id in stream_ids:
             stream = self.store.stream(stream_id)
             results.append(
-                Outcome(error=_no_stream(stream_id)) if stream is None else Outcome(stream)
+                Outcome(error=no_stream(stream_id)) if stream is None else Outcome(stream)
             )
         return results
 
@@ -427,7 +428,7 @@ class PlacementManager:
 
     def stream_ranges(self, stream_id: int) -> list[RangeRecord]:
         """LIST_RANGES by stream: every range, in order."""
-        self._require_stream(stream_id)
+        require_stream(self.store, stream_id)
         return self.store.ranges(stream_id)
 
     def node_ranges(self, node_id: int) -> list[RangeRecord]:
@@ -444,7 +445,7 @@ class PlacementManager:
             if rng is not None:
                 results.append(Outcome(rng))
             elif self.store.stream(stream_id) is None:
-                results.append(Outcome(error=_no_stream(stream_id)))
+                results.append(Outcome(error=no_stream(stream_id)))
             else:
                 results.append(
                     Outcome(
@@ -454,12 +455,6 @@ class PlacementManager:
         return results
 
     # -- helpers --------------------------------------------------------------
-
-    def _require_stream(self, stream_id: int) -> StreamRecord:
-        stream = self.store.stream(stream_id)
-        if stream is None:
-            raise _no_stream(stream_id)
-        return stream
 
     def _place(self, replica_nums: int, at_least: int | None = None) -> tuple[int, ...]:
         nodes = place(
@@ -484,7 +479,3 @@ class PlacementManager:
     ) -> None:
         """SYNC_RANGES of each stream to its nodes and ``also`` (``pm.node_telling``)."""
         await self.telling.sync_streams(stream_ids, deadline, also)
-
-
-def _no_stream(stream_id: int) -> StreamNotFoundError:
-    return StreamNotFoundError(f"no stream {stream_id}")

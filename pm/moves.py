@@ -61,13 +61,6 @@ WAITING: Final = frozenset({MoveCause.DRAIN, MoveCause.REBALANCE})
 #: only once the others have been given about this much (``place_copies``)
 COPY_WRITE_HORIZON_S: Final = 10.0
 
-_WHAT: Final = {
-    MoveCause.DRAIN: "drain",
-    MoveCause.REBALANCE: "rebalance",
-    MoveCause.REPAIR: "repair",
-    MoveCause.TOP_UP: "top-up",
-}
-
 
 @dataclass(frozen=True, slots=True)
 class Move:
@@ -138,11 +131,11 @@ class ReplicaMoves:
             return 0
         incoming = {} if incoming is None else incoming
         changes: list[Change] = []
-        done: list[tuple[Move, RangeRecord, tuple[int, ...], bool]] = []
+        done: list[tuple[Move, tuple[int, ...], bool]] = []
         async with self._hold_all(m.rng.stream_id for m in moves):
             for move in moves:
-                current = self._store.range(*move.rng.key)
-                if current != move.rng or current is None or current.is_open:
+                current = move.rng
+                if self._store.range(*current.key) != current or current.is_open:
                     continue  # changed meanwhile: the next pass looks again
                 copies = bool(move.joining) or move.count > 0
                 if copies and move.cause in BUDGETED and not self._budget.may_start(move.size):
@@ -160,18 +153,18 @@ class ReplicaMoves:
                     assert move.leaving is not None
                     record = MoveRecord(*current.key, move.leaving, joining, move.cause)
                     changes.append(PutMove(record))
-                done.append((move, current, joining, waits))
+                done.append((move, joining, waits))
             await self._commit(changes)
-            for move, _, _, waits in done:
+            for move, _, waits in done:
                 if not waits:
                     self.finished[move.cause] += 1  # counted with the commit
             await self._sync_streams(
-                {m.rng.stream_id for m, _, _, _ in done},
+                {m.rng.stream_id for m, _, _ in done},
                 deadline,
-                {m.leaving for m, _, _, waits in done if m.leaving is not None and not waits},
+                {m.leaving for m, _, waits in done if m.leaving is not None and not waits},
             )
-        for move, current, joining, waits in done:
-            _log_step(move.cause, current, move.leaving, joining, ended=not waits)
+        for move, joining, waits in done:
+            _log_step(move.cause, move.rng, move.leaving, joining, ended=not waits)
         return len(done)
 
     def _place(
@@ -197,7 +190,7 @@ class ReplicaMoves:
                 f"place {move.cause} {current.key}",
                 "stream %d range %d: its %s cannot start: %s",
                 *current.key,
-                _WHAT[move.cause],
+                _what(move.cause),
                 error,
             )
             return None
@@ -208,7 +201,7 @@ class ReplicaMoves:
                 "stream %d range %d: its %s needs %d new replica(s), and only %d live "
                 "active node(s) without it have room",
                 *current.key,
-                _WHAT[move.cause],
+                _what(move.cause),
                 needed,
                 len(placed),
             )
@@ -345,7 +338,7 @@ def _log_step(
     *,
     ended: bool,
 ) -> None:
-    what = _WHAT[cause]
+    what = _what(cause)
     level = logging.WARNING if cause in (MoveCause.REPAIR, MoveCause.TOP_UP) else logging.INFO
     if joining and not ended:
         log.log(
@@ -367,3 +360,8 @@ def _log_step(
         )
     else:
         log.log(level, "stream %d range %d (%s): moved off node %s", *rng.key, what, leaving)
+
+
+def _what(cause: MoveCause) -> str:
+    """The cause as logs name it: drain, rebalance, repair, top-up."""
+    return cause.name.lower().replace("_", "-")

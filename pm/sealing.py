@@ -27,12 +27,11 @@ from sbp.errors import (
     ProtocolError,
     RangeNotFoundError,
     SBPError,
-    StreamNotFoundError,
 )
 from sbp.replication import effective_acks, seal_end
 
 from .batches import each_outcome
-from .changes import Change, Metadata, PutRange
+from .changes import Change, Metadata, PutRange, require_stream
 from .liveness import NodeRegistry
 from .records import Outcome, RangeRecord
 
@@ -205,9 +204,7 @@ class RangeSealer:
         self, stream_id: int, range_index: int, deadline: float
     ) -> list[RangeRecord]:
         async with self._hold(stream_id):
-            stream = self._store.stream(stream_id)
-            if stream is None:
-                raise StreamNotFoundError(f"no stream {stream_id}")
+            stream = require_stream(self._store, stream_id)
             rng = self._store.range(stream_id, range_index)
             if rng is None:
                 raise RangeNotFoundError(f"stream {stream_id} has no range {range_index}")

@@ -8,10 +8,10 @@ from contextlib import AbstractAsyncContextManager
 
 import trio
 
-from sbp.errors import ProtocolError, RequestTimeoutError, StreamNotFoundError
+from sbp.errors import ProtocolError, RequestTimeoutError
 
 from . import stream_settings
-from .changes import Change, Metadata, PutStream
+from .changes import Change, Metadata, PutStream, require_stream
 from .compaction import CompactionCalls, check_all_keyed
 from .liveness import NodeRegistry
 from .placement import place
@@ -61,7 +61,7 @@ class StreamUpdates:
                 retention_changed: set[int] = set()
                 for index, spec in enumerate(specs):
                     try:
-                        current = updated.get(spec.stream_id) or _require_stream(
+                        current = updated.get(spec.stream_id) or require_stream(
                             self._store, spec.stream_id
                         )
                         new = stream_settings.updated(
@@ -92,10 +92,3 @@ class StreamUpdates:
                 # next pass.
                 await self._sync_streams(retention_changed, deadline)
         return results
-
-
-def _require_stream(store: Metadata, stream_id: int) -> StreamRecord:
-    stream = store.stream(stream_id)
-    if stream is None:
-        raise StreamNotFoundError(f"no stream {stream_id}")
-    return stream

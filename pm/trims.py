@@ -18,11 +18,10 @@ from sbp.errors import (
     InvalidRequestError,
     OffsetOutOfRangeError,
     RangeNotFoundError,
-    StreamNotFoundError,
 )
 
 from .batches import each_outcome
-from .changes import Change, DeleteRange, Metadata, PutRange
+from .changes import Change, DeleteRange, Metadata, PutRange, require_stream
 from .records import Outcome, RangeRecord, StreamRecord
 
 
@@ -46,9 +45,7 @@ async def trim_streams(
         if trim_offset < 0:
             raise InvalidRequestError(f"trim offset {trim_offset} is negative")
         async with hold(stream_id):
-            stream = store.stream(stream_id)
-            if stream is None:
-                raise StreamNotFoundError(f"no stream {stream_id}")
+            stream = require_stream(store, stream_id)
             ranges = store.ranges(stream_id)
             if not ranges:
                 raise RangeNotFoundError(f"stream {stream_id} has no ranges")

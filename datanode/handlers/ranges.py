@@ -10,6 +10,7 @@ PM's, implementation-private) says how much of each range this replica holds.
 
 from __future__ import annotations
 
+from net.authz import require
 from net.request import Request, Responder
 from sbp import messages
 from sbp.answer_frames import list_ranges_frames
@@ -33,12 +34,11 @@ class RangeHandlers:
         results = []
         for owner in header.range_owners:
             try:
-                if owner.data_node is not None:
-                    denied = self._access.check(request.principal, "CLUSTER")
-                else:
-                    denied = self._access.check(request.principal, "DESCRIBE", owner.stream_id)
-                if denied is not None:
-                    raise denied
+                require(
+                    self._access.check(request.principal, "CLUSTER")
+                    if owner.data_node is not None
+                    else self._access.check(request.principal, "DESCRIBE", owner.stream_id)
+                )
                 infos = self._node.list_ranges(owner)
             except ProtocolError as error:
                 results.append(failed(messages.ListRangesResult, error, range_owner=owner))
@@ -101,9 +101,7 @@ class RangeHandlers:
         results: list[messages.DescribeRangeResult] = []
         for range_id in header.ranges:
             try:
-                denied = self._access.check(request.principal, "DESCRIBE", range_id.stream_id)
-                if denied is not None:
-                    raise denied
+                require(self._access.check(request.principal, "DESCRIBE", range_id.stream_id))
                 info = await self._node.describe(range_id.stream_id, range_id.range_index)
             except ProtocolError as error:
                 results.append(
@@ -122,9 +120,7 @@ class RangeHandlers:
         results: list[messages.FindOffsetResult] = []
         for wanted in header.find_requests:
             try:
-                denied = self._access.check(request.principal, "FETCH", wanted.stream_id)
-                if denied is not None:
-                    raise denied
+                require(self._access.check(request.principal, "FETCH", wanted.stream_id))
                 offset, found_ms = await self._node.find_offset(
                     wanted.stream_id, wanted.range_index, wanted.timestamp_ms
                 )
@@ -175,9 +171,7 @@ class RangeHandlers:
     async def compaction_keys(self, request: Request, responder: Responder) -> None:
         header = request.header_as(messages.CompactionKeysRequest)
         try:
-            denied = self._access.check_internal(request.principal, "COMPACTION_KEYS")
-            if denied is not None:
-                raise denied
+            require(self._access.check_internal(request.principal, "COMPACTION_KEYS"))
             found, last_append_ms = await self._node.compaction_keys(
                 header.stream_id, header.range_index
             )

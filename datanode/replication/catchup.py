@@ -42,7 +42,7 @@ from net.pool import ConnectionPool
 from net.ratelog import RateLimitedLog
 from sbp import messages
 from sbp.batches import batch_spans, validate_batch
-from sbp.enums import ErrorCode, ObjectState
+from sbp.enums import ErrorCode
 from sbp.errors import ProtocolError, SBPError, error_for
 from storage.model import RangeInfo, ReplicaBatch, hosts
 
@@ -230,9 +230,7 @@ class CatchUp:
         except ProtocolError:  # forgotten meanwhile (the writer publishes on its own thread)
             hosted = []
         for info in hosted:
-            # a range in the object store only has left the disks: nothing to copy
-            in_store_only = info.object_state == ObjectState.IN_STORE_ONLY
-            if info.is_open or in_store_only or not hosts(info, self._replicas.node_id):
+            if info.is_open or not hosts(info, self._replicas.node_id):
                 continue
             if self._replicas.state_of(info) is ReplicaState.SHORT:
                 short.append(info)
