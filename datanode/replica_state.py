@@ -1,7 +1,11 @@
-"""A range replica's lifecycle on this node (SPEC §7): every rule that
-decides a replica's state, its commit offset and how far it may be read
-lives in this file. Storage persists what these rules decide (a range's end,
-``sealed_here``, the fence); the handlers and the replication code ask here.
+"""A range replica's lifecycle on this node (SPEC §7). Two modules hold
+every rule: the transitions that change what storage holds (a seal, the
+PM's view of a range, the fence after a failed commit) are the pure
+functions of ``storage.replica_transitions``, which storage carries out in
+the writer's transaction; everything else (a replica's state, its commit
+offset, how far it may be read, when a range sealed here is settled, the
+fence after a restart) is decided in this file. The handlers and the
+replication code ask here.
 
 States, from what storage holds and what this node has learned::
 
@@ -20,11 +24,11 @@ States, from what storage holds and what this node has learned::
 Transitions::
 
     (none)      --SYNC_RANGES (open)------------------> LEADING | FOLLOWING
-    LEADING     --commit failed after hand-over-------> FENCED
+    LEADING     --commit failed after hand-over-------> FENCED    (``fenced_by_failed_commit``)
     LEADING     --restart-----------------------------> FENCED    (``fence_after_restart``)
     LEADING, FOLLOWING, FENCED
-                --SEAL_RANGES-------------------------> SEALED_HERE
-    any         --SYNC_RANGES (sealed, end known)-----> SHORT | WHOLE
+                --SEAL_RANGES-------------------------> SEALED_HERE (``seal_here``)
+    any         --SYNC_RANGES (sealed, end known)-----> SHORT | WHOLE (``sync_range``)
     SEALED_HERE --SETTLE_AFTER_S without the PM's end-> asks the PM to seal it
     SHORT       --catch-up copies the rest------------> WHOLE
 

@@ -31,7 +31,7 @@ from sbp.enums import ErrorCode, Opcode
 from sbp.observer import ConnectionObserver
 from sbp.stats import BucketCounts, Buckets
 
-#: request times span a loopback PING (~50 µs) to a long-polling FETCH (seconds)
+#: request times span a loopback PING to a long-polling FETCH (seconds)
 REQUEST_SECONDS_BOUNDS: Final = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
     2.5, 5.0, 10.0, 30.0,

@@ -22,7 +22,7 @@ from sbp.errors import (
     StreamDeletedError,
 )
 
-from . import layout
+from . import layout, replica_transitions
 from .compaction import ChunkRewrite
 from .layout import stream_key
 from .model import Expired, RangeInfo, ReplicaBatch, StreamState, hosts
@@ -51,11 +51,9 @@ def seal_range(ctx: WriteContext, stream_id: int, range_index: int) -> RangeInfo
     """Seal a range at the stream's next offset; a sealed range is returned as is."""
     state = _live_stream(ctx, stream_id)
     info = state.find_range(range_index)
-    if not info.is_open:
+    sealed = replica_transitions.seal_here(info, state.next_offset)
+    if sealed is info:
         return state.live(info)
-    sealed = dataclasses.replace(
-        info, end_offset=max(state.next_offset, info.start_offset), sealed_here=True
-    )
     state.ranges = tuple(sealed if r is info else r for r in state.ranges)
     ctx.save_range(sealed)
     return state.live(sealed)
@@ -337,31 +335,24 @@ def sync_ranges(
     merged: list[RangeInfo] = []
     #: where a range sealed by the PM ends below what this replica holds of it
     excess_from: int | None = None
-    for info in incoming:
-        info = dataclasses.replace(info, deleted=False, next_offset=0, sealed_here=False)
-        local = known.get(info.range_index)
-        if local is not None and not local.is_open and info.is_open:
-            # sealed here, the PM's view not there yet: it stays sealed, its end provisional
-            info = dataclasses.replace(
-                info, end_offset=local.end_offset, sealed_here=local.sealed_here
-            )
-        elif local is not None and not info.is_open:
-            held_top = state.next_offset if local.is_open else local.end_offset
-            if held_top > info.end_offset:
-                excess_from = info.end_offset
+    moved_off: list[RangeInfo] = []
+    node_id = ctx.store.node_id
+    for incoming_info in incoming:
+        local = known.get(incoming_info.range_index)
+        synced = replica_transitions.sync_range(local, incoming_info, state.next_offset, node_id)
+        info = synced.info
+        if synced.excess_from is not None:
+            excess_from = synced.excess_from
+        if synced.moved_off:
+            moved_off.append(info)
         merged.append(info)
         if info != local:
             ctx.save_range(info)
     for index, info in known.items():
         if index not in indexes:
             ctx.delete_range(info)
-    node_id = ctx.store.node_id
-    for info in merged:
-        local = known.get(info.range_index)
-        moved_off = local is not None and hosts(local, node_id) and not hosts(info, node_id)
-        if moved_off and not info.is_open:
-            # moved to other nodes (a drain, a rebalance, a repair): its chunks go now
-            ctx.drop_span(stream_id, max(info.start_offset, state.first_offset), info.end_offset)
+    for info in moved_off:
+        ctx.drop_span(stream_id, max(info.start_offset, state.first_offset), info.end_offset)
 
     first_start = merged[0].start_offset
     if existing is None:

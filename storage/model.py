@@ -265,7 +265,7 @@ class AppendResult:
 AppendOutcome = AppendResult | ProtocolError
 
 
-#: upper bounds of the commit-latency buckets, seconds (an fsync is ~0.5-20 ms here)
+#: upper bounds of the commit-latency buckets, seconds: from a fast device's fsync to a slow disk's
 COMMIT_SECONDS_BOUNDS: tuple[float, ...] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 )  # fmt: skip

@@ -38,6 +38,7 @@ from sbp.batches import validate_batch
 from sbp.errors import ProtocolError, ShuttingDownError, StorageFullError, UnknownServerError
 from sbp.stats import Buckets
 
+from . import replica_transitions
 from .model import (
     COMMIT_SECONDS_BOUNDS,
     GROUP_SIZE_BOUNDS,
@@ -373,7 +374,7 @@ class GroupCommitWriter:
         streams = {
             item.stream_id for op in handed_on if isinstance(op, AppendOp) for item in op.items
         }
-        fenced = {key for key in ctx.appended_ranges if key[0] in streams}
+        fenced = replica_transitions.fenced_by_failed_commit(ctx.appended_ranges, streams)
         log.error(
             "storage writer: a commit failed after its batches went to followers; "
             "ranges %s take no more appends here until the PM seals them",

@@ -178,8 +178,9 @@ async def write_unpaced(cluster: PMCluster, stream_id: int, start: int, count: i
         await producer.send_many([value(o) for o in range(start, start + count)])
 
 
-#: copies slow enough to be cut short: 2 MiB take 2 s
-SLOW_UPLOADS = ("--max-upload-bytes-per-s", "1MiB")
+#: copies slow enough to be cut short: the pacer lets a second's worth
+#: through at once, so the 2 MiB range takes 3 s to copy
+SLOW_UPLOADS = ("--max-upload-bytes-per-s", "512KiB")
 SLOW_RANGE = 2 * 1024
 
 
@@ -209,7 +210,7 @@ async def test_a_node_killed_mid_upload_leaves_nothing_half_recorded(tmp_path: P
         [rng] = await ranges_of(cluster, stream_id)
         await pm.seal_range(stream_id, rng.range_index)
         uploader = next(r.data_node.node_id for r in rng.replica_nodes if r.is_primary)
-        await trio.sleep(1.5)  # the first live replica, the primary, is copying it
+        await trio.sleep(1.0)  # the first live replica, the primary, is copying it
         await cluster.nodes[uploader].kill()
         # nothing recorded, and no object to read: a multipart upload not
         # completed is no object

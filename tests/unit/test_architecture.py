@@ -55,3 +55,14 @@ def test_neither_core_authorizes() -> None:
     for core in ("pm/manager.py", "datanode/node.py"):
         source = (ROOT / core).read_text()
         assert not re.search(r"\.check(_each|_internal|_on_cluster)?\(|\bprincipal:", source), core
+
+
+def test_storage_changes_a_replica_only_as_its_rules_decide() -> None:
+    """A seal's end, ``sealed_here`` and the fence are decided in
+    ``storage/replica_transitions.py``; the commands and the writer persist
+    what it returns."""
+    for module in ("storage/commands.py", "storage/writer.py", "storage/engine.py"):
+        source = (ROOT / module).read_text()
+        assert "sealed_here=" not in source, module
+        decided_inline = r"in ctx\.appended_ranges if|excess_from = info\.end_offset"
+        assert not re.search(decided_inline, source), module
