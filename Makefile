@@ -29,11 +29,12 @@ run: $(VENV)/.installed-dev,tables,tiering
 # and an environment with PYTHONDONTWRITEBYTECODE would compile each from source.
 PACKAGES := sbp storage net client datanode pm spark_jobs tables tiering bench tests
 
-# Two workers, a test file each at a time (a module's shared cluster stays
-# on one worker): the suite mostly waits on server processes.
+# Three workers on two cores, a test file each at a time (a module's shared
+# cluster stays on one worker): the integration tests spend part of their
+# time waiting on servers' timeouts, which a third worker fills.
 test: $(VENV)/.installed-dev,spark,tables,tiering,bench system-deps
 	$(PY) -m compileall -q $(PACKAGES)
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n 3 --dist loadfile
 
 # The quick check after each change: unit, protocol and property tests (no
 # server processes, no Spark, not the SIGKILL crash tests, which are marked

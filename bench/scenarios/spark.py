@@ -60,6 +60,7 @@ def run(options: Options) -> ScenarioResult:
         CEILING_READER,
         PARQUET_COPY,
         PARQUET_READER,
+        QUICK_RECORDS,
         RECORDS,
         REPEAT,
         SBP_EXPORT,
@@ -67,7 +68,8 @@ def run(options: Options) -> ScenarioResult:
         WARMUPS,
     )
 
-    records, repeat, warmups = (200_000, 1, 1) if options.quick else (RECORDS, REPEAT, WARMUPS)
+    quick = (QUICK_RECORDS, 1, 0)
+    records, repeat, warmups = quick if options.quick else (RECORDS, REPEAT, WARMUPS)
     settings: dict[str, object] = options.as_settings() | {
         "records": records,
         "warm-up rounds": warmups,

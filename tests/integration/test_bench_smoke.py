@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from bench.spark_read import QUICK_RECORDS
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SCENARIO_TIMEOUT_S = 120
@@ -280,7 +282,7 @@ def test_spark_compares_the_source_with_parquet_and_the_api_ceiling(tmp_path: Pa
         "parquet-to-parquet",
     }
     for measurement in doc["results"]:
-        assert measurement["records"] == 200_000
+        assert measurement["records"] == QUICK_RECORDS
         assert measurement["seconds"] > 0
     (target,) = doc["targets"]
     assert target["unit"] == "x" and target["value"] > 0

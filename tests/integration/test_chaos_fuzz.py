@@ -1,4 +1,4 @@
-"""The fault-injection harness's fuzz mode at smoke size: 100,000 mutated
+"""The fault-injection harness's fuzz mode at smoke size: 50,000 mutated
 frames must leave the servers serving, with their records and memory
 intact."""
 
@@ -19,7 +19,7 @@ def test_mutated_frames_leave_the_servers_serving(tmp_path: Path) -> None:
         "--mode",
         "fuzz",
         "--frames",
-        "100000",
+        "50000",
         "--seed",
         "7",
         # a short run's memory is noisy: the 10 % bound is for 1,000,000 frames
@@ -32,6 +32,6 @@ def test_mutated_frames_leave_the_servers_serving(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads((tmp_path / "fuzz.json").read_text())
     assert report["verdict"] == "pass" and report["failures"] == []
-    assert report["frames"] >= 100_000
+    assert report["frames"] >= 50_000
     assert set(report["by_mutation"]) == {"flip", "truncate", "fields", "header", "vector"}
     assert not any(report["server_tracebacks"].values())

@@ -30,6 +30,9 @@ from storage.producers import ProducerState, SequenceEntry, decide
 
 from ..eventually import eventually
 
+#: a linger longer than any test: batches are cut by count and flush
+#: alone, however slowly a loaded machine runs the test
+NO_LINGER = 600.0
 STREAM = 1
 
 
@@ -239,7 +242,7 @@ async def read_values(fake: FakeCluster, start: int = 0) -> list[Record]:
 
 
 async def test_send_many_splits_at_batch_records_and_reports_offsets(fake: FakeCluster) -> None:
-    async with Producer(fake.address, STREAM, batch_records=10) as producer:
+    async with Producer(fake.address, STREAM, linger=NO_LINGER, batch_records=10) as producer:
         first = await producer.send(b"first")
         many = await producer.send_many(values(25))
         await producer.flush()
@@ -298,7 +301,7 @@ async def test_send_batch_goes_as_built_between_the_records_around_it(
     fake: FakeCluster,
 ) -> None:
     built = build_batch(values(5), base_timestamp=1_700_000_000_000)
-    async with Producer(fake.address, STREAM, batch_records=100) as producer:
+    async with Producer(fake.address, STREAM, linger=NO_LINGER, batch_records=100) as producer:
         before = await producer.send_many(values(3))
         batch = await producer.send_batch(built)
         after = await producer.send(b"after")
@@ -462,7 +465,7 @@ async def test_sync_client_round_trip_from_a_plain_thread(fake: FakeCluster) -> 
     def script() -> tuple[int, list[int], list[Record], int]:
         with SyncClient(pm=fake.address) as client:
             stream = client.create_stream()
-            with client.producer(stream.stream_id, batch_records=4) as producer:
+            with client.producer(stream.stream_id, batch_records=4, linger=NO_LINGER) as producer:
                 one = producer.send(b"one")
                 many = producer.send_many(values(9))
                 producer.flush()
