@@ -23,11 +23,11 @@ class Options:
     @property
     def seconds(self) -> float:
         """The measured window of one throughput run."""
-        return 0.2 if self.quick else 3.0
+        return 0.3 if self.quick else 3.0
 
     @property
     def warmup(self) -> float:
-        return 0.05 if self.quick else 0.5
+        return 0.1 if self.quick else 0.5
 
     def load(self, in_flight: int = DEFAULT_IN_FLIGHT) -> Load:
         return Load(in_flight, self.seconds, self.warmup)

@@ -15,6 +15,8 @@ from client.children import Child, kill_child, start_child
 from net.address import free_ports
 from pm.etcd import Etcd, EtcdError
 
+from ..eventually import eventually
+
 READY_TIMEOUT_S = 20.0
 
 
@@ -82,13 +84,15 @@ class EtcdCluster:
     async def wait_ready(self) -> None:
         """Until a write goes through (a leader is elected)."""
         async with Etcd(self.endpoints, timeout=1.0) as etcd:
-            with trio.fail_after(READY_TIMEOUT_S):
-                while True:
-                    try:
-                        await etcd.put(b"/ready", b"1")
-                        return
-                    except EtcdError:
-                        await trio.sleep(0.1)
+
+            async def written() -> bool:
+                try:
+                    await etcd.put(b"/ready", b"1")
+                except EtcdError:
+                    return False
+                return True
+
+            await eventually(written, timeout=READY_TIMEOUT_S, what="a write to etcd")
 
     async def stop_all(self) -> None:
         for member in self.members:

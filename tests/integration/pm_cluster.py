@@ -18,6 +18,7 @@ from net.pool import ConnectionPool
 from sbp import messages
 from sbp.batches import build_batch, decode_batches
 
+from ..eventually import eventually
 from .procs import ServerProcess, start_server
 
 NODE_TIMEOUT_MS = 1500
@@ -91,14 +92,15 @@ class PMCluster:
     ) -> None:
         """Until DESCRIBE_CLUSTER shows ``alive`` alive and ``dead`` dead."""
         pm = self.pm_client()
-        with trio.fail_after(READY_TIMEOUT_S):
-            while True:
-                statuses = await pm.describe_cluster()
-                live = {s.data_node.node_id for s in statuses if s.alive}
-                gone = {s.data_node.node_id for s in statuses if not s.alive}
-                if alive <= live and dead <= gone:
-                    return
-                await trio.sleep(0.05)
+
+        async def shown() -> bool:
+            statuses = await pm.describe_cluster()
+            live = {s.data_node.node_id for s in statuses if s.alive}
+            gone = {s.data_node.node_id for s in statuses if not s.alive}
+            return alive <= live and dead <= gone
+
+        what = f"nodes {sorted(alive)} alive and {sorted(dead)} dead"
+        await eventually(shown, timeout=READY_TIMEOUT_S, interval=0.05, what=what)
 
     async def stop_all(self) -> None:
         for node in self.nodes.values():

@@ -461,12 +461,12 @@ async def test_a_follower_whose_map_fills_leaves_its_range_for_a_node_with_room(
             for replica in first.replica_nodes:
                 address = replica.data_node.advertise_addr
                 held: list[bytes] = []
-                with trio.fail_after(30):
-                    while len(held) < count:
-                        more = await replica_values(cluster, first, address, len(held))
-                        held += more
-                        if not more:
-                            await trio.sleep(0.2)
+
+                async def read_on() -> bool:
+                    held.extend(await replica_values(cluster, first, address, len(held)))  # noqa: B023
+                    return len(held) >= count  # noqa: B023
+
+                await eventually(read_on, timeout=30, interval=0.05, what=f"{address}'s copy")
                 assert held == [value] * count
             # the stream itself reads back whole, and stays writable off node 4
             assert len(await read_stream(cluster, stream_id)) == 12 * 60
