@@ -20,6 +20,9 @@ from typing import Any
 import pytest
 import trio
 
+import sbp.frames
+from sbp.allocator import RECEIVE_BUFFERS, BufferPool
+
 DEFAULT_DEADLINE_SECONDS = 30.0
 
 
@@ -97,3 +100,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return str(super()._split_scope(nodeid))
 
     return SparkTestsTogether(config, log)
+
+
+@pytest.fixture
+def own_buffer_pool(monkeypatch: pytest.MonkeyPatch) -> BufferPool:
+    """Receive buffers kept in a pool of the test's own: free buffers that
+    earlier tests in this worker left in the process-wide one would be
+    taken first, and a take looks at a few kept buffers only."""
+    pool = BufferPool(RECEIVE_BUFFERS.max_bytes, RECEIVE_BUFFERS.largest)
+    monkeypatch.setattr(sbp.frames, "RECEIVE_BUFFERS", pool)
+    return pool

@@ -21,7 +21,7 @@ from datanode.server import build_dispatcher
 from net.connection import Connection
 from net.limits import CLIENT_LIMITS
 from sbp import messages
-from sbp.allocator import RECEIVE_BUFFERS
+from sbp.allocator import BufferPool
 from sbp.batches import build_batch
 from sbp.connection import Side
 from sbp.constants import MAX_RECORD_OFFSET
@@ -285,7 +285,9 @@ async def test_describe_of_a_range_not_synced_here_yet_asks_the_pm(tmp_path: Pat
             assert (await describe(7)).error_code == ErrorCode.RANGE_NOT_FOUND
 
 
-async def test_an_answered_append_leaves_its_receive_buffer_free(tmp_path: Path) -> None:
+async def test_an_answered_append_leaves_its_receive_buffer_free(
+    tmp_path: Path, own_buffer_pool: BufferPool
+) -> None:
     """An answered APPEND stays in the timeout queue until the queue is next
     compacted, but holds nothing of its payload: the buffer its frame
     arrived in goes back to the receive pool for a later frame (before, up
@@ -299,5 +301,5 @@ async def test_an_answered_append_leaves_its_receive_buffer_free(tmp_path: Path)
             assert len(node.append_timeouts) == 3  # answered, not yet compacted away
             # the frames' buffers: free once nothing refers to them (a few
             # tries: a take looks at a few kept buffers, oldest first)
-            free = [RECEIVE_BUFFERS.take(len(large)) for _ in range(64)]
+            free = [own_buffer_pool.take(len(large)) for _ in range(64)]
             assert any(buffer is not None for buffer in free)

@@ -12,8 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import sbp.frames
-from sbp.allocator import RECEIVE_BUFFERS, BufferPool
 from sbp.constants import FIXED_HEADER_SIZE, MAX_HEADER_LENGTH, MIN_FRAME_LENGTH
 from sbp.enums import ErrorCode, Flags, Opcode
 from sbp.errors import FrameTooLargeError
@@ -355,14 +353,6 @@ def read_frame_in(
     (event,) = events
     assert isinstance(event, Frame) and isinstance(buffer, bytearray)
     return event, buffer
-
-
-@pytest.fixture
-def own_buffer_pool(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Receive buffers kept in a pool of the test's own: free buffers other
-    tests left in the process-wide one would be taken first."""
-    pool = BufferPool(RECEIVE_BUFFERS.max_bytes, RECEIVE_BUFFERS.largest)
-    monkeypatch.setattr(sbp.frames, "RECEIVE_BUFFERS", pool)
 
 
 @pytest.mark.usefixtures("own_buffer_pool")
