@@ -59,21 +59,7 @@ def _with_deadline(
     return run_with_deadline
 
 
-#: the order test directories start in: the long ones first, so that the
-#: short unit tests fill the workers' last minutes instead of a long file
-#: starting last and running alone
-START_ORDER = ("tests/spark/", "tests/integration/")
-
-
-def _start_rank(item: pytest.Item) -> int:
-    return next(
-        (rank for rank, prefix in enumerate(START_ORDER) if item.nodeid.startswith(prefix)),
-        len(START_ORDER),
-    )
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=_start_rank)  # stable: files keep their order within a directory
     for item in items:
         if isinstance(item, pytest.Function) and inspect.iscoroutinefunction(item.obj):
             marker = item.get_closest_marker("deadline")
@@ -85,12 +71,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadfile``, except that the Spark tests (``tests/spark``) go
     to one worker together: they share a session-wide SparkSession and local
     cluster, which a second worker would start again beside the first (two
-    JVMs on two cores). Files are handed out in ``START_ORDER``, not by
-    their number of tests (xdist's default, which hands the long one-test
-    chaos files out last)."""
+    JVMs on two cores)."""
     if config.getoption("dist", None) != "loadfile":
         return None
-    config.option.loadscopereorder = False
     from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
 
     class SparkTestsTogether(LoadFileScheduling):  # type: ignore[misc]
