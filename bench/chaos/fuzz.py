@@ -54,7 +54,8 @@ from .report import write_verdict
 CONNECTIONS = 8
 #: how long a burst's PING may take to come back before the connection is replaced
 BURST_TIMEOUT_S = 2.0
-#: frames sent before memory is measured for the baseline
+#: frames sent before memory is measured for the baseline (half of a
+#: shorter run's frames)
 WARMUP_FRAMES = 150_000
 SEED_RECORDS = 2_000
 MEMORY_TOLERANCE = 0.10
@@ -337,12 +338,13 @@ async def _fuzz(
     stream_id, before = await _seed_stream(pm_address)
     pool = templates(decoy, messages.DataNode(node_id=1, advertise_addr=node_address))
     stats = FuzzStats()
-    await _round(node_address, pm_address, WARMUP_FRAMES, rng, stats, pool)
-    print(f"  warm-up: {WARMUP_FRAMES:,} frames", flush=True)
+    warmup = min(WARMUP_FRAMES, frames // 2)
+    await _round(node_address, pm_address, warmup, rng, stats, pool)
+    print(f"  warm-up: {warmup:,} frames", flush=True)
     start_rss = await _settled_rss(pids)
     print(f"  {await _state(node_address):,} ranges on the node after the warm-up", flush=True)
     started = time.monotonic()
-    done = WARMUP_FRAMES
+    done = warmup
     #: memory after every step: a leak grows with the frames, a step of the
     #: allocator's high-water mark does not
     progress: list[dict[str, float]] = []
