@@ -129,6 +129,7 @@ class ReplicaMoves:
         Returns how many moves took their step."""
         if not moves:
             return 0
+        moves = await self._sized(moves)
         incoming = {} if incoming is None else incoming
         changes: list[Change] = []
         done: list[tuple[Move, tuple[int, ...], bool]] = []
@@ -166,6 +167,23 @@ class ReplicaMoves:
         for move, joining, waits in done:
             _log_step(move.cause, move.rng, move.leaving, joining, ended=not waits)
         return len(done)
+
+    async def _sized(self, moves: Sequence[Move]) -> Sequence[Move]:
+        """The moves with copies to place and no size (a repair's, a
+        top-up's), with the size of their range as a live replica holds it:
+        a node with no room for the whole range is not given a copy (one
+        that left the range for being full had freed what it held of it,
+        and would be given it again, to fill up and stay short of it)."""
+        unsized = [m.rng for m in moves if m.count > 0 and not m.joining and not m.size]
+        if not unsized:
+            return moves
+        sizes = await self._sizes.sizes(unsized)
+        return [
+            replace(m, size=sizes[m.rng.key])
+            if m.count > 0 and not m.joining and not m.size and m.rng.key in sizes
+            else m
+            for m in moves
+        ]
 
     def _place(
         self, move: Move, current: RangeRecord, incoming: dict[int, int]

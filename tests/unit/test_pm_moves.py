@@ -167,6 +167,34 @@ async def test_a_repair_and_a_top_up_take_both_steps_in_one_commit(tmp_path: Pat
         store.close()
 
 
+async def test_a_top_up_goes_only_to_a_node_with_room_for_the_whole_range(
+    tmp_path: Path,
+) -> None:
+    """A node that left a range for being full dropped what it held of it,
+    and has room for a new replica again, but not for this range: the
+    top-up waits for a node that has."""
+    nodes = SizedNodes()
+    manager, store = await _manager(tmp_path / "pm", nodes, nodes_up=(1, 2, 3))
+    try:
+        rng = RangeRecord(1, 0, 0, (1, 2), 1000, replicas_wanted=3)
+        await manager.commit([PutStream(StreamRecord(1, 3)), PutRange(rng)])
+        nodes.sizes[rng.key] = 5 << 20
+        for node_id, free in ((1, 1 << 30), (2, 1 << 30), (3, 3 << 20)):
+            manager.registry.report(
+                NodeRecord(node_id, f"127.0.0.1:{9000 + node_id}"), {"disk_free_space": free}
+            )
+        await manager.upkeep.find_short_handed()
+        assert await manager.upkeep.restore_replication(timeout=10) == 0
+        assert store.range(1, 0) == rng
+        manager.registry.heartbeat(NodeRecord(4, "127.0.0.1:9004"))
+        manager.registry.report(NodeRecord(4, "127.0.0.1:9004"), {"disk_free_space": 1 << 30})
+        assert await manager.upkeep.restore_replication(timeout=10) == 1
+        topped = store.range(1, 0)
+        assert topped is not None and topped.nodes == (1, 2, 4)
+    finally:
+        store.close()
+
+
 async def test_a_cancelled_drain_keeps_the_old_and_the_new_replica(tmp_path: Path) -> None:
     nodes = CopyingNodes()
     manager, store = await _manager(tmp_path / "pm", nodes)
