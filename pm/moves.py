@@ -37,6 +37,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Final
 
+import trio
+
 from net.ratelog import RateLimitedLog
 from sbp.errors import NoAvailableDataNodeError, ProtocolError
 
@@ -60,6 +62,8 @@ WAITING: Final = frozenset({MoveCause.DRAIN, MoveCause.REBALANCE})
 #: a drain places copies: a node taking a producer's appends gets copies
 #: only once the others have been given about this much (``place_copies``)
 COPY_WRITE_HORIZON_S: Final = 10.0
+#: how long a repair or a top-up waits to learn its range's size
+SIZING_TIMEOUT_S: Final = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +181,14 @@ class ReplicaMoves:
         unsized = [m.rng for m in moves if m.count > 0 and not m.joining and not m.size]
         if not unsized:
             return moves
-        sizes = await self._sizes.sizes(unsized)
+        sizes: dict[tuple[int, int], int] = {}
+        # a repair must not wait on a slow replica: unsized, it is placed
+        # by free space alone
+        with trio.move_on_after(SIZING_TIMEOUT_S):
+            try:
+                sizes = await self._sizes.sizes(unsized)
+            except (ProtocolError, OSError) as error:
+                _stuck.warning("sizes", "RANGE_HOLDINGS for new replicas' room: %s", error)
         return [
             replace(m, size=sizes[m.rng.key])
             if m.count > 0 and not m.joining and not m.size and m.rng.key in sizes
