@@ -161,7 +161,7 @@ async def produce(
 
 @pytest.mark.deadline(240)
 async def test_killing_the_primary_loses_no_acknowledged_record(tmp_path: Path) -> None:
-    rounds = 3
+    rounds = 2
     rng_seed = random.Random(20261124)
     async with pm_cluster(tmp_path, NODES) as cluster:
         pm = cluster.pm_client()
