@@ -240,6 +240,10 @@ def test_dashboard_queries_return_data_from_a_live_cluster(
                 .replace("$tables_job", "sbp-tables")
             )
             answer = prometheus.query(concrete, at=during)
+            if answer["status"] == "success" and not answer["data"]["result"]:
+                # a series a loaded machine exported late in the load (a
+                # group's lag, once the PM has seen its first commit)
+                answer = prometheus.query(concrete)
             assert answer["status"] == "success", (concrete, answer)
             if not answer["data"]["result"]:
                 empty.append(concrete)
