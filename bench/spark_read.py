@@ -99,6 +99,8 @@ REPEAT = 5
 RECORDS = 10_000_000
 #: ``--quick``: enough to check the harness, not to measure
 QUICK_RECORDS = 100_000
+#: ``--quick``'s records, repeat and warm-up rounds
+QUICK = (QUICK_RECORDS, 1, 0)
 
 
 def measure(records: int, repeat: int, warmups: int = WARMUPS) -> dict[str, list[float]]:
@@ -195,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        records, repeat, warmups = QUICK_RECORDS, 1, 0
+        records, repeat, warmups = QUICK
     else:
         records, repeat, warmups = args.records, args.repeat, WARMUPS
     times = measure(records, repeat, warmups)

@@ -178,7 +178,7 @@ class ReplicaMoves:
         a node with no room for the whole range is not given a copy (one
         that left the range for being full had freed what it held of it,
         and would be given it again, to fill up and stay short of it)."""
-        unsized = [m.rng for m in moves if m.count > 0 and not m.joining and not m.size]
+        unsized = [m.rng for m in moves if _unsized(m)]
         if not unsized:
             return moves
         sizes: dict[tuple[int, int], int] = {}
@@ -190,9 +190,7 @@ class ReplicaMoves:
             except (ProtocolError, OSError) as error:
                 _stuck.warning("sizes", "RANGE_HOLDINGS for new replicas' room: %s", error)
         return [
-            replace(m, size=sizes[m.rng.key])
-            if m.count > 0 and not m.joining and not m.size and m.rng.key in sizes
-            else m
+            replace(m, size=sizes[m.rng.key]) if _unsized(m) and m.rng.key in sizes else m
             for m in moves
         ]
 
@@ -389,6 +387,11 @@ def _log_step(
         )
     else:
         log.log(level, "stream %d range %d (%s): moved off node %s", *rng.key, what, leaving)
+
+
+def _unsized(move: Move) -> bool:
+    """A move that places new replicas without knowing its range's size."""
+    return move.count > 0 and not move.joining and not move.size
 
 
 def _what(cause: MoveCause) -> str:

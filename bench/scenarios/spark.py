@@ -60,7 +60,7 @@ def run(options: Options) -> ScenarioResult:
         CEILING_READER,
         PARQUET_COPY,
         PARQUET_READER,
-        QUICK_RECORDS,
+        QUICK,
         RECORDS,
         REPEAT,
         SBP_EXPORT,
@@ -68,8 +68,7 @@ def run(options: Options) -> ScenarioResult:
         WARMUPS,
     )
 
-    quick = (QUICK_RECORDS, 1, 0)
-    records, repeat, warmups = quick if options.quick else (RECORDS, REPEAT, WARMUPS)
+    records, repeat, warmups = QUICK if options.quick else (RECORDS, REPEAT, WARMUPS)
     settings: dict[str, object] = options.as_settings() | {
         "records": records,
         "warm-up rounds": warmups,
